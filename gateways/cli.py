@@ -1,0 +1,127 @@
+"""The terminal gateway: ``relaybot chat``.
+
+Each terminal is its own session (``cli:<name>``); the conversation is the session and it is the
+owner's own. A message is XADDed, then replies for the session are delivered from its reply queue
+while a "thinking" indicator runs on stderr (only when stderr is a terminal).
+"""
+
+from __future__ import annotations
+
+import getpass
+import itertools
+import secrets
+import sys
+import time
+from typing import TextIO
+
+import redis
+import structlog
+
+from gateways.deliver import ReplyQueue, deliver_next
+from relaybot.bus import Heartbeat, publish
+from relaybot.config import Config
+from relaybot.wire import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
+
+log = structlog.get_logger(__name__)
+
+CHANNEL = "cli"
+_SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+def new_session_name() -> str:
+    return f"{getpass.getuser()}-{secrets.token_hex(3)}"
+
+
+def normalize(session: str, text: str, *, sender: str | None = None) -> InboundMessage:
+    """A line typed in the terminal as a normalized message (pure)."""
+    note = ""
+    if len(text) > MAX_TEXT_CHARS:
+        note = f"\n[truncated by relaybot: the message had {len(text)} characters]"
+        text = text[: MAX_TEXT_CHARS - len(note)] + note
+    return InboundMessage(
+        kind=Kind.MESSAGE,
+        channel=CHANNEL,
+        session=f"cli:{session}",
+        conversation=f"cli:{session}",
+        sender=sender or getpass.getuser(),
+        sender_name=sender or getpass.getuser(),
+        privacy=Privacy.OWNER,
+        text=text,
+        ts=time.time(),
+        event_id=new_event_id(),
+    )
+
+
+class Terminal:
+    """One chat session in a terminal."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        r: redis.Redis,
+        session: str,
+        *,
+        out: TextIO = sys.stdout,
+        err: TextIO = sys.stderr,
+    ) -> None:
+        self.cfg, self.r, self.session = cfg, r, session
+        self.keys = cfg.keys
+        self.out, self.err = out, err
+        self.queue = ReplyQueue(
+            r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
+        )
+        self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
+        self._spin = itertools.cycle(_SPINNER)
+        self._spinning = False
+
+    def send(self, text: str) -> str:
+        msg = normalize(self.session, text)
+        sid = publish(self.r, self.keys, msg)
+        log.info("cli.sent", stream_id=sid, session=msg.session)
+        return sid
+
+    def drain(self) -> int:
+        """Print replies that were queued while no terminal was attached."""
+        count = 0
+        while deliver_next(self.queue, self._print_earlier, timeout=0) is not None:
+            count += 1
+        return count
+
+    def wait_for(self, stream_id: str, timeout: float) -> Reply | None:
+        """Deliver this session's replies until the one answering ``stream_id`` arrives."""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                self._tick()
+                reply = deliver_next(self.queue, self._print, timeout=0.1)
+                if reply is not None and reply.answers == stream_id:
+                    return reply
+            return None
+        finally:
+            self._clear()
+
+    def _print(self, reply: Reply) -> None:
+        self._clear()
+        prefix = "! " if reply.kind == "error" else ""
+        self.out.write(f"{prefix}{reply.text}\n")
+        self.out.flush()
+
+    def _print_earlier(self, reply: Reply) -> None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(reply.created))
+        self.out.write(f"(reply from {when}, queued while this session was away)\n")
+        self._print(reply)
+
+    def _tick(self) -> None:
+        if not self.err.isatty():
+            return
+        thinking = bool(self.r.exists(self.keys.busy(f"cli:{self.session}")))
+        label = "thinking…" if thinking else "waiting for the worker…"
+        self.err.write(f"\r{next(self._spin)} {label}\033[K")
+        self.err.flush()
+        self._spinning = True
+
+    def _clear(self) -> None:
+        if self._spinning:
+            self.err.write("\r\033[K")
+            self.err.flush()
+            self._spinning = False

@@ -1,0 +1,154 @@
+"""Delivering replies from a session's reply queue, once.
+
+A reply is moved atomically from ``reply:<session>`` to ``inflight:<session>`` (BLMOVE), marked in
+``delivered:<session>`` just before it is handed to the platform, and removed from the in-flight
+list after. A gateway killed mid-delivery finds the reply still in flight on restart: if it was
+marked, it may already have reached the user, so it is sent again only through a sink that the
+platform makes idempotent (a Matrix transaction id); otherwise it is dropped with a log line (it
+is in memory either way). So a reply is never shown twice. A reply older than the configured age
+is not delivered late: the gateway tells the worker, which marks it expired in memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+import structlog
+
+from relaybot.bus import publish
+from relaybot.wire import (
+    InboundMessage,
+    Keys,
+    Kind,
+    Privacy,
+    Reply,
+    WireError,
+    new_event_id,
+)
+
+log = structlog.get_logger(__name__)
+
+DELIVERED_KEEP = 7 * 24 * 3600.0  # how long delivered ids are remembered for recognition
+
+
+@dataclass(frozen=True)
+class Claimed:
+    reply: Reply
+    raw: bytes
+    recovered: bool  # found in flight after a restart
+    marked: bool  # and it was already marked as handed to the platform
+
+
+class ReplyQueue:
+    """One session's reply queue, seen from the gateway that delivers it."""
+
+    def __init__(
+        self, r: redis.Redis, keys: Keys, session: str, *, max_age: float, gateway: str
+    ) -> None:
+        self.r, self.keys, self.session = r, keys, session
+        self.max_age, self.gateway = max_age, gateway
+        self.queue = keys.reply(session)
+        self.inflight = keys.inflight(session)
+        self.delivered = keys.delivered(session)
+
+    def claim(self, timeout: float) -> Claimed | None:
+        """The reply left in flight by a crash, else the next queued one (waiting ``timeout``)."""
+        while True:
+            raw = self.r.lindex(self.inflight, 0)
+            recovered = raw is not None
+            if raw is None and timeout <= 0:  # BLMOVE with 0 would block forever
+                raw = self.r.lmove(self.queue, self.inflight, "LEFT", "RIGHT")
+            elif raw is None:
+                raw = self.r.blmove(self.queue, self.inflight, timeout, "LEFT", "RIGHT")  # type: ignore[arg-type]
+            if raw is None:
+                return None
+            if not isinstance(raw, bytes):
+                raw = str(raw).encode()
+            try:
+                reply = Reply.from_json(raw)
+            except WireError as exc:
+                self._reject(raw, f"unreadable reply: {exc}")
+                continue
+            marked = recovered and self.r.zscore(self.delivered, reply.reply_id) is not None
+            return Claimed(reply, raw, recovered, marked)
+
+    def is_expired(self, claimed: Claimed, now: float | None = None) -> bool:
+        return (now or time.time()) - claimed.reply.created > self.max_age
+
+    def mark(self, claimed: Claimed) -> None:
+        """Record that the reply is being handed to the platform (before the send)."""
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zadd(self.delivered, {claimed.reply.reply_id: now})
+        pipe.zremrangebyscore(self.delivered, "-inf", now - DELIVERED_KEEP)
+        pipe.execute()
+
+    def done(self, claimed: Claimed) -> None:
+        self.r.lrem(self.inflight, 1, claimed.raw)  # type: ignore[arg-type]
+
+    def expire(self, claimed: Claimed) -> None:
+        """Tell the worker (the only memory writer) that this reply expired, then drop it."""
+        rep = claimed.reply
+        note = InboundMessage(
+            kind=Kind.DERIVED,
+            channel=rep.channel,
+            session=rep.session,
+            conversation=rep.conversation,
+            sender=self.gateway,
+            privacy=Privacy.OWNER,
+            text="",
+            ts=time.time(),
+            event_id=new_event_id(),
+            extra={
+                "type": "reply_status",
+                "reply_id": rep.reply_id,
+                "status": "expired",
+                "detail": f"not delivered: older than {self.max_age:.0f} s",
+            },
+        )
+        publish(self.r, self.keys, note)
+        self.done(claimed)
+        log.warning("reply.expired", reply_id=rep.reply_id, age=round(time.time() - rep.created))
+
+    def _reject(self, raw: bytes, reason: str) -> None:
+        log.error("reply.rejected", reason=reason)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(
+            self.keys.dead,
+            {"reason": reason, "source": self.inflight, "raw": raw[:65536], "at": str(time.time())},
+        )
+        pipe.lrem(self.inflight, 1, raw)  # type: ignore[arg-type]
+        pipe.execute()
+
+
+def deliver_next(
+    queue: ReplyQueue,
+    send: Callable[[Reply], None],
+    *,
+    timeout: float,
+    idempotent_sink: bool = False,
+) -> Reply | None:
+    """Deliver at most one reply; returns it when it was handed to ``send``."""
+    claimed = queue.claim(timeout)
+    if claimed is None:
+        return None
+    reply = claimed.reply
+    if queue.is_expired(claimed):
+        queue.expire(claimed)
+        return None
+    if claimed.marked and not idempotent_sink:
+        log.warning(
+            "reply.maybe_delivered",
+            reply_id=reply.reply_id,
+            detail="the gateway stopped while sending it; not sent again (it is in memory)",
+        )
+        queue.done(claimed)
+        return None
+    queue.mark(claimed)
+    send(reply)
+    queue.done(claimed)
+    log.info("reply.delivered", reply_id=reply.reply_id, answers=reply.answers)
+    return reply

@@ -1,0 +1,129 @@
+"""Context building: the system prompt, recent history as labelled lines, the current message.
+
+Pure functions, no I/O. The history is plain text so a small local model gets the same memory as
+a large one. Each history entry is one line ``[channel / who] YYYY-MM-DD HH:MM UTC: text`` where
+*who* is ``owner`` for the owner, the assistant's name for its own replies and the sender's handle
+otherwise. Continuation lines of a multi-line message are indented, so only real entries start a
+line with a label, and a sender whose handle reads like ``owner`` is marked unverified: nobody can
+make their words look like the owner's.
+
+The budget is in (estimated) tokens: the system prompt and the current message always go in;
+history is taken newest first until the next line would not fit, so the oldest lines are the ones
+dropped, and the history iterable is read no further than that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+from memory.store import LogRow
+
+HISTORY_HEADER = "\n\n## Recent history (all channels, oldest first)\n"
+# What a chat message costs beyond its content (role, separators), as chat templates add.
+MESSAGE_OVERHEAD = 4
+CONTINUATION = "\n  "
+
+_MEMO = "_context_line"  # per-row cache of (assistant_name, line, cost) in the row's __dict__
+_LABEL_UNSAFE = str.maketrans({"[": "(", "]": ")", "\n": " ", "\r": " "})
+
+
+def estimate_tokens(text: str) -> int:
+    """A deterministic upper-leaning token estimate: ceil(UTF-8 bytes / 4) + one per line.
+
+    Roughly right for BPE tokenizers on English and code, never a download. 0 for "".
+    """
+    if not text:
+        return 0
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return -(-size // 4) + text.count("\n") + 1
+
+
+def count_tokens(messages: Sequence[Mapping[str, str]]) -> int:
+    """The estimate for a list of chat messages, as :func:`build_context` budgets them."""
+    return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
+
+
+def label(row: LogRow, assistant_name: str) -> str:
+    """``[channel / owner]``, ``[channel / <assistant_name>]`` or ``[channel / <sender>]``."""
+    if row.direction == "out":
+        who = assistant_name
+    elif row.is_owner:
+        who = "owner"
+    else:
+        who = row.sender.translate(_LABEL_UNSAFE).strip() or "unknown"
+        if who.casefold() in ("owner", assistant_name.casefold()):
+            who = f"{who} (unverified)"
+    return f"[{row.channel} / {who}]"
+
+
+def stamp(ts: float) -> str:
+    """``2026-11-22 10:04 UTC``."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "unknown time"
+
+
+def format_line(row: LogRow, assistant_name: str) -> str:
+    """One labelled line: ``[cli / owner] 2026-11-22 10:04 UTC: text``."""
+    text = row.text
+    if "\n" in text or "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", CONTINUATION)
+    return f"{label(row, assistant_name)} {stamp(row.ts)}: {text}"
+
+
+def _line(row: LogRow, assistant_name: str) -> tuple[str, int]:
+    """The row's line and what it adds to the system message (+1 for the joining newline).
+
+    Cached on the row: the writer's cache hands out the same LogRow objects turn after turn, so a
+    line is formatted and estimated once, not once per turn. The memo lives in the instance
+    ``__dict__`` (as ``functools.cached_property`` does), outside the dataclass fields, so equality,
+    hashing and repr are unaffected.
+    """
+    memo_dict = getattr(row, "__dict__", None)
+    if memo_dict is not None:
+        memo = memo_dict.get(_MEMO)
+        if memo is not None and memo[0] == assistant_name:
+            return memo[1], memo[2]
+    line = format_line(row, assistant_name)
+    cost = estimate_tokens(line) + 1
+    if memo_dict is not None:
+        memo_dict[_MEMO] = (assistant_name, line, cost)
+    return line, cost
+
+
+def build_context(
+    *,
+    system_prompt: str,
+    history: Iterable[LogRow],
+    current: LogRow,
+    budget_tokens: int,
+    assistant_name: str,
+) -> list[dict[str, str]]:
+    """OpenAI chat messages: one system message (prompt + labelled history, oldest first) and the
+    current message as the user message.
+
+    ``history`` is newest first and may contain ``current`` (skipped). It is consumed lazily: the
+    first line that would take :func:`count_tokens` of the result over ``budget_tokens`` ends the
+    history. If the prompt and current message alone exceed the budget they still go in, alone.
+    """
+    base = system_prompt + HISTORY_HEADER
+    current_line, _ = _line(current, assistant_name)
+    used = estimate_tokens(base) + estimate_tokens(current_line) + 2 * MESSAGE_OVERHEAD
+    lines: list[str] = []
+    for row in history:
+        if row.id == current.id or (
+            row.stream_id == current.stream_id and row.direction == current.direction
+        ):
+            continue
+        line, cost = _line(row, assistant_name)
+        if used + cost > budget_tokens:
+            break
+        used += cost
+        lines.append(line)
+    lines.reverse()
+    return [
+        {"role": "system", "content": base + "\n".join(lines)},
+        {"role": "user", "content": current_line},
+    ]

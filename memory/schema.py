@@ -1,0 +1,180 @@
+"""The memory database schema, as numbered migrations tracked in ``PRAGMA user_version``.
+
+Each migration is applied once, in order, inside one ``BEGIN IMMEDIATE`` transaction together with
+the ``user_version`` bump, so a crash mid-migration leaves the previous version intact. Migrations
+are only ever appended to :data:`MIGRATIONS`; an applied one is never edited.
+
+Layer 0, the log, is append-only *in the database itself*: triggers refuse UPDATE and DELETE (and
+an ``INSERT OR REPLACE`` that would silently delete a row) for any connection, not just ours. The
+one planned exception is an audited erasure on the owner's request: such a transaction will insert
+a row into ``erasure_grant``, do its deletes and its audit record, delete the grant and commit.
+While ``erasure_grant`` is empty, which is always outside such a transaction, the log cannot
+change. Erasure itself is not built yet.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import NamedTuple
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class Migration(NamedTuple):
+    version: int
+    description: str
+    sql: str
+
+
+class SchemaError(sqlite3.DatabaseError):
+    """The database's schema cannot be used by this code (missing, or newer than this code)."""
+
+
+_MIGRATION_1 = """
+CREATE TABLE log (
+    id            INTEGER PRIMARY KEY CHECK (id > 0),
+    direction     TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    stream_id     TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    channel       TEXT NOT NULL,
+    session       TEXT NOT NULL,
+    conversation  TEXT NOT NULL,
+    sender        TEXT NOT NULL,
+    sender_name   TEXT NOT NULL DEFAULT '',
+    entity        TEXT,
+    is_owner      INTEGER NOT NULL,
+    privacy       TEXT NOT NULL CHECK (privacy IN ('owner', 'direct', 'group')),
+    text          TEXT NOT NULL,
+    event_id      TEXT NOT NULL,
+    reply_id      TEXT,
+    platform_ts   REAL,
+    recorded_ts   REAL NOT NULL,
+    extra         TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (direction, stream_id)
+);
+
+CREATE INDEX log_conversation_id ON log (conversation, id);
+
+-- One row exists only inside an audited erasure transaction (not built yet).
+CREATE TABLE erasure_grant (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    requested_by TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    granted_at  REAL NOT NULL
+);
+
+CREATE TRIGGER log_no_update BEFORE UPDATE ON log
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'log is append-only: UPDATE refused');
+END;
+
+CREATE TRIGGER log_no_delete BEFORE DELETE ON log
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'log is append-only: DELETE refused');
+END;
+
+-- REPLACE deletes the old row without firing delete triggers (unless recursive_triggers is on),
+-- so a write to an existing key is turned into a no-op before any conflict handling runs. This is
+-- exactly what INSERT ... ON CONFLICT DO NOTHING does anyway, so idempotent appends are unchanged.
+-- (NEW.id is -1 in a BEFORE INSERT trigger when the id is assigned automatically.)
+CREATE TRIGGER log_no_replace BEFORE INSERT ON log
+WHEN EXISTS (SELECT 1 FROM log WHERE direction = NEW.direction AND stream_id = NEW.stream_id)
+  OR (NEW.id > 0 AND EXISTS (SELECT 1 FROM log WHERE id = NEW.id))
+BEGIN
+    SELECT RAISE(IGNORE);
+END;
+
+CREATE TABLE reply_status (
+    reply_id  TEXT NOT NULL,
+    status    TEXT NOT NULL CHECK (status IN ('expired', 'delivered')),
+    at        REAL NOT NULL,
+    detail    TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (reply_id, status)
+);
+
+CREATE TRIGGER reply_status_no_replace BEFORE INSERT ON reply_status
+WHEN EXISTS (SELECT 1 FROM reply_status WHERE reply_id = NEW.reply_id AND status = NEW.status)
+BEGIN
+    SELECT RAISE(IGNORE);
+END;
+
+CREATE TRIGGER reply_status_no_update BEFORE UPDATE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: UPDATE refused');
+END;
+
+CREATE TRIGGER reply_status_no_delete BEFORE DELETE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: DELETE refused');
+END;
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
+)
+
+LATEST_VERSION = MIGRATIONS[-1].version
+
+
+def statements(script: str) -> list[str]:
+    """Split a script into complete statements (trigger bodies keep their inner semicolons)."""
+    out: list[str] = []
+    buf = ""
+    for part in script.split(";"):
+        buf += part + ";"
+        if sqlite3.complete_statement(buf):
+            stmt = buf.strip()
+            if stmt.strip(";").strip():
+                out.append(stmt)
+            buf = ""
+    if buf.strip(";").strip():
+        raise SchemaError(f"incomplete SQL statement at end of migration: {buf.strip()[:80]!r}")
+    return out
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def check_version(version: int) -> None:
+    if version > LATEST_VERSION:
+        raise SchemaError(
+            f"the memory database is at schema version {version}, newer than this code "
+            f"understands ({LATEST_VERSION}); upgrade relaybot"
+        )
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply every pending migration, each in its own transaction; returns the final version.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``) and not inside a transaction.
+    The version is read after ``BEGIN IMMEDIATE`` so two processes cannot apply the same step.
+    """
+    for migration in MIGRATIONS:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = schema_version(conn)
+            check_version(current)
+            if current >= migration.version:
+                conn.execute("COMMIT")
+                continue
+            if current != migration.version - 1:
+                raise SchemaError(f"schema version {current} cannot step to {migration.version}")
+            for stmt in statements(migration.sql):
+                conn.execute(stmt)
+            # PRAGMA does not take parameters; the version is an int from our own table.
+            conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        log.info("memory.migrated", version=migration.version, step=migration.description)
+    return schema_version(conn)

@@ -1,0 +1,499 @@
+"""The memory store: layer 0, the append-only log, over one SQLite database in WAL mode.
+
+The worker is the only writer; everything else opens the database read-only. Because of that, the
+writer keeps the newest ``cache_rows`` rows in an in-process deque (filled at open, extended after
+each commit) and serves :meth:`MemoryStore.recent` from it whenever it can, falling back to indexed
+SQL (``ORDER BY id DESC LIMIT`` on the primary key or the ``(conversation, id)`` index, never a
+scan) for whatever is older. Read-only stores have no cache: another process is writing.
+
+Appends are idempotent on ``(direction, stream_id)``, so replaying a stream entry adds nothing.
+A row that cannot be decoded is skipped and counted (:attr:`MemoryStore.corrupt_rows`), never fatal.
+The store is not thread-safe: use it from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from itertools import chain
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from memory.schema import SchemaError, check_version, migrate, schema_version
+from relaybot.wire import InboundMessage, Privacy, Reply
+
+log = structlog.get_logger(__name__)
+
+SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+BUSY_TIMEOUT_MS = 5000
+REPLY_STATUSES = frozenset({"expired", "delivered"})
+
+_PRIVACIES = frozenset(p.value for p in Privacy)
+_DIRECTIONS = frozenset({"in", "out"})
+
+_COLUMNS = (
+    "id, direction, stream_id, kind, channel, session, conversation, sender, sender_name, "
+    "entity, is_owner, privacy, text, event_id, reply_id, platform_ts, recorded_ts, extra"
+)
+# The same SQL text each time, so sqlite3's statement cache prepares each statement only once.
+# (S608: these are built from the constant column list above, never from input.)
+_INSERT = (
+    f"INSERT INTO log ({_COLUMNS.removeprefix('id, ')}) "  # noqa: S608
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_BY_KEY = f"SELECT {_COLUMNS} FROM log WHERE direction = ? AND stream_id = ?"  # noqa: S608
+_RECENT = f"SELECT {_COLUMNS} FROM log ORDER BY id DESC LIMIT ?"  # noqa: S608
+_RECENT_BEFORE = f"SELECT {_COLUMNS} FROM log WHERE id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
+_RECENT_CONV = f"SELECT {_COLUMNS} FROM log WHERE conversation = ? ORDER BY id DESC LIMIT ?"  # noqa: S608
+_RECENT_CONV_BEFORE = (
+    f"SELECT {_COLUMNS} FROM log WHERE conversation = ? AND id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
+)
+_MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
+_COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
+
+
+@dataclass(frozen=True)
+class LogRow:
+    """One log entry. ``privacy`` is a :class:`~relaybot.wire.Privacy` value and ``extra`` the raw
+    JSON object text (see :attr:`extra_data`); ``direction`` is ``'in'`` or ``'out'``."""
+
+    id: int
+    direction: str
+    stream_id: str
+    kind: str
+    channel: str
+    session: str
+    conversation: str
+    sender: str
+    sender_name: str
+    entity: str | None
+    is_owner: bool
+    privacy: str
+    text: str
+    event_id: str
+    reply_id: str | None
+    platform_ts: float | None
+    recorded_ts: float
+    extra: str = "{}"
+
+    @property
+    def inbound(self) -> bool:
+        return self.direction == "in"
+
+    @property
+    def ts(self) -> float:
+        """When it happened: the platform's timestamp if known, else when it was recorded."""
+        return self.recorded_ts if self.platform_ts is None else self.platform_ts
+
+    @property
+    def extra_data(self) -> dict[str, Any]:
+        data = json.loads(self.extra)
+        return data if isinstance(data, dict) else {}
+
+
+_FIELDS = tuple(f.name for f in fields(LogRow))
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _build(values: tuple[Any, ...]) -> LogRow:
+    """A LogRow from checked column values (is_owner as 0/1), for the hot paths.
+
+    Not ``LogRow(...)``: a frozen dataclass's ``__init__`` costs one ``object.__setattr__`` per
+    field (18 here), about twice the cost of filling the instance dict at once. The result is an
+    ordinary, frozen, comparable LogRow.
+    """
+    attrs = dict(zip(_FIELDS, values, strict=True))
+    attrs["is_owner"] = attrs["is_owner"] == 1
+    row = _new(LogRow)
+    _setattr(row, "__dict__", attrs)
+    return row
+
+
+def _decode(raw: tuple[Any, ...]) -> LogRow | None:
+    """A row from SQL, or None if any column has the wrong type or value (corrupt)."""
+    (
+        id_,
+        direction,
+        stream_id,
+        kind,
+        channel,
+        session,
+        conversation,
+        sender,
+        sender_name,
+        entity,
+        is_owner,
+        privacy,
+        text,
+        event_id,
+        reply_id,
+        platform_ts,
+        recorded_ts,
+        extra,
+    ) = raw
+    str_ = str
+    if not (
+        type(id_) is int
+        and direction in _DIRECTIONS
+        and privacy in _PRIVACIES
+        and type(is_owner) is int
+        and is_owner in (0, 1)
+        and type(stream_id) is str_
+        and type(kind) is str_
+        and type(channel) is str_
+        and type(session) is str_
+        and type(conversation) is str_
+        and type(sender) is str_
+        and type(sender_name) is str_
+        and type(text) is str_
+        and type(event_id) is str_
+        and (entity is None or type(entity) is str_)
+        and (reply_id is None or type(reply_id) is str_)
+        and (platform_ts is None or type(platform_ts) is float)
+        and type(recorded_ts) is float
+        and type(extra) is str_
+    ):
+        return None
+    if extra != "{}":
+        try:
+            parsed = json.loads(extra)
+        except ValueError:
+            return None
+        if type(parsed) is not dict:
+            return None
+    return _build(raw)
+
+
+def _dump(extra: dict[str, Any]) -> str:
+    if not extra:
+        return "{}"
+    return json.dumps(extra, separators=(",", ":"), ensure_ascii=False)
+
+
+def _scrub(text: str) -> str:
+    """Replace lone surrogates, which UTF-8 cannot encode, with U+FFFD (pairs are joined)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+class _Transaction:
+    __slots__ = ("_store",)
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> None:
+        self._store._begin()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._store._commit()
+        else:
+            self._store._rollback()
+
+
+class MemoryStore:
+    """The log over SQLite. See the module docstring for the rules it keeps."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        readonly: bool = False,
+        synchronous: str = "NORMAL",
+        cache_rows: int = 512,
+    ) -> None:
+        sync = synchronous.upper()
+        if sync not in SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {sorted(SYNCHRONOUS_MODES)}")
+        if cache_rows < 0:
+            raise ValueError("cache_rows must be >= 0")
+        self.path = Path(path)
+        self.readonly = readonly
+        self._corrupt_ids: set[int] = set()
+        self._pending: list[LogRow] = []
+        self._in_tx = False
+        self._closed = False
+        self._conn = self._open(sync)
+        # Coverage rule: every valid row with id >= _cache_lo is in _cache (or _pending).
+        self._cache: deque[LogRow] | None = None
+        self._cache_lo = 0
+        if not readonly and cache_rows > 0:
+            self._load_cache(cache_rows)
+
+    def _open(self, sync: str) -> sqlite3.Connection:
+        if self.readonly:
+            if not self.path.exists():
+                raise sqlite3.OperationalError(f"no memory database at {self.path}")
+            uri = self.path.resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA synchronous = {sync}")  # validated against SYNCHRONOUS_MODES
+            if self.readonly:
+                conn.execute("PRAGMA query_only = ON")
+                version = schema_version(conn)
+                check_version(version)
+                if version == 0:
+                    raise SchemaError(
+                        f"{self.path} has no memory schema yet (the worker creates it)"
+                    )
+            else:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    log.warning("memory.not_wal", journal_mode=mode, path=str(self.path))
+                migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _load_cache(self, size: int) -> None:
+        raw = self._conn.execute(_RECENT, (size,)).fetchall()
+        rows = [row for r in reversed(raw) if (row := self._convert(r)) is not None]
+        self._cache = deque(rows, maxlen=size)
+        self._cache_lo = 0 if len(raw) < size else int(raw[-1][0])
+
+    # -- decoding --------------------------------------------------------------------------
+
+    @property
+    def corrupt_rows(self) -> int:
+        """How many distinct rows were skipped because they could not be decoded."""
+        return len(self._corrupt_ids)
+
+    def _convert(self, raw: tuple[Any, ...]) -> LogRow | None:
+        row = _decode(raw)
+        if row is None and raw[0] not in self._corrupt_ids:
+            self._corrupt_ids.add(raw[0])
+            log.warning("memory.corrupt_row", id=raw[0], skipped=len(self._corrupt_ids))
+        return row
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append_inbound(self, msg: InboundMessage, stream_id: str, *, is_owner: bool) -> LogRow:
+        """Record an inbound stream entry; a replay returns the row already recorded."""
+        return self._append(
+            (
+                "in",
+                stream_id,
+                msg.kind.value,
+                msg.channel,
+                msg.session,
+                msg.conversation,
+                msg.sender,
+                msg.sender_name,
+                "owner" if is_owner else None,
+                1 if is_owner else 0,
+                msg.privacy.value,
+                msg.text,
+                msg.event_id,
+                None,
+                msg.ts,
+                time.time(),
+                _dump(msg.extra),
+            )
+        )
+
+    def append_reply(self, reply: Reply, *, sender: str, privacy: Privacy) -> LogRow:
+        """Record the reply to ``reply.answers``; a replay returns the row already recorded."""
+        return self._append(
+            (
+                "out",
+                reply.answers,
+                reply.kind.value,
+                reply.channel,
+                reply.session,
+                reply.conversation,
+                sender,
+                sender,
+                None,
+                0,
+                privacy.value,
+                reply.text,
+                reply.reply_id,
+                reply.reply_id,
+                reply.created,
+                time.time(),
+                _dump(reply.extra),
+            )
+        )
+
+    def _append(self, params: tuple[Any, ...]) -> LogRow:
+        """Insert one row (``params``: every column but id, in order) or return the existing one."""
+        if self._in_tx and not self._conn.in_transaction:
+            # SQLite rolled the batch back (disk full, I/O error): refuse rather than autocommit.
+            raise sqlite3.OperationalError("the memory transaction was rolled back by SQLite")
+        try:
+            cur = self._conn.execute(_INSERT, params)
+        except UnicodeEncodeError:  # a lone surrogate (e.g. from a model's JSON): store U+FFFD
+            params = tuple(_scrub(p) if isinstance(p, str) else p for p in params)
+            cur = self._conn.execute(_INSERT, params)
+        if cur.rowcount != 1 or cur.lastrowid is None:
+            return self._existing(params[0], params[1])
+        row = _build((cur.lastrowid, *params))
+        if self._in_tx:
+            self._pending.append(row)
+        else:
+            self._cached([row])
+        return row
+
+    def _existing(self, direction: str, stream_id: str) -> LogRow:
+        raw = self._conn.execute(_BY_KEY, (direction, stream_id)).fetchone()
+        if raw is None:
+            raise sqlite3.IntegrityError(f"log row ({direction}, {stream_id}) was not recorded")
+        row = self._convert(raw)
+        if row is None:
+            raise sqlite3.DatabaseError(f"log row ({direction}, {stream_id}) is corrupt")
+        return row
+
+    def mark_reply(self, reply_id: str, status: str, detail: str = "") -> None:
+        """Mark what happened to a queued reply; the first mark of each status is kept."""
+        if status not in REPLY_STATUSES:
+            raise ValueError(f"reply status must be one of {sorted(REPLY_STATUSES)}: {status!r}")
+        self._conn.execute(_MARK, (reply_id, status, time.time(), detail))
+
+    def transaction(self) -> _Transaction:
+        """``with store.transaction():`` — one BEGIN IMMEDIATE … COMMIT around many appends."""
+        return _Transaction(self)
+
+    def _begin(self) -> None:
+        if self._in_tx:
+            raise RuntimeError("memory transactions do not nest")
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._in_tx = True
+
+    def _commit(self) -> None:
+        try:
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        pending, self._pending = self._pending, []
+        self._in_tx = False
+        self._cached(pending)
+
+    def _rollback(self) -> None:
+        self._pending = []
+        self._in_tx = False
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def _cached(self, rows: list[LogRow]) -> None:
+        cache = self._cache
+        if cache is None or not rows:
+            return
+        overflow = len(cache) + len(rows) > (cache.maxlen or 0)
+        cache.extend(rows)
+        if overflow:
+            self._cache_lo = cache[0].id
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def recorded_reply(self, stream_id: str) -> LogRow | None:
+        """The outbound row answering the stream entry ``stream_id``, if one was recorded."""
+        raw = self._conn.execute(_BY_KEY, ("out", stream_id)).fetchone()
+        return None if raw is None else self._convert(raw)
+
+    def reply_marks(self, reply_id: str) -> dict[str, float]:
+        """The status marks of a reply: status -> when."""
+        rows = self._conn.execute(
+            "SELECT status, at FROM reply_status WHERE reply_id = ?", (reply_id,)
+        ).fetchall()
+        return {str(status): float(at) for status, at in rows}
+
+    def recent(
+        self, limit: int, *, conversation: str | None = None, before_id: int | None = None
+    ) -> list[LogRow]:
+        """Up to ``limit`` rows, newest first, optionally of one conversation and below an id."""
+        out: list[LogRow] = []
+        if limit <= 0:
+            return out
+        bound = before_id
+        cache = self._cache
+        if cache is not None and (before_id is None or before_id > self._cache_lo):
+            for row in chain(reversed(self._pending), reversed(cache)):
+                if before_id is not None and row.id >= before_id:
+                    continue
+                if conversation is not None and row.conversation != conversation:
+                    continue
+                out.append(row)
+                if len(out) == limit:
+                    return out
+            if self._cache_lo == 0:
+                return out  # the cache holds the whole log
+            bound = self._cache_lo if before_id is None else min(before_id, self._cache_lo)
+        self._select(out, limit, conversation, bound)
+        return out
+
+    def _select(
+        self, out: list[LogRow], limit: int, conversation: str | None, before_id: int | None
+    ) -> None:
+        conn = self._conn
+        while len(out) < limit:
+            want = limit - len(out)
+            if conversation is None:
+                if before_id is None:
+                    raw = conn.execute(_RECENT, (want,)).fetchall()
+                else:
+                    raw = conn.execute(_RECENT_BEFORE, (before_id, want)).fetchall()
+            elif before_id is None:
+                raw = conn.execute(_RECENT_CONV, (conversation, want)).fetchall()
+            else:
+                raw = conn.execute(_RECENT_CONV_BEFORE, (conversation, before_id, want)).fetchall()
+            for r in raw:
+                row = self._convert(r)
+                if row is not None:
+                    out.append(row)
+            if len(raw) < want:
+                return
+            before_id = int(raw[-1][0])  # corrupt rows were skipped: read on past them
+
+    def last_row(self) -> LogRow | None:
+        rows = self.recent(1)
+        return rows[0] if rows else None
+
+    def counts(self) -> dict[str, int]:
+        by_direction = dict(self._conn.execute(_COUNTS).fetchall())
+        inbound = int(by_direction.get("in", 0))
+        outbound = int(by_direction.get("out", 0))
+        return {"log": inbound + outbound, "inbound": inbound, "outbound": outbound}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._in_tx:
+                self._rollback()
+            if not self.readonly:
+                self._conn.execute("PRAGMA optimize")
+        finally:
+            self._conn.close()
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,5 @@
+import sys
+
+from relaybot.cli import main
+
+sys.exit(main())

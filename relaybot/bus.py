@@ -1,0 +1,167 @@
+"""The Redis side of the wire contract: connecting, publishing, heartbeats and the worker lease."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import redis
+import structlog
+
+from relaybot.config import Config
+from relaybot.wire import InboundMessage, Keys
+
+log = structlog.get_logger(__name__)
+
+UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
+
+
+def redis_url(cfg: Config) -> str:
+    """The Redis URL: the configured one, or the embedded server's unix socket."""
+    if cfg.redis.url is not None:
+        return cfg.redis.url.get_secret_value()
+    return f"unix://{embedded_socket(cfg)}"
+
+
+def embedded_socket(cfg: Config) -> str:
+    path = str(cfg.redis_dir / "redis.sock")
+    if len(path.encode()) > UNIX_SOCKET_MAX:
+        raise RuntimeError(
+            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}); "
+            "use a shorter RELAYBOT_HOME or set REDIS_URL"
+        )
+    return path
+
+
+def connect(cfg: Config, *, timeout: float = 10.0) -> redis.Redis:
+    """A client returning bytes (fields are decoded and validated by the wire models)."""
+    return redis.Redis.from_url(
+        redis_url(cfg),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=30,
+        client_name=f"relaybot-{os.getpid()}",
+    )
+
+
+def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:
+    """XADD one normalized message; returns its stream id."""
+    sid = r.xadd(keys.inbound, msg.to_fields())  # type: ignore[arg-type]
+    return sid.decode() if isinstance(sid, bytes) else str(sid)
+
+
+def process_identity(role: str) -> str:
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def beat(r: redis.Redis, keys: Keys, name: str, **info: Any) -> None:
+    """Publish liveness: one hash field per process, its value the time and a few facts."""
+    payload = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}
+    r.hset(keys.heartbeats, name, json.dumps(payload))
+
+
+def heartbeats(r: redis.Redis, keys: Keys) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    raw: dict[bytes, bytes] = r.hgetall(keys.heartbeats)  # type: ignore[assignment]
+    for name, value in raw.items():
+        try:
+            out[name.decode()] = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            out[name.decode(errors="replace")] = {"ts": 0, "error": "unreadable heartbeat"}
+    return out
+
+
+class Heartbeat:
+    """A daemon thread that beats every ``interval`` seconds until stopped."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, name: str, interval: float = 1.0) -> None:
+        self._r, self._keys, self.name, self._interval = r, keys, name, interval
+        self.info: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                beat(self._r, self._keys, self.name, **self.info)
+            except redis.RedisError as exc:
+                log.warning("heartbeat.failed", error=str(exc))
+            self._stop.wait(self._interval)
+
+    def stop(self, *, remove: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        if remove:
+            with contextlib.suppress(redis.RedisError):
+                self._r.hdel(self._keys.heartbeats, self.name)
+
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    """Exactly one worker: a token in Redis with a TTL, renewed by a thread while held.
+
+    If the holder dies, the lease expires after ``ttl`` seconds and a waiting worker takes over.
+    The worker also fences its acks with the token (see worker.commit), so a worker that lost the
+    lease (paused, partitioned) can never ack or queue anything after a successor started.
+    """
+
+    def __init__(self, r: redis.Redis, key: str, token: str, ttl: float) -> None:
+        self._r, self.key, self.token, self.ttl = r, key, token, ttl
+        self._renew = r.register_script(_RENEW)
+        self._release = r.register_script(_RELEASE)
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def holder(self) -> str | None:
+        value = self._r.get(self.key)
+        return value.decode() if isinstance(value, bytes) else None
+
+    def try_acquire(self) -> bool:
+        return bool(self._r.set(self.key, self.token, nx=True, px=int(self.ttl * 1000)))
+
+    def start_renewing(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        period = self.ttl / 3
+        while not self._stop.wait(period):
+            try:
+                ok = self._renew(keys=[self.key], args=[self.token, int(self.ttl * 1000)])
+            except redis.RedisError as exc:
+                log.warning("lease.renew_failed", error=str(exc))
+                continue
+            if not ok:
+                log.error("lease.lost", key=self.key)
+                self.lost.set()
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        try:
+            self._release(keys=[self.key], args=[self.token])
+        except redis.RedisError as exc:
+            log.warning("lease.release_failed", error=str(exc))

@@ -1,0 +1,149 @@
+"""The ``relaybot`` command and its subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import redis
+import structlog
+
+from relaybot import logs
+from relaybot.bus import connect, redis_url
+from relaybot.config import Config, ConfigError, load_config
+
+log = structlog.get_logger(__name__)
+
+EXIT_TIMEOUT = 3
+EXIT_NO_WORKER = 4
+EXIT_CONFIG = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="relaybot",
+        description="A self-hosted personal assistant: terminal, Matrix and e-mail, one memory.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    chat = sub.add_parser("chat", help="chat in this terminal (starts what is missing)")
+    chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
+    chat.add_argument("--session", help="resume (or name) a session; default: a new one")
+    chat.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for a reply (default 120)"
+    )
+
+    worker = sub.add_parser("worker", help="run the one ordered worker")
+    worker.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="exit (code 3) instead of waiting when another worker holds the lease",
+    )
+    sub.add_parser("jobs", help="run an rq worker for background jobs")
+    sub.add_parser("redis", help="run the embedded Redis in the foreground (for the Procfile)")
+
+    status = sub.add_parser("status", help="stream, pending, dead letters, queues, heartbeats")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
+    cli.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    interactive = args.command in ("chat", "status", "redis-cli")
+    level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
+    logs.configure(args.command, level=level)
+    try:
+        cfg = load_config()
+    except ConfigError as exc:
+        print(f"relaybot: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return _dispatch(args, cfg)
+    except redis.RedisError as exc:
+        print(
+            f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
+    if args.command == "chat":
+        from gateways.chat_command import run_chat
+
+        return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
+    if args.command == "worker":
+        from worker.main import run_worker
+
+        return run_worker(cfg, _wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+    if args.command == "jobs":
+        from worker.jobs import run_jobs
+
+        return run_jobs(cfg, _wait_for_redis(cfg))
+    if args.command == "redis":
+        return _run_redis(cfg)
+    if args.command == "status":
+        from relaybot.status import collect, render
+
+        status = collect(connect(cfg), cfg.keys)
+        print(json.dumps(status, indent=2) if args.json else render(status))
+        return 0
+    if args.command == "redis-cli":
+        return _exec_redis_cli(cfg, args.args)
+    raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:
+    """Processes started together (honcho) may come up before Redis: wait for it, briefly."""
+    r = connect(cfg)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r.ping()
+            return r
+        except (redis.ConnectionError, FileNotFoundError) as exc:
+            if time.monotonic() > deadline:
+                raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
+            time.sleep(0.1)
+
+
+def _run_redis(cfg: Config) -> int:
+    from deploy import embedded
+
+    if not cfg.embedded_redis:
+        # honcho stops every process when one exits, so stay up but do nothing
+        log.info("redis.external", detail="REDIS_URL is set; the embedded Redis is not started")
+        while True:
+            time.sleep(3600)
+    if embedded.ping(cfg):
+        print(
+            "relaybot: an embedded Redis is already running for this RELAYBOT_HOME", file=sys.stderr
+        )
+        return 1
+    embedded.exec_foreground(cfg)
+    return 0  # not reached
+
+
+def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
+    from deploy import embedded
+
+    binary = embedded.redis_binary("redis-cli")
+    if cfg.embedded_redis:
+        target = ["-s", str(cfg.redis_dir / "redis.sock")]
+    else:
+        target = ["-u", redis_url(cfg)]
+    os.execv(binary, [binary, *target, *extra])
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

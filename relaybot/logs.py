@@ -1,0 +1,75 @@
+"""structlog set-up, once per process.
+
+JSON lines when stderr is not a terminal, readable lines when it is. Every line carries the
+process name; channel, session and stream id are bound through contextvars where known. Values of
+keys that look like secrets are replaced before rendering, and so are passwords in URLs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+_SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", re.I)
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***\3", value)
+    return value
+
+
+def _redact_secrets(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for key, value in list(event_dict.items()):
+        if key != "event" and _SECRET_KEY.search(key) and value not in (None, "", False):
+            event_dict[key] = "***"
+        else:
+            event_dict[key] = redact(value)
+    return event_dict
+
+
+def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None) -> None:
+    """Configure structlog and route the stdlib loggers (rq, httpx) through it."""
+    out = stream or sys.stderr
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _redact_secrets,
+    ]
+    renderer: Any
+    if out.isatty():
+        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    else:
+        shared.append(structlog.processors.dict_tracebacks)
+        renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(process=process)
+
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processor=renderer,
+            foreign_pre_chain=shared,
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric, logging.INFO))
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,111 @@
+"""Zero-config runs: start what is missing (embedded Redis, the worker) and stop what we started.
+
+``relaybot chat`` attaches to a running worker when there is one (the lease is held); otherwise,
+with the embedded Redis, it starts its own worker and stops it when the chat ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import TracebackType
+
+import redis
+import structlog
+
+from deploy import embedded
+from relaybot.bus import connect
+from relaybot.config import Config
+
+log = structlog.get_logger(__name__)
+
+
+class RuntimeProblem(RuntimeError):
+    pass
+
+
+def worker_alive(r: redis.Redis, cfg: Config) -> bool:
+    return bool(r.exists(cfg.keys.lease))
+
+
+class Runtime:
+    """A context manager holding the Redis connection and any processes it had to start."""
+
+    def __init__(self, cfg: Config, *, start_worker: bool = True) -> None:
+        self.cfg = cfg
+        self.start_worker = start_worker
+        self.redis_proc: subprocess.Popen[bytes] | None = None
+        self.worker_proc: subprocess.Popen[bytes] | None = None
+        self._r: redis.Redis | None = None
+
+    @property
+    def r(self) -> redis.Redis:
+        if self._r is None:
+            raise RuntimeProblem("runtime not started")
+        return self._r
+
+    def __enter__(self) -> Runtime:
+        cfg = self.cfg
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        if cfg.embedded_redis and not embedded.ping(cfg):
+            self.redis_proc = embedded.start(cfg)
+        self._r = connect(cfg)
+        try:
+            self._r.ping()
+        except redis.RedisError as exc:
+            self.__exit__(None, None, None)
+            raise RuntimeProblem(f"cannot reach Redis: {exc}") from None
+        if self.start_worker and cfg.embedded_redis and not worker_alive(self._r, cfg):
+            self.worker_proc = self._spawn_worker()
+        return self
+
+    def _spawn_worker(self) -> subprocess.Popen[bytes]:
+        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        logfile = (self.cfg.log_dir / "worker.log").open("ab")
+        env = dict(os.environ, RELAYBOT_HOME=str(self.cfg.home))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relaybot", "worker"],
+            stdin=subprocess.DEVNULL,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        logfile.close()
+        log.info("runtime.worker_started", pid=proc.pid)
+        return proc
+
+    def problem(self) -> str | None:
+        """Why nothing will answer, if we can tell."""
+        if self.worker_proc is not None and self.worker_proc.poll() is not None:
+            return (
+                f"the worker exited with code {self.worker_proc.returncode}; "
+                f"see {self.cfg.log_dir / 'worker.log'}"
+            )
+        if self.worker_proc is None and not worker_alive(self.r, self.cfg):
+            return "no worker is running (start one with `relaybot worker` or `honcho start`)"
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.worker_proc is not None and self.worker_proc.poll() is None:
+            self.worker_proc.terminate()
+            try:
+                self.worker_proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.worker_proc.kill()
+                self.worker_proc.wait()
+        if self._r is not None:
+            self._r.close()
+        if self.redis_proc is not None:
+            embedded.stop(self.redis_proc)
+            # wait for the socket to go away so that a next run starts its own
+            deadline = time.monotonic() + 5
+            while embedded.ping(self.cfg) and time.monotonic() < deadline:
+                time.sleep(0.05)

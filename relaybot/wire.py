@@ -1,0 +1,245 @@
+"""The wire contract shared by every gateway and the worker.
+
+Pure data, no I/O: the inbound stream entry, the reply, the Redis key names. Both sides validate
+with these models, so a field added here is a field added everywhere. Entries are flat string
+fields so that ``redis-cli XRANGE relaybot:inbound - +`` is readable as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SCHEMA_VERSION: Literal[1] = 1
+# A message longer than this is refused by the model; gateways truncate with a note before XADD.
+MAX_TEXT_CHARS = 64_000
+MAX_EXTRA_CHARS = 64_000
+FIELD_ORDER = (
+    "v",
+    "kind",
+    "channel",
+    "session",
+    "conversation",
+    "sender",
+    "sender_name",
+    "privacy",
+    "text",
+    "ts",
+    "event_id",
+    "extra",
+)
+
+_ROUTING_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=/-]{0,199}$")
+
+
+class WireError(ValueError):
+    """A stream entry or reply that does not match the contract; the message says why."""
+
+
+class Kind(StrEnum):
+    MESSAGE = "message"
+    COMMAND = "command"
+    SCHEDULED = "scheduled"
+    DERIVED = "derived"
+
+
+class Privacy(StrEnum):
+    """Who a conversation belongs to; decides what it may see (DESIGN.md, privacy rule)."""
+
+    OWNER = "owner"
+    DIRECT = "direct"
+    GROUP = "group"
+
+
+RoutingKey = Annotated[str, Field(min_length=1, max_length=200, pattern=_ROUTING_KEY.pattern)]
+ChannelName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+
+
+def _check_json_object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("extra must be a JSON object")
+    return value
+
+
+class InboundMessage(BaseModel):
+    """One normalized inbound event: the single definition of an inbound stream entry."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = SCHEMA_VERSION
+    kind: Kind = Kind.MESSAGE
+    channel: ChannelName
+    session: RoutingKey
+    conversation: RoutingKey
+    sender: Annotated[str, Field(min_length=1, max_length=320)]
+    sender_name: Annotated[str, Field(max_length=320)] = ""
+    privacy: Privacy
+    text: Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+    ts: Annotated[float, Field(ge=0)]
+    event_id: Annotated[str, Field(min_length=1, max_length=1000)]
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _extra_from_json(cls, value: Any) -> dict[str, Any]:
+        if isinstance(value, str):
+            if len(value) > MAX_EXTRA_CHARS:
+                raise ValueError(f"extra is longer than {MAX_EXTRA_CHARS} characters")
+            try:
+                value = json.loads(value) if value else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"extra is not valid JSON: {exc.msg}") from exc
+        return _check_json_object(value)
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string fields for XADD, in a fixed order."""
+        return {
+            "v": str(self.v),
+            "kind": self.kind.value,
+            "channel": self.channel,
+            "session": self.session,
+            "conversation": self.conversation,
+            "sender": self.sender,
+            "sender_name": self.sender_name,
+            "privacy": self.privacy.value,
+            "text": self.text,
+            "ts": repr(self.ts),
+            "event_id": self.event_id,
+            "extra": json.dumps(self.extra, separators=(",", ":"), ensure_ascii=False),
+        }
+
+    @classmethod
+    def from_fields(cls, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> InboundMessage:
+        """Validate the fields of a stream entry; raises WireError with a readable reason."""
+        fields = decode_fields(raw)
+        unknown = sorted(set(fields) - set(FIELD_ORDER))
+        if unknown:
+            raise WireError(f"unknown field(s): {', '.join(unknown)}")
+        version = fields.get("v")
+        if version is None:
+            raise WireError("missing field: v (schema version)")
+        if version != str(SCHEMA_VERSION):
+            raise WireError(f"unsupported schema version {version!r}; this worker reads v=1")
+        try:
+            return cls.model_validate({**fields, "v": SCHEMA_VERSION})
+        except ValidationError as exc:
+            raise WireError(describe_validation_error(exc)) from None
+
+
+def decode_fields(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, str]:
+    """Decode raw stream fields to str, naming the first field that is not UTF-8."""
+    out: dict[str, str] = {}
+    for key, value in raw.items():
+        try:
+            name = key.decode() if isinstance(key, bytes) else key
+        except UnicodeDecodeError:
+            raise WireError(f"a field name is not valid UTF-8: {key!r:.60}") from None
+        try:
+            out[name] = value.decode() if isinstance(value, bytes) else value
+        except UnicodeDecodeError as exc:
+            raise WireError(f"field {name!r} is not valid UTF-8 (byte {exc.start})") from None
+    return out
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "entry"
+        msg = err["msg"]
+        if err["type"] == "missing":
+            parts.append(f"missing field: {where}")
+        else:
+            parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+class ReplyKind(StrEnum):
+    REPLY = "reply"
+    ERROR = "error"
+    NOTICE = "notice"
+
+
+class Reply(BaseModel):
+    """One reply on a session's reply queue. It names the stream entry it answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = SCHEMA_VERSION
+    reply_id: Annotated[str, Field(min_length=1, max_length=100)]
+    answers: Annotated[str, Field(min_length=1, max_length=40)]
+    kind: ReplyKind = ReplyKind.REPLY
+    channel: ChannelName
+    session: RoutingKey
+    conversation: RoutingKey
+    in_reply_to: str = ""
+    text: str
+    created: float
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Reply:
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise WireError(describe_validation_error(exc)) from None
+
+
+def new_reply_id() -> str:
+    return uuid.uuid4().hex
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+def stream_id_ms(stream_id: str) -> int:
+    """The millisecond timestamp part of a Redis stream id ("1700000000000-0")."""
+    return int(stream_id.split("-", 1)[0])
+
+
+def now() -> float:
+    return time.time()
+
+
+class Keys:
+    """Every Redis key relaybot uses, under one prefix so several instances share a Redis."""
+
+    GROUP = "worker"
+
+    def __init__(self, prefix: str = "relaybot:") -> None:
+        if not prefix or any(c.isspace() for c in prefix):
+            raise ValueError(f"invalid key prefix {prefix!r}")
+        self.prefix = prefix
+        self.inbound = f"{prefix}inbound"
+        self.dead = f"{prefix}dead"
+        self.lease = f"{prefix}worker:lease"
+        self.heartbeats = f"{prefix}heartbeats"
+        self.jobs_queue = f"{prefix}jobs"
+
+    def reply(self, session: str) -> str:
+        return f"{self.prefix}reply:{session}"
+
+    def reply_pattern(self) -> str:
+        return f"{self.prefix}reply:*"
+
+    def session_of_reply_key(self, key: str) -> str:
+        return key[len(f"{self.prefix}reply:") :]
+
+    def inflight(self, session: str) -> str:
+        return f"{self.prefix}inflight:{session}"
+
+    def delivered(self, session: str) -> str:
+        return f"{self.prefix}delivered:{session}"
+
+    def busy(self, session: str) -> str:
+        return f"{self.prefix}busy:{session}"

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.servers import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of its own for each test, so tests share one Redis without meeting."""
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+def real_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty RELAYBOT_HOME, and an environment free of the developer's own settings."""
+    for var in list(os.environ):
+        if var.startswith(("RELAYBOT_", "OPENAI_")) or var == "REDIS_URL":
+            monkeypatch.delenv(var, raising=False)
+    h = tmp_path / "home"
+    h.mkdir()
+    monkeypatch.setenv("RELAYBOT_HOME", str(h))
+    return h

