@@ -1,0 +1,93 @@
+"""deploy/redis/users.acl against a real redis-server: each user can do its job and no more."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from deploy.embedded import redis_binary
+from gateways.cli import Terminal
+from relaybot.config import Config, RedisConfig
+from tests.support.fakes import InstantModel
+from tests.support.servers import free_port
+from worker.main import build_consumer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORDS = {"worker": "w-secret", "jobs": "j-secret", "cli": "c-secret", "matrix": "m-secret"}
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[int]:
+    text = (ROOT / "deploy" / "redis" / "users.acl").read_text()
+    for user, password in PASSWORDS.items():
+        text = text.replace(f">CHANGE-ME-{user}", f">{password}")
+    acl = tmp_path / "users.acl"
+    acl.write_text(text)
+    port = free_port()
+    proc = subprocess.Popen(
+        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--dir", str(tmp_path), "--aclfile", str(acl)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, username="cli", password="x").ping()
+        except redis.AuthenticationError:
+            break  # up, and refusing bad credentials
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    yield port
+    proc.terminate()
+    proc.wait(10)
+
+
+def cfg_for(tmp_path: Path, port: int, user: str) -> Config:
+    url = f"redis://relaybot-{user}:{PASSWORDS[user]}@127.0.0.1:{port}/0"
+    return Config.model_validate({"home": tmp_path, "redis": RedisConfig(url=url)})
+
+
+def test_each_user_can_do_its_job_and_no_more(tmp_path: Path, acl_redis: int) -> None:
+    from relaybot.bus import connect
+
+    worker_cfg = cfg_for(tmp_path, acl_redis, "worker")
+    cli_cfg = cfg_for(tmp_path, acl_redis, "cli")
+    with pytest.raises(redis.AuthenticationError):  # the default user is off
+        redis.Redis(port=acl_redis).ping()
+
+    wr = connect(worker_cfg)
+    consumer = build_consumer(worker_cfg, wr, model=InstantModel())
+    assert consumer.acquire(wait=False)
+    consumer.ensure_group()
+    consumer.recover()
+
+    cr = connect(cli_cfg)
+    term = Terminal(cli_cfg, cr, "acl")
+    term.heartbeat.start()
+    sid = term.send("hello through the ACL")
+    consumer.handle_entries(consumer.read(block_ms=100))
+    reply = term.wait_for(sid, 5)
+    term.heartbeat.stop()
+    assert reply is not None
+    assert "hello through the ACL" in reply.text
+
+    # the terminal's user can write the stream but not read it, nor touch other channels
+    for forbidden in (
+        lambda: cr.xrange(cli_cfg.keys.inbound),
+        lambda: cr.xreadgroup("worker", "x", {cli_cfg.keys.inbound: ">"}, count=1, block=1),
+        lambda: cr.lrange(cli_cfg.keys.reply("matrix:!room"), 0, -1),
+        lambda: cr.lmove(cli_cfg.keys.reply("matrix:!room"), cli_cfg.keys.inflight("cli:x")),
+        lambda: cr.set("relaybot:worker:lease", "me"),
+        lambda: cr.flushall(),
+        lambda: cr.keys("*"),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forbidden()
+    consumer.lease.release()
