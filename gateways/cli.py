@@ -83,8 +83,11 @@ class Terminal:
     def drain(self) -> int:
         """Print replies that were queued while no terminal was attached."""
         count = 0
-        while deliver_next(self.queue, self._print_earlier, timeout=0) is not None:
-            count += 1
+        # deliver_next answers None for an expired (or possibly sent) reply too: go on until the
+        # queue and the in-flight list are empty, not until the first reply that was not shown
+        while self.r.exists(self.queue.queue, self.queue.inflight):
+            if deliver_next(self.queue, self._print_earlier, timeout=0) is not None:
+                count += 1
         return count
 
     def wait_for(self, stream_id: str, timeout: float) -> Reply | None:

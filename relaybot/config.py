@@ -153,12 +153,19 @@ def load_config(home: Path | None = None, env: Mapping[str, str] | None = None) 
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    from_env: dict[tuple[str, str], str] = {}
     for var, section, key in ENV_OVERRIDES:
         value = env.get(var)
         if value:
             data.setdefault(section, {})[key] = value
+            from_env[(section, key)] = var
     data["home"] = home
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {describe_validation_error(exc)}") from None
+        # a bad value that came from the environment is blamed on its variable, not on the file
+        blamed = sorted(
+            {from_env[loc] for err in exc.errors() if (loc := tuple(err["loc"][:2])) in from_env}
+        )
+        where = f"{path}" + (f" (with {', '.join(blamed)} from the environment)" if blamed else "")
+        raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None

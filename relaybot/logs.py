@@ -40,8 +40,17 @@ def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None
     """Configure structlog and route the stdlib loggers (rq, httpx) through it."""
     out = stream or sys.stderr
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+
+    def add_process(
+        _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        # threads (heartbeat, lease) start with an empty context: name the process there too
+        event_dict.setdefault("process", process)
+        return event_dict
+
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        add_process,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _redact_secrets,
