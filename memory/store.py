@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
@@ -203,6 +203,17 @@ class _Transaction:
             self._store._rollback()
 
 
+@dataclass(slots=True)
+class _ConvCache:
+    rows: deque[LogRow]
+    lo: int  # every row of the conversation with id >= lo is in rows; 0: the whole conversation
+
+    def add(self, row: LogRow) -> None:
+        if self.rows.maxlen is not None and len(self.rows) == self.rows.maxlen:
+            self.lo = self.rows[1].id if self.rows.maxlen > 1 else row.id
+        self.rows.append(row)
+
+
 class MemoryStore:
     """The log over SQLite. See the module docstring for the rules it keeps."""
 
@@ -213,6 +224,8 @@ class MemoryStore:
         readonly: bool = False,
         synchronous: str = "NORMAL",
         cache_rows: int = 512,
+        conversation_rows: int = 400,
+        conversations: int = 128,
     ) -> None:
         sync = synchronous.upper()
         if sync not in SYNCHRONOUS_MODES:
@@ -229,6 +242,10 @@ class MemoryStore:
         # Coverage rule: every valid row with id >= _cache_lo is in _cache (or _pending).
         self._cache: deque[LogRow] | None = None
         self._cache_lo = 0
+        # Per conversation (LRU): every valid row of it with id >= lo is in rows (lo 0: all).
+        self._convs: OrderedDict[str, _ConvCache] = OrderedDict()
+        self._conv_rows = conversation_rows if not readonly else 0
+        self._conv_max = conversations
         if not readonly and cache_rows > 0:
             self._load_cache(cache_rows)
 
@@ -262,6 +279,24 @@ class MemoryStore:
             conn.close()
             raise
         return conn
+
+    def reload(self) -> None:
+        """Re-read the recent-rows cache from the database.
+
+        The cache assumes this connection is the only writer since it was opened. A worker that
+        opened the store and then waited for the worker lease while another worker wrote must call
+        this once it holds the lease, or its contexts would miss what the other one recorded.
+        """
+        if self._in_tx:
+            raise RuntimeError("cannot reload inside a memory transaction")
+        if self._cache is None:
+            return
+        self._convs.clear()
+        try:
+            self._load_cache(self._cache.maxlen or 0)
+        except sqlite3.Error:
+            self._cache = None  # SQL only from now on: slower, never stale
+            raise
 
     def _load_cache(self, size: int) -> None:
         raw = self._conn.execute(_RECENT, (size,)).fetchall()
@@ -394,6 +429,12 @@ class MemoryStore:
             self._conn.execute("ROLLBACK")
 
     def _cached(self, rows: list[LogRow]) -> None:
+        convs = self._convs
+        if convs:
+            for row in rows:
+                entry = convs.get(row.conversation)
+                if entry is not None:
+                    entry.add(row)
         cache = self._cache
         if cache is None or not rows:
             return
@@ -423,6 +464,9 @@ class MemoryStore:
         out: list[LogRow] = []
         if limit <= 0:
             return out
+        if conversation is not None and self._conv_rows > 0:
+            self._recent_conversation(out, limit, conversation, before_id)
+            return out
         bound = before_id
         cache = self._cache
         if cache is not None and (before_id is None or before_id > self._cache_lo):
@@ -439,6 +483,44 @@ class MemoryStore:
             bound = self._cache_lo if before_id is None else min(before_id, self._cache_lo)
         self._select(out, limit, conversation, bound)
         return out
+
+    def _recent_conversation(
+        self, out: list[LogRow], limit: int, conversation: str, before_id: int | None
+    ) -> None:
+        """Serve one conversation's rows from its cache, loading it on first use."""
+        entry = self._convs.get(conversation)
+        if entry is None:
+            entry = self._load_conversation(conversation)
+        else:
+            self._convs.move_to_end(conversation)
+        pending = [r for r in self._pending if r.conversation == conversation]
+        for row in chain(reversed(pending), reversed(entry.rows)):
+            if before_id is not None and row.id >= before_id:
+                continue
+            out.append(row)
+            if len(out) == limit:
+                return
+        if entry.lo == 0:
+            return  # the cache holds the whole conversation
+        bound = entry.lo if before_id is None else min(before_id, entry.lo)
+        self._select(out, limit, conversation, bound)
+
+    def _load_conversation(self, conversation: str) -> _ConvCache:
+        # Rows of the open transaction are not cached until it commits; they have the highest
+        # ids, so reading below the first of them gives exactly the committed rows.
+        size = self._conv_rows
+        if self._pending:
+            raw = self._conn.execute(
+                _RECENT_CONV_BEFORE, (conversation, self._pending[0].id, size)
+            ).fetchall()
+        else:
+            raw = self._conn.execute(_RECENT_CONV, (conversation, size)).fetchall()
+        rows = [row for r in reversed(raw) if (row := self._convert(r)) is not None]
+        entry = _ConvCache(deque(rows, maxlen=size), 0 if len(raw) < size else int(raw[-1][0]))
+        self._convs[conversation] = entry
+        if len(self._convs) > self._conv_max:
+            self._convs.popitem(last=False)
+        return entry
 
     def _select(
         self, out: list[LogRow], limit: int, conversation: str | None, before_id: int | None

@@ -87,7 +87,7 @@ def run_turn(
         return model.complete(convo, offer)
 
     def done(text: str, *, error: bool) -> TurnResult:
-        log.info(
+        log.debug(  # the worker logs the turn (turn.done) at info
             "agent.turn",
             model=model.name,
             rounds=rounds,

@@ -25,6 +25,7 @@ from memory.store import MemoryStore
 from relaybot.bus import Heartbeat, Lease, process_identity
 from relaybot.config import Config
 from relaybot.wire import Keys, Reply
+from worker.busy import BusySignal
 from worker.turn import Outcome, Turns
 
 log = structlog.get_logger(__name__)
@@ -86,6 +87,7 @@ class Consumer:
         store: MemoryStore | None,
         *,
         flush_after: float = 0.005,
+        busy: BusySignal | None = None,
     ) -> None:
         self.cfg = cfg
         self.r = r
@@ -93,6 +95,7 @@ class Consumer:
         self.turns = turns
         self.store = store
         self.flush_after = flush_after
+        self.busy = busy
         self.name = process_identity("worker")
         self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
         self._commit = r.register_script(_COMMIT)
@@ -145,8 +148,18 @@ class Consumer:
                 return 0
             log.error("worker.refused", reason="another worker holds the lease")
             return 3
-        hb = Heartbeat(self.r, self.keys, "worker").start()
-        hb.info = {"consumer": self.name}
+        if self.store is not None:
+            # opened before the lease was ours: another worker may have written since
+            try:
+                self.store.reload()
+            except sqlite3.Error as exc:
+                self.turns.memory_failures += 1
+                log.error("memory.reload_failed", error=str(exc))
+        hb = Heartbeat(self.r, self.keys, "worker")
+        hb.info = {"consumer": self.name}  # before the first beat
+        hb.start()
+        if self.busy is not None:
+            self.busy.start()
         try:
             self.ensure_group()
             self.recover()
@@ -167,6 +180,8 @@ class Consumer:
             log.error("worker.lease_lost", error=str(exc))
             return 4
         finally:
+            if self.busy is not None:
+                self.busy.stop()
             hb.stop()
             self.lease.release()
         log.info("worker.stopped", processed=self.processed)

@@ -9,6 +9,7 @@ import structlog
 
 from memory.store import MemoryStore
 from relaybot.config import Config
+from worker.busy import BusySignal
 from worker.consumer import Consumer
 from worker.model import ModelPort, NoModel, make_model
 from worker.tools import ToolRegistry, default_tools
@@ -42,15 +43,9 @@ def build_consumer(
             hint="set [model] base_url and model in config.toml, or OPENAI_BASE_URL and "
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
-    keys = cfg.keys
-    busy_ttl_ms = int((cfg.model.timeout * (cfg.model.retries + 1) + 30) * 1000)
-
-    def thinking(session: str) -> None:
-        if not isinstance(model, NoModel):
-            r.set(keys.busy(session), "1", px=busy_ttl_ms)
-
-    turns = Turns(cfg, store, model, tools or default_tools(), on_thinking=thinking)
-    return Consumer(cfg, r, turns, store)
+    busy = BusySignal(r, cfg.keys)
+    turns = Turns(cfg, store, model, tools or default_tools(), thinking=busy.turn)
+    return Consumer(cfg, r, turns, store, busy=busy)
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -58,14 +59,14 @@ class Turns:
         model: ModelPort,
         tools: ToolRegistry,
         *,
-        on_thinking: Callable[[str], None] = lambda _session: None,
+        thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.model = model
         self.tools = tools
         self.resolver = OwnerResolver(cfg.owner.aliases)
-        self.on_thinking = on_thinking
+        self.thinking = thinking
         self.memory_failures = 0
 
     def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
@@ -90,11 +91,11 @@ class Turns:
             return _reply_from_row(recorded, msg)
 
         messages = self._context(msg, row, stream_id, is_owner)
-        self.on_thinking(msg.session)
         started = time.perf_counter()
-        result = run_turn(
-            self.model, messages, self.tools, max_rounds=self.cfg.model.max_tool_rounds
-        )
+        with self.thinking(msg.session):
+            result = run_turn(
+                self.model, messages, self.tools, max_rounds=self.cfg.model.max_tool_rounds
+            )
         reply = Reply(
             reply_id=new_reply_id(),
             answers=stream_id,

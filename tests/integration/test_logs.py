@@ -31,7 +31,6 @@ TURN_EVENTS = {
     "model.attempt_failed",
     "model.backoff",
     "agent.model_error",
-    "agent.turn",
     "tool.called",
     "turn.done",
 }

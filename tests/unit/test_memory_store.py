@@ -501,3 +501,41 @@ def test_throughput_is_in_the_right_order(store: MemoryStore) -> None:
                 store.append_reply(replies[i], sender="relaybot", privacy=Privacy.OWNER)
                 store.recent(50)
     assert time.perf_counter() - started < 3.0
+
+
+def test_conversation_cache_always_agrees_with_sql(db_path: Path) -> None:
+    """Random appends over many conversations, in committed and rolled-back batches, with a small
+    cache and LRU: every conversation query equals what a fresh read-only (SQL) store returns."""
+    import random
+
+    rng = random.Random(7)
+    convs = [f"room-{k}" for k in range(12)]
+    writer = MemoryStore(db_path, cache_rows=16, conversation_rows=8, conversations=4)
+    n = 0
+    try:
+        for _batch in range(60):
+            rollback = rng.random() < 0.2
+            try:
+                with writer.transaction():
+                    for _ in range(rng.randint(1, 12)):
+                        conv = rng.choice(convs)
+                        writer.append_inbound(inbound(n, conversation=conv), sid(n), is_owner=False)
+                        n += 1
+                        probe = rng.choice(convs)  # a read in the middle of the transaction
+                        writer.recent(rng.randint(1, 20), conversation=probe)
+                    if rollback:
+                        raise RuntimeError("roll back this batch")
+            except RuntimeError:
+                pass
+            reader = MemoryStore(db_path, readonly=True)
+            try:
+                for conv in convs:
+                    for limit in (1, 5, 30):
+                        before = rng.choice([None, rng.randint(1, max(2, n))])
+                        got = writer.recent(limit, conversation=conv, before_id=before)
+                        want = reader.recent(limit, conversation=conv, before_id=before)
+                        assert [r.id for r in got] == [r.id for r in want], (conv, limit, before)
+            finally:
+                reader.close()
+    finally:
+        writer.close()

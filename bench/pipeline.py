@@ -1,0 +1,658 @@
+"""Pipeline throughput and latency: gateway XADD -> worker -> memory -> reply queue.
+
+Four processes, as in production: redis-server; the worker (the real ``Consumer`` from
+``worker.main.build_consumer`` with the real ``MemoryStore`` on a temporary directory and an
+in-process model that answers at once) in its own process; a producer process XADDing normalized
+``InboundMessage`` fields; and this process, collecting the replies from the reply queues.
+
+Baseline, run side by side with the same producer and collector: the bare bus — a consumer process
+that only does XREADGROUP + RPUSH reply + XACK (no validation, memory, context or model), i.e. what
+Redis and redis-py alone cost.
+
+    .venv/bin/python -m bench.pipeline            # full run (~5 minutes on 2 cores)
+    .venv/bin/python -m bench.pipeline --quick    # smoke run (~30 s)
+    .venv/bin/python -m bench.pipeline --profile  # cProfile of the real worker (unix socket)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import pstats
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
+from relaybot.wire import InboundMessage, Keys, Privacy
+
+PREFIX = "relaybot:"
+KEYS = Keys(PREFIX)
+SEND_CHUNK = 500  # XADDs per pipelined round trip in the throughput producer
+
+# (channel, session, conversation, sender, privacy): owner terminals, direct chats and a group,
+# so the worker builds contexts for both the owner scope and the conversation-filtered scopes.
+SESSIONS: tuple[tuple[str, str, str, str, Privacy], ...] = (
+    ("cli", "cli:bench-a", "cli:bench-a", "owner", Privacy.OWNER),
+    ("cli", "cli:bench-b", "cli:bench-b", "owner", Privacy.OWNER),
+    ("matrix", "matrix:owner-dm", "matrix:owner-dm", "@owner:example.org", Privacy.OWNER),
+    ("matrix", "matrix:dm-bob", "matrix:dm-bob", "@bob:example.org", Privacy.DIRECT),
+    ("matrix", "matrix:dm-carol", "matrix:dm-carol", "@carol:example.org", Privacy.DIRECT),
+    ("matrix", "matrix:room-team", "matrix:room-team", "@dave:example.org", Privacy.GROUP),
+    (
+        "email",
+        "email:erin@example.org",
+        "email:thread-1@example.org",
+        "erin@example.org",
+        Privacy.DIRECT,
+    ),
+    (
+        "email",
+        "email:frank@example.org",
+        "email:thread-2@example.org",
+        "frank@example.org",
+        Privacy.DIRECT,
+    ),
+)
+REPLY_KEYS = tuple(KEYS.reply(s[1]) for s in SESSIONS)
+MIXES = {
+    "mixed": SESSIONS,
+    "owner": tuple(s for s in SESSIONS if s[4] is Privacy.OWNER),
+    "direct": tuple(s for s in SESSIONS if s[4] is not Privacy.OWNER),
+}
+_WORD_TEXT = (
+    "the meeting moved to thursday could you check whether the invoice was paid and remind me "
+    "about the dentist also what did alice say about the trip to lisbon next month please"
+)
+_WORDS = _WORD_TEXT.split()
+
+
+def make_fields(i: int, mix: str = "mixed") -> dict[str, str]:
+    """The stream fields of the i-th normalized message, as a gateway would XADD them."""
+    sessions = MIXES[mix]
+    channel, session, conversation, sender, privacy = sessions[i % len(sessions)]
+    n = 8 + (i * 7) % 17
+    text = f"message {i}: " + " ".join(_WORDS[(i + k) % len(_WORDS)] for k in range(n))
+    msg = InboundMessage(
+        channel=channel,
+        session=session,
+        conversation=conversation,
+        sender=sender,
+        sender_name=sender.split("@")[0].strip("@") or sender,
+        privacy=privacy,
+        text=text,
+        ts=time.time(),
+        event_id=f"bench-{i}",
+    )
+    return msg.to_fields()
+
+
+# -- the consumers (each runs in its own process) --------------------------------------------------
+
+
+def real_worker(url: str, home: str, log_level: str, profile: str | None) -> None:
+    """The production worker: build_consumer, the real MemoryStore, logs as `relaybot worker`."""
+    from collections import deque as _deque
+
+    from relaybot import logs
+    from relaybot.bus import connect
+    from relaybot.config import load_config
+    from tests.support.fakes import InstantModel
+    from worker.main import build_consumer, open_store
+
+    logfile = open(Path(home) / "worker.log", "a", encoding="utf-8")  # noqa: SIM115
+    logs.configure("worker", level=log_level, stream=logfile)
+    cfg = load_config(Path(home), env={"REDIS_URL": url})
+    r = connect(cfg)
+    store = open_store(cfg)
+    if store is None:
+        raise SystemExit("the memory store did not open")
+    model = InstantModel()
+    # InstantModel keeps every prompt it was sent (for tests); over 50k turns of ~20 KB contexts
+    # that is a gigabyte, so keep only the last one.
+    model.seen = _deque(maxlen=1)  # type: ignore[assignment]
+    consumer = build_consumer(cfg, r, model=model, store=store)
+    consumer.install_signal_handlers()
+    try:
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                consumer.run()
+            finally:
+                prof.disable()
+                prof.dump_stats(profile)
+        else:
+            consumer.run()
+    finally:
+        store.close()
+        logfile.close()
+
+
+def bare_worker(url: str, home: str, log_level: str, profile: str | None) -> None:
+    """The floor: XREADGROUP, RPUSH a small reply, XACK — nothing else (same batch size, 100)."""
+    stopping = False
+
+    def stop(_sig: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    r = redis.Redis.from_url(url)
+    with contextlib.suppress(redis.ResponseError):
+        r.xgroup_create(KEYS.inbound, Keys.GROUP, id="0", mkstream=True)
+    r.set(KEYS.lease, "bare")
+    prefix = KEYS.reply("").encode()
+    while not stopping:
+        resp = r.xreadgroup(Keys.GROUP, "bare", {KEYS.inbound: ">"}, count=100, block=200)
+        if not resp:
+            continue
+        pipe = r.pipeline(transaction=False)
+        ids = []
+        for sid, fields in resp[0][1]:
+            reply = b'{"answers":"%s","in_reply_to":"%s"}' % (sid, fields[b"event_id"])
+            pipe.rpush(prefix + fields[b"session"], reply)
+            ids.append(sid)
+        pipe.xack(KEYS.inbound, Keys.GROUP, *ids)
+        pipe.execute()
+
+
+SYSTEMS = {"relaybot": real_worker, "bare bus": bare_worker}
+
+
+# -- producers (own process) -----------------------------------------------------------------------
+
+
+def burst_producer(
+    url: str, mix: str, n_warm: int, n: int, warm_sent: Any, go: Any, out: Any
+) -> None:
+    """XADD ``n_warm`` messages, wait for ``go``, then XADD ``n`` as fast as pipelining allows."""
+    all_fields = [make_fields(i, mix) for i in range(n_warm + n)]
+    r = redis.Redis.from_url(url)
+    _send(r, all_fields[:n_warm])
+    warm_sent.set()
+    go.wait()
+    t0 = time.monotonic_ns()
+    _send(r, all_fields[n_warm:])
+    out.put((t0, time.monotonic_ns()))
+
+
+def _send(r: redis.Redis, all_fields: list[dict[str, str]]) -> None:
+    for start in range(0, len(all_fields), SEND_CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for fields in all_fields[start : start + SEND_CHUNK]:
+            pipe.xadd(KEYS.inbound, fields)  # type: ignore[arg-type]
+        pipe.execute()
+
+
+def paced_producer(url: str, mix: str, n: int, rate: float, go: Any) -> None:
+    """One XADD per message at ``rate`` per second; the send time travels in the event id."""
+    all_fields = [make_fields(i, mix) for i in range(n)]
+    r = redis.Redis.from_url(url)
+    r.ping()
+    go.wait()
+    t0 = time.monotonic() + 0.01
+    for i, fields in enumerate(all_fields):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        fields["event_id"] = f"lat-{i}-{time.monotonic_ns()}"
+        r.xadd(KEYS.inbound, fields)  # type: ignore[arg-type]
+
+
+# -- the runs --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Opts:
+    log_level: str
+    timeout: float
+    mix: str = "mixed"
+
+
+class Run:
+    """One consumer process (real or bare) against a flushed Redis and a fresh home."""
+
+    def __init__(self, server: BenchRedis, transport: str, system: str, opts: Opts) -> None:
+        self.server, self.transport, self.system, self.opts = server, transport, system, opts
+        self.url = server.url(transport)
+        self.r = redis.Redis.from_url(self.url)
+        self.r.flushall()
+        self.home = tempfile.mkdtemp(prefix="rbb-home-", dir="/tmp")
+        self.ctx = mp.get_context("spawn")
+        self.proc: Any = None
+
+    def start(self, profile: str | None = None) -> Run:
+        target = SYSTEMS[self.system]
+        self.proc = self.ctx.Process(
+            target=target,
+            args=(self.url, self.home, self.opts.log_level, profile),
+            daemon=True,
+        )
+        self.proc.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # ready: lease held and consumer group created
+            if self.r.exists(KEYS.lease) and self.r.exists(KEYS.inbound):
+                with contextlib.suppress(redis.ResponseError):
+                    if self.r.xinfo_groups(KEYS.inbound):
+                        return self
+            if not self.proc.is_alive():
+                raise RuntimeError(f"{self.system} worker exited with {self.proc.exitcode}")
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.system} worker did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.join(30)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+        self.r.close()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def cpu(self) -> tuple[float, float]:
+        assert self.server.proc is not None
+        return cpu_seconds(self.proc.pid), cpu_seconds(self.server.proc.pid)
+
+    def drain(self, want: int, sample: list[bytes]) -> int:
+        """Pop replies until ``want`` have arrived; returns how many (keeps one per batch)."""
+        got = 0
+        deadline = time.monotonic() + self.opts.timeout
+        while got < want:
+            pipe = self.r.pipeline(transaction=False)
+            for key in REPLY_KEYS:
+                pipe.lpop(key, 1000)
+            popped = [x for x in pipe.execute() if x]
+            if popped:
+                got += sum(len(x) for x in popped)
+                sample.append(popped[0][0])
+                continue
+            item = self.r.blpop(list(REPLY_KEYS), timeout=0.5)
+            if item is not None:
+                got += 1
+                sample.append(item[1])
+            elif time.monotonic() > deadline or not self.proc.is_alive():
+                raise RuntimeError(
+                    f"{self.system}: only {got} of {want} replies (worker alive: "
+                    f"{self.proc.is_alive()}; see {self.home}/worker.log)"
+                )
+        return got
+
+    def check(self, expected_replies: int, sample: list[bytes]) -> str:
+        """Evidence the work was done: no dead letters, nothing pending, replies are echoes."""
+        problems = []
+        time.sleep(0.05)
+        extra = sum(self.r.llen(k) for k in REPLY_KEYS)
+        if extra:
+            problems.append(f"{extra} replies more than messages")
+        if self.r.exists(KEYS.dead) and self.r.xlen(KEYS.dead):
+            problems.append(f"{self.r.xlen(KEYS.dead)} dead letters")
+        pending = self.r.xpending(KEYS.inbound, Keys.GROUP)["pending"]
+        if pending:
+            problems.append(f"{pending} entries still pending")
+        if self.system == "relaybot":
+            for raw in sample[:50]:
+                data = json.loads(raw)
+                if data.get("kind") != "reply" or not str(data.get("text", "")).startswith("echo:"):
+                    problems.append(f"unexpected reply {raw[:120]!r}")
+                    break
+        return "; ".join(problems) or "ok"
+
+    def memory_rows(self) -> int | None:
+        if self.system != "relaybot":
+            return None
+        from memory.store import MemoryStore
+
+        with MemoryStore(Path(self.home) / "memory.sqlite3", readonly=True) as store:
+            return store.counts()["log"]
+
+
+def throughput(
+    server: BenchRedis, transport: str, system: str, n_warm: int, n: int, opts: Opts
+) -> dict[str, Any]:
+    run = Run(server, transport, system, opts).start()
+    ctx = run.ctx
+    warm_sent, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    producer = ctx.Process(
+        target=burst_producer, args=(run.url, opts.mix, n_warm, n, warm_sent, go, out)
+    )
+    producer.start()
+    try:
+        sample: list[bytes] = []
+        if not warm_sent.wait(120):
+            raise RuntimeError("the producer did not start")
+        run.drain(n_warm, sample)
+        cpu0 = run.cpu()
+        go.set()
+        run.drain(n, sample)
+        t_end = time.monotonic_ns()
+        cpu1 = run.cpu()
+        t0, t_sent = out.get(timeout=60)
+        producer.join(30)
+        status = run.check(0, sample)
+    finally:
+        if producer.is_alive():
+            producer.kill()
+        run.stop()
+    rows = run.memory_rows()
+    run.cleanup()
+    if rows is not None and rows != 2 * (n_warm + n):
+        status = f"{status}; memory has {rows} rows, expected {2 * (n_warm + n)}"
+    secs = (t_end - t0) / 1e9
+    return {
+        "transport": transport,
+        "system": system,
+        "n": n,
+        "secs": secs,
+        "rate": n / secs,
+        "producer_rate": n / ((t_sent - t0) / 1e9),
+        "worker_cpu_us": (cpu1[0] - cpu0[0]) / n * 1e6,
+        "redis_cpu_us": (cpu1[1] - cpu0[1]) / n * 1e6,
+        "status": status,
+    }
+
+
+def latency(
+    server: BenchRedis, transport: str, system: str, n_warm: int, n: int, rate: float, opts: Opts
+) -> dict[str, Any]:
+    run = Run(server, transport, system, opts).start()
+    go = run.ctx.Event()
+    producer = run.ctx.Process(
+        target=paced_producer, args=(run.url, opts.mix, n_warm + n, rate, go)
+    )
+    producer.start()
+    lat_ms: list[float] = []
+    sample: list[bytes] = []
+    try:
+        time.sleep(0.2)  # let the producer build its messages and connect
+        go.set()
+        got = 0
+        deadline = time.monotonic() + (n_warm + n) / rate + opts.timeout
+        while got < n_warm + n:
+            item = run.r.blpop(list(REPLY_KEYS), timeout=1)
+            t = time.monotonic_ns()
+            if item is None:
+                if time.monotonic() > deadline or not run.proc.is_alive():
+                    raise RuntimeError(f"{system}: only {got} replies; see {run.home}/worker.log")
+                continue
+            got += 1
+            raw = item[1]
+            sample.append(raw)
+            _, i, sent_ns = json.loads(raw)["in_reply_to"].split("-")
+            if int(i) >= n_warm:
+                lat_ms.append((t - int(sent_ns)) / 1e6)
+        producer.join(30)
+        status = run.check(0, sample)
+    finally:
+        if producer.is_alive():
+            producer.kill()
+        run.stop()
+    run.cleanup()
+    return {
+        "transport": transport,
+        "system": system,
+        "n": len(lat_ms),
+        "p50": pct(lat_ms, 50),
+        "p95": pct(lat_ms, 95),
+        "p99": pct(lat_ms, 99),
+        "max": max(lat_ms),
+        "mean": sum(lat_ms) / len(lat_ms),
+        "status": status,
+    }
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+
+def throughput_report(
+    results: list[dict[str, Any]], transports: list[str], systems: list[str]
+) -> str:
+    rows = [
+        [
+            r["transport"],
+            r["system"],
+            r["round"],
+            r["n"],
+            r["secs"],
+            r["rate"],
+            r["producer_rate"],
+            r["worker_cpu_us"],
+            r["redis_cpu_us"],
+            r["status"],
+        ]
+        for r in results
+    ]
+    out = [
+        table(
+            [
+                "transport",
+                "consumer",
+                "round",
+                "messages",
+                "seconds",
+                "msg/s",
+                "producer msg/s",
+                "consumer CPU us/msg",
+                "redis CPU us/msg",
+                "check",
+            ],
+            rows,
+            title="Throughput, every round (timed phase after warm-up)",
+        )
+    ]
+    if len(systems) < 2:
+        return out[0]
+    summary = []
+    for t in transports:
+        real = [r for r in results if r["transport"] == t and r["system"] == "relaybot"]
+        bare = [r for r in results if r["transport"] == t and r["system"] == "bare bus"]
+        ratios = [a["rate"] / b["rate"] for a, b in zip(real, bare, strict=True)]
+        real_rate, bare_rate = median([r["rate"] for r in real]), median([r["rate"] for r in bare])
+        real_cpu = median([r["worker_cpu_us"] for r in real])
+        bare_cpu = median([r["worker_cpu_us"] for r in bare])
+        summary.append(
+            [
+                t,
+                real_rate,
+                bare_rate,
+                f"{median(ratios):.3f}",
+                f"{min(ratios):.3f}-{max(ratios):.3f}",
+                real_cpu,
+                bare_cpu,
+                "yes" if real_rate >= 2000 else "NO",
+                "yes" if real_rate >= 10_000 else "no",
+            ]
+        )
+    out.append("")
+    out.append(
+        table(
+            [
+                "transport",
+                "relaybot msg/s",
+                "bare bus msg/s",
+                "ratio (median)",
+                "ratio range",
+                "relaybot CPU us/msg",
+                "bare CPU us/msg",
+                ">=2,000",
+                ">=10,000",
+            ],
+            summary,
+            title="Throughput summary (medians over rounds; ratio = relaybot / bare, per round)",
+        )
+    )
+    return "\n".join(out)
+
+
+def latency_report(results: list[dict[str, Any]], rate: float, systems: list[str]) -> str:
+    rows = [
+        [
+            r["transport"],
+            r["system"],
+            r["n"],
+            r["p50"],
+            r["p95"],
+            r["p99"],
+            r["max"],
+            r["mean"],
+            "yes" if r["p99"] < 5 else "NO",
+            r["status"],
+        ]
+        for r in results
+    ]
+    out = [
+        table(
+            [
+                "transport",
+                "consumer",
+                "samples",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "max ms",
+                "mean ms",
+                "p99<5ms",
+                "check",
+            ],
+            rows,
+            title=f"Latency XADD -> reply BLPOPed, paced at {rate:.0f} msg/s (after warm-up)",
+        )
+    ]
+    if len(systems) < 2:
+        return out[0]
+    added = []
+    for t in sorted({r["transport"] for r in results}):
+        real = next(r for r in results if r["transport"] == t and r["system"] == "relaybot")
+        bare = next(r for r in results if r["transport"] == t and r["system"] == "bare bus")
+        added.append([t] + [real[k] - bare[k] for k in ("p50", "p95", "p99")])
+    out.append("")
+    out.append(
+        table(
+            ["transport", "added p50 ms", "added p95 ms", "added p99 ms"],
+            added,
+            title="Added by relaybot over the bare bus (relaybot - bare, same percentile)",
+        )
+    )
+    return "\n".join(out)
+
+
+def profile_worker(server: BenchRedis, n: int, opts: Opts) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = str(OUT / "pipeline-worker.prof")
+    run = Run(server, "unix", "relaybot", opts).start(profile=path)
+    ctx = run.ctx
+    warm_sent, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    producer = ctx.Process(
+        target=burst_producer, args=(run.url, opts.mix, 0, n, warm_sent, go, out)
+    )
+    producer.start()
+    try:
+        warm_sent.wait(120)
+        go.set()
+        run.drain(n, [])
+        producer.join(30)
+    finally:
+        run.stop()
+        run.cleanup()
+    stats = pstats.Stats(path)
+    print(f"\ncProfile of the real worker over {n:,} messages (unix socket), saved to {path}")
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a short smoke run")
+    p.add_argument("--messages", type=int, help="timed messages per throughput round")
+    p.add_argument("--warmup", type=int, help="warm-up messages per throughput round")
+    p.add_argument("--rounds", type=int, help="throughput rounds (alternating consumers)")
+    p.add_argument("--latency-messages", type=int, help="measured messages per latency run")
+    p.add_argument("--rate", type=float, default=100.0, help="latency pacing, msg/s (100)")
+    p.add_argument("--transport", choices=["unix", "tcp", "both"], default="both")
+    p.add_argument("--log-level", default="INFO", help="the worker's log level (INFO, as deployed)")
+    p.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default="mixed",
+        help="which sessions send: mixed (default), owner only, direct/group only",
+    )
+    p.add_argument("--consumer", choices=["both", *SYSTEMS], default="both")
+    p.add_argument("--aof", action="store_true", help="Redis with appendonly everysec (embedded)")
+    p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--profile", action="store_true", help="cProfile the real worker and exit")
+    args = p.parse_args(argv)
+    quick = args.quick
+    n = args.messages or (3000 if quick else 20_000)
+    n_warm = args.warmup if args.warmup is not None else (300 if quick else 2000)
+    rounds = args.rounds or (1 if quick else 3)
+    n_lat = args.latency_messages or (200 if quick else 1000)
+    lat_warm = 20 if quick else 100
+    transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
+    opts = Opts(log_level=args.log_level, timeout=120.0, mix=args.mix)
+    systems = list(SYSTEMS) if args.consumer == "both" else [args.consumer]
+
+    print(machine_note())
+    print(
+        f"python {sys.version.split()[0]}, redis-py {redis.__version__}, worker log level "
+        f"{args.log_level}, redis persistence {'AOF everysec' if args.aof else 'off'}, "
+        f"sessions: {args.mix} ({len(MIXES[args.mix])})"
+    )
+    with BenchRedis(aof=args.aof) as server:
+        print(
+            f"redis-server {server.client().info('server')['redis_version']}, "
+            f"unix {server.sock}, tcp 127.0.0.1:{server.port}\n"
+        )
+        if args.profile:
+            profile_worker(server, n, opts)
+            return 0
+        if not args.skip_throughput:
+            results = []
+            for rnd in range(1, rounds + 1):
+                for t in transports:
+                    order = ["bare bus", "relaybot"] if rnd % 2 else ["relaybot", "bare bus"]
+                    for system in [s for s in order if s in systems]:
+                        res = throughput(server, t, system, n_warm, n, opts)
+                        res["round"] = rnd
+                        results.append(res)
+                        print(
+                            f"  round {rnd} {t:4} {system:8}: {res['rate']:9,.0f} msg/s "
+                            f"({res['secs']:.2f} s, check {res['status']})",
+                            flush=True,
+                        )
+            print()
+            print(throughput_report(results, transports, systems))
+            print()
+        if not args.skip_latency:
+            lat = []
+            for t in transports:
+                for system in [s for s in ("bare bus", "relaybot") if s in systems]:
+                    res = latency(server, t, system, lat_warm, n_lat, args.rate, opts)
+                    lat.append(res)
+                    print(
+                        f"  latency {t:4} {system:8}: p50 {res['p50']:.3f} ms, "
+                        f"p99 {res['p99']:.3f} ms ({res['status']})",
+                        flush=True,
+                    )
+            print()
+            print(latency_report(lat, args.rate, systems))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
