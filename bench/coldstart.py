@@ -161,7 +161,7 @@ def redis_until_ping() -> tuple[float, float]:
     started = (time.perf_counter() - t) * 1000
     client.close()
     t = time.perf_counter()
-    embedded.stop(proc)
+    embedded.stop(proc, cfg)
     stopped = (time.perf_counter() - t) * 1000
     shutil.rmtree(home.parent, ignore_errors=True)
     return started, stopped
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         row("baseline: python -c pass", "py", "interpreter start"),
         row("baseline: redis-server until PING", "redis", "embedded args, unix socket"),
         row("baseline floor (sum)", "floor", "python -c pass + redis until PING"),
-        row("(info) redis-server stop", "redis_stop", "SIGTERM -> exited"),
+        row("(info) redis-server stop", "redis_stop", "SHUTDOWN -> exited"),
         row(
             "(info) python -c 'import relaybot.cli, gateways.chat_command'",
             "imp_cli",

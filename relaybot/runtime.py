@@ -104,7 +104,7 @@ class Runtime:
         if self._r is not None:
             self._r.close()
         if self.redis_proc is not None:
-            embedded.stop(self.redis_proc)
+            embedded.stop(self.redis_proc, self.cfg)
             # wait for the socket to go away so that a next run starts its own
             deadline = time.monotonic() + 5
             while embedded.ping(self.cfg) and time.monotonic() < deadline:
