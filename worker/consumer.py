@@ -227,31 +227,38 @@ class Consumer:
             log.info("worker.recovered", claimed=claimed, pending=len(self.deliveries))
 
     def read(self, *, block_ms: int) -> list[Entry]:
-        """Own pending entries first (in order), then new ones."""
-        if self.deliveries:
-            got = self._xread("0", block_ms=None)
+        """Own pending entries first (in order), then new ones.
+
+        Pending entries are read one at a time: each read counts as a delivery of what it
+        returns, so a batch read would charge every entry queued behind the one that crashed the
+        worker, and a few crashes would dead-letter them all though none of them was ever handled.
+        """
+        while self.deliveries:
+            got, seen = self._xread("0", block_ms=None, count=1)
             if got:
                 return got
-            self.deliveries.clear()
-        return self._xread(">", block_ms=block_ms)
+            if not seen:  # nothing left pending (a deleted entry was only acked: read on)
+                self.deliveries.clear()
+        return self._xread(">", block_ms=block_ms, count=self.cfg.worker.batch)[0]
 
-    def _xread(self, start: str, *, block_ms: int | None) -> list[Entry]:
+    def _xread(self, start: str, *, block_ms: int | None, count: int) -> tuple[list[Entry], int]:
+        """The entries read, and how many ids the read returned (deleted ones included)."""
         resp: Any = self.r.xreadgroup(
             Keys.GROUP,
             self.name,
             {self.keys.inbound: start},
-            count=self.cfg.worker.batch,
+            count=count,
             block=block_ms,
         )
         if not resp:
-            return []
+            return [], 0
         out: list[Entry] = []
         for sid, fields in resp[0][1]:
             if fields is None:  # deleted from the stream while pending: nothing to answer
                 self._ack_only(_s(sid))
                 continue
             out.append((_s(sid), fields))
-        return out
+        return out, len(resp[0][1])
 
     # -- handling ----------------------------------------------------------------------------
 
