@@ -115,8 +115,151 @@ BEGIN
 END;
 """
 
+_MIGRATION_2 = """
+-- Identity: entities, their handles per channel, and links between entities.
+CREATE TABLE entity (
+    id          TEXT PRIMARY KEY,   -- 'owner' for the owner, else 'e-<hex>'
+    kind        TEXT NOT NULL CHECK (kind IN ('person', 'agent', 'service', 'group')),
+    name        TEXT NOT NULL DEFAULT '',
+    created_ts  REAL NOT NULL
+);
+
+CREATE TABLE handle (
+    channel     TEXT NOT NULL,
+    address     TEXT NOT NULL,      -- normalized: trimmed, case-folded
+    entity      TEXT NOT NULL REFERENCES entity (id),
+    display     TEXT NOT NULL DEFAULT '',
+    first_seen  REAL NOT NULL,
+    PRIMARY KEY (channel, address)
+);
+CREATE INDEX handle_entity ON handle (entity);
+
+-- Link events, append-only: the latest event for a pair is its state. 'verified' (confirmed by
+-- the owner) joins two entities into one person for the privacy rule; 'suggested' never merges
+-- anything; 'unlinked' undoes a link; 'rejected' dismisses a suggestion.
+CREATE TABLE entity_link (
+    id      INTEGER PRIMARY KEY,
+    a       TEXT NOT NULL REFERENCES entity (id),
+    b       TEXT NOT NULL REFERENCES entity (id),
+    status  TEXT NOT NULL CHECK (status IN ('verified', 'suggested', 'unlinked', 'rejected')),
+    reason  TEXT NOT NULL DEFAULT '',
+    actor   TEXT NOT NULL,          -- 'owner', 'model' or 'system'
+    ts      REAL NOT NULL,
+    stream_id TEXT UNIQUE,          -- the command that recorded it (replays add nothing)
+    CHECK (a < b)
+);
+CREATE INDEX entity_link_pair ON entity_link (a, b, id);
+
+CREATE INDEX log_entity_id ON log (entity, id);
+"""
+
+_MIGRATION_3 = """
+-- Full-text search over the log (FTS5, external content: the text is stored once, in log).
+CREATE VIRTUAL TABLE log_fts USING fts5(
+    text, sender_name,
+    content = 'log', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+INSERT INTO log_fts (rowid, text, sender_name) SELECT id, text, sender_name FROM log;
+
+CREATE TRIGGER log_fts_insert AFTER INSERT ON log BEGIN
+    INSERT INTO log_fts (rowid, text, sender_name) VALUES (new.id, new.text, new.sender_name);
+END;
+-- only an audited erasure can update or delete log rows; the index follows it
+CREATE TRIGGER log_fts_update AFTER UPDATE ON log BEGIN
+    INSERT INTO log_fts (log_fts, rowid, text, sender_name)
+        VALUES ('delete', old.id, old.text, old.sender_name);
+    INSERT INTO log_fts (rowid, text, sender_name) VALUES (new.id, new.text, new.sender_name);
+END;
+CREATE TRIGGER log_fts_delete AFTER DELETE ON log BEGIN
+    INSERT INTO log_fts (log_fts, rowid, text, sender_name)
+        VALUES ('delete', old.id, old.text, old.sender_name);
+END;
+"""
+
+_MIGRATION_4 = """
+-- Scoped notes (seed 003): typed, scoped, with visibility; updates supersede, never overwrite.
+CREATE TABLE note (
+    id          INTEGER PRIMARY KEY,
+    type        TEXT NOT NULL CHECK (type IN ('fact', 'decision', 'action', 'question', 'note')),
+    topic       TEXT NOT NULL DEFAULT '',
+    text        TEXT NOT NULL,
+    scope       TEXT NOT NULL CHECK (scope IN ('shared', 'chat', 'agent', 'team')),
+    visibility  TEXT NOT NULL CHECK (visibility IN ('public', 'private', 'internal')),
+    chat        TEXT,               -- the conversation a chat-scoped note belongs to
+    role        TEXT,               -- the agent role that wrote / owns it
+    team        TEXT,               -- the team a team-scoped note is shared in
+    project     TEXT,
+    source_conversation TEXT,       -- where it was learned, and that conversation's privacy:
+    source_privacy TEXT CHECK (source_privacy IN ('owner', 'direct', 'group')),
+    source_entity TEXT,             -- the person it was learned from
+    supersedes  INTEGER REFERENCES note (id),
+    author      TEXT NOT NULL DEFAULT 'model',   -- 'model' (a tool) or 'owner' (the CLI)
+    created_ts  REAL NOT NULL,
+    stream_id   TEXT,               -- the entry whose turn wrote it
+    op_key      TEXT UNIQUE         -- idempotency key (stream id + call index): replays add nothing
+);
+CREATE INDEX note_supersedes ON note (supersedes);
+CREATE INDEX note_scope ON note (scope, visibility);
+
+CREATE VIRTUAL TABLE note_fts USING fts5(
+    topic, text, content = 'note', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER note_fts_insert AFTER INSERT ON note BEGIN
+    INSERT INTO note_fts (rowid, topic, text) VALUES (new.id, new.topic, new.text);
+END;
+CREATE TRIGGER note_fts_update AFTER UPDATE ON note BEGIN
+    INSERT INTO note_fts (note_fts, rowid, topic, text)
+        VALUES ('delete', old.id, old.topic, old.text);
+    INSERT INTO note_fts (rowid, topic, text) VALUES (new.id, new.topic, new.text);
+END;
+CREATE TRIGGER note_fts_delete AFTER DELETE ON note BEGIN
+    INSERT INTO note_fts (note_fts, rowid, topic, text)
+        VALUES ('delete', old.id, old.topic, old.text);
+END;
+CREATE TRIGGER note_no_update BEFORE UPDATE ON note
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'notes are append-only (supersede instead): UPDATE refused');
+END;
+CREATE TRIGGER note_no_delete BEFORE DELETE ON note
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'notes are append-only (supersede instead): DELETE refused');
+END;
+"""
+
+_MIGRATION_5 = """
+-- Audited erasure (the one exception to append-only): a tombstone per erasure.
+CREATE TABLE erasure (
+    id          INTEGER PRIMARY KEY,
+    ts          REAL NOT NULL,
+    requested_by TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    target_kind TEXT NOT NULL CHECK (target_kind IN ('entity', 'conversation', 'id')),
+    target      TEXT NOT NULL,
+    log_rows    INTEGER NOT NULL,   -- how many log rows had their text removed
+    notes       INTEGER NOT NULL,   -- how many notes derived from them were removed
+    detail      TEXT NOT NULL DEFAULT '{}',   -- JSON: the ids affected
+    stream_id   TEXT UNIQUE         -- the command that asked for it (replays add nothing)
+);
+CREATE TRIGGER erasure_no_update BEFORE UPDATE ON erasure
+BEGIN
+    SELECT RAISE(ABORT, 'erasure tombstones are permanent');
+END;
+CREATE TRIGGER erasure_no_delete BEFORE DELETE ON erasure
+BEGIN
+    SELECT RAISE(ABORT, 'erasure tombstones are permanent');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
+    Migration(2, "identity: entities, handles, links", _MIGRATION_2),
+    Migration(3, "full-text search over the log", _MIGRATION_3),
+    Migration(4, "scoped notes", _MIGRATION_4),
+    Migration(5, "audited erasure tombstones", _MIGRATION_5),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -52,12 +52,25 @@ def _parser() -> argparse.ArgumentParser:
 
     cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
     cli.add_argument("args", nargs=argparse.REMAINDER)
+
+    # memory and identity commands: each module adds its parsers with set_defaults(func=...)
+    from relaybot import cli_entities, cli_memory, cli_notes, cli_search
+
+    memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
+    msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
+    cli_memory.add_parsers(msub)
+    cli_search.add_parsers(msub)
+    cli_notes.add_parsers(msub)
+    entities = sub.add_parser("entities", help="people and their handles, links between them")
+    esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
+    cli_entities.add_parsers(esub)
+    cli_entities.add_onboard_parser(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    interactive = args.command in ("chat", "status", "redis-cli")
+    interactive = args.command not in ("worker", "jobs", "redis")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
     try:
@@ -77,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
+    func = getattr(args, "func", None)
+    if func is not None:  # the memory / entities / onboard subcommands
+        return int(func(args, cfg))
     if args.command == "chat":
         from gateways.chat_command import run_chat
 

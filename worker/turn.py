@@ -6,6 +6,7 @@ reused instead of calling the model again, so replaying any entry after a crash 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -15,6 +16,8 @@ from typing import TypeVar
 
 import structlog
 
+from memory import commands
+from memory.commands import CommandContext
 from memory.context import build_context
 from memory.identity import OwnerResolver
 from memory.privacy import Scope, visible_history
@@ -23,6 +26,7 @@ from relaybot.config import Config
 from relaybot.wire import (
     InboundMessage,
     Kind,
+    Privacy,
     Reply,
     ReplyKind,
     WireError,
@@ -32,6 +36,7 @@ from relaybot.wire import (
 from worker.agent import run_turn
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
+from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +62,7 @@ class Turns:
         cfg: Config,
         store: MemoryStore | None,
         model: ModelPort,
-        tools: ToolRegistry,
+        tools: ToolRegistry | Callable[[TurnContext], ToolRegistry],
         *,
         thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
     ) -> None:
@@ -80,7 +85,33 @@ class Turns:
         if msg.kind is Kind.DERIVED:
             self._apply_derived(msg)
             return Outcome()
+        if msg.kind is Kind.COMMAND:
+            return Outcome(reply=self._command(stream_id, msg))
         return Outcome(reply=self._answer(stream_id, msg))
+
+    def _command(self, stream_id: str, msg: InboundMessage) -> Reply:
+        """An owner command from the terminal: applied to memory, answered with JSON."""
+        if msg.channel != "cli" or msg.privacy is not Privacy.OWNER:
+            result: dict[str, object] = {
+                "ok": False,
+                "error": "memory commands are accepted only from the owner's terminal",
+            }
+        elif self.store is None:
+            result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
+        else:
+            ctx = CommandContext(stream_id=stream_id, store=self.store, cfg=self.cfg)
+            result = commands.apply(ctx, msg.extra.get("op"), msg.extra.get("args", {}))
+        return Reply(
+            reply_id=new_reply_id(),
+            answers=stream_id,
+            kind=ReplyKind.NOTICE if result.get("ok") else ReplyKind.ERROR,
+            channel=msg.channel,
+            session=msg.session,
+            conversation=msg.conversation,
+            in_reply_to=msg.event_id,
+            text=json.dumps(result, ensure_ascii=False, default=str),
+            created=time.time(),
+        )
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
         is_owner = self.resolver.is_owner(msg.channel, msg.sender)
@@ -91,10 +122,18 @@ class Turns:
             return _reply_from_row(recorded, msg)
 
         messages = self._context(msg, row, stream_id, is_owner)
+        ctx = TurnContext(
+            stream_id=stream_id,
+            msg=msg,
+            scope=self.scope_of(msg, row),
+            store=self.store,
+            cfg=self.cfg,
+        )
+        tools = self.tools(ctx) if callable(self.tools) else self.tools
         started = time.perf_counter()
         with self.thinking(msg.session):
             result = run_turn(
-                self.model, messages, self.tools, max_rounds=self.cfg.model.max_tool_rounds
+                self.model, messages, tools, max_rounds=self.cfg.model.max_tool_rounds
             )
         reply = Reply(
             reply_id=new_reply_id(),
@@ -117,11 +156,16 @@ class Turns:
         self._memory(lambda s: s.append_reply(reply, sender=assistant, privacy=msg.privacy))
         return reply
 
+    def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
+        """The privacy scope of the conversation this message belongs to."""
+        entity = row.entity if row is not None else None
+        return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
+
     def _context(
         self, msg: InboundMessage, row: LogRow | None, stream_id: str, is_owner: bool
     ) -> list[dict[str, str]]:
         current = row or _transient_row(msg, stream_id, is_owner)
-        scope = Scope(conversation=msg.conversation, privacy=msg.privacy, entity=None)
+        scope = self.scope_of(msg, row)
         history: Iterable[LogRow] = ()
         if self.store is not None:
             history = self._guarded(visible_history(self.store, scope, limit=HISTORY_ROWS))
