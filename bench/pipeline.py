@@ -102,43 +102,46 @@ def make_fields(i: int, mix: str = "mixed") -> dict[str, str]:
 
 def real_worker(url: str, home: str, log_level: str, profile: str | None) -> None:
     """The production worker: build_consumer, the real MemoryStore, logs as `relaybot worker`."""
-    from collections import deque as _deque
-
     from relaybot import logs
     from relaybot.bus import connect
     from relaybot.config import load_config
-    from tests.support.fakes import InstantModel
-    from worker.main import build_consumer, open_store
+    from worker.main import worker_memory
 
     logfile = open(Path(home) / "worker.log", "a", encoding="utf-8")  # noqa: SIM115
     logs.configure("worker", level=log_level, stream=logfile)
     cfg = load_config(Path(home), env={"REDIS_URL": url})
     r = connect(cfg)
-    store = open_store(cfg)
-    if store is None:
-        raise SystemExit("the memory store did not open")
+    with worker_memory(cfg) as store:  # as `relaybot worker` opens it
+        if store is None:
+            raise SystemExit("the memory store did not open")
+        run_consumer(cfg, r, store, profile)
+    logfile.close()
+
+
+def run_consumer(cfg: Any, r: redis.Redis, store: Any, profile: str | None) -> None:
+    from collections import deque as _deque
+
+    from tests.support.fakes import InstantModel
+    from worker.main import build_consumer
+
     model = InstantModel()
     # InstantModel keeps every prompt it was sent (for tests); over 50k turns of ~20 KB contexts
     # that is a gigabyte, so keep only the last one.
     model.seen = _deque(maxlen=1)  # type: ignore[assignment]
     consumer = build_consumer(cfg, r, model=model, store=store)
     consumer.install_signal_handlers()
-    try:
-        if profile:
-            import cProfile
+    if not profile:
+        consumer.run()
+        return
+    import cProfile
 
-            prof = cProfile.Profile()
-            prof.enable()
-            try:
-                consumer.run()
-            finally:
-                prof.disable()
-                prof.dump_stats(profile)
-        else:
-            consumer.run()
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        consumer.run()
     finally:
-        store.close()
-        logfile.close()
+        prof.disable()
+        prof.dump_stats(profile)
 
 
 def bare_worker(url: str, home: str, log_level: str, profile: str | None) -> None:

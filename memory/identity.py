@@ -1,20 +1,61 @@
-"""Identity: recognising the owner from configured aliases.
+"""Identity: who is speaking, across channels (DESIGN.md, Identity).
 
-Entities, handles and confirmed/suggested links come later; for now this answers one question,
-"is this sender the owner?", which decides the ``[channel / owner]`` label and the owner entity.
+- **Entities** (person, agent, service, group) live in the ``entity`` table; their **handles**, one
+  per ``(channel, address)``, in ``handle`` (memory/schema.py, migration 2). Addresses are stored
+  normalized: trimmed and case-folded.
+- **The owner** is the entity ``'owner'``. Who the owner is comes from the configuration alone
+  (:class:`OwnerResolver`, ``owner.aliases``), never from the handle table, so changing the aliases
+  changes who is the owner at once; the owner's addresses get no handle rows.
+- **Unknown senders get an entity on first sight**: the worker calls
+  :meth:`Identity.append_inbound`, which finds or creates the sender's entity and records the log
+  row with it, in the worker's transaction. Every inbound row gets an entity: ``'owner'`` for the
+  owner, the sender's entity for everyone else. Outbound rows (the assistant's replies) keep
+  ``entity`` NULL: the assistant is not a party of the identity graph, its rows are the ``out``
+  direction, and so no link can ever make its replies "what that person said".
+- **Links** are events in ``entity_link`` (append-only; the newest event of a pair is its state):
+  ``verified`` (the owner confirmed they are one person), ``suggested`` (unconfirmed; it never
+  merges anything), ``unlinked`` and ``rejected``. :func:`person_of` is an entity with everything
+  joined to it by currently verified links, transitively: the unit of the privacy rule.
+  The owner and group entities cannot be linked.
+- **Owner commands** (:data:`COMMANDS`, applied by the worker, idempotent on the stream id):
+  ``entities.link``, ``entities.suggest``, ``entities.unlink``, ``entities.reject``, each with
+  ``{"a": REF, "b": REF, "reason": "..."}`` where a REF is an entity id (``e-…``), or a handle
+  ``channel:address`` (``matrix:@bob:example.org``, ``email:bob@example.org``), or a bare address
+  if exactly one channel has it. Linking a handle never seen before creates its entity.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+import sqlite3
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import structlog
+
+from memory.commands import CommandContext, CommandError, Handler
+from memory.store import LogRow, MemoryStore
 from relaybot.config import OwnerAlias
+from relaybot.wire import InboundMessage, Kind
+
+log = structlog.get_logger(__name__)
 
 CLI_CHANNEL = "cli"
+OWNER = "owner"
+KINDS = ("person", "agent", "service", "group")
+LINK_STATUSES = ("verified", "suggested", "unlinked", "rejected")
+_CHANNEL = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_ENTITY_ID = re.compile(r"^(owner|e-[0-9a-f]{4,32})$")
 
 
 def _norm(value: str) -> str:
     return value.strip().casefold()
+
+
+normalize_address = _norm
 
 
 class OwnerResolver:
@@ -57,6 +98,13 @@ class OwnerResolver:
         """Whether any owner alias is configured."""
         return self._configured
 
+    def aliases(self) -> list[tuple[str | None, str]]:
+        """The configured aliases as ``(channel or None, address)``, normalized and sorted."""
+        out: list[tuple[str | None, str]] = [(None, a) for a in sorted(self._unscoped)]
+        for channel in sorted(self._scoped):
+            out += [(channel, a) for a in sorted(self._scoped[channel])]
+        return out
+
     def is_owner(self, channel: str, address: str) -> bool:
         channel = _norm(channel)
         if channel == CLI_CHANNEL and CLI_CHANNEL not in self._scoped:
@@ -68,3 +116,340 @@ class OwnerResolver:
         if scoped is not None:
             return address in scoped
         return address in self._unscoped
+
+
+# -- entities and handles ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entity:
+    id: str
+    kind: str
+    name: str
+    created_ts: float
+
+
+@dataclass(frozen=True)
+class Handle:
+    channel: str
+    address: str
+    entity: str
+    display: str
+    first_seen: float
+
+    @property
+    def ref(self) -> str:
+        return f"{self.channel}:{self.address}"
+
+
+@dataclass(frozen=True)
+class Link:
+    id: int
+    a: str
+    b: str
+    status: str
+    reason: str
+    actor: str
+    ts: float
+
+
+_HANDLE = "SELECT entity FROM handle WHERE channel = ? AND address = ?"
+_NEW_ENTITY = "INSERT INTO entity (id, kind, name, created_ts) VALUES (?, ?, ?, ?)"
+_NEW_HANDLE = (
+    "INSERT INTO handle (channel, address, entity, display, first_seen) VALUES (?, ?, ?, ?, ?)"
+)
+_IS_ENTITY = "SELECT 1 FROM entity WHERE id = ?"
+_OWNER_ENTITY = (
+    "INSERT OR IGNORE INTO entity (id, kind, name, created_ts) VALUES (?, 'person', ?, ?)"
+)
+
+
+def new_entity_id() -> str:
+    return f"e-{secrets.token_hex(6)}"
+
+
+def get_entity(conn: sqlite3.Connection, entity_id: str) -> Entity | None:
+    raw = conn.execute(
+        "SELECT id, kind, name, created_ts FROM entity WHERE id = ?", (entity_id,)
+    ).fetchone()
+    return None if raw is None else Entity(str(raw[0]), str(raw[1]), str(raw[2]), float(raw[3]))
+
+
+def handles_of(conn: sqlite3.Connection, entity_id: str) -> list[Handle]:
+    rows = conn.execute(
+        "SELECT channel, address, entity, display, first_seen FROM handle WHERE entity = ? "
+        "ORDER BY channel, address",
+        (entity_id,),
+    ).fetchall()
+    return [Handle(str(c), str(a), str(e), str(d), float(f)) for c, a, e, d, f in rows]
+
+
+def handle_entity(conn: sqlite3.Connection, channel: str, address: str) -> str | None:
+    raw = conn.execute(_HANDLE, (_norm(channel), _norm(address))).fetchone()
+    return None if raw is None else str(raw[0])
+
+
+def ensure_owner(conn: sqlite3.Connection, name: str, now: float | None = None) -> None:
+    """Create the owner's entity row if it is missing (a read when it exists: no write)."""
+    if conn.execute(_IS_ENTITY, (OWNER,)).fetchone() is None:
+        conn.execute(_OWNER_ENTITY, (OWNER, name, time.time() if now is None else now))
+
+
+def create_handle(
+    conn: sqlite3.Connection,
+    channel: str,
+    address: str,
+    *,
+    display: str = "",
+    kind: str = "person",
+    now: float | None = None,
+) -> str:
+    """The entity of ``(channel, address)``, created with its handle if it has none yet."""
+    channel, address = _norm(channel), _norm(address)
+    raw = conn.execute(_HANDLE, (channel, address)).fetchone()
+    if raw is not None:
+        return str(raw[0])
+    if not _CHANNEL.match(channel) or not address:
+        raise ValueError(f"not a handle: {channel!r}:{address!r}")
+    if kind not in KINDS:
+        raise ValueError(f"entity kind must be one of {KINDS}: {kind!r}")
+    ts = time.time() if now is None else now
+    entity = new_entity_id()
+    conn.execute(_NEW_ENTITY, (entity, kind, display.strip() or address, ts))
+    conn.execute(_NEW_HANDLE, (channel, address, entity, display.strip(), ts))
+    log.info("identity.new_entity", entity=entity, channel=channel, kind=kind)
+    return entity
+
+
+class Identity:
+    """The worker's identity desk: the owner rule plus entities on first sight."""
+
+    def __init__(self, resolver: OwnerResolver, owner_name: str = OWNER) -> None:
+        self.resolver = resolver
+        self.owner_name = owner_name
+
+    def sender_entity(self, store: MemoryStore, msg: InboundMessage, *, is_owner: bool) -> str:
+        """The entity of ``msg``'s sender, created (with its handle) on first sight."""
+        conn = store.conn
+        if is_owner:
+            ensure_owner(conn, self.owner_name)
+            return OWNER
+        kind = "service" if msg.kind is Kind.SCHEDULED else "person"
+        return create_handle(conn, msg.channel, msg.sender, display=msg.sender_name, kind=kind)
+
+    def append_inbound(
+        self, store: MemoryStore, msg: InboundMessage, stream_id: str, *, is_owner: bool
+    ) -> LogRow:
+        """Record an inbound entry with its sender's entity (a replay returns the recorded row).
+
+        Call it inside the worker's memory transaction, so the entity, its handle and the row are
+        written together. If the identity tables fail, the row is still recorded, without an
+        entity (its direct conversation then sees only itself: narrower, never wider).
+        """
+        try:
+            entity: str | None = self.sender_entity(store, msg, is_owner=is_owner)
+        except sqlite3.Error as exc:
+            log.error("identity.unavailable", error=str(exc))
+            entity = None
+        except ValueError as exc:  # a sender that is no address (blank once trimmed)
+            log.warning("identity.no_handle", error=str(exc))
+            entity = None
+        return store.append_inbound(msg, stream_id, is_owner=is_owner, entity=entity)
+
+
+# -- links -------------------------------------------------------------------------------------
+
+_CURRENT_LINKS = (
+    "SELECT l.id, l.a, l.b, l.status, l.reason, l.actor, l.ts FROM entity_link l "
+    "JOIN (SELECT max(id) AS id FROM entity_link GROUP BY a, b) m ON m.id = l.id"
+)
+
+
+def _link(raw: tuple[Any, ...]) -> Link:
+    return Link(int(raw[0]), str(raw[1]), str(raw[2]), str(raw[3]), str(raw[4]), str(raw[5]),
+                float(raw[6]))  # fmt: skip
+
+
+def current_links(conn: sqlite3.Connection, entity: str | None = None) -> list[Link]:
+    """The state of every linked pair (its newest event), optionally only pairs with ``entity``."""
+    if entity is None:
+        raw = conn.execute(_CURRENT_LINKS + " ORDER BY l.id").fetchall()
+    else:
+        raw = conn.execute(
+            _CURRENT_LINKS + " WHERE l.a = ? OR l.b = ? ORDER BY l.id", (entity, entity)
+        ).fetchall()
+    return [_link(r) for r in raw]
+
+
+def link_history(conn: sqlite3.Connection, entity: str) -> list[Link]:
+    raw = conn.execute(
+        "SELECT id, a, b, status, reason, actor, ts FROM entity_link WHERE a = ? OR b = ? "
+        "ORDER BY id",
+        (entity, entity),
+    ).fetchall()
+    return [_link(r) for r in raw]
+
+
+def link_state(conn: sqlite3.Connection, a: str, b: str) -> str | None:
+    a, b = sorted((a, b))
+    raw = conn.execute(
+        "SELECT status FROM entity_link WHERE a = ? AND b = ? ORDER BY id DESC LIMIT 1", (a, b)
+    ).fetchone()
+    return None if raw is None else str(raw[0])
+
+
+def person_of(conn: sqlite3.Connection, entity: str) -> frozenset[str]:
+    """``entity`` and every entity joined to it by currently verified links, transitively.
+
+    The owner is never part of anyone else's person (links with it are refused, and one that got
+    into the table anyway joins nothing). ``person_of('owner')`` is ``{'owner'}``.
+    """
+    if not entity:
+        return frozenset()
+    if entity == OWNER:
+        return frozenset({OWNER})
+    graph: dict[str, set[str]] = {}
+    for _id, a, b, status in conn.execute(
+        "SELECT l.id, l.a, l.b, l.status FROM entity_link l "
+        "JOIN (SELECT max(id) AS id FROM entity_link GROUP BY a, b) m ON m.id = l.id"
+    ):
+        if status == "verified" and OWNER not in (a, b):
+            graph.setdefault(a, set()).add(b)
+            graph.setdefault(b, set()).add(a)
+    seen = {entity}
+    todo = [entity]
+    while todo:
+        for other in graph.get(todo.pop(), ()):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return frozenset(seen)
+
+
+def resolve_ref(conn: sqlite3.Connection, ref: str, *, create: bool = False) -> str:
+    """The entity a reference names: an entity id, ``channel:address`` or a bare address.
+
+    Raises LookupError (unknown, or a bare address on several channels). With ``create``, a
+    ``channel:address`` never seen gets a new person entity with that handle.
+    """
+    ref = ref.strip()
+    if not ref:
+        raise LookupError("an empty reference names nobody")
+    if _ENTITY_ID.match(ref.casefold()):
+        entity = ref.casefold()
+        if entity == OWNER or get_entity(conn, entity) is not None:
+            return entity
+        raise LookupError(f"no entity {entity!r}")
+    channel, sep, address = ref.partition(":")
+    if sep and _CHANNEL.match(_norm(channel)) and _norm(address):
+        found = handle_entity(conn, channel, address)
+        if found is not None:
+            return found
+        if create:
+            return create_handle(conn, channel, address)
+    rows = conn.execute(
+        "SELECT channel, entity FROM handle WHERE address = ? ORDER BY channel", (_norm(ref),)
+    ).fetchall()
+    if len(rows) == 1:
+        return str(rows[0][1])
+    if len(rows) > 1:
+        where = ", ".join(f"{c}:{_norm(ref)}" for c, _e in rows)
+        raise LookupError(f"{ref!r} is a handle on several channels; say which: {where}")
+    if sep:
+        raise LookupError(f"no handle {_norm(channel)}:{_norm(address)} has been seen")
+    raise LookupError(f"no entity or handle {ref!r} (write handles as channel:address)")
+
+
+# -- owner commands ----------------------------------------------------------------------------
+
+# what each command records, and from which current states (None: never linked) it may
+_TRANSITIONS: dict[str, tuple[str, frozenset[str | None]]] = {
+    "entities.link": ("verified", frozenset({None, "suggested", "unlinked", "rejected"})),
+    "entities.suggest": ("suggested", frozenset({None, "unlinked", "rejected"})),
+    "entities.unlink": ("unlinked", frozenset({"verified", "suggested"})),
+    "entities.reject": ("rejected", frozenset({"suggested"})),
+}
+# states in which the command is already done (answered ok, nothing recorded)
+_DONE: dict[str, frozenset[str | None]] = {
+    "entities.link": frozenset({"verified"}),
+    "entities.suggest": frozenset({"suggested", "verified"}),
+    "entities.unlink": frozenset({"unlinked", "rejected"}),
+    "entities.reject": frozenset({"rejected"}),
+}
+
+
+def _arg(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise CommandError(f"argument {key!r} must be an entity id or a handle (channel:address)")
+    return value
+
+
+def _link_command(op: str) -> Handler:
+    status, allowed = _TRANSITIONS[op]
+
+    def handler(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+        conn = ctx.store.conn
+        prior = conn.execute(
+            "SELECT id, a, b, status, reason, actor, ts FROM entity_link WHERE stream_id = ?",
+            (ctx.stream_id,),
+        ).fetchone()
+        if prior is not None:  # a replay of a command already applied
+            done = _link(prior)
+            return _result(conn, done.a, done.b, done.status, changed=True)
+        reason = args.get("reason", "")
+        if not isinstance(reason, str):
+            raise CommandError("argument 'reason' must be a string")
+        create = status in ("verified", "suggested")
+        try:
+            a = resolve_ref(conn, _arg(args, "a"), create=create)
+            b = resolve_ref(conn, _arg(args, "b"), create=create)
+        except (LookupError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        _check_pair(conn, a, b)
+        a, b = sorted((a, b))
+        current = link_state(conn, a, b)
+        if current in _DONE[op]:
+            return _result(conn, a, b, current, changed=False)
+        if current not in allowed:
+            state = current or "not linked"
+            raise CommandError(f"{a} and {b} are {state}; {op.split('.')[1]} does not apply")
+        conn.execute(
+            "INSERT INTO entity_link (a, b, status, reason, actor, ts, stream_id) "
+            "VALUES (?, ?, ?, ?, 'owner', ?, ?)",
+            (a, b, status, reason.strip(), ctx.now, ctx.stream_id),
+        )
+        log.info("identity.link", a=a, b=b, status=status)
+        return _result(conn, a, b, status, changed=True)
+
+    return handler
+
+
+def _check_pair(conn: sqlite3.Connection, a: str, b: str) -> None:
+    if a == b:
+        raise CommandError(f"both name the same entity ({a})")
+    for entity in (a, b):
+        if entity == OWNER:
+            raise CommandError(
+                "the owner is recognised by owner.aliases in config.toml, not by links; "
+                "add the address there"
+            )
+        found = get_entity(conn, entity)
+        if found is not None and found.kind == "group":
+            raise CommandError(f"{entity} is a group; only people, agents and services link")
+
+
+def _result(
+    conn: sqlite3.Connection, a: str, b: str, status: str | None, *, changed: bool
+) -> dict[str, Any]:
+    return {
+        "a": a,
+        "b": b,
+        "status": status,
+        "changed": changed,
+        "person_a": sorted(person_of(conn, a)),
+        "person_b": sorted(person_of(conn, b)),
+    }
+
+
+COMMANDS: dict[str, Handler] = {op: _link_command(op) for op in _TRANSITIONS}

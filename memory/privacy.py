@@ -1,34 +1,160 @@
-"""What a conversation may see of the log: the slot for the privacy rule (DESIGN.md).
+"""The privacy rule (DESIGN.md): what a conversation may see. One filter, used by everything.
 
-The full rule comes later (a direct conversation will also see public knowledge and what that
-person told the assistant elsewhere; a group, public knowledge). Until then this fails closed:
+A conversation's **scope** is its id, its privacy class and, for a direct conversation, the
+entity of the other person (:class:`Scope`; the worker builds it in ``Turns.scope_of``). The rule:
 
-- an ``owner`` scope sees everything, on every channel;
-- a ``direct`` or ``group`` scope sees only its own conversation;
-- anything else (an unknown privacy value, an empty conversation) sees nothing.
+- ``owner`` (the owner's own conversations) sees everything;
+- ``direct`` (one other person) sees its own conversation, public knowledge, and what that same
+  *person* told the assistant elsewhere: inbound log rows whose entity is one of the person's
+  entities (the entity plus every entity joined to it by owner-verified links, see
+  :func:`memory.identity.person_of`; a suggested link joins nothing). The owner's words, the
+  assistant's replies in other conversations and other people's words stay out;
+- ``group`` (several people) sees its own conversation and public knowledge;
+- anything else (an unknown privacy value, a direct or group scope without a conversation) sees
+  nothing: the rule fails closed.
 
-Every tool, search and context builder is meant to read history through here, never through the
-store directly, so the rule has exactly one place to grow.
+*Public knowledge* is notes (memory/schema.py, migration 4) with ``scope='shared'`` and
+``visibility='public'`` that were written from the owner's own conversations
+(``source_privacy='owner'``). The privacy half of the notes rule is :func:`note_privacy_sql`;
+with seed 003's placement (scope, chat, role, team, project) it is :func:`note_visibility_sql`.
+
+What to call:
+
+- context building: :func:`visible_history` (newest first, lazy, flat with the log's size);
+- SQL over ``log`` (search, export views, tools): ``where, params = log_visibility_sql(scope,
+  persons=persons_for(store, scope))`` and ``... WHERE <where>`` (``table=`` names the alias);
+- SQL over ``note``: :func:`note_visibility_sql` with the same ``persons`` and the turn's role,
+  project and teams (or :func:`note_privacy_sql` under a placement rule of one's own);
+- one row or note in Python: :func:`log_row_visible`, :func:`note_visible`,
+  :func:`note_privacy_visible` (the same rules, tested to agree with the SQL).
+
+``persons`` is what :func:`persons_for` returns; a caller that passes nothing gets the narrower
+view (the scope's own entity only), never a wider one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+import re
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from memory.identity import OWNER, person_of
 from memory.store import LogRow, MemoryStore
 from relaybot.wire import Privacy
 
 PAGE_ROWS = 128
+NOTHING = "0"  # the predicate of a scope that sees nothing
+EVERYTHING = "1"  # ... and of the owner's own conversations
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
 class Scope:
-    """Who is asking: the conversation, its privacy and (later) the entity it is with."""
+    """Who is asking: the conversation, its privacy class and, in a direct conversation, the
+    entity of the other person (for the other classes it is informative only)."""
 
     conversation: str
     privacy: Privacy
     entity: str | None = None
+
+
+def privacy_of(scope: Scope) -> Privacy | None:
+    """The scope's privacy class if it may see anything at all, else None (fail closed)."""
+    raw: object = scope.privacy
+    if not isinstance(raw, str):
+        return None
+    try:
+        privacy = Privacy(raw)
+    except ValueError:
+        return None
+    if privacy is Privacy.OWNER:
+        return privacy
+    conversation: object = scope.conversation
+    if not isinstance(conversation, str) or not conversation:
+        return None
+    return privacy
+
+
+def direct_person(scope: Scope) -> str | None:
+    """The entity whose words a direct scope may see from elsewhere (None: only its own)."""
+    if privacy_of(scope) is not Privacy.DIRECT:
+        return None
+    entity = scope.entity
+    if not isinstance(entity, str) or not entity or entity == OWNER:
+        return None  # the owner's words are never another conversation's "that person"
+    return entity
+
+
+def persons_for(store: MemoryStore, scope: Scope) -> frozenset[str]:
+    """The entities whose inbound rows ``scope`` sees everywhere (empty unless direct)."""
+    entity = direct_person(scope)
+    if entity is None:
+        return frozenset()
+    return person_of(store.conn, entity)
+
+
+def _persons(scope: Scope, persons: Collection[str]) -> list[str]:
+    """The scope's person, as given, with its own entity; never the owner. Sorted (stable SQL)."""
+    entity = direct_person(scope)
+    if entity is None:
+        return []
+    out = {p for p in persons if isinstance(p, str) and p and p != OWNER}
+    out.add(entity)
+    return sorted(out)
+
+
+def _column(table: str) -> str:
+    if not _IDENT.match(table):
+        raise ValueError(f"not a table name or alias: {table!r}")
+    return f"{table}."
+
+
+def _in(column: str, values: list[str]) -> str:
+    return f"{column} IN ({', '.join('?' * len(values))})"
+
+
+# -- the log -----------------------------------------------------------------------------------
+
+
+def log_visibility_sql(
+    scope: Scope, *, persons: Collection[str] = (), table: str = "log"
+) -> tuple[str, list[Any]]:
+    """A WHERE-clause predicate over the ``log`` table (as ``table``) and its parameters.
+
+    ``'1'`` for the owner, ``'0'`` for a scope that sees nothing. For a direct scope the person's
+    rows are matched on the ``(entity, id)`` index and its own conversation on
+    ``(conversation, id)``; the caller decides ordering and limits.
+    """
+    privacy = privacy_of(scope)
+    if privacy is None:
+        return NOTHING, []
+    if privacy is Privacy.OWNER:
+        return EVERYTHING, []
+    t = _column(table)
+    people = _persons(scope, persons)
+    if not people:
+        return f"{t}conversation = ?", [scope.conversation]
+    return (
+        f"({t}conversation = ? OR ({t}direction = 'in' AND {_in(t + 'entity', people)}))",
+        [scope.conversation, *people],
+    )
+
+
+def log_row_visible(scope: Scope, row: LogRow, *, persons: Collection[str] = ()) -> bool:
+    """:func:`log_visibility_sql` for one row in Python."""
+    privacy = privacy_of(scope)
+    if privacy is None:
+        return False
+    if privacy is Privacy.OWNER:
+        return True
+    if row.conversation == scope.conversation:
+        return True
+    return (
+        row.direction == "in" and row.entity is not None and row.entity in _persons(scope, persons)
+    )
 
 
 def visible_history(
@@ -37,19 +163,47 @@ def visible_history(
     """Rows ``scope`` may see, newest first, at most ``limit``, read lazily page by page.
 
     ``before_id`` starts below that id (e.g. the current message's, for a strictly earlier view).
+    The owner reads the whole log (the store's caches serve the recent end); a group reads its
+    conversation; a direct scope merges its conversation with one stream per entity of the
+    person, each on its index, so its cost does not grow with the size of the log.
     """
-    if scope.privacy == Privacy.OWNER:
-        conversation: str | None = None
-    elif scope.privacy in (Privacy.DIRECT, Privacy.GROUP) and scope.conversation:
-        conversation = scope.conversation
-    else:
+    privacy = privacy_of(scope)
+    if privacy is None or limit <= 0:
         return
+    if privacy is Privacy.OWNER:
+        yield from _pages(store, None, limit, before_id)
+        return
+    people = _persons(scope, persons_for(store, scope)) if privacy is Privacy.DIRECT else []
+    own = _pages(store, scope.conversation, limit, before_id)
+    if not people:
+        yield from own
+        return
+    streams = [own, *(_entity_pages(store, e, limit, before_id) for e in people)]
+    last = 0
+    count = 0
+    for row in heapq.merge(*streams, key=lambda r: -r.id):
+        if row.id == last:  # the person's rows in this conversation come twice
+            continue
+        last = row.id
+        if row.conversation != scope.conversation and not (
+            row.direction == "in" and row.entity in people
+        ):
+            return  # belt and braces: never another conversation's row that is not theirs
+        yield row
+        count += 1
+        if count >= limit:
+            return
+
+
+def _pages(
+    store: MemoryStore, conversation: str | None, limit: int, before_id: int | None
+) -> Iterator[LogRow]:
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
         rows = store.recent(page, conversation=conversation, before_id=before_id)
         for row in rows:
-            # Belt and braces: a non-owner scope never yields another conversation's row.
+            # Belt and braces: a conversation's stream never yields another conversation's row.
             if conversation is not None and row.conversation != conversation:
                 return
             yield row
@@ -57,3 +211,165 @@ def visible_history(
             return
         remaining -= page
         before_id = rows[-1].id
+
+
+def _entity_pages(
+    store: MemoryStore, entity: str, limit: int, before_id: int | None
+) -> Iterator[LogRow]:
+    remaining = limit
+    while remaining > 0:
+        page = min(PAGE_ROWS, remaining)
+        rows = store.recent_of_entity(entity, page, before_id=before_id)
+        yield from rows
+        if len(rows) < page:
+            return
+        remaining -= page
+        before_id = rows[-1].id
+
+
+# -- notes -------------------------------------------------------------------------------------
+#
+# A note is visible to a conversation when the privacy rule lets its *origin* through (below,
+# note_privacy_*) AND its seed-003 *placement* reaches the conversation (scope, chat, role, team,
+# project; note_visibility_* add that). memory/notes.py owns what notes mean; the privacy half is
+# here so that no reader can forget it.
+
+
+def note_privacy_sql(
+    scope: Scope, *, persons: Collection[str] = (), table: str = "note"
+) -> tuple[str, list[Any]]:
+    """The privacy half of the notes rule, as a WHERE predicate over ``note`` (as ``table``).
+
+    The owner's own conversations see every note. Any other scope sees no ``private`` note (those
+    are the owner's), and otherwise only notes
+
+    - learned in this very conversation (``source_conversation``), or
+    - the owner put in it (``author='owner'`` and ``chat`` = it), or
+    - that are public knowledge: ``scope='shared'``, ``visibility='public'``, learned in an owner
+      conversation (``source_privacy='owner'``), or
+    - (direct scopes) learned in a direct conversation with this same person
+      (``source_privacy='direct'`` and ``source_entity`` in ``persons``).
+    """
+    privacy = privacy_of(scope)
+    if privacy is None:
+        return NOTHING, []
+    if privacy is Privacy.OWNER:
+        return EVERYTHING, []
+    t = _column(table)
+    conv = scope.conversation
+    origin = [
+        f"{t}source_conversation = ?",
+        f"({t}author = 'owner' AND {t}chat = ?)",
+        f"({t}scope = 'shared' AND {t}visibility = 'public' AND {t}source_privacy = 'owner')",
+    ]
+    params: list[Any] = [conv, conv]
+    people = _persons(scope, persons)
+    if people:
+        origin.append(f"({t}source_privacy = 'direct' AND {_in(t + 'source_entity', people)})")
+        params += people
+    return f"({t}visibility != 'private' AND ({' OR '.join(origin)}))", params
+
+
+def note_privacy_visible(
+    scope: Scope, note: Mapping[str, Any] | object, *, persons: Collection[str] = ()
+) -> bool:
+    """:func:`note_privacy_sql` for one note (a mapping or an object with the note columns)."""
+    privacy = privacy_of(scope)
+    if privacy is None:
+        return False
+    if privacy is Privacy.OWNER:
+        return True
+    get = _getter(note)
+    conv = scope.conversation
+    visibility = get("visibility")
+    if visibility is None or visibility == "private":
+        return False
+    source_entity = get("source_entity")
+    return bool(
+        get("source_conversation") == conv
+        or (get("author") == "owner" and get("chat") == conv)
+        or (
+            get("scope") == "shared" and visibility == "public" and get("source_privacy") == "owner"
+        )
+        or (
+            get("source_privacy") == "direct"
+            and source_entity is not None
+            and source_entity in _persons(scope, persons)
+        )
+    )
+
+
+def note_visibility_sql(
+    scope: Scope,
+    *,
+    persons: Collection[str] = (),
+    role: str | None = None,
+    project: str | None = None,
+    teams: Collection[str] = (),
+    table: str = "note",
+) -> tuple[str, list[Any]]:
+    """The whole notes rule: :func:`note_privacy_sql` AND the placement of seed 003 §8.3/§8.5.
+
+    Placement (for every scope, the owner's too): a conversation bound to a ``project`` sees that
+    project's notes and project-less ones; ``shared`` notes when ``public`` or of this chat;
+    ``chat`` notes only in their chat; ``agent`` notes only under the same ``role``, and then when
+    ``public`` or of this chat; ``team`` notes only in a conversation of that team (``teams``),
+    and then when ``public`` or of this chat. So no non-public note crosses conversations.
+    """
+    if privacy_of(scope) is None:
+        return NOTHING, []
+    t = _column(table)
+    conv = scope.conversation
+    where, params = note_privacy_sql(scope, persons=persons, table=table)
+    parts = [] if where == EVERYTHING else [where]
+    if project is not None:
+        parts.append(f"({t}project IS NULL OR {t}project = ?)")
+        params.append(project)
+    near = f"({t}visibility = 'public' OR {t}chat = ?)"
+    placed = [f"({t}scope = 'shared' AND {near})", f"({t}scope = 'chat' AND {t}chat = ?)"]
+    params += [conv, conv]
+    if role is not None:
+        placed.append(f"({t}scope = 'agent' AND {t}role = ? AND {near})")
+        params += [role, conv]
+    team_list = sorted({team for team in teams if team})
+    if team_list:
+        placed.append(f"({t}scope = 'team' AND {_in(t + 'team', team_list)} AND {near})")
+        params += [*team_list, conv]
+    parts.append(f"({' OR '.join(placed)})")
+    return " AND ".join(parts), params
+
+
+def note_visible(
+    scope: Scope,
+    note: Mapping[str, Any] | object,
+    role: str | None = None,
+    *,
+    persons: Collection[str] = (),
+    project: str | None = None,
+    teams: Collection[str] = (),
+) -> bool:
+    """:func:`note_visibility_sql` for one note in Python (tested to agree with the SQL)."""
+    if not note_privacy_visible(scope, note, persons=persons):
+        return False
+    get = _getter(note)
+    conv = scope.conversation
+    if project is not None and get("project") not in (None, project):
+        return False
+    kind, chat = get("scope"), get("chat")
+    near = get("visibility") == "public" or (chat is not None and chat == conv)
+    if kind == "shared":
+        return near
+    if kind == "chat":
+        return chat is not None and chat == conv
+    if kind == "agent":
+        return role is not None and get("role") == role and near
+    if kind == "team":
+        team = get("team")
+        return team is not None and team in set(teams) and near
+    return False
+
+
+def _getter(note: Mapping[str, Any] | object) -> Any:
+    if isinstance(note, Mapping):
+        return note.get
+    return lambda key: getattr(note, key, None)

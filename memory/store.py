@@ -17,6 +17,7 @@ import json
 import sqlite3
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from itertools import chain
 from pathlib import Path
@@ -41,6 +42,8 @@ _COLUMNS = (
     "id, direction, stream_id, kind, channel, session, conversation, sender, sender_name, "
     "entity, is_owner, privacy, text, event_id, reply_id, platform_ts, recorded_ts, extra"
 )
+# public: the columns, in order, that MemoryStore.decode_row reads (memory.search selects them)
+LOG_COLUMNS = _COLUMNS
 # The same SQL text each time, so sqlite3's statement cache prepares each statement only once.
 # (S608: these are built from the constant column list above, never from input.)
 _INSERT = (
@@ -48,11 +51,17 @@ _INSERT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 _BY_KEY = f"SELECT {_COLUMNS} FROM log WHERE direction = ? AND stream_id = ?"  # noqa: S608
+_SCAN = f"SELECT {_COLUMNS} FROM log WHERE id > ? ORDER BY id LIMIT ?"  # noqa: S608
 _RECENT = f"SELECT {_COLUMNS} FROM log ORDER BY id DESC LIMIT ?"  # noqa: S608
 _RECENT_BEFORE = f"SELECT {_COLUMNS} FROM log WHERE id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
 _RECENT_CONV = f"SELECT {_COLUMNS} FROM log WHERE conversation = ? ORDER BY id DESC LIMIT ?"  # noqa: S608
 _RECENT_CONV_BEFORE = (
     f"SELECT {_COLUMNS} FROM log WHERE conversation = ? AND id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
+)
+# one sender's inbound rows, newest first, on the (entity, id) index (privacy: direct scopes)
+_RECENT_ENTITY = (
+    f"SELECT {_COLUMNS} FROM log WHERE entity = ? AND direction = 'in' AND id < ? "  # noqa: S608
+    "ORDER BY id DESC LIMIT ?"
 )
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
 _COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
@@ -238,6 +247,9 @@ class MemoryStore:
         self._pending: list[LogRow] = []
         self._in_tx = False
         self._closed = False
+        self._after: list[Callable[[], None]] = []  # run once the open transaction commits
+        self._stale = 0  # invalidate(): the cache size to re-read on the next read after the tx
+        self._changed_in_tx = False  # invalidate() inside the open transaction
         self._conn = self._open(sync)
         # Coverage rule: every valid row with id >= _cache_lo is in _cache (or _pending).
         self._cache: deque[LogRow] | None = None
@@ -280,6 +292,10 @@ class MemoryStore:
             raise
         return conn
 
+    def set_autocheckpoint(self, pages: int) -> None:
+        """``PRAGMA wal_autocheckpoint``; 0 when a WalCheckpointer does it off the hot path."""
+        self._conn.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+
     def reload(self) -> None:
         """Re-read the recent-rows cache from the database.
 
@@ -318,10 +334,25 @@ class MemoryStore:
             log.warning("memory.corrupt_row", id=raw[0], skipped=len(self._corrupt_ids))
         return row
 
+    def decode_row(self, raw: tuple[Any, ...]) -> LogRow | None:
+        """A row selected as :data:`LOG_COLUMNS`, or None if it is corrupt (skipped and counted
+        in :attr:`corrupt_rows`, like every read of the store)."""
+        return self._convert(raw)
+
     # -- writing ---------------------------------------------------------------------------
 
-    def append_inbound(self, msg: InboundMessage, stream_id: str, *, is_owner: bool) -> LogRow:
-        """Record an inbound stream entry; a replay returns the row already recorded."""
+    def append_inbound(
+        self, msg: InboundMessage, stream_id: str, *, is_owner: bool, entity: str | None = None
+    ) -> LogRow:
+        """Record an inbound stream entry; a replay returns the row already recorded.
+
+        ``entity`` is the sender's entity (memory.identity); the owner's rows are always
+        ``'owner'``, and no one else's may be.
+        """
+        if is_owner:
+            entity = "owner"
+        elif entity == "owner":
+            raise ValueError("only the owner's rows may carry the entity 'owner'")
         return self._append(
             (
                 "in",
@@ -332,7 +363,7 @@ class MemoryStore:
                 msg.conversation,
                 msg.sender,
                 msg.sender_name,
-                "owner" if is_owner else None,
+                entity,
                 1 if is_owner else 0,
                 msg.privacy.value,
                 msg.text,
@@ -421,12 +452,16 @@ class MemoryStore:
         pending, self._pending = self._pending, []
         self._in_tx = False
         self._cached(pending)
+        self._tx_ended(committed=True)
 
     def _rollback(self) -> None:
         self._pending = []
         self._in_tx = False
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        finally:
+            self._tx_ended(committed=False)
 
     def _cached(self, rows: list[LogRow]) -> None:
         convs = self._convs
@@ -464,6 +499,8 @@ class MemoryStore:
         out: list[LogRow] = []
         if limit <= 0:
             return out
+        if self._stale and not self._in_tx:
+            self._reload_stale()
         if conversation is not None and self._conv_rows > 0:
             self._recent_conversation(out, limit, conversation, before_id)
             return out
@@ -544,6 +581,97 @@ class MemoryStore:
             if len(raw) < want:
                 return
             before_id = int(raw[-1][0])  # corrupt rows were skipped: read on past them
+
+    def recent_of_entity(
+        self, entity: str, limit: int, *, before_id: int | None = None
+    ) -> list[LogRow]:
+        """Up to ``limit`` inbound rows sent by ``entity`` (any conversation), newest first, below
+        ``before_id``; read on the ``(entity, id)`` index. For memory.privacy, not for display."""
+        out: list[LogRow] = []
+        bound = (1 << 62) if before_id is None else before_id
+        while len(out) < limit:
+            want = limit - len(out)
+            raw = self._conn.execute(_RECENT_ENTITY, (entity, bound, want)).fetchall()
+            for r in raw:
+                row = self._convert(r)
+                if row is not None:
+                    out.append(row)
+            if len(raw) < want:
+                break
+            bound = int(raw[-1][0])  # corrupt rows were skipped: read on past them
+        return out
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The SQLite connection, for the memory modules that own other tables (identity, notes,
+        search, erasure). The writer's writes belong inside :meth:`transaction` (the worker wraps
+        each batch of entries in one); a read-only store's connection refuses writes."""
+        return self._conn
+
+    # -- audited changes (memory.admin: erasure, import) -----------------------------------
+
+    def scan(self, after_id: int = 0, *, page: int = 1000) -> Iterator[LogRow]:
+        """Every valid row with an id above ``after_id``, oldest first, read page by page.
+
+        For export and integrity checks only (it reads the whole log); corrupt rows are skipped
+        and counted like everywhere else.
+        """
+        while True:
+            raw = self._conn.execute(_SCAN, (after_id, page)).fetchall()
+            for r in raw:
+                row = self._convert(r)
+                if row is not None:
+                    yield row
+            if len(raw) < page:
+                return
+            after_id = int(raw[-1][0])
+
+    def invalidate(self) -> None:
+        """Forget every cached row: an audited erasure or an import changed the log under the
+        caches. Reads go to SQL (which sees the open transaction's changes) until the first read
+        after the transaction, which reads the recent-rows cache again."""
+        self._convs.clear()
+        self._changed_in_tx = self._in_tx
+        if self._pending:
+            fresh = {}
+            for old in self._pending:
+                raw = self._conn.execute(_BY_KEY, (old.direction, old.stream_id)).fetchone()
+                fresh[old.id] = None if raw is None else self._convert(raw)
+            self._pending = [r for old in self._pending if (r := fresh[old.id]) is not None]
+        if self._cache is not None:
+            self._stale = self._cache.maxlen or 0
+            self._cache = None
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the open transaction commits (never, if it rolls back); at once
+        outside a transaction. A failing callback is logged, never raised into the commit."""
+        if self._in_tx:
+            self._after.append(callback)
+        else:
+            self._run_callback(callback)
+
+    def _reload_stale(self) -> None:
+        size, self._stale = self._stale, 0
+        try:
+            self._load_cache(size)
+        except sqlite3.Error as exc:  # SQL only from now on: slower, never stale
+            log.error("memory.cache_reload_failed", error=str(exc))
+
+    def _tx_ended(self, *, committed: bool) -> None:
+        after, self._after = self._after, []
+        if self._changed_in_tx:  # conversation caches read inside it may hold rolled-back rows
+            self._changed_in_tx = False
+            self._convs.clear()
+        if committed:
+            for callback in after:
+                self._run_callback(callback)
+
+    @staticmethod
+    def _run_callback(callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except sqlite3.Error as exc:
+            log.error("memory.after_commit_failed", error=str(exc))
 
     def last_row(self) -> LogRow | None:
         rows = self.recent(1)

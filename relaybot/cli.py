@@ -14,7 +14,7 @@ import structlog
 
 from relaybot import logs
 from relaybot.bus import connect, redis_url
-from relaybot.config import Config, ConfigError, load_config
+from relaybot.config import Config, ConfigError, default_home, load_config
 
 log = structlog.get_logger(__name__)
 
@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config()
     except ConfigError as exc:
         print(f"relaybot: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        if args.command != "onboard":  # onboarding is how a broken config gets rewritten
+            return EXIT_CONFIG
+        cfg = Config(home=default_home())
     try:
         return _dispatch(args, cfg)
     except redis.RedisError as exc:

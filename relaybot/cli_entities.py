@@ -1,14 +1,307 @@
-"""`relaybot entities ...` and `relaybot onboard`."""
+# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
+"""`relaybot entities list|show|link|suggest|unlink|reject` and `relaybot onboard`.
+
+``list`` and ``show`` read the memory database read-only. ``link``, ``suggest``, ``unlink`` and
+``reject`` are owner commands: they go through the stream to the worker (the only writer), which
+answers with the result (memory/identity.py). Entities are named by id (``e-…``, ``owner``), by
+handle ``channel:address`` (``matrix:@bob:example.org``) or by a bare address on one channel.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import json
+import sqlite3
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relaybot.config import Config
+
+EXIT_FAILED = 1
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
     """Add the entities subcommands; each sets `func(args, cfg) -> exit code`."""
-    del sub
+    p = sub.add_parser("list", help="every entity: kind, name, handles, messages, links")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="one entity: handles, links with their status, messages")
+    p.add_argument("ref", help="an entity id, a handle channel:address, or an address")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+
+    for name, op, text in (
+        ("link", "entities.link", "record that two handles are the same person (verified)"),
+        ("suggest", "entities.suggest", "suggest that two handles are one person (merges nothing)"),
+        ("unlink", "entities.unlink", "undo a link or a suggestion"),
+        ("reject", "entities.reject", "dismiss a suggestion"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("a", help="an entity id, a handle channel:address, or an address")
+        p.add_argument("b", help="the other one")
+        p.add_argument("--reason", default="", help="why (kept with the link)")
+        p.add_argument("--json", action="store_true", help="print the worker's JSON result")
+        p.set_defaults(func=cmd_link, op=op)
 
 
 def add_onboard_parser(sub: Any) -> None:
-    del sub
+    p = sub.add_parser("onboard", help="first-run setup: who you are, your addresses, the model")
+    p.add_argument("--force", action="store_true", help="rewrite an existing config.toml")
+    p.set_defaults(func=cmd_onboard)
+
+
+def cmd_onboard(args: argparse.Namespace, cfg: Config) -> int:
+    from relaybot.onboard import run_onboarding
+
+    return run_onboarding(cfg, force=args.force)
+
+
+# -- writing: owner commands through the worker ------------------------------------------------
+
+
+def cmd_link(args: argparse.Namespace, cfg: Config) -> int:
+    from gateways.commands import CommandFailed, run_command
+
+    payload = {"a": args.a, "b": args.b, "reason": args.reason}
+    try:
+        result = run_command(cfg, args.op, payload)
+    except CommandFailed as exc:
+        print(f"relaybot: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    if not result.get("ok"):
+        print(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
+        return EXIT_FAILED
+    if not args.json:
+        print(describe_link_result(args.op, result))
+    return 0
+
+
+def describe_link_result(op: str, result: dict[str, Any]) -> str:
+    a, b, status = result.get("a"), result.get("b"), result.get("status")
+    verb = "is now" if result.get("changed") else "was already"
+    lines = [f"{a} — {b}: {verb} {status}"]
+    person_a = result.get("person_a") or []
+    if len(person_a) > 1:
+        lines.append(f"one person: {', '.join(person_a)}")
+    else:
+        lines.append(f"{a} and {b} are separate people")
+    if op == "entities.suggest":
+        lines.append("(a suggestion shares nothing until you link them)")
+    return "\n".join(lines)
+
+
+# -- reading: the database, read-only ----------------------------------------------------------
+
+
+def _open(cfg: Config) -> Any:
+    from memory.schema import SchemaError
+    from memory.store import MemoryStore
+
+    try:
+        return MemoryStore(cfg.memory_path, readonly=True)
+    except (sqlite3.Error, SchemaError) as exc:
+        print(
+            f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
+            "(the worker creates it when it first starts)",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
+
+
+def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
+    """Every entity with its handles, message count, last message and link counts."""
+    from memory.identity import OWNER, OwnerResolver, current_links
+
+    handles: dict[str, list[str]] = {}
+    for channel, address, entity in conn.execute(
+        "SELECT channel, address, entity FROM handle ORDER BY channel, address"
+    ):
+        handles.setdefault(str(entity), []).append(f"{channel}:{address}")
+    counts = {
+        str(entity): (int(n), int(last))
+        for entity, n, last in conn.execute(
+            "SELECT entity, count(*), max(id) FROM log WHERE entity IS NOT NULL GROUP BY entity"
+        )
+    }
+    links: dict[str, dict[str, int]] = {}
+    for link in current_links(conn):
+        for entity in (link.a, link.b):
+            per = links.setdefault(entity, {})
+            per[link.status] = per.get(link.status, 0) + 1
+    rows = conn.execute("SELECT id, kind, name, created_ts FROM entity ORDER BY created_ts, id")
+    entities = [(str(i), str(k), str(n), float(c)) for i, k, n, c in rows]
+    if OWNER not in {e[0] for e in entities}:
+        entities.insert(0, (OWNER, "person", cfg.owner.name, 0.0))
+    owner_aliases = [
+        f"{channel or '*'}:{address}"
+        for channel, address in OwnerResolver(cfg.owner.aliases).aliases()
+    ]
+    out: list[dict[str, Any]] = []
+    for entity, kind, name, created in entities:
+        n, last = counts.get(entity, (0, 0))
+        last_ts = None
+        if last:
+            raw = conn.execute(
+                "SELECT coalesce(platform_ts, recorded_ts) FROM log WHERE id = ?", (last,)
+            ).fetchone()
+            last_ts = float(raw[0]) if raw and isinstance(raw[0], int | float) else None
+        out.append(
+            {
+                "id": entity,
+                "kind": kind,
+                "name": cfg.owner.name if entity == OWNER else name,
+                "handles": owner_aliases if entity == OWNER else handles.get(entity, []),
+                "messages": n,
+                "last_message": last_ts,
+                "created": created or None,
+                "links": links.get(entity, {}),
+            }
+        )
+    return out
+
+
+def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
+    store = _open(cfg)
+    if store is None:
+        return EXIT_FAILED
+    with store:
+        table = entity_table(store.conn, cfg)
+    if args.json:
+        print(json.dumps(table, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{'ENTITY':<16} {'KIND':<8} {'MSGS':>6}  {'LAST':<16} {'LINKS':<12} NAME / HANDLES")
+    for e in table:
+        links = ", ".join(f"{n} {s}" for s, n in sorted(e["links"].items())) or "-"
+        print(
+            f"{e['id']:<16} {e['kind']:<8} {e['messages']:>6}  {_when(e['last_message']):<16} "
+            f"{links:<12} {e['name']}"
+        )
+        for handle in e["handles"]:
+            print(f"{'':<62} {handle}")
+    return 0
+
+
+def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, Any]:
+    """One entity: handles, person, links (state and history) and message counts.
+
+    Raises LookupError if ``ref`` names no entity.
+    """
+    from memory.identity import (
+        OWNER,
+        OwnerResolver,
+        current_links,
+        get_entity,
+        handles_of,
+        link_history,
+        person_of,
+        resolve_ref,
+    )
+
+    entity = resolve_ref(conn, ref)
+    found = get_entity(conn, entity)
+    handles: list[dict[str, Any]]
+    if entity == OWNER:
+        handles = [
+            {"handle": f"{channel or '*'}:{address}", "display": "", "first_seen": None}
+            for channel, address in OwnerResolver(cfg.owner.aliases).aliases()
+        ]
+    else:
+        handles = [
+            {"handle": h.ref, "display": h.display, "first_seen": h.first_seen}
+            for h in handles_of(conn, entity)
+        ]
+
+    def link_dict(link: Any) -> dict[str, Any]:
+        other = link.b if link.a == entity else link.a
+        return {
+            "with": other,
+            "status": link.status,
+            "reason": link.reason,
+            "actor": link.actor,
+            "ts": link.ts,
+        }
+
+    by_channel = {
+        str(c): int(n)
+        for c, n in conn.execute(
+            "SELECT channel, count(*) FROM log WHERE entity = ? GROUP BY channel ORDER BY channel",
+            (entity,),
+        )
+    }
+    conversations = [
+        {"conversation": str(c), "privacy": str(p), "messages": int(n)}
+        for c, p, n in conn.execute(
+            "SELECT conversation, privacy, count(*) AS n FROM log WHERE entity = ? "
+            "GROUP BY conversation ORDER BY n DESC, conversation LIMIT 20",
+            (entity,),
+        )
+    ]
+    span = conn.execute(
+        "SELECT min(coalesce(platform_ts, recorded_ts)), max(coalesce(platform_ts, recorded_ts)) "
+        "FROM log WHERE entity = ?",
+        (entity,),
+    ).fetchone()
+    return {
+        "id": entity,
+        "kind": found.kind if found else "person",
+        "name": cfg.owner.name if entity == OWNER else (found.name if found else ""),
+        "created": found.created_ts if found else None,
+        "handles": handles,
+        "person": sorted(person_of(conn, entity)),
+        "links": [link_dict(link) for link in current_links(conn, entity)],
+        "link_history": [link_dict(link) for link in link_history(conn, entity)],
+        "messages": sum(by_channel.values()),
+        "messages_by_channel": by_channel,
+        "conversations": conversations,
+        "first_message": span[0] if span else None,
+        "last_message": span[1] if span else None,
+    }
+
+
+def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
+    store = _open(cfg)
+    if store is None:
+        return EXIT_FAILED
+    with store:
+        try:
+            detail = entity_detail(store.conn, cfg, args.ref)
+        except LookupError as exc:
+            print(f"relaybot: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    if args.json:
+        print(json.dumps(detail, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{detail['id']}  ({detail['kind']})  {detail['name']}")
+    print(f"  created   {_when(detail['created'])}")
+    print("  handles")
+    for h in detail["handles"] or [{"handle": "(none)", "display": "", "first_seen": None}]:
+        shown = f" — {h['display']}" if h["display"] else ""
+        print(f"    {h['handle']}{shown}")
+    if len(detail["person"]) > 1:
+        print(f"  person    {', '.join(detail['person'])} (verified links)")
+    print("  links")
+    if not detail["links"]:
+        print("    (none)")
+    for link in detail["links"]:
+        why = f" — {link['reason']}" if link["reason"] else ""
+        when = _when(link["ts"])
+        print(f"    {link['with']:<16} {link['status']:<10} {when} by {link['actor']}{why}")
+    channels = ", ".join(f"{c} {n}" for c, n in detail["messages_by_channel"].items())
+    print(f"  messages  {detail['messages']}" + (f" ({channels})" if channels else ""))
+    if detail["messages"]:
+        print(f"  first     {_when(detail['first_message'])}")
+        print(f"  last      {_when(detail['last_message'])}")
+    for conv in detail["conversations"]:
+        print(f"    {conv['messages']:>6}  {conv['conversation']} ({conv['privacy']})")
+    return 0

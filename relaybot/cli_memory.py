@@ -1,14 +1,386 @@
-"""`relaybot memory ...` subcommands (this module's part)."""
+# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
+"""`relaybot memory status|export|import|erase`: looking after memory as a whole.
+
+``status`` and ``export`` read the memory database read-only, here. ``import`` reads and checks
+the file here (memory/portability.py) and sends the records to the worker, the only writer, as
+``memory.import`` owner commands; ``erase`` previews what it would remove, asks, and sends one
+``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import) some
+records were rejected, 2 configuration error.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory.store import MemoryStore
+    from relaybot.config import Config
+
+EXIT_FAILED = 1
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
     """Add this module's subcommands; each sets `func(args, cfg) -> exit code`."""
-    del sub
+    p = sub.add_parser("status", help="counts, size, last entry, corrupt rows skipped")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="read and validate every log row (a full count of corrupt rows) and run "
+        "SQLite's quick_check; slower on a large log",
+    )
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("export", help="everything in memory as JSON Lines, with ids")
+    p.add_argument("--out", type=Path, help="write to this file (default: standard output)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="import an export, or a squidbot history.jsonl (idempotent)")
+    p.add_argument("file", type=Path, help="the JSON Lines file ('-' for standard input)")
+    p.add_argument(
+        "--format",
+        choices=("auto", "relaybot", "squidbot"),
+        default="auto",
+        help="the file's format (default: recognised from its first line)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="check the file, send nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for each part (default 120)"
+    )
+    p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser(
+        "erase", help="erase what a person or conversation said, or one entry (audited)"
+    )
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--entity", help="a person: entity id (e-…) or handle channel:address")
+    target.add_argument("--conversation", help="a conversation id (as `memory search` shows)")
+    target.add_argument("--id", type=int, help="one log entry by its id")
+    p.add_argument("--reason", required=True, help="why (kept in the tombstone)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_erase)
 
 
-__all__ = ["add_parsers", "argparse"]
+def _open(cfg: Config) -> MemoryStore:
+    from memory.store import MemoryStore
+
+    return MemoryStore(cfg.memory_path, readonly=True)
+
+
+def _fail(message: str) -> int:
+    print(f"relaybot: {message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
+    from memory.admin import collect_status
+
+    if not cfg.memory_path.exists():
+        if args.json:
+            print(json.dumps({"path": str(cfg.memory_path), "exists": False}))
+        else:
+            print(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
+        return 0
+    try:
+        with _open(cfg) as store:
+            status = collect_status(
+                store, check=args.check, assistant_name=cfg.worker.assistant_name
+            )
+    except sqlite3.Error as exc:
+        return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
+    if args.json:
+        print(json.dumps({"exists": True, **status}, indent=2))
+    else:
+        print(render_status(status))
+    check = status.get("check")
+    return EXIT_FAILED if check and check["quick_check"] != "ok" else 0
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # not reached
+
+
+def render_status(status: dict[str, Any]) -> str:
+    c = status["counts"]
+
+    def n(key: str) -> str:
+        value = c.get(key)
+        return "-" if value is None else str(value)
+
+    size = status["size"]
+    lines = [
+        f"memory:      {status['path']} (schema version {status['schema_version']})",
+        f"size:        {_bytes(size['db_bytes'])} database + {_bytes(size['wal_bytes'])} WAL",
+        f"log:         {n('log_in')} in, {n('log_out')} out, in {n('conversations')} conversations",
+        f"identity:    {n('entities')} entities, {n('handles')} handles, "
+        f"{n('entity_links')} link events",
+        f"notes:       {n('notes_active')} active, {n('notes_superseded')} superseded",
+        f"erasures:    {n('erasures')} ({n('erased_log_rows')} log rows erased)",
+    ]
+    last = status.get("last_entry")
+    if last:
+        lines.append(
+            f"last entry:  #{last['id']} {last['time']} {last['label']} "
+            f"(conversation {last['conversation']})"
+        )
+    else:
+        lines.append("last entry:  none (the log is empty)")
+    corrupt = status["corrupt_rows_skipped"]
+    if status["corrupt_rows_complete"]:
+        check = status["check"]
+        lines.append(
+            f"corrupt rows skipped: {corrupt} (every row read: {check['valid_rows']} valid)"
+        )
+        quick = check["quick_check"]
+        lines.append(
+            "integrity:   ok" if quick == "ok" else "integrity:   " + "; ".join(quick[:10])
+        )
+    else:
+        lines.append(f"corrupt rows skipped: {corrupt} so far (--check reads every row)")
+    return "\n".join(lines)
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
+    from memory.portability import ExportStats, export_lines
+
+    stats = ExportStats()
+    try:
+        with _open(cfg) as store:
+            if args.out is None:
+                for line in export_lines(store, stats):
+                    sys.stdout.write(line)
+                sys.stdout.flush()
+            else:
+                out: Path = args.out
+                tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+                try:
+                    # everything the assistant knows: readable by the owner alone
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                        for line in export_lines(store, stats):
+                            fh.write(line)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    tmp.replace(out)  # atomic: a reader never sees half an export
+                finally:
+                    tmp.unlink(missing_ok=True)
+    except sqlite3.Error as exc:
+        return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
+    except OSError as exc:
+        return _fail(f"cannot write the export: {exc}")
+    where = "standard output" if args.out is None else str(args.out)
+    parts = ", ".join(f"{k} {v}" for k, v in stats.records.items() if v)
+    print(
+        f"exported {sum(stats.records.values())} records ({parts or 'none'}) to {where}",
+        file=sys.stderr,
+    )
+    if stats.corrupt_rows:
+        print(
+            f"skipped {stats.corrupt_rows} corrupt log rows (they cannot be read)", file=sys.stderr
+        )
+    return 0
+
+
+# -- import ------------------------------------------------------------------------------------
+
+
+def _lines(path: Path, bad: list[tuple[int, str]]) -> Iterator[str]:
+    """The file's lines as text; a line that is not UTF-8 becomes empty and is reported."""
+    fh = sys.stdin.buffer if str(path) == "-" else path.open("rb")
+    try:
+        for n, raw in enumerate(fh, start=1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad.append((n, f"not UTF-8 (byte {exc.start})"))
+                yield ""
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
+    from memory.identity import OwnerResolver
+    from memory.portability import FormatError, command_args, parse_file
+
+    undecodable: list[tuple[int, str]] = []
+    try:
+        parsed = parse_file(
+            _lines(args.file, undecodable),
+            resolver=OwnerResolver(cfg.owner.aliases),
+            fmt=None if args.format == "auto" else args.format,
+        )
+    except FormatError as exc:
+        return _fail(f"{args.file}: {exc}")
+    except OSError as exc:
+        return _fail(f"cannot read {args.file}: {exc}")
+    rejected: list[dict[str, Any]] = [
+        {"line": n, "reason": why} for n, why in sorted([*undecodable, *parsed.rejected])
+    ]
+    added: dict[str, int] = {}
+    present: dict[str, int] = {}
+    calls = [("memory.import", a) for a in command_args(parsed.items, fmt=parsed.format)]
+    failed: str | None = None
+    if calls and not args.dry_run:
+        from gateways.commands import CommandFailed, run_commands
+
+        try:
+            results = run_commands(cfg, calls, timeout=args.timeout)
+        except CommandFailed as exc:
+            results, failed = [], str(exc)
+        for result in results:
+            if not result.get("ok"):
+                failed = failed or str(result.get("error"))
+                continue
+            for key, target in (("added", added), ("present", present)):
+                for kind, count in (result.get(key) or {}).items():
+                    target[kind] = target.get(kind, 0) + int(count)
+            rejected += [
+                {"line": r.get("line"), "reason": r.get("reason")}
+                for r in result.get("rejected") or []
+            ]
+    summary = {
+        "file": str(args.file),
+        "format": parsed.format,
+        "lines": parsed.lines,
+        "records": len(parsed.items),
+        "commands": len(calls),
+        "dry_run": bool(args.dry_run),
+        "added": added,
+        "present": present,
+        "rejected": sorted(rejected, key=lambda r: (r["line"] is None, r["line"] or 0)),
+        "warnings": parsed.warnings,
+        "error": failed,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    else:
+        print(render_import(summary))
+    return EXIT_FAILED if failed or rejected else 0
+
+
+def render_import(summary: dict[str, Any]) -> str:
+    def counts(d: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) if d else "none"
+
+    lines = [f"{summary['file']}: {summary['format']} format, {summary['records']} records read"]
+    if summary["dry_run"]:
+        lines.append(f"dry run: {summary['commands']} commands would be sent; nothing was")
+    else:
+        lines.append(f"added:           {counts(summary['added'])}")
+        lines.append(f"already present: {counts(summary['present'])}")
+    rejected = summary["rejected"]
+    lines.append(f"rejected:        {len(rejected)}")
+    for r in rejected[:50]:
+        where = f"line {r['line']}" if r["line"] is not None else "a record"
+        lines.append(f"  {where}: {r['reason']}")
+    if len(rejected) > 50:
+        lines.append(f"  ... and {len(rejected) - 50} more (--json lists them all)")
+    lines += [f"warning: {w}" for w in summary["warnings"]]
+    if summary["error"]:
+        lines.append(f"error: {summary['error']} (importing again adds only what is missing)")
+    return "\n".join(lines)
+
+
+# -- erase -------------------------------------------------------------------------------------
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str]:
+    if args.entity is not None:
+        return "entity", str(args.entity)
+    if args.conversation is not None:
+        return "conversation", str(args.conversation)
+    return "id", str(args.id)
+
+
+def _preview(cfg: Config, kind: str, target: str) -> str:
+    """What the erasure would remove, read here; raises CommandError if there is nothing."""
+    from memory.commands import CommandError
+    from memory.erasure import plan_erasure
+
+    try:
+        with _open(cfg) as store:
+            plan = plan_erasure(store.conn, kind, target)
+    except sqlite3.Error as exc:
+        print(f"relaybot: cannot preview ({exc}); the worker will decide", file=sys.stderr)
+        return f"{kind} {target}"
+    if plan.empty:
+        raise CommandError(f"nothing to erase for {kind} {target} (already erased?)")
+    people = f" (entities {', '.join(plan.entities)})" if plan.entities else ""
+    return (
+        f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries and "
+        f"{len(plan.note_ids)} notes derived from them"
+    )
+
+
+def _confirmed(preview: str) -> bool:
+    print(f"This erases {preview}.\nIt cannot be undone; a tombstone records what, when, why.")
+    try:
+        answer = input("Type 'erase' to go on: ")
+    except EOFError:
+        answer = ""
+    return answer.strip().lower() == "erase"
+
+
+def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
+    import getpass
+
+    from gateways.commands import CommandFailed, run_command
+    from memory.commands import CommandError
+
+    kind, target = _target(args)
+    if not args.reason.strip():
+        return _fail("--reason must say why (it is kept in the tombstone)")
+    try:
+        preview = _preview(cfg, kind, target)
+    except CommandError as exc:
+        return _fail(str(exc))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return _fail("erasing needs confirmation: run it in a terminal, or add --yes")
+        if not _confirmed(preview):
+            print("nothing erased")
+            return EXIT_FAILED
+    request = {
+        "kind": kind,
+        "target": target,
+        "reason": args.reason,
+        "requested_by": getpass.getuser(),
+    }
+    try:
+        result = run_command(cfg, "memory.erase", request)
+    except CommandFailed as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    if not result.get("ok"):
+        return _fail(str(result.get("error")))
+    if not args.json:
+        print(
+            f"erased {kind} {target}: {result['log_rows']} log entries, {result['notes']} notes; "
+            f"tombstone #{result['erasure']}"
+        )
+    return 0
+
+
+__all__ = ["add_parsers", "cmd_erase", "cmd_export", "cmd_import", "cmd_status"]

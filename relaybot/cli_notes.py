@@ -1,14 +1,278 @@
-"""`relaybot memory ...` subcommands (this module's part)."""
+# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
+"""`relaybot memory notes list|show|search|add|supersede`: the scoped notes (memory/notes.py).
+
+``list``, ``show`` and ``search`` read the memory database read-only and show the owner every
+note (the owner sees everything; ``--all`` adds superseded versions). ``add`` and ``supersede``
+are owner commands: they go through the stream to the worker, the only writer, which answers
+with the note written (``notes.add``, ``notes.supersede``; a replay adds nothing).
+
+A note added here defaults to ``--visibility public`` and to ``--scope shared`` (``chat`` with
+``--chat ID``, ``team`` with ``--team T``): without a narrower scope it is public knowledge, seen
+in every conversation, including those with other people. Narrow it with ``--chat ID`` (one
+conversation), ``--scope agent --role R`` or ``--team T``; anything that only the owner's own
+conversations should know belongs in MEMORY.md, in the workspace.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+import sqlite3
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory.notes import Note
+    from memory.store import MemoryStore
+    from relaybot.config import Config
+
+EXIT_FAILED = 1
+LIST_LIMIT = 50
+MAX_LIST = 10_000
+
+_TYPES = ("fact", "decision", "action", "question", "note")
+_SCOPES = ("shared", "chat", "agent", "team")
+_VISIBILITIES = ("public", "private", "internal")
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
-    """Add this module's subcommands; each sets `func(args, cfg) -> exit code`."""
-    del sub
+    """Add `relaybot memory notes ...`; each subcommand sets `func(args, cfg) -> exit code`."""
+    notes = sub.add_parser("notes", help="scoped notes: list, show, search, add, supersede")
+    nsub = notes.add_subparsers(dest="notes_command", required=True, metavar="NOTES_COMMAND")
+
+    p = nsub.add_parser("list", help="notes, newest first (superseded ones only with --all)")
+    _filters(p)
+    p.set_defaults(func=cmd_list)
+
+    p = nsub.add_parser("search", help="notes matching words, most relevant first")
+    p.add_argument("query", help="words to look for (in the topic and the text)")
+    _filters(p)
+    p.set_defaults(func=cmd_search)
+
+    p = nsub.add_parser("show", help="one note with all its fields and its versions")
+    p.add_argument("id", type=int, help="the note's id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+
+    p = nsub.add_parser("add", help="write a note (shared and public unless told otherwise)")
+    p.add_argument("text", help="the note")
+    _placement(p, defaults=True)
+    p.set_defaults(func=cmd_add)
+
+    p = nsub.add_parser(
+        "supersede", help="write a new version of a note (the old one stays, linked)"
+    )
+    p.add_argument("id", type=int, help="the note to supersede")
+    p.add_argument("text", help="the new text")
+    _placement(p, defaults=False)
+    p.set_defaults(func=cmd_supersede)
 
 
-__all__ = ["add_parsers", "argparse"]
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--type", choices=_TYPES)
+    p.add_argument("--topic", help="exactly this topic (any case)")
+    p.add_argument("--scope", choices=_SCOPES)
+    p.add_argument("--visibility", choices=_VISIBILITIES)
+    p.add_argument("--chat", help="notes of this conversation id")
+    p.add_argument("--role", help="notes of this agent role")
+    p.add_argument("--project", help="notes of this project")
+    p.add_argument("--all", action="store_true", help="include superseded versions")
+    p.add_argument("--limit", type=int, default=LIST_LIMIT, help=f"default {LIST_LIMIT}")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _placement(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    keep = " (default: the old note's)" if not defaults else ""
+    p.add_argument("--type", choices=_TYPES, default="note" if defaults else None, help=keep)
+    p.add_argument("--topic", default="" if defaults else None, help="a short topic" + keep)
+    p.add_argument(
+        "--scope",
+        choices=_SCOPES,
+        help=(
+            "default: chat with --chat, team with --team, else shared"
+            if defaults
+            else keep.strip(" ()")
+        ),
+    )
+    p.add_argument(
+        "--visibility",
+        choices=_VISIBILITIES,
+        default="public" if defaults else None,
+        help=(
+            "default: public (seen in every conversation, with other people too)"
+            if defaults
+            else keep.strip(" ()")
+        ),
+    )
+    p.add_argument("--chat", help="the conversation id of a chat-scoped note" + keep)
+    p.add_argument("--role", help="the role of an agent-scoped note" + keep)
+    p.add_argument("--team", help="the team of a team-scoped note" + keep)
+    p.add_argument("--project", help="the project" + keep)
+    p.add_argument("--json", action="store_true", help="print the worker's JSON result")
+
+
+# -- writing: owner commands through the worker ------------------------------------------------
+
+
+def _payload(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"text": args.text}
+    for key in ("type", "topic", "scope", "visibility", "chat", "role", "team", "project"):
+        value = getattr(args, key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def cmd_add(args: argparse.Namespace, cfg: Config) -> int:
+    if args.scope is None:
+        args.scope = "chat" if args.chat else "team" if args.team else "shared"
+    return _send(cfg, "notes.add", _payload(args), as_json=args.json)
+
+
+def cmd_supersede(args: argparse.Namespace, cfg: Config) -> int:
+    return _send(cfg, "notes.supersede", {"id": args.id, **_payload(args)}, as_json=args.json)
+
+
+def _send(cfg: Config, op: str, payload: dict[str, Any], *, as_json: bool) -> int:
+    from gateways.commands import CommandFailed, run_command
+
+    try:
+        result = run_command(cfg, op, payload)
+    except CommandFailed as exc:
+        print(f"relaybot: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if as_json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    if not result.get("ok"):
+        print(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
+        return EXIT_FAILED
+    if not as_json:
+        note = result.get("note") or {}
+        verb = "wrote" if result.get("created") else "already had"
+        print(f"{verb} note #{note.get('id')}: {_reach(note)}")
+    return 0
+
+
+def _reach(note: dict[str, Any]) -> str:
+    scope, visibility = note.get("scope"), note.get("visibility")
+    public = visibility == "public"
+    if scope == "shared":
+        return (
+            "public knowledge, seen in every conversation (with other people too)"
+            if public
+            else f"seen only in conversation {note.get('chat') or '(none)'}"
+        )
+    if scope == "chat":
+        return f"seen only in conversation {note.get('chat')}"
+    if scope == "agent":
+        where = "every conversation" if public else f"conversation {note.get('chat')}"
+        return f"seen in {where} running as {note.get('role')}"
+    where = "every conversation" if public else f"conversation {note.get('chat')}"
+    return f"seen in {where} of team {note.get('team')}"
+
+
+# -- reading: the database, read-only ----------------------------------------------------------
+
+
+def _open(cfg: Config) -> MemoryStore | None:
+    from memory.schema import SchemaError
+    from memory.store import MemoryStore
+
+    try:
+        return MemoryStore(cfg.memory_path, readonly=True)
+    except (sqlite3.Error, SchemaError) as exc:
+        print(
+            f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
+            "(the worker creates it when it first starts)",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _find(args: argparse.Namespace, cfg: Config, query: str | None) -> int:
+    from memory.notes import find_notes
+
+    store = _open(cfg)
+    if store is None:
+        return EXIT_FAILED
+    with store:
+        found = find_notes(
+            store,
+            query=query,
+            limit=max(1, min(args.limit, MAX_LIST)),
+            max_results=MAX_LIST,
+            type=args.type,
+            topic=args.topic,
+            scope=args.scope,
+            visibility=args.visibility,
+            chat=args.chat,
+            role=args.role,
+            project=args.project,
+            include_superseded=args.all,
+        )
+    if args.json:
+        print(json.dumps([n.as_dict() for n in found], indent=2, ensure_ascii=False))
+    elif not found:
+        print("no notes" + (f" match {query!r}" if query else ""))
+    else:
+        for note in found:
+            print(describe(note))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
+    return _find(args, cfg, None)
+
+
+def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
+    return _find(args, cfg, args.query)
+
+
+def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
+    from memory.notes import note_chain
+
+    store = _open(cfg)
+    if store is None:
+        return EXIT_FAILED
+    with store:
+        versions = note_chain(store, args.id)
+    note = next((n for n in versions if n.id == args.id), None)
+    if note is None:
+        print(f"relaybot: there is no note #{args.id}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        payload = {"note": note.as_dict(), "versions": [n.as_dict() for n in versions]}
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+        return 0
+    for key, value in note.as_dict().items():
+        shown = _when(float(value)) if key == "created_ts" else value
+        print(f"{key:>20}: {'-' if shown is None else shown}")
+    if len(versions) > 1:
+        print("\nversions (oldest first):")
+        for version in versions:
+            mark = "*" if version.id == note.id else " "
+            print(f" {mark} {describe(version)}")
+    return 0
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+
+
+def describe(note: Note) -> str:
+    """One line for the owner: the note as the model sees it, plus where it lives."""
+    from memory.notes import format_note
+
+    where = [
+        f"{key}={value}"
+        for key, value in (
+            ("chat", note.chat),
+            ("role", note.role),
+            ("team", note.team),
+            ("project", note.project),
+            ("from", note.source_conversation or note.author),
+        )
+        if value
+    ]
+    return format_note(note, max_chars=300) + (f"   [{' '.join(where)}]" if where else "")

@@ -10,9 +10,9 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from relaybot.wire import Keys, describe_validation_error
 
@@ -79,6 +79,27 @@ class DeliveryConfig(_Section):
 class MemoryConfig(_Section):
     path: Path | None = None  # default: $RELAYBOT_HOME/memory.sqlite3
     synchronous: str = Field(default="NORMAL", pattern="^(OFF|NORMAL|FULL|EXTRA)$")
+    workspace: Path | None = None  # default: $RELAYBOT_HOME/workspace (holds MEMORY.md)
+
+
+ROLE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class ConversationRole(_Section):
+    """How one conversation (room, thread, terminal session) runs: under which agent role, in
+    which project, and in which teams (seed 003; these decide which scoped notes it sees).
+
+    In ``config.toml`` the ``[roles]`` table maps a conversation or session id to a role name or
+    to a table of these keys::
+
+        [roles]
+        "cli:work" = "architect"
+        "matrix:!abc:example.org" = { role = "pm", project = "alpha", teams = ["core"] }
+    """
+
+    role: str | None = Field(default=None, pattern=ROLE_NAME)
+    project: str | None = Field(default=None, min_length=1, max_length=200)
+    teams: list[Annotated[str, Field(pattern=ROLE_NAME)]] = Field(default_factory=list)
 
 
 class Config(_Section):
@@ -89,6 +110,21 @@ class Config(_Section):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    roles: dict[str, ConversationRole] = Field(default_factory=dict)
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _role_names(cls, value: Any) -> Any:
+        """``"cli:work" = "architect"`` is short for ``"cli:work" = { role = "architect" }``."""
+        if isinstance(value, Mapping):
+            return {k: {"role": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    def conversation_role(self, conversation: str, session: str = "") -> ConversationRole:
+        """The ``[roles]`` entry of a conversation (looked up by conversation id, then by
+        session id); an empty one (no role, no project, no teams) when there is none."""
+        found = self.roles.get(conversation) or (self.roles.get(session) if session else None)
+        return found or ConversationRole()
 
     @property
     def keys(self) -> Keys:
@@ -101,6 +137,11 @@ class Config(_Section):
     @property
     def memory_path(self) -> Path:
         return self.memory.path or self.home / "memory.sqlite3"
+
+    @property
+    def workspace_dir(self) -> Path:
+        """The owner's workspace: MEMORY.md lives here."""
+        return self.memory.workspace or self.home / "workspace"
 
     @property
     def redis_dir(self) -> Path:
@@ -133,6 +174,7 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_REPLY_MAX_AGE", "delivery", "max_age"),
     ("RELAYBOT_MEMORY_PATH", "memory", "path"),
     ("RELAYBOT_MEMORY_SYNCHRONOUS", "memory", "synchronous"),
+    ("RELAYBOT_WORKSPACE", "memory", "workspace"),
 )
 
 

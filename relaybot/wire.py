@@ -36,7 +36,7 @@ FIELD_ORDER = (
     "extra",
 )
 
-_ROUTING_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=/-]{0,199}$")
+_ROUTING_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=/!#$-]{0,199}$")  # Matrix ids: !room:hs
 
 
 class WireError(ValueError):

@@ -12,8 +12,8 @@ import json
 import signal
 import sqlite3
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -286,8 +286,22 @@ class Consumer:
             if self.stopping:
                 return
 
-    def _transaction(self) -> AbstractContextManager[object]:
-        return self.store.transaction() if self.store is not None else nullcontext()
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One memory transaction around a batch. If it cannot even begin (another program holds
+        the write lock, an I/O error), the batch is handled without memory and answered all the
+        same (degraded mode); the next batch tries again."""
+        store = self.store
+        with ExitStack() as stack:
+            if store is not None:
+                try:
+                    stack.enter_context(store.transaction())
+                except sqlite3.Error as exc:
+                    self.turns.memory_failures += 1
+                    log.error("memory.degraded", error=str(exc), step="begin")
+                    self.turns.store = None
+                    stack.callback(setattr, self.turns, "store", store)
+            yield
 
     def _handle_one(self, sid: str, fields: dict[bytes, bytes]) -> Outcome:
         delivered = self.deliveries.get(sid, 1)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 import structlog
 
+from memory.checkpoint import WalCheckpointer
 from memory.store import MemoryStore
 from relaybot.config import Config
 from worker.busy import BusySignal
 from worker.consumer import Consumer
+from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel, make_model
 from worker.tools import ToolRegistry, default_tools
 from worker.turn import Turns
+from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
 
@@ -26,6 +31,11 @@ def open_store(cfg: Config) -> MemoryStore | None:
     except (sqlite3.Error, OSError) as exc:
         log.error("memory.unavailable", path=str(cfg.memory_path), error=str(exc))
         return None
+
+
+def turn_tools(ctx: TurnContext) -> ToolRegistry:
+    """The tools of one turn: the built-in ones and the memory tools for its privacy scope."""
+    return ToolRegistry([*default_tools(), *memory_tools(ctx)])
 
 
 def build_consumer(
@@ -44,16 +54,29 @@ def build_consumer(
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
     busy = BusySignal(r, cfg.keys)
-    turns = Turns(cfg, store, model, tools or default_tools(), thinking=busy.turn)
+    turns = Turns(cfg, store, model, tools or turn_tools, thinking=busy.turn)
     return Consumer(cfg, r, turns, store, busy=busy)
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:
-    store = open_store(cfg)
-    consumer = build_consumer(cfg, r, store=store)
-    consumer.install_signal_handlers()
-    try:
+    with worker_memory(cfg) as store:
+        consumer = build_consumer(cfg, r, store=store)
+        consumer.install_signal_handlers()
         return consumer.run(wait_for_lease=wait_for_lease)
+
+
+@contextmanager
+def worker_memory(cfg: Config) -> Iterator[MemoryStore | None]:
+    """The worker's store, with WAL checkpoints on a thread of their own (memory.checkpoint)."""
+    store = open_store(cfg)
+    checkpointer = None
+    if store is not None:
+        store.set_autocheckpoint(0)
+        checkpointer = WalCheckpointer(cfg.memory_path).start()
+    try:
+        yield store
     finally:
+        if checkpointer is not None:
+            checkpointer.stop()
         if store is not None:
             store.close()

@@ -16,11 +16,12 @@ from typing import TypeVar
 
 import structlog
 
-from memory import commands
+from memory import commands, notes
 from memory.commands import CommandContext
 from memory.context import build_context
-from memory.identity import OwnerResolver
-from memory.privacy import Scope, visible_history
+from memory.curated import CuratedFile, curated_path
+from memory.identity import Identity, OwnerResolver
+from memory.privacy import Scope, privacy_of, visible_history
 from memory.store import LogRow, MemoryStore
 from relaybot.config import Config
 from relaybot.wire import (
@@ -71,6 +72,8 @@ class Turns:
         self.model = model
         self.tools = tools
         self.resolver = OwnerResolver(cfg.owner.aliases)
+        self.identity = Identity(self.resolver, cfg.owner.name)
+        self.curated = CuratedFile(curated_path(cfg.workspace_dir))  # MEMORY.md
         self.thinking = thinking
         self.memory_failures = 0
 
@@ -100,7 +103,13 @@ class Turns:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
         else:
             ctx = CommandContext(stream_id=stream_id, store=self.store, cfg=self.cfg)
-            result = commands.apply(ctx, msg.extra.get("op"), msg.extra.get("args", {}))
+            op, args = msg.extra.get("op"), msg.extra.get("args", {})
+            applied = self._memory(lambda s: _apply_command(s, ctx, op, args))
+            result = applied or {
+                "ok": False,
+                "error": "memory failed while applying the command; nothing was changed "
+                "(see the worker log); it is safe to run it again",
+            }
         return Reply(
             reply_id=new_reply_id(),
             answers=stream_id,
@@ -115,7 +124,10 @@ class Turns:
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
         is_owner = self.resolver.is_owner(msg.channel, msg.sender)
-        row = self._memory(lambda s: s.append_inbound(msg, stream_id, is_owner=is_owner))
+        # the sender's entity (created on first sight) and the row, in the worker's transaction
+        row = self._memory(
+            lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner)
+        )
         recorded = self._memory(lambda s: s.recorded_reply(stream_id))
         if recorded is not None:
             log.info("turn.replayed", reply_id=recorded.reply_id)
@@ -128,6 +140,7 @@ class Turns:
             scope=self.scope_of(msg, row),
             store=self.store,
             cfg=self.cfg,
+            role=self.cfg.conversation_role(msg.conversation, msg.session).role,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         started = time.perf_counter()
@@ -169,13 +182,30 @@ class Turns:
         history: Iterable[LogRow] = ()
         if self.store is not None:
             history = self._guarded(visible_history(self.store, scope, limit=HISTORY_ROWS))
+        curated, found = self._curated_and_notes(msg, scope)
         return build_context(
             system_prompt=self.cfg.worker.system_prompt,
             history=history,
             current=current,
             budget_tokens=self.cfg.worker.context_tokens,
             assistant_name=self.cfg.worker.assistant_name,
+            curated=curated,
+            notes=found,
         )
+
+    def _curated_and_notes(self, msg: InboundMessage, scope: Scope) -> tuple[str, list[str]]:
+        """MEMORY.md (the owner's own conversations only; never raises) and the notes relevant
+        to the message that this conversation may see (none if memory fails: degraded)."""
+        curated = self.curated.read().text if privacy_of(scope) is Privacy.OWNER else ""
+        found: list[str] = []
+        if self.store is not None:
+            binding = self.cfg.conversation_role(msg.conversation, msg.session)
+            try:
+                viewer = notes.conversation_viewer(self.store, scope, binding)
+                found = notes.context_lines(self.store, viewer, msg.text)
+            except sqlite3.Error as exc:
+                self._degraded(exc)
+        return curated, found
 
     def _guarded(self, rows: Iterator[LogRow]) -> Iterator[LogRow]:
         """History is read lazily; a failing query ends it instead of failing the turn."""
@@ -207,6 +237,26 @@ class Turns:
     def _degraded(self, exc: sqlite3.Error) -> None:
         self.memory_failures += 1
         log.error("memory.degraded", error=str(exc), failures=self.memory_failures)
+
+
+def _apply_command(
+    store: MemoryStore, ctx: CommandContext, op: object, args: object
+) -> dict[str, object]:
+    """Apply an owner command; inside the worker's batch it gets a savepoint of its own, so a
+    command that fails half-way (a SQLite error: degraded mode) leaves nothing behind."""
+    conn = store.conn
+    if not conn.in_transaction:
+        return commands.apply(ctx, op, args)
+    conn.execute("SAVEPOINT owner_command")
+    try:
+        result = commands.apply(ctx, op, args)
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled the whole transaction back itself
+            conn.execute("ROLLBACK TO owner_command")
+            conn.execute("RELEASE owner_command")
+        raise
+    conn.execute("RELEASE owner_command")
+    return result
 
 
 def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:

@@ -1,4 +1,5 @@
-"""The privacy slot fails closed: only the owner's scope sees across conversations."""
+"""The privacy rule without a person (no entity, no links): it fails closed, only the owner's
+scope sees across conversations. The rule with persons is in test_privacy_rule.py."""
 
 from __future__ import annotations
 

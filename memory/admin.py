@@ -1,0 +1,570 @@
+"""Memory administration applied by the worker: imports, and the owner command for erasure
+(memory/erasure.py does the erasing); plus the read-only status report of ``relaybot memory``.
+
+**Import** (``memory.import``): records prepared by memory/portability.py, applied one by one,
+each in its own savepoint, so a bad record is reported by its line number and the others go on.
+Duplicates are "present", never errors: log rows by ``(direction, stream_id)``, entities by id,
+handles by ``(channel, address)``, links by stream id or their whole content, notes by
+``op_key`` or their whole content, tombstones by stream id or target and time, reply marks by
+``(reply_id, status)``. Ids are kept when they are free at the end of their table (so a fresh
+home gets the exporter's ids), else new ones are given. An imported tombstone is applied again
+to the rows it names, so an erasure survives an export and an import into an older copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from memory.commands import CommandContext, CommandError, Handler
+from memory.erasure import (
+    NOT_ERASED,
+    ErasurePlan,
+    checkpoint_after_erasure,
+    chunks,
+    erase,
+    granted,
+    marks,
+    plan_notes,
+    remove,
+    savepoint,
+    writing,
+)
+from memory.identity import create_handle, ensure_owner
+from memory.portability import (
+    EntityRecord,
+    ErasureRecord,
+    HandleRecord,
+    LinkRecord,
+    LogRecord,
+    NoteRecord,
+    Record,
+    ReplyStatusRecord,
+    parse_record,
+)
+from memory.store import MemoryStore
+
+log = structlog.get_logger(__name__)
+
+MAX_STAGED_CHARS = 64_000_000  # staged parts of oversized import records held by the worker
+
+
+def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+    kind, target, reason = args.get("kind"), args.get("target"), args.get("reason")
+    if not isinstance(kind, str) or not isinstance(target, str) or not isinstance(reason, str):
+        raise CommandError("memory.erase takes {kind, target, reason} as strings")
+    requested_by = args.get("requested_by")
+    return erase(
+        ctx.store,
+        kind=kind,
+        target=target,
+        reason=reason,
+        requested_by=requested_by if isinstance(requested_by, str) and requested_by else "owner",
+        stream_id=ctx.stream_id,
+        now=ctx.now,
+    )
+
+
+# -- import ------------------------------------------------------------------------------------
+
+# pieces of oversized records, by key, until the item naming them arrives (memory only: if the
+# worker restarts in between, that record is reported as incomplete and a re-import sends it)
+_STAGED: dict[str, dict[int, str]] = {}
+
+
+def _stage(args: dict[str, Any]) -> dict[str, Any]:
+    stage = args.get("stage")
+    if not isinstance(stage, dict):
+        raise CommandError("stage must be an object")
+    key, index, count, text = (stage.get(k) for k in ("key", "index", "count", "text"))
+    if not (
+        isinstance(key, str)
+        and isinstance(index, int)
+        and isinstance(count, int)
+        and isinstance(text, str)
+        and 0 <= index < count
+    ):
+        raise CommandError("stage takes {key, index, count, text}")
+    held = sum(len(t) for parts in _STAGED.values() for t in parts.values())
+    while _STAGED and held + len(text) > MAX_STAGED_CHARS:
+        oldest = next(iter(_STAGED))
+        held -= sum(len(t) for t in _STAGED.pop(oldest).values())
+    _STAGED.setdefault(key, {})[index] = text
+    return {"staged": index, "of": count}
+
+
+def _unstage(item: dict[str, Any]) -> dict[str, Any]:
+    staged = item["staged"]
+    key = staged.get("key") if isinstance(staged, dict) else None
+    parts = _STAGED.pop(key, {}) if isinstance(key, str) else {}
+    count = staged.get("count") if isinstance(staged, dict) else None
+    if not isinstance(count, int) or sorted(parts) != list(range(count)):
+        raise ValueError(
+            "parts of this record are missing (did the worker restart during the import?); "
+            "import the file again"
+        )
+    text = "".join(parts[i] for i in range(count))
+    if hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest() != staged.get("sha256"):
+        raise ValueError("the parts of this record do not add up (hash mismatch)")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("a staged record is not an object")
+    return data
+
+
+class Present(Exception):
+    """The record is already in memory."""
+
+
+@dataclass
+class ImportResult:
+    added: dict[str, int] = field(default_factory=dict)
+    present: dict[str, int] = field(default_factory=dict)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"added": self.added, "present": self.present, "rejected": self.rejected}
+
+
+class Importer:
+    """Applies import items to the writer's store (see the module docstring)."""
+
+    def __init__(self, store: MemoryStore, *, owner_name: str = "owner") -> None:
+        self.store = store
+        self.conn = store.conn
+        self.owner_name = owner_name
+        self.result = ImportResult()
+        self.log_added = False
+
+    def apply(self, items: list[Any]) -> ImportResult:
+        for n, item in enumerate(items):
+            line = item.get("line") if isinstance(item, dict) else None
+            line = line if isinstance(line, int) else None
+            try:
+                if not isinstance(item, dict):
+                    raise ValueError("an import item must be an object")
+                if "staged" in item:
+                    item = _unstage(item)  # noqa: PLW2901 (the staged item replaces its stub)
+                record = parse_record(item.get("record"))
+                with savepoint(self.conn, "import_record"):
+                    self._apply(record, item)
+                self.result.added[record.type] = self.result.added.get(record.type, 0) + 1
+            except Present as exc:
+                kind = str(exc)
+                self.result.present[kind] = self.result.present.get(kind, 0) + 1
+            except (ValueError, sqlite3.IntegrityError, UnicodeEncodeError) as exc:
+                why = str(exc) if not isinstance(exc, UnicodeEncodeError) else "not valid Unicode"
+                self.result.rejected.append({"line": line, "index": n, "reason": why})
+        if self.log_added:
+            self.store.invalidate()  # rows appeared behind the caches' back
+        return self.result
+
+    def _apply(self, record: Record, item: dict[str, Any]) -> None:
+        if isinstance(record, LogRecord):
+            self._log(record, identify=bool(item.get("identify")))
+        elif isinstance(record, EntityRecord):
+            self._insert_or_present(
+                record,
+                "INSERT INTO entity (id, kind, name, created_ts) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (record.id, record.kind, record.name, record.created_ts),
+            )
+        elif isinstance(record, HandleRecord):
+            self._need_entities(record.entity)
+            self._insert_or_present(
+                record,
+                "INSERT INTO handle (channel, address, entity, display, first_seen) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    record.channel,
+                    record.address.strip().casefold(),
+                    record.entity,
+                    record.display,
+                    record.first_seen,
+                ),
+            )
+        elif isinstance(record, LinkRecord):
+            self._link(record)
+        elif isinstance(record, NoteRecord):
+            self._note(record, item.get("supersedes_ref"))
+        elif isinstance(record, ErasureRecord):
+            self._erasure(record)
+        elif isinstance(record, ReplyStatusRecord):
+            self._insert_or_present(
+                record,
+                "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) "
+                "VALUES (?, ?, ?, ?)",
+                (record.reply_id, record.status, record.at, record.detail),
+            )
+
+    def _insert_or_present(self, record: Record, sql: str, params: Sequence[Any]) -> None:
+        if self.conn.execute(sql, params).rowcount != 1:
+            raise Present(record.type)
+
+    def _need_entities(self, *entities: str) -> None:
+        for entity in entities:
+            if not self.conn.execute("SELECT 1 FROM entity WHERE id = ?", (entity,)).fetchone():
+                raise ValueError(f"entity {entity!r} is not in memory (nor earlier in the file)")
+
+    def _free_id(self, table: str, wanted: int | None) -> int | None:
+        """``wanted`` if it lies beyond every id in ``table`` (ids stay in time order)."""
+        if wanted is None:
+            return None
+        top = self.conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0]  # noqa: S608
+        return wanted if top is None or wanted > int(top) else None
+
+    def _log(self, rec: LogRecord, *, identify: bool) -> None:
+        same = self.conn.execute(
+            "SELECT conversation, sender, text, extra FROM log WHERE direction = ? "
+            "AND stream_id = ?",
+            (rec.direction, rec.stream_id),
+        ).fetchone()
+        if same is not None:
+            conversation, sender, text, extra = same
+            erased = str(extra).startswith('{"erased":') or (
+                rec.text == "" and rec.extra.get("erased") is not None
+            )
+            if erased or (conversation, sender, text) == (rec.conversation, rec.sender, rec.text):
+                raise Present("log")
+            raise ValueError(
+                f"another message with stream id {rec.stream_id} ({rec.direction}) is already "
+                "in memory (from another installation?): not imported"
+            )
+        if rec.is_owner and rec.entity not in (None, "owner"):
+            raise ValueError("an owner row must have the entity 'owner'")
+        if not rec.is_owner and rec.entity == "owner":
+            raise ValueError("only the owner's rows may have the entity 'owner'")
+        entity = rec.entity
+        if identify and rec.direction == "in" and entity is None:
+            entity = self._identify(rec)
+        cur = self.conn.execute(
+            "INSERT INTO log (id, direction, stream_id, kind, channel, session, conversation, "
+            "sender, sender_name, entity, is_owner, privacy, text, event_id, reply_id, "
+            "platform_ts, recorded_ts, extra) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._free_id("log", rec.id),
+                rec.direction,
+                rec.stream_id,
+                rec.kind,
+                rec.channel,
+                rec.session,
+                rec.conversation,
+                rec.sender,
+                rec.sender_name,
+                entity,
+                1 if rec.is_owner else 0,
+                rec.privacy.value,
+                rec.text,
+                rec.event_id,
+                rec.reply_id,
+                rec.platform_ts,
+                rec.recorded_ts,
+                json.dumps(rec.extra, separators=(",", ":"), ensure_ascii=False)
+                if rec.extra
+                else "{}",
+            ),
+        )
+        if cur.rowcount != 1:
+            raise Present("log")
+        self.log_added = True
+
+    def _identify(self, rec: LogRecord) -> str | None:
+        """The sender's entity, created on first sight like a live message's."""
+        if rec.is_owner:
+            ensure_owner(self.conn, self.owner_name, rec.recorded_ts)
+            return "owner"
+        try:
+            return create_handle(
+                self.conn,
+                rec.channel,
+                rec.sender,
+                display=rec.sender_name,
+                now=rec.recorded_ts,
+            )
+        except ValueError:
+            return None
+
+    def _link(self, rec: LinkRecord) -> None:
+        if rec.a >= rec.b:
+            raise ValueError("a link names its entities in order (a < b)")
+        self._need_entities(rec.a, rec.b)
+        if (
+            rec.stream_id is not None
+            and self.conn.execute(
+                "SELECT 1 FROM entity_link WHERE stream_id = ?", (rec.stream_id,)
+            ).fetchone()
+        ):
+            raise Present("entity_link")
+        if self.conn.execute(
+            "SELECT 1 FROM entity_link WHERE a = ? AND b = ? AND status = ? AND actor = ? "
+            "AND ts = ?",
+            (rec.a, rec.b, rec.status, rec.actor, rec.ts),
+        ).fetchone():
+            raise Present("entity_link")
+        newer = self.conn.execute(
+            "SELECT status FROM entity_link WHERE a = ? AND b = ? AND ts > ? LIMIT 1",
+            (rec.a, rec.b, rec.ts),
+        ).fetchone()
+        if newer is not None:  # appending it would make an old state the current one
+            raise ValueError(f"older than this pair's link state here ({newer[0]}): not applied")
+        self.conn.execute(
+            "INSERT INTO entity_link (id, a, b, status, reason, actor, ts, stream_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._free_id("entity_link", rec.id),
+                rec.a,
+                rec.b,
+                rec.status,
+                rec.reason,
+                rec.actor,
+                rec.ts,
+                rec.stream_id,
+            ),
+        )
+
+    _NOTE_MATCH = (
+        "SELECT id FROM note WHERE type = ? AND topic = ? AND text = ? AND scope = ? "
+        "AND visibility = ? AND chat IS ? AND role IS ? AND team IS ? AND project IS ? "
+        "AND source_conversation IS ? AND source_privacy IS ? AND source_entity IS ? "
+        "AND author = ? AND created_ts = ?"
+    )
+
+    def _find_note(self, rec: NoteRecord) -> int | None:
+        if rec.op_key is not None:
+            raw = self.conn.execute(
+                "SELECT id FROM note WHERE op_key = ?", (rec.op_key,)
+            ).fetchone()
+            if raw is not None:
+                return int(raw[0])
+        raw = self.conn.execute(
+            self._NOTE_MATCH,
+            (
+                rec.note_type,
+                rec.topic,
+                rec.text,
+                rec.scope,
+                rec.visibility,
+                rec.chat,
+                rec.role,
+                rec.team,
+                rec.project,
+                rec.source_conversation,
+                rec.source_privacy.value if rec.source_privacy else None,
+                rec.source_entity,
+                rec.author,
+                rec.created_ts,
+            ),
+        ).fetchone()
+        return None if raw is None else int(raw[0])
+
+    def _note(self, rec: NoteRecord, ref: object) -> None:
+        if self._find_note(rec) is not None:
+            raise Present("note")
+        supersedes = None
+        if rec.supersedes is not None:
+            old = parse_record(ref) if ref is not None else None
+            if not isinstance(old, NoteRecord):
+                raise ValueError(f"supersedes note {rec.supersedes}, which is not in the file")
+            supersedes = self._find_note(old)
+            if supersedes is None:
+                raise ValueError("the note it supersedes is not in memory")
+        self.conn.execute(
+            "INSERT INTO note (id, type, topic, text, scope, visibility, chat, role, team, "
+            "project, source_conversation, source_privacy, source_entity, supersedes, author, "
+            "created_ts, stream_id, op_key) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._free_id("note", rec.id),
+                rec.note_type,
+                rec.topic,
+                rec.text,
+                rec.scope,
+                rec.visibility,
+                rec.chat,
+                rec.role,
+                rec.team,
+                rec.project,
+                rec.source_conversation,
+                rec.source_privacy.value if rec.source_privacy else None,
+                rec.source_entity,
+                supersedes,
+                rec.author,
+                rec.created_ts,
+                rec.stream_id,
+                rec.op_key,
+            ),
+        )
+
+    def _erasure(self, rec: ErasureRecord) -> None:
+        conn = self.conn
+        if (
+            rec.stream_id is not None
+            and conn.execute(
+                "SELECT 1 FROM erasure WHERE stream_id = ?", (rec.stream_id,)
+            ).fetchone()
+        ) or conn.execute(
+            "SELECT 1 FROM erasure WHERE ts = ? AND target_kind = ? AND target = ?",
+            (rec.ts, rec.target_kind, rec.target),
+        ).fetchone():
+            raise Present("erasure")
+        cur = conn.execute(
+            "INSERT INTO erasure (id, ts, requested_by, reason, target_kind, target, log_rows, "
+            "notes, detail, stream_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._free_id("erasure", rec.id),
+                rec.ts,
+                rec.requested_by,
+                rec.reason,
+                rec.target_kind,
+                rec.target,
+                rec.log_rows,
+                rec.notes,
+                json.dumps(rec.detail, separators=(",", ":")),
+                rec.stream_id,
+            ),
+        )
+        self._reapply(int(cur.lastrowid or 0), rec)
+
+    def _reapply(self, erasure_id: int, rec: ErasureRecord) -> None:
+        """Erase here what the imported tombstone erased there (by stream ids and op keys)."""
+        keys = rec.detail.get("log_keys")
+        op_keys = rec.detail.get("note_op_keys")
+        log_ids: list[int] = []
+        for key in keys if isinstance(keys, list) else []:
+            if isinstance(key, list) and len(key) == 2:
+                raw = self.conn.execute(
+                    f"SELECT id FROM log WHERE direction = ? AND stream_id = ? AND {NOT_ERASED}",  # noqa: S608
+                    (str(key[0]), str(key[1])),
+                ).fetchone()
+                if raw is not None:
+                    log_ids.append(int(raw[0]))
+        plan = ErasurePlan(kind=rec.target_kind, target=rec.target)
+        wanted = [k for k in op_keys if isinstance(k, str)] if isinstance(op_keys, list) else []
+        where = [(f"op_key IN ({marks(len(c))})", list(c)) for c in chunks(wanted)]
+        if where:
+            plan_notes(self.conn, plan, where)
+        if not log_ids and not plan.note_ids:
+            return
+        with granted(self.conn, rec.requested_by, rec.reason, time.time()):
+            remove(self.conn, erasure_id, sorted(log_ids), plan.note_ids)
+        self.log_added = True  # cached rows may hold the text
+        self.store.after_commit(lambda: checkpoint_after_erasure(self.store))
+        log.info("memory.erasure_reapplied", erasure=erasure_id, log_rows=len(log_ids))
+
+
+def _cmd_import(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+    if "stage" in args:
+        return _stage(args)
+    items = args.get("items")
+    if not isinstance(items, list):
+        raise CommandError("memory.import takes {format, items: [...]}")
+    with writing(ctx.store):
+        result = Importer(ctx.store, owner_name=ctx.cfg.owner.name).apply(items)
+    log.info(
+        "memory.imported",
+        added=sum(result.added.values()),
+        present=sum(result.present.values()),
+        rejected=len(result.rejected),
+    )
+    return result.as_dict()
+
+
+COMMANDS: dict[str, Handler] = {"memory.erase": _cmd_erase, "memory.import": _cmd_import}
+
+
+# -- status (read-only) ------------------------------------------------------------------------
+
+
+def _count(conn: sqlite3.Connection, tables: set[str], table: str, where: str = "") -> int | None:
+    if table not in tables:
+        return None
+    sql = f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else "")  # noqa: S608
+    return int(conn.execute(sql).fetchone()[0])
+
+
+def collect_status(
+    store: MemoryStore, *, check: bool = False, assistant_name: str = "relaybot"
+) -> dict[str, Any]:
+    """What ``relaybot memory status`` shows: counts, sizes, the last entry, corrupt rows.
+
+    Cheap by default (counts on indexes, the newest row). ``check`` reads and validates every
+    log row (the count of corrupt rows is then complete) and runs ``PRAGMA quick_check``.
+    """
+    from memory.context import label
+    from memory.schema import schema_version
+
+    conn = store.conn
+    tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    by_direction = dict(conn.execute("SELECT direction, count(*) FROM log GROUP BY direction"))
+    superseded = (
+        int(
+            conn.execute(
+                "SELECT count(DISTINCT supersedes) FROM note WHERE supersedes IS NOT NULL"
+            ).fetchone()[0]
+        )
+        if "note" in tables
+        else 0
+    )
+    notes = _count(conn, tables, "note")
+    erased = (
+        conn.execute("SELECT coalesce(sum(log_rows), 0) FROM erasure").fetchone()[0]
+        if "erasure" in tables
+        else 0
+    )
+    counts: dict[str, int | None] = {
+        "log_in": int(by_direction.get("in", 0)),
+        "log_out": int(by_direction.get("out", 0)),
+        "conversations": int(
+            conn.execute("SELECT count(*) FROM (SELECT DISTINCT conversation FROM log)").fetchone()[
+                0
+            ]
+        ),
+        "entities": _count(conn, tables, "entity"),
+        "handles": _count(conn, tables, "handle"),
+        "entity_links": _count(conn, tables, "entity_link"),
+        "notes_active": None if notes is None else notes - superseded,
+        "notes_superseded": None if notes is None else superseded,
+        "erasures": _count(conn, tables, "erasure"),
+        "erased_log_rows": int(erased),
+        "reply_marks": _count(conn, tables, "reply_status"),
+    }
+    path = store.path
+    wal = path.with_name(path.name + "-wal")
+    status: dict[str, Any] = {
+        "path": str(path),
+        "schema_version": schema_version(conn),
+        "counts": counts,
+        "size": {
+            "db_bytes": path.stat().st_size,
+            "wal_bytes": wal.stat().st_size if wal.exists() else 0,
+        },
+        "last_entry": None,
+    }
+    last = store.last_row()
+    if last is not None:
+        status["last_entry"] = {
+            "id": last.id,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.ts)),
+            "channel": last.channel,
+            "conversation": last.conversation,
+            "label": label(last, assistant_name),
+        }
+    if check:
+        valid = sum(1 for _row in store.scan())
+        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
+        status["check"] = {
+            "valid_rows": valid,
+            "corrupt_rows": counts["log_in"] + counts["log_out"] - valid,  # type: ignore[operator]
+            "quick_check": problems if problems != ["ok"] else "ok",
+        }
+    status["corrupt_rows_skipped"] = store.corrupt_rows
+    status["corrupt_rows_complete"] = check
+    return status

@@ -1,0 +1,331 @@
+"""The owner's audited erasure (``memory.erase``, ``relaybot memory erase``): the one exception
+to append-only.
+
+In one transaction (a savepoint inside the worker's batch) it inserts the ``erasure_grant`` row,
+which is what lets the triggers of memory/schema.py allow UPDATE and DELETE; removes the text of
+the matching log rows (``text = ''``, ``extra = {"erased": <erasure id>}``; the FTS index follows
+through its triggers); deletes what was derived from them (notes learned from them, and the notes
+that supersede those); writes the tombstone in ``erasure`` (target, when, why, counts, the ids in
+``detail``); deletes the grant. With ``secure_delete`` on, an FTS ``optimize`` (so no index segment
+keeps a deleted word) and a WAL checkpoint after the commit, none of the text stays in the
+database files. What a target covers:
+
+- ``conversation C``: every row of C, both directions, and notes learned in C or kept for C;
+- ``entity E`` (an entity id or a handle ``channel:address``): everything that *person* said —
+  inbound rows of E and of every entity joined to it by verified links (memory.identity), plus
+  rows from before identity existed whose sender is one of their handles — with the replies that
+  answered those rows, and notes learned from that person;
+- ``id N``: that row, with the reply that answered it if it is a message; notes written in that
+  turn.
+
+A replay (same stream id) returns the tombstone already written; a target with nothing left to
+erase is refused without a tombstone.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from memory.commands import CommandError
+from memory.identity import handles_of, person_of, resolve_ref
+from memory.store import MemoryStore
+
+log = structlog.get_logger(__name__)
+
+TARGET_KINDS = ("entity", "conversation", "id")
+_IN_CHUNK = 500  # ids per "IN (...)" (SQLite's parameter limit is far above, but keep SQL small)
+NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
+
+
+@contextmanager
+def writing(store: MemoryStore) -> Iterator[None]:
+    """Inside the worker's batch transaction as it is; else in a transaction of our own."""
+    if store.conn.in_transaction:
+        yield
+    else:
+        with store.transaction():
+            yield
+
+
+@contextmanager
+def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+    conn.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        conn.execute(f"ROLLBACK TO {name}")
+        conn.execute(f"RELEASE {name}")
+        raise
+    conn.execute(f"RELEASE {name}")
+
+
+def chunks(values: Sequence[Any], size: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+@dataclass
+class ErasurePlan:
+    """What an erasure of ``kind``/``target`` removes (read-only: the CLI previews it too)."""
+
+    kind: str
+    target: str
+    entities: list[str] = field(default_factory=list)
+    log_ids: list[int] = field(default_factory=list)
+    log_keys: list[tuple[str, str]] = field(default_factory=list)
+    note_ids: list[int] = field(default_factory=list)
+    note_keys: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.log_ids and not self.note_ids
+
+    def detail(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "log_ids": self.log_ids,
+            "log_keys": [list(k) for k in self.log_keys],
+            "note_ids": self.note_ids,
+            "note_op_keys": self.note_keys,
+        }
+        if self.entities:
+            out["entities"] = self.entities
+        return out
+
+
+def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePlan:
+    """The rows and notes an erasure would remove; raises CommandError for a bad target."""
+    target = target.strip()
+    if kind not in TARGET_KINDS:
+        raise CommandError(f"erase what? kind must be one of {', '.join(TARGET_KINDS)}")
+    if not target:
+        raise CommandError("erase what? the target is empty")
+    plan = ErasurePlan(kind=kind, target=target)
+    rows: dict[int, tuple[str, str]] = {}  # id -> (direction, stream_id)
+    notes_sql: list[tuple[str, list[Any]]] = []
+    if kind == "conversation":
+        for id_, d, sid in conn.execute(
+            f"SELECT id, direction, stream_id FROM log WHERE conversation = ? AND {NOT_ERASED}",  # noqa: S608
+            (target,),
+        ):
+            rows[int(id_)] = (str(d), str(sid))
+        notes_sql.append(("source_conversation = ? OR chat = ?", [target, target]))
+    elif kind == "id":
+        try:
+            row_id = int(target)
+        except ValueError:
+            raise CommandError(f"not a log id: {target!r}") from None
+        raw = conn.execute(
+            "SELECT direction, stream_id FROM log WHERE id = ?", (row_id,)
+        ).fetchone()
+        if raw is None:
+            raise CommandError(f"there is no log row {row_id}")
+        if conn.execute(
+            f"SELECT 1 FROM log WHERE id = ? AND {NOT_ERASED}",  # noqa: S608
+            (row_id,),
+        ).fetchone():
+            rows[row_id] = (str(raw[0]), str(raw[1]))
+        _add_replies(conn, rows, [str(raw[1])] if raw[0] == "in" else [])
+    else:
+        plan.entities = _person(conn, target)
+        _rows_of_person(conn, plan.entities, rows)
+        notes_sql.append((f"source_entity IN ({marks(len(plan.entities))})", plan.entities))
+    if kind == "entity":
+        _add_replies(conn, rows, [sid for d, sid in rows.values() if d == "in"])
+    plan.log_ids = sorted(rows)
+    plan.log_keys = [rows[i] for i in plan.log_ids]
+    stream_ids = sorted({sid for _d, sid in rows.values()})
+    for chunk in chunks(stream_ids):
+        notes_sql.append((f"stream_id IN ({marks(len(chunk))})", list(chunk)))
+    plan_notes(conn, plan, notes_sql)
+    return plan
+
+
+def _person(conn: sqlite3.Connection, target: str) -> list[str]:
+    try:
+        entity = resolve_ref(conn, target)
+    except LookupError as exc:
+        raise CommandError(str(exc)) from None
+    return sorted(person_of(conn, entity))
+
+
+def _rows_of_person(
+    conn: sqlite3.Connection, entities: list[str], rows: dict[int, tuple[str, str]]
+) -> None:
+    for chunk in chunks(entities):
+        for id_, d, sid in conn.execute(
+            f"SELECT id, direction, stream_id FROM log WHERE direction = 'in' "  # noqa: S608
+            f"AND entity IN ({marks(len(chunk))}) AND {NOT_ERASED}",
+            list(chunk),
+        ):
+            rows[int(id_)] = (str(d), str(sid))
+    # rows recorded before senders had entities: matched by the person's handles
+    handles = {(h.channel, h.address) for e in entities for h in handles_of(conn, e)}
+    if not handles:
+        return
+    for id_, d, sid, channel, sender in conn.execute(
+        f"SELECT id, direction, stream_id, channel, sender FROM log "  # noqa: S608
+        f"WHERE entity IS NULL AND direction = 'in' AND {NOT_ERASED}"
+    ):
+        if (str(channel).strip().casefold(), str(sender).strip().casefold()) in handles:
+            rows[int(id_)] = (str(d), str(sid))
+
+
+def _add_replies(
+    conn: sqlite3.Connection, rows: dict[int, tuple[str, str]], stream_ids: list[str]
+) -> None:
+    """The replies that answered these inbound entries (derived from them)."""
+    for sid in stream_ids:
+        raw = conn.execute(
+            f"SELECT id FROM log WHERE direction = 'out' AND stream_id = ? AND {NOT_ERASED}",  # noqa: S608
+            (sid,),
+        ).fetchone()
+        if raw is not None:
+            rows[int(raw[0])] = ("out", sid)
+
+
+def plan_notes(
+    conn: sqlite3.Connection, plan: ErasurePlan, where: list[tuple[str, list[Any]]]
+) -> None:
+    found: dict[int, str | None] = {}
+    for sql, params in where:
+        for id_, op_key in conn.execute(f"SELECT id, op_key FROM note WHERE {sql}", params):  # noqa: S608
+            found[int(id_)] = op_key
+    frontier = list(found)
+    while frontier:  # notes that supersede a removed note are versions of it: removed too
+        nxt: list[int] = []
+        for chunk in chunks(frontier):
+            for id_, op_key in conn.execute(
+                f"SELECT id, op_key FROM note WHERE supersedes IN ({marks(len(chunk))})",  # noqa: S608
+                list(chunk),
+            ):
+                if int(id_) not in found:
+                    found[int(id_)] = op_key
+                    nxt.append(int(id_))
+        frontier = nxt
+    plan.note_ids = sorted(found)
+    plan.note_keys = sorted(k for k in found.values() if k)
+
+
+def remove(conn: sqlite3.Connection, erasure_id: int, log_ids: list[int], notes: list[int]) -> None:
+    """Blank the log rows and delete the notes; the caller holds the grant."""
+    marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
+    for chunk in chunks(log_ids):
+        conn.execute(
+            f"UPDATE log SET text = '', extra = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
+            [marker, *chunk],
+        )
+    for chunk in chunks(notes):
+        conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
+
+
+@contextmanager
+def granted(conn: sqlite3.Connection, requested_by: str, reason: str, now: float) -> Iterator[None]:
+    """The grant that lets the triggers allow changes, for the length of the block only."""
+    secure = int(conn.execute("PRAGMA secure_delete").fetchone()[0])
+    conn.execute("PRAGMA secure_delete = ON")  # freed space is zeroed, not left readable
+    conn.execute("PRAGMA defer_foreign_keys = ON")  # a chain of notes goes in any order
+    try:
+        conn.execute("DELETE FROM erasure_grant")
+        conn.execute(
+            "INSERT INTO erasure_grant (id, requested_by, reason, granted_at) VALUES (1, ?, ?, ?)",
+            (requested_by, reason, now),
+        )
+        yield
+        # no index segment may keep an erased word (FTS5 deletes are markers until merged)
+        conn.execute("INSERT INTO log_fts (log_fts) VALUES ('optimize')")
+        conn.execute("INSERT INTO note_fts (note_fts) VALUES ('optimize')")
+        conn.execute("DELETE FROM erasure_grant")
+    finally:
+        conn.execute(f"PRAGMA secure_delete = {secure}")
+        conn.execute("PRAGMA defer_foreign_keys = OFF")
+
+
+def checkpoint_after_erasure(store: MemoryStore) -> None:
+    """After the commit: move the WAL into the database and truncate it (old frames hold text)."""
+    busy, frames, done = store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy or frames != done:
+        log.warning("memory.erasure_checkpoint_incomplete", frames=frames, checkpointed=done)
+
+
+_TOMBSTONE = "SELECT id, ts, target_kind, target, log_rows, notes FROM erasure WHERE stream_id = ?"
+
+
+def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]:
+    return {
+        "erasure": int(raw[0]),
+        "ts": float(raw[1]),
+        "kind": str(raw[2]),
+        "target": str(raw[3]),
+        "log_rows": int(raw[4]),
+        "notes": int(raw[5]),
+        "replayed": replayed,
+    }
+
+
+def erase(
+    store: MemoryStore,
+    *,
+    kind: str,
+    target: str,
+    reason: str,
+    requested_by: str,
+    stream_id: str,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Apply an erasure (see the module docstring); idempotent on ``stream_id``."""
+    conn = store.conn
+    reason = reason.strip()
+    if not reason:
+        raise CommandError("an erasure needs a reason (it is kept in the tombstone)")
+    now = time.time() if now is None else now
+    with writing(store):
+        done = conn.execute(_TOMBSTONE, (stream_id,)).fetchone()
+        if done is not None:
+            return _tombstone_result(done, replayed=True)
+        plan = plan_erasure(conn, kind, target)
+        if plan.empty:
+            raise CommandError(f"nothing to erase for {kind} {target!r} (already erased?)")
+        with savepoint(conn, "erasure"), granted(conn, requested_by, reason, now):
+            cur = conn.execute(
+                "INSERT INTO erasure (ts, requested_by, reason, target_kind, target, log_rows, "
+                "notes, detail, stream_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    requested_by,
+                    reason,
+                    kind,
+                    plan.target,
+                    len(plan.log_ids),
+                    len(plan.note_ids),
+                    json.dumps(plan.detail(), separators=(",", ":")),
+                    stream_id,
+                ),
+            )
+            erasure_id = int(cur.lastrowid or 0)
+            remove(conn, erasure_id, plan.log_ids, plan.note_ids)
+        store.invalidate()  # the caches hold the old text
+        store.after_commit(lambda: checkpoint_after_erasure(store))
+        raw = conn.execute(_TOMBSTONE, (stream_id,)).fetchone()
+    log.info(
+        "memory.erased",
+        erasure=erasure_id,
+        kind=kind,
+        log_rows=len(plan.log_ids),
+        notes=len(plan.note_ids),
+    )
+    return _tombstone_result(raw, replayed=False)

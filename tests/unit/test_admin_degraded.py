@@ -1,0 +1,95 @@
+"""Owner commands in degraded mode (worker/turn.py): a command whose SQL fails is answered with
+a plain error instead of being retried into the dead-letter stream, and leaves nothing behind;
+without memory, commands say so."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memory import admin
+from memory.store import MemoryStore
+from relaybot.config import Config
+from relaybot.wire import InboundMessage, Kind, Privacy
+from worker.model import NoModel
+from worker.tools import default_tools
+from worker.turn import Turns
+
+
+def command(op: str, args: dict[str, object]) -> dict[str, str]:
+    return InboundMessage(
+        kind=Kind.COMMAND,
+        channel="cli",
+        session="cli:admin-1",
+        conversation="cli:admin-1",
+        sender="ada",
+        privacy=Privacy.OWNER,
+        text=f"/{op}",
+        ts=time.time(),
+        event_id="e1",
+        extra={"op": op, "args": args},
+    ).to_fields()
+
+
+ITEM = {
+    "line": 1,
+    "record": {
+        "type": "entity",
+        "id": "e-abcdef",
+        "kind": "person",
+        "name": "Bob",
+        "created_ts": 1.0,
+    },
+}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MemoryStore]:
+    with MemoryStore(tmp_path / "memory.sqlite3") as s:
+        yield s
+
+
+def turns(tmp_path: Path, store: MemoryStore | None) -> Turns:
+    return Turns(Config(home=tmp_path), store, NoModel(), default_tools())
+
+
+def test_a_command_whose_sql_fails_is_answered_and_changes_nothing(
+    tmp_path: Path, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_apply = admin.Importer.apply
+
+    def half_then_fail(self: admin.Importer, items: list[object]) -> admin.ImportResult:
+        real_apply(self, items)  # the entity is written ...
+        raise sqlite3.OperationalError("disk I/O error")  # ... then memory fails
+
+    monkeypatch.setattr(admin.Importer, "apply", half_then_fail)
+    t = turns(tmp_path, store)
+    with store.transaction():  # as the worker's batch
+        outcome = t.handle("5-0", command("memory.import", {"format": "relaybot", "items": [ITEM]}))
+    assert outcome.reply is not None and outcome.dead_reason is None
+    result = json.loads(outcome.reply.text)
+    assert not result["ok"] and "nothing was changed" in result["error"]
+    assert t.memory_failures == 1
+    assert store.conn.execute("SELECT count(*) FROM entity").fetchone() == (0,)
+
+    monkeypatch.setattr(admin.Importer, "apply", real_apply)
+    with store.transaction():
+        outcome = t.handle("6-0", command("memory.import", {"format": "relaybot", "items": [ITEM]}))
+    assert outcome.reply is not None
+    assert json.loads(outcome.reply.text)["added"] == {"entity": 1}
+
+
+def test_without_memory_commands_say_so(tmp_path: Path) -> None:
+    outcome = turns(tmp_path, None).handle(
+        "1-0", command("memory.erase", {"kind": "id", "target": "1", "reason": "x"})
+    )
+    assert outcome.reply is not None
+    assert json.loads(outcome.reply.text) == {
+        "ok": False,
+        "error": "memory is unavailable (see the worker log)",
+    }

@@ -1,0 +1,143 @@
+"""`relaybot onboard`: the questions, the TOML it writes, and that load_config accepts it."""
+
+from __future__ import annotations
+
+import io
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relaybot import cli
+from relaybot.config import load_config
+from relaybot.onboard import Asker, dumps, run_onboarding, write_atomic
+
+
+def asker(answers: list[str], said: list[str]) -> Asker:
+    feed: Iterator[str] = iter(answers)
+
+    def read(prompt: str) -> str:
+        said.append(prompt)
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    return Asker(read=read, secret=read, say=said.append)
+
+
+def test_dumps_writes_toml_that_reads_back_the_same() -> None:
+    data: dict[str, Any] = {
+        "top": "level",
+        "owner": {
+            "name": 'Ada "the Countess" \\ Lovelace\n\tç€😀\x01\x7f',
+            "aliases": ["plain", {"address": "@a:m.org", "channel": "matrix"}],
+        },
+        "model": {"timeout": 2.5, "retries": 3, "on": True, "off": False, "tags": []},
+        "roles": {"cli:work": {"role": "pm", "teams": ["core", "ops"]}, "odd key.x": {}},
+        "deep": {"a": {"b": {"c": 1}}},
+        "floats": {"inf": float("inf"), "ninf": float("-inf")},
+    }
+    text = dumps(data)
+    assert tomllib.loads(text) == data
+    assert '"odd key.x"' in text
+    assert "[deep.a.b]" in text and "[deep]" not in text  # implicit parents stay implicit
+
+
+def test_write_atomic_replaces_with_mode_0600_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "config.toml"
+    write_atomic(path, "a = 1\n")
+    write_atomic(path, "a = 2\n")
+    assert path.read_text() == "a = 2\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["config.toml"]
+
+
+@pytest.fixture
+def cfg(home: Path) -> Any:
+    return load_config(home, env={})
+
+
+def test_onboarding_asks_and_writes_a_config_load_config_accepts(cfg: Any, home: Path) -> None:
+    said: list[str] = []
+    answers = [
+        "",  # name is required: asked again
+        "Ada",
+        "ada",  # terminal user (this test's user may differ: a note is shown then)
+        "ada@example.org",  # not a Matrix id: asked again
+        "@ada:example.org",
+        "",  # no e-mail
+        "localhost:11434",  # not a URL: asked again
+        "http://127.0.0.1:8080/v1",
+        "",  # model name is required
+        "llama3",
+        "",  # no API key
+    ]
+    assert run_onboarding(cfg, asker=asker(answers, said)) == 0
+    written = load_config(home, env={})
+    assert written.owner.name == "Ada"
+    aliases = [(a.channel, a.address) for a in written.owner.aliases]  # type: ignore[union-attr]
+    assert aliases == [("cli", "ada"), ("matrix", "@ada:example.org")]
+    assert written.model.base_url == "http://127.0.0.1:8080/v1"
+    assert written.model.model == "llama3"
+    assert written.model.api_key is None
+    text = "\n".join(said)
+    assert "an answer is needed" in text
+    assert "not a Matrix user id" in text
+    assert "not an http(s) URL" in text
+    assert (home / "config.toml").read_text().startswith("# relaybot configuration")
+
+
+def test_no_model_answers_leave_the_model_unset_and_say_how(cfg: Any, home: Path) -> None:
+    said: list[str] = []
+    assert run_onboarding(cfg, asker=asker(["Ada", "", "", "", ""], said)) == 0
+    written = load_config(home, env={})
+    assert written.owner.aliases == []
+    assert not written.model.configured
+    assert any("No model yet" in s for s in said)
+
+
+def test_an_existing_config_is_kept_unless_forced_and_then_merged(
+    cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "config.toml").write_text(
+        '[owner]\nname = "Old"\n\n[model]\ntimeout = 5.0\nmodel = "old"\n\n'
+        '[redis]\nprefix = "mine:"\n\n[roles]\n"cli:work" = "architect"\n'
+    )
+    assert run_onboarding(cfg, asker=asker(["Ada"], [])) == 1
+    assert "--force" in capsys.readouterr().err
+    answers = ["Ada", "", "", "", "http://h:1/v1", "new", "key"]
+    assert run_onboarding(cfg, force=True, asker=asker(answers, [])) == 0
+    written = load_config(home, env={})
+    assert written.owner.name == "Ada"
+    assert written.redis.prefix == "mine:"
+    assert written.roles["cli:work"].role == "architect"
+    assert (written.model.model, written.model.timeout) == ("new", 5.0)
+    assert written.model.base_url == "http://h:1/v1"
+
+
+def test_running_out_of_answers_cancels_and_writes_nothing(
+    cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_onboarding(cfg, asker=asker(["Ada", ""], [])) == 1
+    assert "cancelled" in capsys.readouterr().err
+    assert not (home / "config.toml").exists()
+    # five wrong answers in a row also end it
+    bad = ["Ada", "", *["nope"] * 5]
+    assert run_onboarding(cfg, asker=asker(bad, [])) == 1
+    assert not (home / "config.toml").exists()
+
+
+def test_the_command_reads_its_answers_from_stdin(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("relaybot.logs.configure", lambda *_a, **_k: None)  # keep test logging
+    monkeypatch.setattr("sys.stdin", io.StringIO("Ada\n\n\nada@example.org\n\n"))
+    assert cli.main(["onboard"]) == 0
+    assert "Wrote" in capsys.readouterr().out
+    written = load_config(home, env={})
+    assert [(a.channel, a.address) for a in written.owner.aliases] == [  # type: ignore[union-attr]
+        ("email", "ada@example.org")
+    ]
