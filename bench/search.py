@@ -17,7 +17,7 @@ conversations as in bench/context.py) and written with the store's own INSERT in
 that ``MemoryStore`` created, so the FTS5 index is built by the schema's triggers as the worker
 builds it; databases and JSONL files are cached under bench/out/search/.
 
-    .venv/bin/python -m bench.search            # 10k, 100k, 1M (first run generates ~3 min)
+    .venv/bin/python -m bench.search            # 10k, 100k, 1M (the first run generates ~1.5 min)
     .venv/bin/python -m bench.search --quick    # 10k and 100k, fewer repetitions
 """
 

@@ -2,8 +2,8 @@
 
 The log's full-text index is ``log_fts`` (memory/schema.py, migration 3: FTS5, porter stemming,
 external content). A search never scans the log: every row it reads is found through that index,
-the primary key or the ``(conversation, id)`` index, so its cost follows what matches, not the
-size of the history.
+the primary key or the ``(conversation, id)`` / ``(entity, id)`` indexes, so its cost follows what
+matches, not the size of the history (bench/search.py: p95 7 ms at 1M messages for the owner).
 
 **The query.** The user's (or the model's) text is never handed to FTS5 as syntax. It is cut into
 words (letters and digits), quoted ``"phrases"`` and ``word*`` prefixes; every piece is re-quoted,
@@ -34,11 +34,19 @@ against 55% for plain BM25. Deterministic: no model, no download, ties broken by
 **Privacy.** Every query carries the predicate of :func:`memory.privacy.log_visibility_sql` for
 the caller's scope (one place: :func:`_visibility`), and so do the context lines either side of a
 hit: a line the scope may not see is left out, not replaced. A scope that sees nothing gets
-nothing, without a query.
+nothing, without a query. (Ranking statistics -- BM25's, and which words are names -- are those of
+the whole memory: they order what a scope is shown, never add to it.)
 
-**Bounded.** At most :data:`MAX_LIMIT` hits; :func:`format_hits` cuts each message and the whole
-text to a character budget and says what it cut. A row that cannot be decoded is skipped and
-counted (:attr:`SearchResult.corrupt`), never fatal.
+**Cost.** With no filter (the owner) the index alone answers. A scope's conversation and person
+are tested against the list of their ids, read once on their indexes and kept per store (brought
+up to date with what was appended since), not row by row; a channel or sender filter for the
+owner reads each match's row. Either way one search examines a bounded number of matches
+(:data:`EXAMINE_IDS`, :data:`EXAMINE_ROWS`): a word in a large part of a huge history is then
+searched in its newest matches, and the result says so.
+
+**Bounded output.** At most :data:`MAX_LIMIT` hits; :func:`format_hits` cuts each message and
+the whole text to a character budget and says what it cut. A row that cannot be decoded is
+skipped and counted (:attr:`SearchResult.corrupt`), never fatal.
 """
 
 from __future__ import annotations
@@ -277,6 +285,7 @@ def _first_id_recorded_since(conn: sqlite3.Connection, ts: float) -> int:
 _KEEP = "relaybot_search_keep"  # SQL functions of a search: an id in the filter's id set?
 _TICK = "relaybot_search_tick"  # ... one more match examined
 _SET_CACHE = 8  # scopes whose id sets a store keeps
+_REVISIT = 1024  # ids below the last known top that are read again when a set is brought up to date
 
 
 @dataclass
@@ -299,9 +308,9 @@ def _ids_passing(store: MemoryStore, sql: str, params: tuple[Any, ...]) -> set[i
     """Every id of the log that passes ``sql`` (served by an index: a conversation, a person).
 
     Kept per store and brought up to date with the rows appended since (the log only grows; an
-    erased row's id may stay in the set, harmless: the index no longer holds it, and every row
-    read is checked against the whole filter again). A conversation's messages are read once,
-    not at every search.
+    erased row's id, or one a rolled-back transaction held, may stay in the set, harmless: every
+    row a search reads is checked against the whole filter again). A conversation's ids are read
+    once, not at every search.
     """
     conn = store.conn
     top = int(conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()[0])
@@ -312,9 +321,10 @@ def _ids_passing(store: MemoryStore, sql: str, params: tuple[Any, ...]) -> set[i
         rows = conn.execute(f"SELECT id FROM log WHERE id <= ? AND {sql}", (top, *params))  # noqa: S608
         entry = _IdSet({int(i) for (i,) in rows}, top)
     elif entry.top < top:
+        # from a little below: ids of rows a rolled-back transaction held may have been reused
         rows = conn.execute(
             f"SELECT id FROM log WHERE id > ? AND id <= ? AND {sql}",  # noqa: S608
-            (entry.top, top, *params),
+            (entry.top - _REVISIT, top, *params),
         )
         entry.ids.update(int(i) for (i,) in rows)
         entry.top = top
