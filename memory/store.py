@@ -256,6 +256,8 @@ class MemoryStore:
         self._cache_lo = 0
         # Per conversation (LRU): every valid row of it with id >= lo is in rows (lo 0: all).
         self._convs: OrderedDict[str, _ConvCache] = OrderedDict()
+        # Per sender entity (LRU), its inbound rows: what a direct scope sees from elsewhere.
+        self._ents: OrderedDict[str, _ConvCache] = OrderedDict()
         self._conv_rows = conversation_rows if not readonly else 0
         self._conv_max = conversations
         if not readonly and cache_rows > 0:
@@ -308,6 +310,7 @@ class MemoryStore:
         if self._cache is None:
             return
         self._convs.clear()
+        self._ents.clear()
         try:
             self._load_cache(self._cache.maxlen or 0)
         except sqlite3.Error:
@@ -470,6 +473,13 @@ class MemoryStore:
                 entry = convs.get(row.conversation)
                 if entry is not None:
                     entry.add(row)
+        ents = self._ents
+        if ents:
+            for row in rows:
+                if row.direction == "in" and row.entity is not None:
+                    found = ents.get(row.entity)
+                    if found is not None:
+                        found.add(row)
         cache = self._cache
         if cache is None or not rows:
             return
@@ -586,9 +596,26 @@ class MemoryStore:
         self, entity: str, limit: int, *, before_id: int | None = None
     ) -> list[LogRow]:
         """Up to ``limit`` inbound rows sent by ``entity`` (any conversation), newest first, below
-        ``before_id``; read on the ``(entity, id)`` index. For memory.privacy, not for display."""
+        ``before_id``; from the entity's cache, else on the ``(entity, id)`` index. For
+        memory.privacy, not for display."""
         out: list[LogRow] = []
         bound = (1 << 62) if before_id is None else before_id
+        if self._conv_rows > 0 and not self._changed_in_tx:
+            entry = self._ents.get(entity)
+            if entry is None:
+                entry = self._load_entity(entity)
+            else:
+                self._ents.move_to_end(entity)
+            pending = [r for r in self._pending if r.direction == "in" and r.entity == entity]
+            for row in chain(reversed(pending), reversed(entry.rows)):
+                if row.id >= bound:
+                    continue
+                out.append(row)
+                if len(out) == limit:
+                    return out
+            if entry.lo == 0:
+                return out  # the cache holds all of the entity's rows
+            bound = min(bound, entry.lo)
         while len(out) < limit:
             want = limit - len(out)
             raw = self._conn.execute(_RECENT_ENTITY, (entity, bound, want)).fetchall()
@@ -600,6 +627,18 @@ class MemoryStore:
                 break
             bound = int(raw[-1][0])  # corrupt rows were skipped: read on past them
         return out
+
+    def _load_entity(self, entity: str) -> _ConvCache:
+        # committed rows only (see _load_conversation); pending ones join the cache on commit
+        size = self._conv_rows
+        below = self._pending[0].id if self._pending else (1 << 62)
+        raw = self._conn.execute(_RECENT_ENTITY, (entity, below, size)).fetchall()
+        rows = [row for r in reversed(raw) if (row := self._convert(r)) is not None]
+        entry = _ConvCache(deque(rows, maxlen=size), 0 if len(raw) < size else int(raw[-1][0]))
+        self._ents[entity] = entry
+        if len(self._ents) > self._conv_max:
+            self._ents.popitem(last=False)
+        return entry
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -631,6 +670,7 @@ class MemoryStore:
         caches. Reads go to SQL (which sees the open transaction's changes) until the first read
         after the transaction, which reads the recent-rows cache again."""
         self._convs.clear()
+        self._ents.clear()
         self._changed_in_tx = self._in_tx
         if self._pending:
             fresh = {}
@@ -662,6 +702,7 @@ class MemoryStore:
         if self._changed_in_tx:  # conversation caches read inside it may hold rolled-back rows
             self._changed_in_tx = False
             self._convs.clear()
+            self._ents.clear()
         if committed:
             for callback in after:
                 self._run_callback(callback)

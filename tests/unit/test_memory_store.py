@@ -539,3 +539,43 @@ def test_conversation_cache_always_agrees_with_sql(db_path: Path) -> None:
                 reader.close()
     finally:
         writer.close()
+
+
+def test_entity_cache_always_agrees_with_sql(db_path: Path) -> None:
+    """The per-sender cache (direct scopes see what that person said elsewhere) equals SQL."""
+    import random
+
+    rng = random.Random(11)
+    people = [f"e-{k}" for k in range(9)]
+    writer = MemoryStore(db_path, cache_rows=16, conversation_rows=8, conversations=4)
+    n = 0
+    try:
+        for _batch in range(50):
+            try:
+                with writer.transaction():
+                    for _ in range(rng.randint(1, 10)):
+                        who = rng.choice(people)
+                        msg = inbound(n, conversation=f"room-{rng.randint(0, 5)}", sender=who,
+                                      privacy=Privacy.GROUP)  # fmt: skip
+                        writer.append_inbound(msg, sid(n), is_owner=False, entity=who)
+                        if rng.random() < 0.3:
+                            writer.append_reply(reply_to(sid(n)), sender="relaybot",
+                                                privacy=Privacy.GROUP)  # fmt: skip
+                        n += 1
+                        writer.recent_of_entity(rng.choice(people), rng.randint(1, 20))
+                    if rng.random() < 0.2:
+                        raise RuntimeError("roll back this batch")
+            except RuntimeError:
+                pass
+            reader = MemoryStore(db_path, readonly=True)
+            try:
+                for who in people:
+                    for limit in (1, 5, 30):
+                        before = rng.choice([None, rng.randint(1, max(2, 2 * n))])
+                        got = writer.recent_of_entity(who, limit, before_id=before)
+                        want = reader.recent_of_entity(who, limit, before_id=before)
+                        assert [r.id for r in got] == [r.id for r in want], (who, limit, before)
+            finally:
+                reader.close()
+    finally:
+        writer.close()
