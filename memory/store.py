@@ -619,10 +619,7 @@ class MemoryStore:
         while len(out) < limit:
             want = limit - len(out)
             raw = self._conn.execute(_RECENT_ENTITY, (entity, bound, want)).fetchall()
-            for r in raw:
-                row = self._convert(r)
-                if row is not None:
-                    out.append(row)
+            out += [got for r in raw if (got := self._convert(r)) is not None]
             if len(raw) < want:
                 break
             bound = int(raw[-1][0])  # corrupt rows were skipped: read on past them

@@ -45,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         help="exit (code 3) instead of waiting when another worker holds the lease",
     )
     sub.add_parser("jobs", help="run an rq worker for background jobs")
+    gateway = sub.add_parser("gateway", help="run one channel's gateway (matrix, email)")
+    gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
     sub.add_parser("redis", help="run the embedded Redis in the foreground (for the Procfile)")
 
     status = sub.add_parser("status", help="stream, pending, dead letters, queues, heartbeats")
@@ -52,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
 
     cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
     cli.add_argument("args", nargs=argparse.REMAINDER)
+
+    gateway_sub.add_parser("matrix", help="the Matrix gateway ([matrix] in the config)")
+    gateway_sub.choices["matrix"].set_defaults(func=_run_matrix_gateway)
+    gateway_sub.add_parser("email", help="the e-mail gateway ([email] in the config)")
+    gateway_sub.choices["email"].set_defaults(func=_run_email_gateway)
 
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
     from relaybot import cli_entities, cli_memory, cli_notes, cli_search
@@ -70,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    interactive = args.command not in ("worker", "jobs", "redis")
+    interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
     try:
@@ -118,6 +125,18 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     if args.command == "redis-cli":
         return _exec_redis_cli(cfg, args.args)
     raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _run_matrix_gateway(args: argparse.Namespace, cfg: Config) -> int:
+    from gateways.matrix import run_matrix
+
+    return run_matrix(cfg, _wait_for_redis(cfg))
+
+
+def _run_email_gateway(args: argparse.Namespace, cfg: Config) -> int:
+    from gateways.email import run_email
+
+    return run_email(cfg, _wait_for_redis(cfg))
 
 
 def _wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:

@@ -102,6 +102,79 @@ class ConversationRole(_Section):
     teams: list[Annotated[str, Field(pattern=ROLE_NAME)]] = Field(default_factory=list)
 
 
+class MatrixRoom(_Section):
+    """``[matrix.rooms."!id:server"]``: how one group room is answered."""
+
+    policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
+    allowlist: list[str] = Field(default_factory=list)
+
+
+class MatrixConfig(_Section):
+    """``[matrix]``: the Matrix gateway. Without ``homeserver`` and ``user_id`` it is off."""
+
+    homeserver: str | None = None
+    user_id: str | None = None
+    access_token: SecretStr | None = None
+    password: SecretStr | None = None
+    device_id: str | None = None
+    device_name: str = "relaybot"
+    store_path: Path | None = None  # default: $RELAYBOT_HOME/matrix (crypto store, device id)
+    owners: list[str] = Field(default_factory=list)  # plus owner aliases that look like @u:hs
+    allowlist: list[str] = Field(default_factory=list)  # DMs and invites, besides the owner
+    group_policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
+    group_allowlist: list[str] = Field(default_factory=list)
+    rooms: dict[str, MatrixRoom] = Field(default_factory=dict)
+    typing: bool = True
+    sync_timeout: float = Field(default=30.0, gt=0)  # seconds a /sync long-poll waits
+    timeline_limit: int = Field(default=100, ge=1, le=1000)  # events per room per sync
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.homeserver and self.user_id)
+
+
+class EmailConfig(_Section):
+    """``[email]``: the e-mail gateway. Without ``imap_host`` it is off (the process idles).
+
+    TLS modes: ``tls`` (implicit TLS, ports 993/465), ``starttls`` (143/587) or ``plain`` (only
+    to a loopback address: tests and local relays). Certificates are always checked; ``ca_file``
+    adds a CA (a self-hosted server's). The owner's addresses come from ``owner.aliases``
+    (scoped to ``email``, or unscoped ones that look like e-mail addresses).
+    """
+
+    imap_host: str | None = None
+    imap_port: int | None = Field(default=None, ge=1, le=65535)  # default from the TLS mode
+    imap_tls: str = Field(default="tls", pattern="^(tls|starttls|plain)$")
+    imap_user: str | None = None
+    imap_password: SecretStr | None = None
+    folder: str = "INBOX"
+    smtp_host: str | None = None
+    smtp_port: int | None = Field(default=None, ge=1, le=65535)
+    smtp_tls: str = Field(default="starttls", pattern="^(tls|starttls|plain)$")
+    smtp_user: str | None = None
+    smtp_password: SecretStr | None = None
+    ca_file: Path | None = None
+    addresses: list[str] = Field(default_factory=list)  # relaybot's own; the first one sends
+    allowlist: list[str] = Field(default_factory=list)  # "a@b.org" or "@b.org"; "*" for anyone
+    idle: bool = True  # use IMAP IDLE when the server has it; false: always poll
+    poll_interval: float = Field(default=60.0, gt=0)  # without IDLE
+    idle_renew: float = Field(default=25 * 60.0, gt=0)  # re-issue IDLE before servers drop it
+    rate_window: float = Field(default=3600.0, gt=0)
+    rate_per_thread: int = Field(default=10, ge=1)  # messages answered per thread per window
+    rate_per_sender: int = Field(default=30, ge=1)  # and per sender
+
+    @field_validator("addresses", "allowlist", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.imap_host)
+
+
 class Config(_Section):
     home: Path
     owner: OwnerConfig = Field(default_factory=OwnerConfig)
@@ -111,6 +184,8 @@ class Config(_Section):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
+    email: EmailConfig = Field(default_factory=EmailConfig)
+    matrix: MatrixConfig = Field(default_factory=MatrixConfig)
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -175,6 +250,27 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_MEMORY_PATH", "memory", "path"),
     ("RELAYBOT_MEMORY_SYNCHRONOUS", "memory", "synchronous"),
     ("RELAYBOT_WORKSPACE", "memory", "workspace"),
+    ("RELAYBOT_EMAIL_IMAP_HOST", "email", "imap_host"),
+    ("RELAYBOT_EMAIL_IMAP_PORT", "email", "imap_port"),
+    ("RELAYBOT_EMAIL_IMAP_TLS", "email", "imap_tls"),
+    ("RELAYBOT_EMAIL_IMAP_USER", "email", "imap_user"),
+    ("RELAYBOT_EMAIL_IMAP_PASSWORD", "email", "imap_password"),
+    ("RELAYBOT_EMAIL_FOLDER", "email", "folder"),
+    ("RELAYBOT_EMAIL_SMTP_HOST", "email", "smtp_host"),
+    ("RELAYBOT_EMAIL_SMTP_PORT", "email", "smtp_port"),
+    ("RELAYBOT_EMAIL_SMTP_TLS", "email", "smtp_tls"),
+    ("RELAYBOT_EMAIL_SMTP_USER", "email", "smtp_user"),
+    ("RELAYBOT_EMAIL_SMTP_PASSWORD", "email", "smtp_password"),
+    ("RELAYBOT_EMAIL_CA_FILE", "email", "ca_file"),
+    ("RELAYBOT_EMAIL_ADDRESSES", "email", "addresses"),
+    ("RELAYBOT_EMAIL_ALLOWLIST", "email", "allowlist"),
+    ("RELAYBOT_EMAIL_POLL_INTERVAL", "email", "poll_interval"),
+    ("RELAYBOT_MATRIX_HOMESERVER", "matrix", "homeserver"),
+    ("RELAYBOT_MATRIX_USER_ID", "matrix", "user_id"),
+    ("RELAYBOT_MATRIX_ACCESS_TOKEN", "matrix", "access_token"),
+    ("RELAYBOT_MATRIX_PASSWORD", "matrix", "password"),
+    ("RELAYBOT_MATRIX_DEVICE_ID", "matrix", "device_id"),
+    ("RELAYBOT_MATRIX_STORE_PATH", "matrix", "store_path"),
 )
 
 

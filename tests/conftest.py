@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from tests.support.servers import RedisServer
+from tests.support.synapse import SynapseServer
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +42,11 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     h.mkdir()
     monkeypatch.setenv("RELAYBOT_HOME", str(h))
     return h
+
+
+@pytest.fixture(scope="session")
+def synapse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SynapseServer]:
+    """A real Synapse homeserver on 127.0.0.1 (started once, ~2 s), for the Matrix tests."""
+    server = SynapseServer(tmp_path_factory.mktemp("synapse")).start()
+    yield server
+    server.stop()
