@@ -1,0 +1,364 @@
+"""E-mail in, normalized message out: pure functions, no I/O.
+
+``parse_email(raw, policy, received_at)`` turns the bytes of one message into an ``Accepted``
+(the ``InboundMessage`` to XADD plus the headers a reply needs) or a ``Rejected`` with the
+reason. Nothing here raises on bad mail: unknown or lying charsets are decoded with
+replacement characters, HTML-only bodies become text, huge bodies are truncated with a note and
+attachments are described (name, type, size) instead of included.
+
+Threads: the session and conversation are ``email:<thread id>``, where the thread id is the root
+Message-ID of ``References`` (else ``In-Reply-To``, else the message's own Message-ID).
+Privacy: the people in the thread other than relaybot — all of them the owner: ``owner``; one
+other person: ``direct``; more: ``group``.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import email.utils
+import hashlib
+import re
+from dataclasses import dataclass, field
+from email.message import EmailMessage, Message
+from html.parser import HTMLParser
+from typing import Any, ClassVar
+
+from relaybot.wire import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
+
+CHANNEL = "email"
+MAX_BODY_CHARS = 20_000
+SENT_ID_PREFIX = "relaybot."  # every Message-ID relaybot sends starts with this (email_compose)
+_ID_CHARS = re.compile(r"^[A-Za-z0-9_.:@+=/!#$-]{1,150}$")
+_MSGID = re.compile(r"<([^<>\s]+)>")
+_ROBOT_LOCALPARTS = ("mailer-daemon", "postmaster")
+_BULK = {"bulk", "list", "junk"}
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Who is who, by lowercased address."""
+
+    own: frozenset[str]  # relaybot's own addresses
+    owner: frozenset[str]  # the owner's addresses (always allowed)
+    allow: frozenset[str] = frozenset()  # other senders answered: "a@b.org" or "@b.org"
+    allow_all: bool = False
+
+    def allowed(self, sender: str) -> bool:
+        domain = "@" + sender.rsplit("@", 1)[-1]
+        known = sender in self.owner or sender in self.allow
+        return self.allow_all or known or domain in self.allow
+
+
+@dataclass(frozen=True)
+class Headers:
+    """What a reply needs from the message it answers."""
+
+    message_id: str  # with angle brackets
+    references: list[str]  # with angle brackets, oldest first
+    subject: str
+    sender: str  # the address replies go to (Reply-To, else From)
+    to: list[str]
+    cc: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "references": self.references,
+            "subject": self.subject,
+            "sender": self.sender,
+            "to": self.to,
+            "cc": self.cc,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Headers:
+        return cls(
+            message_id=str(data["message_id"]),
+            references=[str(x) for x in data.get("references", [])],
+            subject=str(data.get("subject", "")),
+            sender=str(data["sender"]),
+            to=[str(x) for x in data.get("to", [])],
+            cc=[str(x) for x in data.get("cc", [])],
+        )
+
+
+@dataclass(frozen=True)
+class Accepted:
+    message: InboundMessage
+    headers: Headers
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str
+    message_id: str = ""
+    sender: str = ""
+    dead: bool = False  # True: the message could not be parsed at all (dead-letter it)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_email(raw: bytes, addrs: Addresses, received_at: float) -> Accepted | Rejected:
+    """One raw message as a normalized inbound message, or the reason it is not answered."""
+    if not raw or not raw.strip():
+        return Rejected("empty message", dead=True)
+    try:
+        msg = email.message_from_bytes(raw, policy=email.policy.default)
+    except Exception as exc:  # any parser failure is a dead letter, not a crash
+        return Rejected(f"unparseable: {type(exc).__name__}: {exc}", dead=True)
+    try:
+        return _parse(msg, addrs, received_at)
+    except Exception as exc:  # bad mail never stops the loop
+        return Rejected(f"unparseable: {type(exc).__name__}: {exc}", dead=True)
+
+
+def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted | Rejected:
+    message_id = _first_id(_header(msg, "Message-ID"))
+    from_name, sender = _first_address(_header(msg, "From"))
+    if not sender:
+        return Rejected("no From address", message_id=message_id, dead=True)
+    guard = loop_guard(msg, sender, message_id, addrs)
+    if guard:
+        return Rejected(guard, message_id=message_id, sender=sender)
+    if not addrs.allowed(sender):
+        return Rejected("sender not on the allowlist", message_id=message_id, sender=sender)
+    if not message_id:
+        digest = hashlib.sha256(bytes(msg.as_bytes(policy=email.policy.SMTP))).hexdigest()[:32]
+        message_id = f"<{digest}@no-message-id.invalid>"
+    references = _ids(_header(msg, "References"))
+    in_reply_to = _ids(_header(msg, "In-Reply-To"))
+    if not references and in_reply_to:
+        references = in_reply_to[:1]
+    root = references[0] if references else message_id
+    thread = f"email:{thread_key(root)}"
+    _reply_name, reply_to = _first_address(_header(msg, "Reply-To"))
+    to = _addresses(_header(msg, "To"))
+    cc = _addresses(_header(msg, "Cc"))
+    subject = _clean(_header(msg, "Subject"))[:500]
+    body, attachments = extract_body(msg)
+    text = f"Subject: {subject}\n\n{body}" if subject else body
+    if attachments:
+        described = "\n".join(
+            f"- {a['name']} ({a['type']}, {a['size']} bytes)" for a in attachments
+        )
+        text += f"\n\n[attachments, not included:\n{described}]"
+    if len(text) > MAX_TEXT_CHARS:
+        note = "\n[truncated by relaybot]"
+        text = text[: MAX_TEXT_CHARS - len(note)] + note
+    people = {a for a in [sender, *to, *cc] if a not in addrs.own}
+    others = people - addrs.owner
+    privacy = Privacy.OWNER if not others else Privacy.DIRECT if len(others) == 1 else Privacy.GROUP
+    headers = Headers(
+        message_id=message_id,
+        references=references,
+        subject=subject,
+        sender=reply_to or sender,
+        to=to,
+        cc=cc,
+    )
+    inbound = InboundMessage(
+        kind=Kind.MESSAGE,
+        channel=CHANNEL,
+        session=thread,
+        conversation=thread,
+        sender=sender[:320],
+        sender_name=(from_name or sender)[:320],
+        privacy=privacy,
+        text=text,
+        ts=_date(msg, received_at),
+        event_id=message_id[:1000],
+        extra={
+            "subject": subject,
+            "to": to,
+            "cc": cc,
+            "thread": root,
+            "attachments": attachments,
+        },
+    )
+    return Accepted(inbound, headers)
+
+
+def loop_guard(msg: Message, sender: str, message_id: str, addrs: Addresses) -> str:
+    """Why this message must not be answered (empty string: it may be)."""
+    auto = _header(msg, "Auto-Submitted").strip().lower()
+    if auto and auto.split(";")[0].strip() != "no":
+        return f"Auto-Submitted: {auto[:40]}"
+    precedence = _header(msg, "Precedence").strip().lower()
+    if precedence in _BULK:
+        return f"Precedence: {precedence}"
+    if _header(msg, "List-Id") or _header(msg, "List-Unsubscribe"):
+        return "mailing list (List-Id)"
+    if sender.split("@", 1)[0] in _ROBOT_LOCALPARTS:
+        return f"from {sender.split('@', 1)[0]}"
+    if sender in addrs.own:
+        return "from relaybot's own address"
+    if message_id.strip("<>").startswith(SENT_ID_PREFIX):
+        return "a message relaybot sent"
+    return ""
+
+
+def thread_key(message_id: str) -> str:
+    """A routing-key-safe form of a Message-ID: itself when it can be, else a digest."""
+    bare = message_id.strip().strip("<>")
+    if _ID_CHARS.match(bare) and bare[0].isalnum():
+        return bare
+    return "h" + hashlib.sha256(bare.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def extract_body(msg: Message) -> tuple[str, list[dict[str, Any]]]:
+    """The text of a message (plain preferred, else HTML as text) and its attachments."""
+    plain: list[str] = []
+    html: list[str] = []
+    attachments: list[dict[str, Any]] = []
+    parts = list(msg.walk()) if msg.is_multipart() else [msg]
+    for part in parts[:500]:
+        if part.is_multipart():
+            continue
+        ctype = part.get_content_type()
+        disposition = (part.get_content_disposition() or "").lower()
+        filename = _filename(part)
+        if ctype.startswith("multipart/"):  # a multipart without a usable boundary: its text
+            ctype = "text/plain"
+        if disposition == "attachment" or filename or not ctype.startswith("text/"):
+            payload = _payload(part)
+            attachments.append(
+                {"name": (filename or "(unnamed)")[:200], "type": ctype, "size": len(payload)}
+            )
+            continue
+        text = decode_text(_payload(part), part.get_content_charset())
+        if ctype == "text/html":
+            html.append(html_to_text(text))
+        else:
+            plain.append(text)
+    body = "\n\n".join(p.strip() for p in (plain or html) if p.strip())
+    body = body.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+    if len(body) > MAX_BODY_CHARS:
+        body = (
+            body[:MAX_BODY_CHARS]
+            + f"\n[truncated by relaybot: the body had {len(body)} characters]"
+        )
+    return body, attachments[:50]
+
+
+def decode_text(data: bytes, charset: str | None) -> str:
+    """Decode with the declared charset; an unknown or lying one falls back, never raises."""
+    for candidate in (charset, "utf-8"):
+        if not candidate:
+            continue
+        try:
+            return data.decode(candidate)
+        except (LookupError, UnicodeDecodeError, ValueError):
+            continue
+    return data.decode("utf-8", errors="replace")
+
+
+class _Text(HTMLParser):
+    _BLOCK: ClassVar[frozenset[str]] = frozenset(
+        {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote"}
+    )
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.out: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style", "head"):
+            self._skip += 1
+        elif tag in self._BLOCK:
+            self.out.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style", "head") and self._skip:
+            self._skip -= 1
+        elif tag in self._BLOCK:
+            self.out.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.out.append(data)
+
+
+def html_to_text(html: str) -> str:
+    parser = _Text()
+    try:
+        parser.feed(html)
+        parser.close()
+    except Exception:  # noqa: S110 - broken HTML: keep what was read
+        pass
+    text = "".join(parser.out)
+    text = re.sub(r"[ \t\r\f\v]+", " ", text)
+    return re.sub(r"\n\s*\n+", "\n\n", text).strip()
+
+
+def _payload(part: Message) -> bytes:
+    try:
+        data = part.get_payload(decode=True)
+    except Exception:  # broken transfer encoding
+        data = None
+    if isinstance(data, bytes):
+        return data
+    raw = part.get_payload()
+    return raw.encode("utf-8", "replace") if isinstance(raw, str) else b""
+
+
+def _filename(part: Message) -> str:
+    try:
+        return _clean(part.get_filename() or "")
+    except Exception:  # a broken RFC 2231 parameter
+        return "(unreadable name)"
+
+
+def _header(msg: Message, name: str) -> str:
+    try:
+        value = msg.get(name)
+    except Exception:  # a header the policy cannot parse
+        value = None
+        for key, raw in msg.raw_items():
+            if key.lower() == name.lower():
+                value = raw
+                break
+    return "" if value is None else str(value)
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.replace("\x00", "").split())
+
+
+def _ids(value: str) -> list[str]:
+    found = [f"<{m}>" for m in _MSGID.findall(value)]
+    return found[-50:] if len(found) <= 50 else [found[0], *found[-49:]]
+
+
+def _first_id(value: str) -> str:
+    ids = _MSGID.findall(value)
+    if ids:
+        return f"<{ids[0][:900]}>"
+    bare = value.strip()
+    return f"<{bare[:900]}>" if bare and " " not in bare else ""
+
+
+def _addresses(value: str) -> list[str]:
+    out: list[str] = []
+    for _name, raw in email.utils.getaddresses([value]):
+        addr = raw.strip().lower()
+        if "@" in addr and addr not in out:
+            out.append(addr)
+    return out[:100]
+
+
+def _first_address(value: str) -> tuple[str, str]:
+    for name, raw in email.utils.getaddresses([value]):
+        addr = raw.strip().lower()
+        if "@" in addr:
+            return _clean(name), addr
+    return "", ""
+
+
+def _date(msg: Message, fallback: float) -> float:
+    try:
+        when = email.utils.parsedate_to_datetime(_header(msg, "Date"))
+        ts = when.timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return fallback
+    return ts if ts > 0 else fallback

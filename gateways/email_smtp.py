@@ -1,0 +1,109 @@
+"""Sending replies over SMTP, and the TLS settings both protocols share.
+
+``tls_context`` checks certificates (and host names) always; ``ca_file`` adds a CA. Plain
+connections are refused except to a loopback address. A reply is sent from its session's reply
+queue through ``gateways.deliver`` (once): a failure before the message was handed over (the
+connection, TLS, login) puts it back for a retry; a failure after that is not retried, because
+the mail may have gone out.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import time
+from pathlib import Path
+
+import aiosmtplib
+import structlog
+
+from gateways.email_compose import compose_reply
+from gateways.email_parse import Headers
+from relaybot.config import EmailConfig
+from relaybot.wire import Reply
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_PORTS = {"imap": {"tls": 993, "starttls": 143, "plain": 143},
+                 "smtp": {"tls": 465, "starttls": 587, "plain": 25}}  # fmt: skip
+
+
+class FatalMailError(RuntimeError):
+    """The configuration cannot work (a refused login, plain text to a remote host)."""
+
+
+class NotSent(RuntimeError):
+    """The reply was certainly not handed to the server: it may be retried."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plain(mode: str, host: str, what: str) -> None:
+    if mode == "plain" and not is_loopback(host):
+        raise FatalMailError(
+            f"[email] {what}_tls = 'plain' is only allowed to a loopback address, not {host!r}: "
+            "use 'tls' or 'starttls'"
+        )
+
+
+def tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    if ca_file is not None:
+        ctx.load_verify_locations(cafile=str(ca_file))
+    return ctx
+
+
+def port_of(cfg: EmailConfig, what: str) -> int:
+    port = cfg.imap_port if what == "imap" else cfg.smtp_port
+    mode = cfg.imap_tls if what == "imap" else cfg.smtp_tls
+    return port or DEFAULT_PORTS[what][mode]
+
+
+class SmtpSender:
+    def __init__(self, cfg: EmailConfig) -> None:
+        self.cfg = cfg
+        self.host = cfg.smtp_host or cfg.imap_host or "localhost"
+        check_plain(cfg.smtp_tls, self.host, "smtp")
+        self.port = port_of(cfg, "smtp")
+        self.sender = cfg.addresses[0] if cfg.addresses else (cfg.smtp_user or "")
+        if "@" not in self.sender:
+            raise FatalMailError("[email] addresses: relaybot's own address is not set")
+        self.own = frozenset(a.lower() for a in cfg.addresses)
+
+    async def send(self, reply: Reply, original: Headers) -> None:
+        msg = compose_reply(reply, original, sender=self.sender, own=self.own, now=time.time())
+        recipients = [a for a in [*msg.get_all("To", []), *msg.get_all("Cc", [])] if a]
+        password = self.cfg.smtp_password.get_secret_value() if self.cfg.smtp_password else None
+        mode = self.cfg.smtp_tls
+        client = aiosmtplib.SMTP(
+            hostname=self.host,
+            port=self.port,
+            use_tls=mode == "tls",
+            start_tls=mode == "starttls",
+            validate_certs=True,
+            tls_context=None if mode == "plain" else tls_context(self.cfg.ca_file),
+            timeout=30,
+        )
+        try:
+            await client.connect()
+            if self.cfg.smtp_user and password is not None:
+                await client.login(self.cfg.smtp_user, password)
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            raise FatalMailError(f"SMTP login refused for {self.cfg.smtp_user}: {exc}") from exc
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            raise NotSent(f"SMTP {self.host}:{self.port}: {exc}") from exc
+        try:
+            await client.send_message(msg, sender=self.sender, recipients=recipients)
+        finally:
+            try:
+                await client.quit()
+            except (aiosmtplib.SMTPException, OSError):
+                client.close()
+        log.info("email.sent", message_id=msg["Message-ID"], to=recipients)

@@ -1,0 +1,121 @@
+"""The e-mail gateway's Redis state, under the key prefix.
+
+- ``email:cursor:<folder>`` (hash): UIDVALIDITY and the last processed UID, advanced only after
+  the message was XADDed (or deliberately skipped).
+- ``email:seen`` (sorted set): the Message-IDs already published, written in the same MULTI as
+  the XADD, so a crash between XADD and cursor, or a UIDVALIDITY change, never publishes twice.
+- ``email:orig:<digest>``: the headers a reply needs, keyed by the answered Message-ID (the
+  worker's ``Reply.in_reply_to``), written in that same MULTI.
+- ``email:rate:<kind>:<who>`` (sorted sets): what was accepted recently, for the rate caps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+
+import redis
+
+from gateways.email_parse import Accepted, Headers
+from relaybot.wire import Keys
+
+SEEN_KEEP = 90 * 24 * 3600.0
+ORIG_KEEP = 14 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Cursor:
+    uidvalidity: int
+    last_uid: int
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
+
+
+def _s(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class MailState:
+    def __init__(self, r: redis.Redis, keys: Keys, folder: str) -> None:
+        self.r, self.keys = r, keys
+        base = f"{keys.prefix}email:"
+        self.base = base
+        self.cursor_key = f"{base}cursor:{folder}"
+        self.seen_key = f"{base}seen"
+
+    # -- the cursor --------------------------------------------------------------------------
+
+    def cursor(self) -> Cursor | None:
+        raw: dict[bytes, bytes] = self.r.hgetall(self.cursor_key)  # type: ignore[assignment]
+        if not raw:
+            return None
+        return Cursor(int(raw[b"uidvalidity"]), int(raw[b"last_uid"]))
+
+    def advance(self, uidvalidity: int, uid: int) -> None:
+        self.r.hset(self.cursor_key, mapping={"uidvalidity": uidvalidity, "last_uid": uid})
+
+    # -- publishing once ---------------------------------------------------------------------
+
+    def already_published(self, message_id: str) -> bool:
+        return self.r.zscore(self.seen_key, message_id) is not None
+
+    def publish(self, accepted: Accepted) -> str:
+        """XADD the message, remember its Message-ID and its reply headers, atomically."""
+        msg = accepted.message
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.keys.inbound, msg.to_fields())  # type: ignore[arg-type]
+        pipe.zadd(self.seen_key, {msg.event_id: now})
+        pipe.zremrangebyscore(self.seen_key, "-inf", now - SEEN_KEEP)
+        pipe.set(self.orig_key(msg.event_id), json.dumps(accepted.headers.to_dict()), ex=ORIG_KEEP)
+        sid = pipe.execute()[0]
+        return _s(sid)
+
+    def orig_key(self, message_id: str) -> str:
+        return f"{self.base}orig:{_digest(message_id)}"
+
+    def headers_for(self, message_id: str) -> Headers | None:
+        raw = self.r.get(self.orig_key(message_id))
+        if raw is None:
+            return None
+        return Headers.from_dict(json.loads(raw))
+
+    def dead(self, raw: bytes, reason: str, source: str) -> None:
+        self.r.xadd(
+            self.keys.dead,
+            {"reason": reason, "source": source, "raw": raw[:65536], "at": str(time.time())},
+        )
+
+    # -- rate caps ---------------------------------------------------------------------------
+
+    def over_rate(
+        self,
+        thread: str,
+        sender: str,
+        *,
+        window: float,
+        per_thread: int,
+        per_sender: int,
+        event_id: str,
+    ) -> str:
+        """Count this message against its thread and sender; the cap it exceeds, if any."""
+        now = time.time()
+        reason = ""
+        for kind, who, cap in (("thread", thread, per_thread), ("sender", sender, per_sender)):
+            key = f"{self.base}rate:{kind}:{_digest(who)}"
+            pipe = self.r.pipeline(transaction=True)
+            pipe.zremrangebyscore(key, "-inf", now - window)
+            pipe.zcard(key)
+            count = int(pipe.execute()[1])
+            if count >= cap and not reason:
+                reason = f"more than {cap} messages per {window:.0f} s from this {kind}"
+        if not reason:
+            for kind, who in (("thread", thread), ("sender", sender)):
+                key = f"{self.base}rate:{kind}:{_digest(who)}"
+                self.r.zadd(key, {event_id: now})
+                self.r.expire(key, int(window) + 60)
+        return reason

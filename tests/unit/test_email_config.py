@@ -1,0 +1,63 @@
+"""The [email] section, its environment overrides, and who the owner is on e-mail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateways.email import addresses_of, owner_addresses
+from gateways.email_smtp import FatalMailError, SmtpSender, check_plain, port_of
+from relaybot.config import load_config
+
+
+def test_email_config_from_file_and_environment(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text(
+        """
+[owner]
+aliases = [
+  "Me@Home.example",
+  "@me:matrix.org",
+  { address = "work@corp.example", channel = "email" },
+  { address = "x@y.example", channel = "matrix" },
+]
+
+[email]
+imap_host = "imap.example.org"
+addresses = ["bot@example.org"]
+allowlist = ["friend@example.com", "*"]
+""",
+        encoding="utf-8",
+    )
+    env = {
+        "RELAYBOT_EMAIL_IMAP_PASSWORD": "s3cret",
+        "RELAYBOT_EMAIL_SMTP_HOST": "smtp.example.org",
+        "RELAYBOT_EMAIL_ADDRESSES": "bot@example.org, relay@example.org",
+        "RELAYBOT_EMAIL_POLL_INTERVAL": "30",
+    }
+    cfg = load_config(tmp_path, env)
+    email = cfg.email
+    assert email.configured and email.imap_tls == "tls" and email.smtp_tls == "starttls"
+    assert email.imap_password is not None and email.imap_password.get_secret_value() == "s3cret"
+    assert email.addresses == ["bot@example.org", "relay@example.org"]
+    assert email.poll_interval == 30
+    assert port_of(email, "imap") == 993 and port_of(email, "smtp") == 587
+    assert owner_addresses(cfg) == {"me@home.example", "work@corp.example"}
+    addrs = addresses_of(cfg)
+    assert addrs.allow_all and addrs.allow == {"friend@example.com"}
+    assert addrs.own == {"bot@example.org", "relay@example.org"}
+
+
+def test_unconfigured_by_default(tmp_path: Path) -> None:
+    assert not load_config(tmp_path, {}).email.configured
+
+
+def test_plain_text_only_to_loopback(tmp_path: Path) -> None:
+    check_plain("plain", "127.0.0.1", "imap")
+    check_plain("plain", "localhost", "smtp")
+    check_plain("tls", "imap.example.org", "imap")
+    with pytest.raises(FatalMailError, match="only allowed to a loopback"):
+        check_plain("plain", "imap.example.org", "imap")
+    cfg = load_config(tmp_path, {"RELAYBOT_EMAIL_IMAP_HOST": "imap.example.org"})
+    with pytest.raises(FatalMailError, match="own address"):
+        SmtpSender(cfg.email)
