@@ -1,0 +1,242 @@
+"""Matrix room events as normalized messages (pure: no I/O, no nio).
+
+:func:`normalize_event` takes the event's JSON (as the homeserver sent it, ``event.source`` in
+nio), the facts the gateway knows about the room and the policy, and returns either an
+:class:`~relaybot.wire.InboundMessage` or a :class:`Rejected` value saying why it was dropped.
+It never raises on a bad event.
+
+- session = conversation = ``matrix:<room_id>``;
+- privacy: a direct room with the owner is the owner's own, with anyone else it is direct, a room
+  of several people is a group;
+- its own events are ignored; ``m.notice`` is ignored (bots talk in notices: no bot loops);
+- groups: ``open`` (everyone), ``mention`` (the bot is named in ``m.mentions``, or, for clients
+  that do not send ``m.mentions``, in the body), ``allowlist`` (the owner and listed senders);
+- direct rooms: the owner and the allowlist; strangers are rejected;
+- edits (``m.replace``) are messages with ``extra.edit_of`` naming the edited event; reactions
+  are messages with ``extra.reaction``; attachments are described (name, type, size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ValidationError
+
+from relaybot.wire import (
+    MAX_TEXT_CHARS,
+    InboundMessage,
+    Kind,
+    Privacy,
+    describe_validation_error,
+)
+
+CHANNEL = "matrix"
+ATTACHMENT_TYPES = {"m.image": "image", "m.file": "file", "m.audio": "audio", "m.video": "video"}
+
+
+class GroupPolicy(StrEnum):
+    OPEN = "open"
+    MENTION = "mention"
+    ALLOWLIST = "allowlist"
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An event that is not passed on, and why (logged by the gateway)."""
+
+    reason: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class RoomFacts:
+    room_id: str
+    member_count: int  # joined + invited
+    display_names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def direct(self) -> bool:
+        """Two people at most. ``m.direct`` / ``is_direct`` is not trusted for this: a room
+        created as a DM can grow, and a third person must not see the owner's own context."""
+        return self.member_count <= 2
+
+
+@dataclass(frozen=True)
+class Policy:
+    own_user_id: str
+    owners: frozenset[str]  # the owner's Matrix ids
+    dm_allowlist: frozenset[str] = frozenset()
+    group_policy: GroupPolicy = GroupPolicy.MENTION
+    group_allowlist: frozenset[str] = frozenset()
+    rooms: Mapping[str, tuple[GroupPolicy, frozenset[str]]] = field(default_factory=dict)
+    own_names: Collection[str] = ()  # display names that count as a mention in the body
+
+    def room_policy(self, room_id: str) -> tuple[GroupPolicy, frozenset[str]]:
+        return self.rooms.get(room_id, (self.group_policy, self.group_allowlist))
+
+    def may_invite(self, sender: str) -> bool:
+        return sender in self.owners or sender in self.dm_allowlist
+
+
+def session_of(room_id: str) -> str:
+    return f"{CHANNEL}:{room_id}"
+
+
+def room_of(session: str) -> str:
+    return session[len(CHANNEL) + 1 :]
+
+
+def _human_size(size: Any) -> str:
+    if not isinstance(size, int) or size < 0:
+        return "size unknown"
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} bytes"  # pragma: no cover
+
+
+def describe_attachment(content: Mapping[str, Any]) -> str:
+    kind = ATTACHMENT_TYPES.get(str(content.get("msgtype")), "file")
+    info_raw = content.get("info")
+    info: Mapping[str, Any] = info_raw if isinstance(info_raw, Mapping) else {}
+    body = str(content.get("body") or "")
+    name = str(content.get("filename") or body or "unnamed")
+    mimetype = str(info.get("mimetype") or "type unknown")
+    line = f"[attachment: {kind} {name!r} ({mimetype}, {_human_size(info.get('size'))})]"
+    caption = body if content.get("filename") and body and body != name else ""
+    return f"{caption}\n{line}" if caption else line
+
+
+def is_mentioned(content: Mapping[str, Any], text: str, policy: Policy) -> bool:
+    mentions = content.get("m.mentions")
+    if isinstance(mentions, Mapping):
+        ids = mentions.get("user_ids")
+        return isinstance(ids, list) and policy.own_user_id in ids
+    lowered = text.lower()  # an old client: the body is all there is
+    localpart = policy.own_user_id.split(":", 1)[0].lstrip("@")
+    names = [policy.own_user_id, localpart, *policy.own_names]
+    return any(n and n.lower() in lowered for n in names)
+
+
+def _text_of(content: Mapping[str, Any]) -> str | Rejected:
+    msgtype = content.get("msgtype")
+    if msgtype == "m.notice":
+        return Rejected("m.notice (bots talk in notices; not answered)")
+    if msgtype in ATTACHMENT_TYPES:
+        return describe_attachment(content)
+    body = content.get("body")
+    if not isinstance(body, str) or not body.strip():
+        return Rejected(f"no text body (msgtype {msgtype!r})")
+    return f"* {body}" if msgtype == "m.emote" else body
+
+
+def _text_and_extra(
+    event: Mapping[str, Any], content: Mapping[str, Any], extra: dict[str, Any]
+) -> str | Rejected:
+    """The text of a message, edit or reaction; what it relates to goes into ``extra``."""
+    etype = event.get("type")
+    relates_raw = content.get("m.relates_to")
+    relates: Mapping[str, Any] = relates_raw if isinstance(relates_raw, Mapping) else {}
+    if etype == "m.reaction":
+        target, key = relates.get("event_id"), relates.get("key")
+        if relates.get("rel_type") != "m.annotation" or not isinstance(target, str):
+            return Rejected("reaction without an annotation")
+        extra["reaction"] = {"key": str(key), "to": target}
+        return f"[reaction {key!s} to message {target}]"
+    if etype != "m.room.message":
+        return Rejected(f"event type {etype!r} is not a message")
+    if relates.get("rel_type") == "m.replace":
+        new = content.get("m.new_content")
+        if not isinstance(new, Mapping) or not isinstance(relates.get("event_id"), str):
+            return Rejected("edit without m.new_content")
+        found = _text_of(new)
+        if isinstance(found, Rejected):
+            return Rejected(f"edit: {found.reason}")
+        extra["edit_of"] = relates["event_id"]
+        return f"[edit of an earlier message] {found}"
+    if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
+        extra["thread_root"] = relates["event_id"]
+    reply_to = relates.get("m.in_reply_to")
+    if isinstance(reply_to, Mapping) and isinstance(reply_to.get("event_id"), str):
+        extra["reply_to"] = reply_to["event_id"]
+    return _text_of(content)
+
+
+def _admit(
+    event: Mapping[str, Any],
+    *,
+    content: Mapping[str, Any],
+    text: str,
+    extra: Mapping[str, Any],
+    room: RoomFacts,
+    policy: Policy,
+) -> Privacy | Rejected:
+    """The conversation's privacy class if this sender may be answered here."""
+    sender = str(event.get("sender"))
+    if room.direct:
+        if sender in policy.owners:
+            return Privacy.OWNER
+        if sender in policy.dm_allowlist:
+            return Privacy.DIRECT
+        return Rejected("direct message from a sender not on the allowlist")
+    mode, allowed = policy.room_policy(room.room_id)
+    if mode == GroupPolicy.ALLOWLIST and sender not in allowed | policy.owners:
+        return Rejected("sender not on this room's allowlist")
+    if mode == GroupPolicy.MENTION:
+        if event.get("type") == "m.reaction":
+            return Rejected("reaction in a mention-only room")
+        source = content.get("m.new_content") if "edit_of" in extra else content
+        if not isinstance(source, Mapping) or not is_mentioned(source, text, policy):
+            return Rejected("not mentioned in a mention-only room")
+    return Privacy.GROUP
+
+
+def normalize_event(
+    event: Mapping[str, Any], room: RoomFacts, policy: Policy
+) -> InboundMessage | Rejected:
+    """One room event as a normalized message, or the reason it is not one."""
+    event_id = event.get("event_id")
+    if not isinstance(event_id, str) or not event_id:
+        return Rejected("event without an event_id")
+    sender = event.get("sender")
+    if not isinstance(sender, str) or not sender:
+        return Rejected("event without a sender", event_id)
+    if sender == policy.own_user_id:
+        return Rejected("own event", event_id)
+    content = event.get("content")
+    if not isinstance(content, Mapping):
+        return Rejected("event without content", event_id)
+    extra: dict[str, Any] = {"room_id": room.room_id}
+    found = _text_and_extra(event, content, extra)
+    if isinstance(found, Rejected):
+        return Rejected(found.reason, event_id)
+    privacy = _admit(event, content=content, text=found, extra=extra, room=room, policy=policy)
+    if isinstance(privacy, Rejected):
+        return Rejected(privacy.reason, event_id)
+    text = found
+    if len(text) > MAX_TEXT_CHARS:
+        note = f"\n[truncated by relaybot: the message had {len(text)} characters]"
+        text = text[: MAX_TEXT_CHARS - len(note)] + note
+    ts_ms = event.get("origin_server_ts")
+    ts = ts_ms / 1000 if isinstance(ts_ms, int | float) and ts_ms > 0 else 0.0
+    try:
+        return InboundMessage(
+            kind=Kind.MESSAGE,
+            channel=CHANNEL,
+            session=session_of(room.room_id),
+            conversation=session_of(room.room_id),
+            sender=sender,
+            sender_name=room.display_names.get(sender, "")[:320],
+            privacy=privacy,
+            text=text,
+            ts=ts,
+            event_id=event_id,
+            extra=extra,
+        )
+    except ValidationError as exc:
+        return Rejected(f"not a valid message: {describe_validation_error(exc)}", event_id)

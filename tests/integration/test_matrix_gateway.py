@@ -1,0 +1,401 @@
+"""The Matrix gateway against a real Synapse, a real Redis and a real worker.
+
+The gateway runs as its own process (``relaybot gateway matrix``), as ``honcho start`` runs it;
+the people in the room are plain HTTP clients of the same homeserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import redis
+from nio import (
+    AsyncClient,
+    AsyncClientConfig,
+    MegolmEvent,
+    RoomCreateResponse,
+    RoomMessageText,
+    RoomSendResponse,
+    SyncResponse,
+)
+
+from relaybot.wire import Keys
+from tests.integration.test_acl import PASSWORDS, acl_redis  # noqa: F401 - a fixture
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import Proc, Procs, memory_rows, relaybot_env, wait_until, write_config
+from tests.support.servers import RedisServer
+from tests.support.synapse import MatrixUser, SynapseServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def model_server() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    with Procs(tmp_path / "proclogs") as running:
+        yield running
+
+
+class World:
+    """A bot account, its owner, a friend and a stranger; the worker and gateway env."""
+
+    def __init__(
+        self, hs: SynapseServer, env: dict[str, str], r: redis.Redis, keys: Keys, procs: Procs
+    ) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.hs, self.env, self.r, self.keys, self.procs = hs, env, r, keys, procs
+        self.bot = hs.register(f"bot{tag}")
+        self.owner = hs.register(f"owner{tag}")
+        self.friend = hs.register(f"friend{tag}")
+        self.stranger = hs.register(f"stranger{tag}")
+        home = Path(env["RELAYBOT_HOME"])
+        write_config(
+            home,
+            f"""
+[owner]
+name = "Olivia"
+aliases = [{{ address = "{self.owner.user_id}", channel = "matrix" }}]
+
+[matrix]
+allowlist = ["{self.friend.user_id}"]
+group_policy = "mention"
+sync_timeout = 2
+timeline_limit = 4   # small: a restart after an outage must read the gap back
+""",
+        )
+        env.update(
+            RELAYBOT_MATRIX_HOMESERVER=hs.url,
+            RELAYBOT_MATRIX_USER_ID=self.bot.user_id,
+            RELAYBOT_MATRIX_ACCESS_TOKEN=self.bot.access_token,
+        )
+        self.db = home / "memory.sqlite3"
+
+    def gateway(self) -> Proc:
+        proc = self.procs.start("gateway-matrix", ["gateway", "matrix"], self.env)
+        proc.wait_for_log("matrix.logged_in", timeout=20)
+        return proc
+
+    def joined(self, room_id: str) -> bool:
+        return self.hs.members(self.owner, room_id).get(self.bot.user_id) == "join"
+
+    def bot_messages(self, who: MatrixUser, room_id: str) -> list[dict[str, Any]]:
+        return [e for e in self.hs.messages(who, room_id) if e["sender"] == self.bot.user_id]
+
+    def wait_bot_messages(
+        self, who: MatrixUser, room_id: str, count: int, timeout: float = 20
+    ) -> list[dict[str, Any]]:
+        return wait_until(
+            lambda: m if len(m := self.bot_messages(who, room_id)) >= count else None,
+            timeout=timeout,
+            interval=0.1,
+            message=f"{count} bot message(s) in {room_id}",
+        )
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path,
+    synapse_server: SynapseServer,
+    redis_server: RedisServer,
+    real_redis: redis.Redis,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+) -> World:
+    env = relaybot_env(
+        tmp_path / "home", redis_url=redis_server.url, prefix=prefix,
+        model_url=model_server.base_url,
+    )  # fmt: skip
+    w = World(synapse_server, env, real_redis, Keys(prefix), procs)
+    procs.worker(env, r=real_redis, keys=w.keys)
+    return w
+
+
+def test_owner_dm_round_trip_as_a_reply_with_owner_privacy(world: World) -> None:
+    hs, owner = world.hs, world.owner
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    asked = hs.send_text(owner, room, "hello **bot**")
+
+    reply = world.wait_bot_messages(owner, room, 1)[0]
+    content = reply["content"]
+    assert content["m.relates_to"]["m.in_reply_to"]["event_id"] == asked
+    assert content["body"].startswith("echo: [matrix / owner]")
+    assert content["body"].endswith("hello **bot**")
+    assert "<strong>bot</strong>" in content["formatted_body"]
+    assert content["format"] == "org.matrix.custom.html"
+
+    rows = memory_rows(world.db, "SELECT * FROM log WHERE channel = 'matrix' ORDER BY id")
+    assert [(r["direction"], r["privacy"]) for r in rows] == [("in", "owner"), ("out", "owner")]
+    assert rows[0]["event_id"] == asked
+    assert rows[0]["session"] == f"matrix:{room}"
+    assert world.r.hget(world.keys.heartbeats, "gateway:matrix") is not None
+
+
+def test_group_mention_policy_and_strangers(world: World) -> None:
+    hs, owner, friend, stranger = world.hs, world.owner, world.friend, world.stranger
+    world.gateway().wait_for_log("matrix.backlog_skipped")
+    group = hs.create_room(owner, [world.bot.user_id, friend.user_id], name="team")
+    hs.join(friend, group)
+    wait_until(lambda: world.joined(group), timeout=15, message="the bot to join the group")
+
+    hs.send_text(friend, group, "talking among ourselves", mentions=[])
+    asked = hs.send_text(friend, group, "bot, what is up?", mentions=[world.bot.user_id])
+    reply = world.wait_bot_messages(friend, group, 1)[0]
+    assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == asked
+    assert "what is up" in reply["content"]["body"]
+
+    # a stranger's invite is refused, and a stranger in an existing DM-sized room is ignored
+    lone = hs.create_room(stranger, [world.bot.user_id], direct=True)
+    wait_until(
+        lambda: hs.members(stranger, lone).get(world.bot.user_id) == "leave",
+        timeout=15, message="the bot to refuse the stranger's invite",
+    )  # fmt: skip
+    dm = hs.create_room(owner, [world.bot.user_id, stranger.user_id], direct=True)
+    wait_until(lambda: world.joined(dm), timeout=15, message="the bot to join")
+    hs.join(stranger, dm)
+    hs.send_text(owner, dm, "@stranger is here, bot: say hi", mentions=[world.bot.user_id])
+    world.wait_bot_messages(owner, dm, 1)  # three people: a group, the owner mentioned the bot
+
+    # only the two answered messages reached the stream
+    entries: Any = world.r.xrange(world.keys.inbound, "-", "+")
+    texts = [f[b"text"].decode() for _, f in entries if f[b"channel"] == b"matrix"]
+    assert texts == ["bot, what is up?", "@stranger is here, bot: say hi"]
+    privacy = {f[b"privacy"] for _, f in entries if f[b"channel"] == b"matrix"}
+    assert privacy == {b"group"}
+
+
+def test_gateway_killed_each_message_answered_exactly_once(world: World) -> None:
+    hs, owner = world.hs, world.owner
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+
+    sent = [hs.send_text(owner, room, f"m{i}") for i in range(5)]
+    gateway.signal(signal.SIGKILL)  # while the messages arrive
+    gateway.wait()
+    sent += [hs.send_text(owner, room, f"m{i}") for i in range(5, 10)]  # while it is down
+
+    restarted = world.gateway()
+    replies = world.wait_bot_messages(owner, room, 10, timeout=30)
+    wait_until(lambda: world.r.llen(world.keys.reply(f"matrix:{room}")) == 0, timeout=10)
+    replies = world.bot_messages(owner, room)
+    answered = [e["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] for e in replies]
+    assert sorted(answered) == sorted(sent)  # each exactly once
+    assert not restarted.events("matrix.backlog_skipped")  # caught up from the token
+    assert restarted.events("matrix.gap_filled")  # more than one sync's timeline was missed
+    rows = memory_rows(world.db, "SELECT event_id FROM log WHERE direction = 'in'")
+    assert sorted(r["event_id"] for r in rows) == sorted(sent)
+
+
+def test_a_crash_between_xadd_and_token_publishes_nothing_twice(world: World) -> None:
+    """The saved token is set back, as if the gateway died after its XADDs: the seen set holds."""
+    hs, owner = world.hs, world.owner
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    cursor = f"{world.keys.prefix}cursor:matrix"
+    early = world.r.get(cursor)
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    for i in range(3):
+        hs.send_text(owner, room, f"q{i}")
+    world.wait_bot_messages(owner, room, 3)
+    assert gateway.stop() == 0
+    assert world.r.get(cursor) != early
+    world.r.set(cursor, early or b"")
+
+    again = world.gateway()
+    wait_until(
+        lambda: len(again.events("matrix.already_published")) >= 3,
+        timeout=15, message="the replayed events to be recognised",
+    )  # fmt: skip
+    entries: Any = world.r.xrange(world.keys.inbound, "-", "+")
+    assert len([1 for _, f in entries if f[b"channel"] == b"matrix"]) == 3
+    assert len(world.bot_messages(owner, room)) == 3
+
+
+def test_typing_while_the_worker_is_on_a_slow_turn(world: World) -> None:
+    hs, owner = world.hs, world.owner
+    world.gateway().wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    since = hs.sync(owner)["next_batch"]
+    hs.send_text(owner, room, "[[delay:2]] take your time")
+
+    seen: list[list[str]] = []
+
+    def typing_update() -> list[str] | None:
+        nonlocal since
+        out = hs.sync(owner, since)
+        since = out["next_batch"]
+        ephemeral = out.get("rooms", {}).get("join", {}).get(room, {}).get("ephemeral", {})
+        for event in ephemeral.get("events", []):
+            if event["type"] == "m.typing":
+                seen.append(event["content"]["user_ids"])
+        return seen[-1] if seen else None
+
+    wait_until(
+        lambda: world.bot.user_id in (typing_update() or []),
+        timeout=10, interval=0.1, message="the bot to be seen typing",
+    )  # fmt: skip
+    assert not world.bot_messages(owner, room)  # typing came before the answer
+    world.wait_bot_messages(owner, room, 1)
+    wait_until(
+        lambda: (now := typing_update()) is not None and world.bot.user_id not in now,
+        timeout=10, interval=0.1, message="the typing notice to stop",
+    )  # fmt: skip
+
+
+def test_encrypted_dm_both_ways(world: World, tmp_path: Path) -> None:
+    """The owner's encrypting client (nio + vodozemac) sends; the bot decrypts and answers
+    encrypted; the owner's client decrypts the answer."""
+    hs, owner = world.hs, world.owner
+    gateways = [world.gateway()]
+    gateways[0].wait_for_log("matrix.backlog_skipped")
+
+    def restart() -> None:  # the crypto store and device id survive a restart
+        assert gateways[-1].stop() == 0
+        gateways.append(world.gateway())
+
+    answers = asyncio.run(_owner_encrypted_exchange(world, tmp_path / "owner-store", restart))
+    for answer, said in zip(answers, ("a secret for the bot", "after the restart"), strict=True):
+        assert answer["content"]["body"].startswith("echo: [matrix / owner]")
+        assert answer["content"]["body"].endswith(said)
+    assert (
+        gateways[1].wait_for_log("matrix.logged_in")["device_id"]
+        == (gateways[0].wait_for_log("matrix.logged_in")["device_id"])
+    )
+    rows = memory_rows(world.db, "SELECT * FROM log WHERE channel = 'matrix' ORDER BY id")
+    assert [(r["direction"], r["privacy"]) for r in rows] == [("in", "owner"), ("out", "owner")] * 2
+    assert rows[0]["text"] == "a secret for the bot"
+    answer = answers[0]
+    # on the server the messages exist only as ciphertext
+    raw = hs.request(
+        "GET",
+        f"/_matrix/client/v3/rooms/{quote(answer['room_id'])}/messages?dir=b&limit=50",
+        token=owner.access_token,
+    )["chunk"]
+    bot_events = {e["type"] for e in raw if e["sender"] == world.bot.user_id}
+    assert bot_events - {"m.room.member"} == {"m.room.encrypted"}
+
+
+async def _sync_step(client: AsyncClient, timeout_ms: int = 300) -> SyncResponse:
+    resp = await client.sync(timeout=timeout_ms)
+    assert isinstance(resp, SyncResponse), resp
+    await client.send_to_device_messages()
+    if client.should_upload_keys:
+        await client.keys_upload()
+    if client.should_query_keys:
+        await client.keys_query()
+    if client.should_claim_keys:
+        await client.keys_claim(client.get_users_for_key_claiming())
+    return resp
+
+
+async def _encrypted_round(
+    client: AsyncClient, room_id: str, bot_id: str, text: str
+) -> dict[str, Any]:
+    sent = await client.room_send(
+        room_id,
+        "m.room.message",
+        {"msgtype": "m.text", "body": text},
+        ignore_unverified_devices=True,
+    )
+    assert isinstance(sent, RoomSendResponse), sent
+    deadline = time.monotonic() + 20
+    while True:
+        assert time.monotonic() < deadline, "no decrypted answer from the bot"
+        resp = await _sync_step(client)
+        room = resp.rooms.join.get(room_id)
+        for event in room.timeline.events if room else []:
+            if isinstance(event, MegolmEvent):
+                raise AssertionError(f"the owner could not decrypt {event.event_id}")
+            if isinstance(event, RoomMessageText) and event.sender == bot_id:
+                assert event.decrypted
+                relates = event.source["content"].get("m.relates_to", {})
+                assert relates["m.in_reply_to"]["event_id"] == sent.event_id
+                return {**event.source, "room_id": room_id}
+
+
+async def _owner_encrypted_exchange(
+    world: World, store: Path, restart: Callable[[], None]
+) -> list[dict[str, Any]]:
+    hs, owner, bot = world.hs, world.owner, world.bot
+    store.mkdir()
+    client = AsyncClient(
+        hs.url, owner.user_id, device_id=owner.device_id, store_path=str(store),
+        config=AsyncClientConfig(encryption_enabled=True, store_sync_tokens=False),
+    )  # fmt: skip
+    client.restore_login(owner.user_id, owner.device_id, owner.access_token)
+    try:
+        await _sync_step(client, 0)
+        created = await client.room_create(
+            is_direct=True,
+            invite=[bot.user_id],
+            initial_state=[
+                {
+                    "type": "m.room.encryption",
+                    "state_key": "",
+                    "content": {"algorithm": "m.megolm.v1.aes-sha2"},
+                }
+            ],
+        )
+        assert isinstance(created, RoomCreateResponse), created
+        room_id = created.room_id
+        deadline = time.monotonic() + 20
+        while not (room_id in client.rooms and bot.user_id in client.rooms[room_id].users):
+            assert time.monotonic() < deadline, "the bot did not join the encrypted DM"
+            await _sync_step(client)
+        await _sync_step(client)  # the bot's device keys
+        first = await _encrypted_round(client, room_id, bot.user_id, "a secret for the bot")
+        await asyncio.to_thread(restart)
+        second = await _encrypted_round(client, room_id, bot.user_id, "after the restart")
+        return [first, second]
+    finally:
+        await client.close()
+
+
+def test_the_gateway_runs_as_its_own_redis_acl_user(
+    tmp_path: Path,
+    acl_redis: int,  # noqa: F811 - the fixture imported from test_acl
+    synapse_server: SynapseServer,
+    model_server: FakeModelServer,
+    procs: Procs,
+) -> None:
+    """deploy/redis/users.acl: ``relaybot-matrix`` may do everything the gateway does."""
+
+    def url(user: str) -> str:
+        return f"redis://relaybot-{user}:{PASSWORDS[user]}@127.0.0.1:{acl_redis}/0"
+
+    env = relaybot_env(
+        tmp_path / "home", redis_url=url("worker"), prefix="relaybot:",
+        model_url=model_server.base_url,
+    )  # fmt: skip
+    admin = redis.Redis.from_url(url("worker"))
+    world = World(synapse_server, env, admin, Keys("relaybot:"), procs)
+    procs.worker(env, r=admin, keys=world.keys)
+    world.env = {**world.env, "REDIS_URL": url("matrix")}
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    room = world.hs.create_room(world.owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    world.hs.send_text(world.owner, room, "[[delay:0.5]] through the ACL")
+    reply = world.wait_bot_messages(world.owner, room, 1)[0]
+    assert reply["content"]["body"].endswith("through the ACL")
+    assert not [r for r in gateway.records() if "NOPERM" in str(r)]

@@ -1,0 +1,147 @@
+"""Matrix room events (recorded payloads) normalized, or rejected with a reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateways.matrix_events import (
+    GroupPolicy,
+    Policy,
+    Rejected,
+    RoomFacts,
+    normalize_event,
+    room_of,
+    session_of,
+)
+from relaybot.wire import InboundMessage, Privacy
+
+EVENTS: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "data" / "matrix_events.json").read_text(encoding="utf-8")
+)
+BOT = "@bot:localhost"
+DM = RoomFacts("!dm:localhost", member_count=2)
+GROUP = RoomFacts("!group:localhost", member_count=5, display_names={"@carol:localhost": "Carol"})
+POLICY = Policy(
+    own_user_id=BOT,
+    owners=frozenset({"@owner:localhost"}),
+    dm_allowlist=frozenset({"@carol:localhost"}),
+    own_names=("relaybot",),
+)
+
+
+def ok(name: str, room: RoomFacts = DM, policy: Policy = POLICY) -> InboundMessage:
+    out = normalize_event(EVENTS[name], room, policy)
+    assert isinstance(out, InboundMessage), out
+    return out
+
+
+def rejected(name: str, room: RoomFacts = DM, policy: Policy = POLICY) -> str:
+    out = normalize_event(EVENTS[name], room, policy)
+    assert isinstance(out, Rejected), out
+    return out.reason
+
+
+def test_owner_dm_is_the_owners_own() -> None:
+    msg = ok("text")
+    assert msg.channel == "matrix"
+    assert msg.session == msg.conversation == "matrix:!dm:localhost"
+    assert msg.privacy == Privacy.OWNER
+    assert (msg.sender, msg.text, msg.event_id) == ("@owner:localhost", "hello bot", "$txt1")
+    assert msg.ts == 1763790000.0
+    assert InboundMessage.from_fields(msg.to_fields()) == msg
+
+
+def test_allowlisted_dm_is_direct_and_stranger_is_rejected() -> None:
+    assert EVENTS["no_mention"]["sender"] == "@carol:localhost"
+    assert ok("no_mention").privacy == Privacy.DIRECT  # carol in a DM: allowlisted
+    assert "allowlist" in rejected("stranger")
+
+
+def test_a_room_of_three_is_a_group_even_if_created_as_a_dm() -> None:
+    room = RoomFacts("!x:localhost", member_count=3)
+    assert "not mentioned" in rejected("text", room)
+    assert ok("old_client_mention", room).privacy == Privacy.GROUP
+
+
+def test_own_events_and_notices_are_ignored() -> None:
+    assert rejected("own") == "own event"
+    assert "notice" in rejected("notice")
+    assert "not a message" in rejected("member")
+    assert "no text body" in rejected("no_body")
+
+
+def test_group_mention_policy() -> None:
+    msg = ok("mention", GROUP)
+    assert msg.privacy == Privacy.GROUP
+    assert msg.sender_name == "Carol"
+    assert "not mentioned" in rejected("no_mention", GROUP)
+    # no m.mentions at all: the body is read instead
+    assert ok("old_client_mention", GROUP).event_id == "$men3"
+    # the owner must mention the bot in a mention room too
+    assert "not mentioned" in rejected("text", GROUP)
+
+
+def test_group_open_and_allowlist_policies() -> None:
+    open_policy = Policy(own_user_id=BOT, owners=POLICY.owners, group_policy=GroupPolicy.OPEN)
+    assert ok("no_mention", GROUP, open_policy).privacy == Privacy.GROUP
+    allow = Policy(
+        own_user_id=BOT,
+        owners=POLICY.owners,
+        rooms={"!group:localhost": (GroupPolicy.ALLOWLIST, frozenset({"@dave:localhost"}))},
+    )
+    assert "allowlist" in rejected("no_mention", GROUP, allow)
+    assert ok("text", GROUP, allow).privacy == Privacy.GROUP  # the owner is always allowed
+    assert ok("no_mention", RoomFacts("!other:localhost", 5), open_policy)
+
+
+def test_edit_is_recorded_as_an_edit() -> None:
+    msg = ok("edit")
+    assert msg.extra["edit_of"] == "$txt1"
+    assert msg.text == "[edit of an earlier message] hello bot, corrected"
+
+
+def test_reaction_goes_through_the_same_filters() -> None:
+    msg = ok("reaction")
+    assert msg.extra["reaction"] == {"key": "👍", "to": "$botreply1"}
+    assert "👍" in msg.text
+    stranger = {**EVENTS["reaction"], "sender": "@mallory:localhost"}
+    assert isinstance(normalize_event(stranger, DM, POLICY), Rejected)
+    assert "reaction" in rejected("reaction", GROUP)
+
+
+def test_attachments_are_described() -> None:
+    img = ok("image").text
+    assert img == "[attachment: image 'cat.png' (image/png, 20.0 KiB)]"
+    doc = ok("file_caption").text
+    assert doc.startswith("please read this\n")
+    assert "'report.pdf' (application/pdf, 3.0 MiB)" in doc
+
+
+def test_thread_and_emote() -> None:
+    msg = ok("thread")
+    assert msg.extra["thread_root"] == "$thr1"
+    assert msg.extra["reply_to"] == "$thr1"
+    assert ok("emote").text == "* waves"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {},
+        {"event_id": "$a"},
+        {"event_id": "$a", "sender": "@x:y", "content": "nope"},
+        {"event_id": "$a", "sender": "@x:y", "type": "m.reaction", "content": {}},
+        {"event_id": "$a", "sender": "@x:y", "type": "m.room.message",
+         "content": {"body": "x", "m.relates_to": {"rel_type": "m.replace"}}},
+    ],
+)  # fmt: skip
+def test_bad_events_are_values_not_exceptions(event: dict[str, Any]) -> None:
+    assert isinstance(normalize_event(event, DM, POLICY), Rejected)
+
+
+def test_session_round_trip() -> None:
+    assert room_of(session_of("!abc:example.org")) == "!abc:example.org"
