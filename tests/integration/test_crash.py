@@ -54,7 +54,8 @@ MIN_KILLS = 50
 KILLS = 55  # 11 per aim; at least MIN_KILLS must happen
 STANDBYS = 2  # workers waiting for the lease besides the one holding it
 BACKLOG = 24  # the producer waits while this many messages are unanswered
-KILL_PHASE_LIMIT = 120.0  # seconds; the test fails rather than run on when kills are this slow
+EXTRA_KILLS = 20  # at-commit kills added (at most) while none has landed in the commit-ack window
+KILL_PHASE_LIMIT = 150.0  # seconds; the test fails rather than run on when kills are this slow
 DRAIN_TIMEOUT = 60.0
 AIMS = ("early", "anytime", "in-model", "after-model", "at-commit")
 
@@ -271,7 +272,12 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
             producer.start()
 
             # -- the kill phase ---------------------------------------------------------------
-            while len(kills) < KILLS:
+            def window_hit() -> bool:
+                return any(k[2] > 0 for k in kills)
+
+            # the commit-to-ack window is ~1 ms wide: on a loaded machine the planned at-commit
+            # kills may all miss it, so extra at-commit kills follow (bounded) until one lands
+            while len(kills) < KILLS or (not window_hit() and len(kills) < KILLS + EXTRA_KILLS):
                 assert time.monotonic() - started < KILL_PHASE_LIMIT, (
                     f"only {len(kills)} kills in {KILL_PHASE_LIMIT:.0f} s"
                 )
@@ -279,7 +285,7 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
                 while len(pool.waiting()) < STANDBYS:
                     pool.spawn()
                 holder = pool.wait_for_holder(timeout=20)
-                aim = AIMS[len(kills) % len(AIMS)]
+                aim = AIMS[len(kills) % len(AIMS)] if len(kills) < KILLS else "at-commit"
                 landed = aim_and_kill(pool, holder, model, commits, aim, rng)
                 assert holder.proc.returncode == -9
                 kills.append((landed, holder, committed_but_unacked(db, pending_ids(r, keys))))
