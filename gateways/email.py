@@ -272,6 +272,9 @@ class EmailGateway:
                 return False
             sid = self.state.publish(result)
             log.info("email.published", stream_id=sid, session=msg.session, privacy=msg.privacy)
+            if msg.extra.get("no_reply"):  # recorded in memory, not answered: left unread
+                log.info("email.recorded_only", reason=msg.extra["no_reply"], sender=msg.sender)
+                return False
             return True
         except redis.RedisError:
             raise

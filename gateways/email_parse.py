@@ -120,8 +120,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     guard = loop_guard(msg, sender, message_id, addrs)
     if guard:
         return Rejected(guard, message_id=message_id, sender=sender)
-    if not addrs.allowed(sender):
-        return Rejected("sender not on the allowlist", message_id=message_id, sender=sender)
+    # a sender not on the allowlist is recorded (the worker stores it) but not answered
+    no_reply = "" if addrs.allowed(sender) else "sender not on the allowlist"
     if not message_id:
         digest = hashlib.sha256(bytes(msg.as_bytes(policy=email.policy.SMTP))).hexdigest()[:32]
         message_id = f"<{digest}@no-message-id.invalid>"
@@ -173,6 +173,7 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
             "cc": cc,
             "thread": root,
             "attachments": attachments,
+            **({"no_reply": no_reply} if no_reply else {}),
         },
     )
     return Accepted(inbound, headers)

@@ -26,6 +26,7 @@ from tests.support.procs import (
     Proc,
     Procs,
     dead_letters,
+    memory_rows,
     relaybot_env,
     wait_until,
     write_config,
@@ -182,6 +183,38 @@ def test_mail_reaches_the_worker_through_idle_and_the_reply_is_threaded(
     assert sessions == {"email:root.1@example.org"}
     assert all(m.privacy == "owner" for m in inbound(real_redis, keys))
     assert gw.returncode is None
+    assert gw.stop() == 0
+
+
+def test_a_sender_not_on_the_allowlist_is_recorded_but_not_answered(
+    env: dict[str, str],
+    procs: Procs,
+    imap: ImapServer,
+    smtp: SmtpServer,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    procs.worker(env, r=real_redis, keys=keys)
+    gw = start_gateway(procs, env)
+    stranger = imap.append(
+        make_message(sender="stranger@elsewhere.example", message_id="<who.1@elsewhere.example>")
+    )
+    gw.wait_for_log("email.recorded_only", sender="stranger@elsewhere.example")
+    db = Path(env["RELAYBOT_HOME"]) / "memory.sqlite3"
+    wait_until(
+        lambda: memory_rows(
+            db, "SELECT * FROM log WHERE event_id = ?", "<who.1@elsewhere.example>"
+        ),
+        message="the stranger's mail recorded in memory",
+    )
+    (row,) = memory_rows(db, "SELECT * FROM log WHERE event_id = ?", "<who.1@elsewhere.example>")
+    assert row["direction"] == "in" and "no_reply" in row["extra"]
+    imap.append(make_message(message_id="<after.2@example.org>"))  # an allowed one after it
+    wait_reply(smtp, "<after.2@example.org>")
+    assert replies_to(smtp, "<who.1@elsewhere.example>") == []  # never answered
+    assert "\\Seen" not in imap.flags(stranger)  # left unread for the owner
+    assert memory_rows(db, "SELECT * FROM log WHERE direction = 'out' AND stream_id = ?",
+                       row["stream_id"]) == []  # fmt: skip
     assert gw.stop() == 0
 
 

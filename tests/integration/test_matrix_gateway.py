@@ -146,6 +146,31 @@ def test_owner_dm_round_trip_as_a_reply_with_owner_privacy(world: World) -> None
     assert rows[0]["session"] == f"matrix:{room}"
     assert world.r.hget(world.keys.heartbeats, "gateway:matrix") is not None
 
+    # an edit is recorded as an edit of the earlier message, not answered as a new request
+    edit = hs.send_event(
+        owner,
+        room,
+        {
+            "msgtype": "m.text",
+            "body": "* hello **there**",
+            "m.new_content": {"msgtype": "m.text", "body": "hello **there**"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": asked},
+        },
+    )
+    wait_until(
+        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", edit),
+        timeout=15,
+        message="the edit recorded in memory",
+    )
+    (edited,) = memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", edit)
+    assert asked in edited["extra"] and edited["direction"] == "in"
+    after = hs.send_text(owner, room, "and now a real question")
+    replies = world.wait_bot_messages(owner, room, 2)
+    assert [r["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] for r in replies] == [
+        asked,
+        after,
+    ]  # the edit got no reply of its own
+
 
 def test_group_mention_policy_and_strangers(world: World) -> None:
     hs, owner, friend, stranger = world.hs, world.owner, world.friend, world.stranger

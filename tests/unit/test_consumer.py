@@ -261,3 +261,20 @@ def test_dead_letter_fields_are_flat_and_readable(rig: Rig) -> None:
     assert fields["source_stream"] == rig.keys.inbound
     assert "missing field" in fields["reason"]
     json.dumps(fields)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"no_reply": "sender not on the allowlist"}, {"edit_of": "$original"}],
+    ids=["not-allowlisted", "edit"],
+)
+def test_recorded_but_not_answered(rig: Rig, extra: dict[str, str]) -> None:
+    c = rig.consumer()
+    sid = rig.add(msg("keep this, do not answer", extra=extra))
+    rig.pump(c)
+    assert rig.replies() == []  # no reply, and the model was not asked
+    assert rig.model.calls == 0
+    assert rig.pending() == 0
+    (row,) = rig.store.recent(10)
+    assert row.stream_id == sid and row.direction == "in"
+    assert json.loads(row.extra) == extra  # recorded with what the gateway said about it

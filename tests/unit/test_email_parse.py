@@ -122,11 +122,16 @@ def test_loop_guard_knows_its_own_message_ids_and_lets_auto_submitted_no_through
 def test_allowlist() -> None:
     stranger = make_message(sender="stranger@evil.example", message_id="<s@x>")
     result = parse_email(raw(stranger), ADDRS, 1.0)
-    assert isinstance(result, Rejected) and "allowlist" in result.reason and not result.dead
+    assert isinstance(result, Accepted)  # recorded in memory, but not answered:
+    assert result.message.extra["no_reply"] == "sender not on the allowlist"
     for sender in ("friend@example.com", "anyone@trusted.example", "ME@home.example"):
         accepted(raw(make_message(sender=sender, message_id="<a@x>")))
+    for sender in ("friend@example.com", "anyone@trusted.example", "ME@home.example"):
+        ok = parse_email(raw(make_message(sender=sender, message_id="<a@x>")), ADDRS, 1.0)
+        assert isinstance(ok, Accepted) and "no_reply" not in ok.message.extra
     open_door = Addresses(own=ADDRS.own, owner=ADDRS.owner, allow_all=True)
-    assert isinstance(parse_email(raw(stranger), open_door, 1.0), Accepted)
+    opened = parse_email(raw(stranger), open_door, 1.0)
+    assert isinstance(opened, Accepted) and "no_reply" not in opened.message.extra
 
 
 def test_unparseable_is_a_dead_letter_value() -> None:
