@@ -90,7 +90,7 @@ class Turns:
             return Outcome()
         if msg.kind is Kind.COMMAND:
             return Outcome(reply=self._command(stream_id, msg))
-        if msg.extra.get("no_reply") or msg.extra.get("edit_of"):
+        if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
             self._record_only(stream_id, msg)
             return Outcome()
         return Outcome(reply=self._answer(stream_id, msg))
@@ -98,12 +98,14 @@ class Turns:
     def _record_only(self, stream_id: str, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail
         from a sender not on the allowlist), or it is an edit of an earlier message
-        (``extra.edit_of``), which is recorded as such rather than taken as a new request."""
+        (``extra.edit_of``) or a reaction (``extra.reaction``), recorded as such rather than
+        taken as a new request."""
         is_owner = self.resolver.is_owner(msg.channel, msg.sender)
         self._memory(lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner))
         log.info(
             "turn.recorded_only",
-            reason=msg.extra.get("no_reply") or f"edit of {msg.extra.get('edit_of')}",
+            reason=msg.extra.get("no_reply")
+            or ("reaction" if msg.extra.get("reaction") else f"edit of {msg.extra.get('edit_of')}"),
         )
 
     def _command(self, stream_id: str, msg: InboundMessage) -> Reply:

@@ -265,10 +265,14 @@ def test_dead_letter_fields_are_flat_and_readable(rig: Rig) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [{"no_reply": "sender not on the allowlist"}, {"edit_of": "$original"}],
-    ids=["not-allowlisted", "edit"],
+    [
+        {"no_reply": "sender not on the allowlist"},
+        {"edit_of": "$original"},
+        {"reaction": {"key": "👍", "to": "$original"}},
+    ],
+    ids=["not-allowlisted", "edit", "reaction"],
 )
-def test_recorded_but_not_answered(rig: Rig, extra: dict[str, str]) -> None:
+def test_recorded_but_not_answered(rig: Rig, extra: dict[str, object]) -> None:
     c = rig.consumer()
     sid = rig.add(msg("keep this, do not answer", extra=extra))
     rig.pump(c)
