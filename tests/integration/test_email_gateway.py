@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from email.message import Message
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,13 @@ from deploy.embedded import redis_binary
 from relaybot.wire import InboundMessage, Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailcorpus import corpus
-from tests.support.mailservers import ImapServer, SmtpServer, make_message, self_signed_cert
+from tests.support.mailservers import (
+    ImapServer,
+    SmtpServer,
+    TlsProxy,
+    make_message,
+    self_signed_cert,
+)
 from tests.support.procs import (
     REPO,
     Proc,
@@ -461,6 +468,43 @@ def test_starttls_for_imap_and_smtp_checks_certificates(
         reply = wait_reply(smtp, "<tls@example.org>")
         assert reply["Subject"] == "Re: hello"
     finally:
+        imap.stop()
+        smtp.stop()
+
+
+def test_implicit_tls_for_imap_and_smtp_checks_certificates(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    """imap_tls / smtp_tls = "tls": TLS from the first byte (IMAPS 993, SMTPS 465 style)."""
+    cert, key = self_signed_cert(tmp_path / "tls")
+    imap = ImapServer(tmp_path / "imap-plain").start()
+    proxy = TlsProxy(imap.port, cert, key).start()
+    smtp = SmtpServer(tls=(cert, key), implicit_tls=True).start()
+    imaps = SimpleNamespace(port=proxy.port, user=imap.user, password=imap.password)
+    try:
+        untrusted = _env(tmp_path, redis_server.url, prefix, model_server, imaps, smtp, tls="tls")
+        gw = procs.start("gateway-email", ["gateway", "email"], untrusted)
+        record = gw.wait_for_log("email.imap_error", timeout=20)
+        assert "CERTIFICATE_VERIFY_FAILED" in record["error"]
+        assert gw.stop() == 0
+
+        more = f'ca_file = "{cert}"'
+        env = _env(
+            tmp_path, redis_server.url, prefix, model_server, imaps, smtp, tls="tls", more=more
+        )
+        procs.worker(env, r=real_redis, keys=keys)
+        start_gateway(procs, env)
+        imap.append(make_message(message_id="<imaps@example.org>"))
+        reply = wait_reply(smtp, "<imaps@example.org>")
+        assert reply["Subject"] == "Re: hello"
+    finally:
+        proxy.stop()
         imap.stop()
         smtp.stop()
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import imaplib
@@ -104,15 +105,18 @@ class _Collect:
 class SmtpServer:
     """aiosmtpd on a free port collecting ``(recipients, message)`` for every mail sent to it."""
 
-    def __init__(self, *, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(self, *, tls: tuple[Path, Path] | None = None, implicit_tls: bool = False) -> None:
         self.port = free_port()
         self.received: list[tuple[list[str], email.message.Message]] = []
         self.lock = threading.Lock()
         options: dict[str, Any] = {}
-        if tls is not None:  # STARTTLS required
+        if tls is not None:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ctx.load_cert_chain(str(tls[0]), str(tls[1]))
-            options = {"tls_context": ctx, "require_starttls": True}
+            if implicit_tls:  # SMTPS: TLS from the first byte (port 465 style)
+                options = {"ssl_context": ctx}
+            else:  # STARTTLS required
+                options = {"tls_context": ctx, "require_starttls": True}
         self.controller = Controller(
             _Collect(self), hostname="127.0.0.1", port=self.port, **options
         )
@@ -173,3 +177,54 @@ def make_message(
         msg[name] = value
     msg.set_content(body)
     return msg
+
+
+class TlsProxy:
+    """Implicit TLS (IMAPS, port 993 style) in front of a plain server: pymap offers only
+    STARTTLS, so the tests terminate TLS here and forward the bytes to pymap's port."""
+
+    def __init__(self, target_port: int, cert: Path, key: Path) -> None:
+        self.port = free_port()
+        self.target_port = target_port
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(str(cert), str(key))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: asyncio.Server | None = None
+
+    def start(self) -> TlsProxy:
+        self.thread.start()
+        fut = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._client, "127.0.0.1", self.port, ssl=self.ctx), self.loop
+        )
+        self.server = fut.result(10)
+        return self
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, ssl.SSLError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            if self.server is not None:
+                self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
