@@ -100,13 +100,21 @@ class Turns:
         from a sender not on the allowlist), or it is an edit of an earlier message
         (``extra.edit_of``) or a reaction (``extra.reaction``), recorded as such rather than
         taken as a new request."""
-        is_owner = self.resolver.is_owner(msg.channel, msg.sender)
-        self._memory(lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner))
+        self._record_inbound(stream_id, msg)
         log.info(
             "turn.recorded_only",
             reason=msg.extra.get("no_reply")
             or ("reaction" if msg.extra.get("reaction") else f"edit of {msg.extra.get('edit_of')}"),
         )
+
+    def _record_inbound(self, stream_id: str, msg: InboundMessage) -> tuple[LogRow | None, bool]:
+        """The inbound row (its sender's entity created on first sight) in the worker's
+        transaction, idempotent on the stream id; and whether the sender is the owner."""
+        is_owner = self.resolver.is_owner(msg.channel, msg.sender)
+        row = self._memory(
+            lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner)
+        )
+        return row, is_owner
 
     def _command(self, stream_id: str, msg: InboundMessage) -> Reply:
         """An owner command from the terminal: applied to memory, answered with JSON."""
@@ -126,34 +134,22 @@ class Turns:
                 "error": "memory failed while applying the command; nothing was changed "
                 "(see the worker log); it is safe to run it again",
             }
-        return Reply(
-            reply_id=new_reply_id(),
-            answers=stream_id,
-            kind=ReplyKind.NOTICE if result.get("ok") else ReplyKind.ERROR,
-            channel=msg.channel,
-            session=msg.session,
-            conversation=msg.conversation,
-            in_reply_to=msg.event_id,
-            text=json.dumps(result, ensure_ascii=False, default=str),
-            created=time.time(),
-        )
+        kind = ReplyKind.NOTICE if result.get("ok") else ReplyKind.ERROR
+        return _reply(msg, stream_id, json.dumps(result, ensure_ascii=False, default=str), kind)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
-        is_owner = self.resolver.is_owner(msg.channel, msg.sender)
-        # the sender's entity (created on first sight) and the row, in the worker's transaction
-        row = self._memory(
-            lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner)
-        )
+        row, is_owner = self._record_inbound(stream_id, msg)
         recorded = self._memory(lambda s: s.recorded_reply(stream_id))
         if recorded is not None:
             log.info("turn.replayed", reply_id=recorded.reply_id)
             return _reply_from_row(recorded, msg)
 
-        messages = self._context(msg, row, stream_id, is_owner)
+        scope = self.scope_of(msg, row)
+        messages = self._context(msg, row or _transient_row(msg, stream_id, is_owner), scope)
         ctx = TurnContext(
             stream_id=stream_id,
             msg=msg,
-            scope=self.scope_of(msg, row),
+            scope=scope,
             store=self.store,
             cfg=self.cfg,
             role=self.cfg.conversation_role(msg.conversation, msg.session).role,
@@ -164,16 +160,8 @@ class Turns:
             result = run_turn(
                 self.model, messages, tools, max_rounds=self.cfg.model.max_tool_rounds
             )
-        reply = Reply(
-            reply_id=new_reply_id(),
-            answers=stream_id,
-            kind=ReplyKind.ERROR if result.error else ReplyKind.REPLY,
-            channel=msg.channel,
-            session=msg.session,
-            conversation=msg.conversation,
-            in_reply_to=msg.event_id,
-            text=result.text,
-            created=time.time(),
+        reply = _reply(
+            msg, stream_id, result.text, ReplyKind.ERROR if result.error else ReplyKind.REPLY
         )
         log.info(
             "turn.done",
@@ -190,11 +178,7 @@ class Turns:
         entity = row.entity if row is not None else None
         return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
 
-    def _context(
-        self, msg: InboundMessage, row: LogRow | None, stream_id: str, is_owner: bool
-    ) -> list[dict[str, str]]:
-        current = row or _transient_row(msg, stream_id, is_owner)
-        scope = self.scope_of(msg, row)
+    def _context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
         history: Iterable[LogRow] = ()
         if self.store is not None:
             history = self._guarded(visible_history(self.store, scope, limit=HISTORY_ROWS))
@@ -275,16 +259,38 @@ def _apply_command(
     return result
 
 
-def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:
+def _reply(
+    msg: InboundMessage,
+    stream_id: str,
+    text: str,
+    kind: ReplyKind,
+    *,
+    reply_id: str | None = None,
+    created: float | None = None,
+) -> Reply:
+    """The reply to ``msg`` (the stream entry ``stream_id``), routed back to its session."""
     return Reply(
-        reply_id=row.reply_id or row.event_id,
-        answers=row.stream_id,
-        kind=ReplyKind(row.kind) if row.kind in ReplyKind._value2member_map_ else ReplyKind.REPLY,
+        reply_id=reply_id or new_reply_id(),
+        answers=stream_id,
+        kind=kind,
         channel=msg.channel,
         session=msg.session,
         conversation=msg.conversation,
         in_reply_to=msg.event_id,
-        text=row.text,
+        text=text,
+        created=created if created is not None else time.time(),
+    )
+
+
+def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:
+    """The reply recorded before a crash, queued again as it was (same id, same text)."""
+    kind = ReplyKind(row.kind) if row.kind in ReplyKind._value2member_map_ else ReplyKind.REPLY
+    return _reply(
+        msg,
+        row.stream_id,
+        row.text,
+        kind,
+        reply_id=row.reply_id or row.event_id,
         created=row.platform_ts or row.recorded_ts,
     )
 
