@@ -36,7 +36,7 @@ from typing import Any
 from bench._common import OUT, machine_note, median, pct, table
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
-from memory.store import _INSERT, LogRow, MemoryStore
+from memory.store import _INSERT, LogRow, MemoryStore, index_since
 from relaybot import logs
 from relaybot.config import DEFAULT_SYSTEM_PROMPT
 from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
@@ -276,7 +276,9 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
 
 def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     conn.execute("BEGIN IMMEDIATE")
+    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
     conn.executemany(_INSERT, rows)
+    index_since(conn, first)  # full-text indexing, as the worker does it per batch
     conn.execute("COMMIT")
 
 

@@ -43,7 +43,7 @@ from bench._common import OUT, machine_note, median, pct, table
 from bench.context import _CONVERSATIONS, ASSISTANT, T0
 from memory.privacy import Scope
 from memory.search import SearchQuery, clear_cache, search
-from memory.store import _INSERT, MemoryStore
+from memory.store import _INSERT, MemoryStore, index_since
 from relaybot import logs
 from relaybot.wire import Privacy
 
@@ -183,7 +183,9 @@ def dataset(size: int, corpus: Corpus, regenerate: bool = False) -> tuple[Path, 
 
 def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     conn.execute("BEGIN IMMEDIATE")
+    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
     conn.executemany(_INSERT, rows)
+    index_since(conn, first)  # full-text indexing, as the worker does it per batch
     conn.execute("COMMIT")
 
 

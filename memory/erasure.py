@@ -47,8 +47,12 @@ NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 
 @contextmanager
 def writing(store: MemoryStore) -> Iterator[None]:
-    """Inside the worker's batch transaction as it is; else in a transaction of our own."""
+    """Inside the worker's batch transaction as it is; else in a transaction of our own.
+
+    The batch's new rows are indexed first: an erasure rewrites index entries (which must exist)
+    and savepoints rolled back must not take earlier rows out of the index."""
     if store.conn.in_transaction:
+        store.sync_index()
         yield
     else:
         with store.transaction():

@@ -501,6 +501,7 @@ def search(
     result = SearchResult(query=query, terms=tuple(terms))
     if not terms:
         return result
+    store.sync_index()  # the open batch's rows are searchable like the rest
     vis, vis_params = _visibility(store, scope)
     if vis == NOTHING:
         return result

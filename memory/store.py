@@ -63,6 +63,21 @@ _RECENT_ENTITY = (
     f"SELECT {_COLUMNS} FROM log WHERE entity = ? AND direction = 'in' AND id < ? "  # noqa: S608
     "ORDER BY id DESC LIMIT ?"
 )
+# Full-text indexing of new rows (migration 6): the open transaction's rows at once, in one
+# statement, before the commit or before anything reads or rewrites the index; a row appended
+# outside a transaction at once.
+_INDEX_FROM = (
+    "INSERT INTO log_fts (rowid, text, sender_name) "
+    "SELECT id, text, sender_name FROM log WHERE id >= ?"
+)
+INDEX_ROW = "INSERT INTO log_fts (rowid, text, sender_name) VALUES (?, ?, ?)"
+
+
+def index_since(conn: sqlite3.Connection, first_id: int) -> None:
+    """Index the log rows from ``first_id`` on (none of them indexed yet) in one statement."""
+    conn.execute(_INDEX_FROM, (first_id,))
+
+
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
 _COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
 
@@ -250,6 +265,7 @@ class MemoryStore:
         self._after: list[Callable[[], None]] = []  # run once the open transaction commits
         self._stale = 0  # invalidate(): the cache size to re-read on the next read after the tx
         self._changed_in_tx = False  # invalidate() inside the open transaction
+        self._unindexed: int | None = None  # the first row of the open transaction not in log_fts
         self._conn = self._open(sync)
         # Coverage rule: every valid row with id >= _cache_lo is in _cache (or _pending).
         self._cache: deque[LogRow] | None = None
@@ -417,9 +433,25 @@ class MemoryStore:
         row = _build((cur.lastrowid, *params))
         if self._in_tx:
             self._pending.append(row)
+            if self._unindexed is None:
+                self._unindexed = row.id
         else:
+            self._conn.execute(INDEX_ROW, (row.id, row.text, row.sender_name))
             self._cached([row])
         return row
+
+    def sync_index(self) -> None:
+        """Index the open transaction's new rows for full-text search now.
+
+        The commit does it; so must anything that searches the log, rewrites its text (erasure)
+        or sets a savepoint inside the transaction (so that rolling the savepoint back cannot
+        take rows of before it out of the index). One statement for the whole batch: FTS5 flushes
+        its pending terms at the end of each statement, so indexing a row at a time costs ~5x.
+        """
+        first = self._unindexed
+        if first is not None and self._conn.in_transaction:
+            index_since(self._conn, first)
+        self._unindexed = None
 
     def _existing(self, direction: str, stream_id: str) -> LogRow:
         raw = self._conn.execute(_BY_KEY, (direction, stream_id)).fetchone()
@@ -448,6 +480,7 @@ class MemoryStore:
 
     def _commit(self) -> None:
         try:
+            self.sync_index()
             self._conn.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -459,6 +492,7 @@ class MemoryStore:
 
     def _rollback(self) -> None:
         self._pending = []
+        self._unindexed = None
         self._in_tx = False
         try:
             if self._conn.in_transaction:

@@ -1,0 +1,137 @@
+"""Full-text indexing by the writer (migration 6): a batch's rows go into ``log_fts`` in one
+statement, and the index stays exactly the log's text through commits, rollbacks, searches inside
+the batch, failed commands (savepoints) and erasures of rows that are not indexed yet.
+
+``integrity-check`` with rank 1 compares the FTS5 index with the content table row by row, so it
+fails on a row missing from the index, indexed twice, or indexed with other text.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from memory import commands
+from memory.commands import CommandContext
+from memory.erasure import erase
+from memory.privacy import Scope
+from memory.schema import LATEST_VERSION
+from memory.search import SearchQuery, search
+from memory.store import MemoryStore
+from relaybot.wire import InboundMessage, Privacy
+from worker.turn import _apply_command
+
+OWNER = Scope(conversation="cli:a", privacy=Privacy.OWNER)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MemoryStore]:
+    with MemoryStore(tmp_path / "memory.sqlite3") as s:
+        yield s
+
+
+def say(store: MemoryStore, n: int, text: str) -> None:
+    msg = InboundMessage(
+        channel="cli",
+        session="cli:a",
+        conversation="cli:a",
+        sender="owner",
+        privacy=Privacy.OWNER,
+        text=text,
+        event_id=f"e{n}",
+        ts=1_790_000_000.0 + n,
+    )
+    store.append_inbound(msg, f"{n}-0", is_owner=True)
+
+
+def indexed(store: MemoryStore, word: str) -> list[int]:
+    sql = "SELECT rowid FROM log_fts WHERE log_fts MATCH ? ORDER BY rowid"
+    return [r[0] for r in store.conn.execute(sql, (word,))]
+
+
+def check_index(store: MemoryStore) -> None:
+    store.conn.execute("INSERT INTO log_fts (log_fts, rank) VALUES ('integrity-check', 1)")
+
+
+def found(store: MemoryStore, word: str) -> list[str]:
+    return [h.row.text for h in search(store, OWNER, SearchQuery(text=word)).hits]
+
+
+def test_the_insert_trigger_is_gone_and_the_update_delete_ones_stay(store: MemoryStore) -> None:
+    triggers = {
+        r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+    }
+    assert "log_fts_insert" not in triggers
+    assert {"log_fts_update", "log_fts_delete"} <= triggers
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION >= 6
+
+
+def test_a_row_appended_outside_a_transaction_is_indexed_at_once(store: MemoryStore) -> None:
+    say(store, 1, "alpaca grazing")
+    assert indexed(store, "alpaca") == [1]
+    check_index(store)
+
+
+def test_a_batch_is_indexed_at_commit_and_searchable_inside_it(store: MemoryStore) -> None:
+    say(store, 1, "before the batch: walrus")
+    with store.transaction():
+        for n in range(2, 12):
+            say(store, n, f"walrus number {n}")
+        assert indexed(store, "walrus") == [1]  # not yet: one statement at commit
+        # ... but a search inside the batch sees the batch (it indexes first)
+        assert len(found(store, "walrus")) == 10  # the search's default limit
+        say(store, 12, "walrus after the search")
+    assert indexed(store, "walrus") == list(range(1, 13))
+    check_index(store)
+
+
+def test_a_rolled_back_batch_leaves_the_index_as_it_was(store: MemoryStore) -> None:
+    say(store, 1, "kept narwhal")
+    with pytest.raises(RuntimeError), store.transaction():
+        say(store, 2, "lost narwhal")
+        found(store, "narwhal")  # indexed inside the transaction, then rolled back with it
+        raise RuntimeError("boom")
+    assert indexed(store, "narwhal") == [1]
+    check_index(store)
+    say(store, 3, "next narwhal")  # the same ids again: indexed once
+    assert indexed(store, "narwhal") == [1, 2]
+    check_index(store)
+
+
+def test_a_failed_command_keeps_the_earlier_rows_of_the_batch_indexed(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails_after_a_search(*_args: object) -> dict[str, object]:
+        found(store, "ocelot")  # indexes inside the command's savepoint...
+        raise sqlite3.OperationalError("disk I/O error")  # ...which is then rolled back
+
+    monkeypatch.setattr(commands, "apply", fails_after_a_search)
+    with store.transaction():
+        say(store, 1, "ocelot one")
+        with pytest.raises(sqlite3.OperationalError):
+            _apply_command(store, cast(CommandContext, None), "op", {})
+        say(store, 2, "ocelot two")
+    assert indexed(store, "ocelot") == [1, 2]
+    check_index(store)
+
+
+def test_erasing_a_row_of_the_open_batch_keeps_the_index_whole(store: MemoryStore) -> None:
+    with store.transaction():
+        say(store, 1, "keep this quokka")
+        say(store, 2, "erase this zanzibarquux quokka")
+        erase(
+            store,
+            kind="id",
+            target="2",
+            reason="test",
+            requested_by="owner",
+            stream_id="9-0",
+        )
+        say(store, 3, "a later quokka")
+    assert indexed(store, "zanzibarquux") == []
+    assert indexed(store, "quokka") == [1, 3]
+    check_index(store)
