@@ -158,6 +158,12 @@ def conversation_viewer(
     return viewer_for(scope, binding, privacy.persons_for(store, scope))
 
 
+def any_notes(store: MemoryStore) -> bool:
+    """Whether memory holds any note at all (one row read): with none, a turn's context skips the
+    notes lookup altogether."""
+    return store.conn.execute("SELECT 1 FROM note LIMIT 1").fetchone() is not None
+
+
 def context_lines(
     store: MemoryStore, viewer: Viewer, text: str, *, limit: int = CONTEXT_NOTES
 ) -> list[str]:

@@ -158,11 +158,19 @@ def log_row_visible(scope: Scope, row: LogRow, *, persons: Collection[str] = ())
 
 
 def visible_history(
-    store: MemoryStore, scope: Scope, *, limit: int, before_id: int | None = None
+    store: MemoryStore,
+    scope: Scope,
+    *,
+    limit: int,
+    before_id: int | None = None,
+    after_id: int = 0,
+    persons: Collection[str] | None = None,
 ) -> Iterator[LogRow]:
     """Rows ``scope`` may see, newest first, at most ``limit``, read lazily page by page.
 
-    ``before_id`` starts below that id (e.g. the current message's, for a strictly earlier view).
+    ``before_id`` starts below that id (e.g. the current message's, for a strictly earlier view);
+    ``after_id`` ends at that id (what is new since then: memory.window). ``persons`` is
+    :func:`persons_for` of a direct scope when the caller has it already.
     The owner reads the whole log (the store's caches serve the recent end); a group reads its
     conversation; a direct scope merges its conversation with one stream per entity of the
     person, each on its index, so its cost does not grow with the size of the log.
@@ -171,14 +179,17 @@ def visible_history(
     if privacy is None or limit <= 0:
         return
     if privacy is Privacy.OWNER:
-        yield from _pages(store, None, limit, before_id)
+        yield from _pages(store, None, limit, before_id, after_id)
         return
-    people = _persons(scope, persons_for(store, scope)) if privacy is Privacy.DIRECT else []
-    own = _pages(store, scope.conversation, limit, before_id)
+    if privacy is Privacy.DIRECT:
+        people = _persons(scope, persons_for(store, scope) if persons is None else persons)
+    else:
+        people = []
+    own = _pages(store, scope.conversation, limit, before_id, after_id)
     if not people:
         yield from own
         return
-    streams = [own, *(_entity_pages(store, e, limit, before_id) for e in people)]
+    streams = [own, *(_entity_pages(store, e, limit, before_id, after_id) for e in people)]
     last = 0
     count = 0
     for row in heapq.merge(*streams, key=lambda r: -r.id):
@@ -196,12 +207,12 @@ def visible_history(
 
 
 def _pages(
-    store: MemoryStore, conversation: str | None, limit: int, before_id: int | None
+    store: MemoryStore, conversation: str | None, limit: int, before_id: int | None, after_id: int
 ) -> Iterator[LogRow]:
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
-        rows = store.recent(page, conversation=conversation, before_id=before_id)
+        rows = store.recent(page, conversation=conversation, before_id=before_id, after_id=after_id)
         for row in rows:
             # Belt and braces: a conversation's stream never yields another conversation's row.
             if conversation is not None and row.conversation != conversation:
@@ -214,12 +225,12 @@ def _pages(
 
 
 def _entity_pages(
-    store: MemoryStore, entity: str, limit: int, before_id: int | None
+    store: MemoryStore, entity: str, limit: int, before_id: int | None, after_id: int
 ) -> Iterator[LogRow]:
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
-        rows = store.recent_of_entity(entity, page, before_id=before_id)
+        rows = store.recent_of_entity(entity, page, before_id=before_id, after_id=after_id)
         yield from rows
         if len(rows) < page:
             return

@@ -266,6 +266,9 @@ class MemoryStore:
         self._stale = 0  # invalidate(): the cache size to re-read on the next read after the tx
         self._changed_in_tx = False  # invalidate() inside the open transaction
         self._unindexed: int | None = None  # the first row of the open transaction not in log_fts
+        # Bumped whenever rows below the top of the log change or vanish (a rollback, an erasure,
+        # an import): what was read before may be wrong now (memory.window).
+        self.generation = 0
         self._conn = self._open(sync)
         # Coverage rule: every valid row with id >= _cache_lo is in _cache (or _pending).
         self._cache: deque[LogRow] | None = None
@@ -491,6 +494,7 @@ class MemoryStore:
         self._tx_ended(committed=True)
 
     def _rollback(self) -> None:
+        self.generation += 1
         self._pending = []
         self._unindexed = None
         self._in_tx = False
@@ -537,21 +541,29 @@ class MemoryStore:
         return {str(status): float(at) for status, at in rows}
 
     def recent(
-        self, limit: int, *, conversation: str | None = None, before_id: int | None = None
+        self,
+        limit: int,
+        *,
+        conversation: str | None = None,
+        before_id: int | None = None,
+        after_id: int = 0,
     ) -> list[LogRow]:
-        """Up to ``limit`` rows, newest first, optionally of one conversation and below an id."""
+        """Up to ``limit`` rows, newest first, optionally of one conversation, below
+        ``before_id`` and above ``after_id`` (what is new since a row: memory.window)."""
         out: list[LogRow] = []
         if limit <= 0:
             return out
         if self._stale and not self._in_tx:
             self._reload_stale()
         if conversation is not None and self._conv_rows > 0:
-            self._recent_conversation(out, limit, conversation, before_id)
+            self._recent_conversation(out, limit, conversation, before_id, after_id)
             return out
         bound = before_id
         cache = self._cache
         if cache is not None and (before_id is None or before_id > self._cache_lo):
             for row in chain(reversed(self._pending), reversed(cache)):
+                if row.id <= after_id:
+                    return out
                 if before_id is not None and row.id >= before_id:
                     continue
                 if conversation is not None and row.conversation != conversation:
@@ -562,11 +574,11 @@ class MemoryStore:
             if self._cache_lo == 0:
                 return out  # the cache holds the whole log
             bound = self._cache_lo if before_id is None else min(before_id, self._cache_lo)
-        self._select(out, limit, conversation, bound)
+        self._select(out, limit, conversation, bound, after_id)
         return out
 
     def _recent_conversation(
-        self, out: list[LogRow], limit: int, conversation: str, before_id: int | None
+        self, out: list[LogRow], limit: int, conversation: str, before_id: int | None, after_id: int
     ) -> None:
         """Serve one conversation's rows from its cache, loading it on first use."""
         entry = self._convs.get(conversation)
@@ -574,9 +586,11 @@ class MemoryStore:
             entry = self._load_conversation(conversation)
         else:
             self._convs.move_to_end(conversation)
-        pending = [r for r in self._pending if r.conversation == conversation]
-        for row in chain(reversed(pending), reversed(entry.rows)):
-            if before_id is not None and row.id >= before_id:
+        # the open transaction's rows (not cached yet; the highest ids), then the cache's
+        for row in chain(reversed(self._pending), reversed(entry.rows)):
+            if row.id <= after_id:
+                return
+            if row.conversation != conversation or (before_id is not None and row.id >= before_id):
                 continue
             out.append(row)
             if len(out) == limit:
@@ -584,7 +598,7 @@ class MemoryStore:
         if entry.lo == 0:
             return  # the cache holds the whole conversation
         bound = entry.lo if before_id is None else min(before_id, entry.lo)
-        self._select(out, limit, conversation, bound)
+        self._select(out, limit, conversation, bound, after_id)
 
     def _load_conversation(self, conversation: str) -> _ConvCache:
         # Rows of the open transaction are not cached until it commits; they have the highest
@@ -604,7 +618,12 @@ class MemoryStore:
         return entry
 
     def _select(
-        self, out: list[LogRow], limit: int, conversation: str | None, before_id: int | None
+        self,
+        out: list[LogRow],
+        limit: int,
+        conversation: str | None,
+        before_id: int | None,
+        after_id: int = 0,
     ) -> None:
         conn = self._conn
         while len(out) < limit:
@@ -621,17 +640,19 @@ class MemoryStore:
             for r in raw:
                 row = self._convert(r)
                 if row is not None:
+                    if row.id <= after_id:
+                        return
                     out.append(row)
             if len(raw) < want:
                 return
             before_id = int(raw[-1][0])  # corrupt rows were skipped: read on past them
 
     def recent_of_entity(
-        self, entity: str, limit: int, *, before_id: int | None = None
+        self, entity: str, limit: int, *, before_id: int | None = None, after_id: int = 0
     ) -> list[LogRow]:
         """Up to ``limit`` inbound rows sent by ``entity`` (any conversation), newest first, below
-        ``before_id``; from the entity's cache, else on the ``(entity, id)`` index. For
-        memory.privacy, not for display."""
+        ``before_id`` and above ``after_id``; from the entity's cache, else on the ``(entity,
+        id)`` index. For memory.privacy, not for display."""
         out: list[LogRow] = []
         bound = (1 << 62) if before_id is None else before_id
         if self._conv_rows > 0 and not self._changed_in_tx:
@@ -640,9 +661,10 @@ class MemoryStore:
                 entry = self._load_entity(entity)
             else:
                 self._ents.move_to_end(entity)
-            pending = [r for r in self._pending if r.direction == "in" and r.entity == entity]
-            for row in chain(reversed(pending), reversed(entry.rows)):
-                if row.id >= bound:
+            for row in chain(reversed(self._pending), reversed(entry.rows)):
+                if row.id <= after_id:
+                    return out
+                if row.id >= bound or row.entity != entity or row.direction != "in":
                     continue
                 out.append(row)
                 if len(out) == limit:
@@ -650,14 +672,24 @@ class MemoryStore:
             if entry.lo == 0:
                 return out  # the cache holds all of the entity's rows
             bound = min(bound, entry.lo)
+        self._select_entity(out, limit, entity, bound, after_id)
+        return out
+
+    def _select_entity(
+        self, out: list[LogRow], limit: int, entity: str, bound: int, after_id: int
+    ) -> None:
         while len(out) < limit:
             want = limit - len(out)
             raw = self._conn.execute(_RECENT_ENTITY, (entity, bound, want)).fetchall()
-            out += [got for r in raw if (got := self._convert(r)) is not None]
+            for r in raw:
+                got = self._convert(r)
+                if got is not None:
+                    if got.id <= after_id:
+                        return
+                    out.append(got)
             if len(raw) < want:
-                break
+                return
             bound = int(raw[-1][0])  # corrupt rows were skipped: read on past them
-        return out
 
     def _load_entity(self, entity: str) -> _ConvCache:
         # committed rows only (see _load_conversation); pending ones join the cache on commit
@@ -700,6 +732,7 @@ class MemoryStore:
         """Forget every cached row: an audited erasure or an import changed the log under the
         caches. Reads go to SQL (which sees the open transaction's changes) until the first read
         after the transaction, which reads the recent-rows cache again."""
+        self.generation += 1
         self._convs.clear()
         self._ents.clear()
         self._changed_in_tx = self._in_tx

@@ -20,19 +20,31 @@ _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", r
 
 
 def redact(value: Any) -> Any:
-    if isinstance(value, str):
+    if isinstance(value, str) and "://" in value:  # only a URL can carry a password this way
         return _URL_PASSWORD.sub(r"\1***\3", value)
     return value
+
+
+_secret_keys: dict[str, bool] = {}  # key -> looks like a secret (log keys are few and fixed)
+
+
+def _is_secret_key(key: str) -> bool:
+    known = _secret_keys.get(key)
+    if known is None:
+        known = bool(_SECRET_KEY.search(key))
+        if len(_secret_keys) < 4096:
+            _secret_keys[key] = known
+    return known
 
 
 def _redact_secrets(
     _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    for key, value in list(event_dict.items()):
-        if key != "event" and _SECRET_KEY.search(key) and value not in (None, "", False):
+    for key, value in event_dict.items():  # values are replaced, keys stay: safe to iterate
+        if key != "event" and _is_secret_key(key) and value not in (None, "", False):
             event_dict[key] = "***"
-        else:
-            event_dict[key] = redact(value)
+        elif isinstance(value, str) and "://" in value:
+            event_dict[key] = _URL_PASSWORD.sub(r"\1***\3", value)
     return event_dict
 
 

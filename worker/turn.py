@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -21,8 +21,9 @@ from memory.commands import CommandContext
 from memory.context import build_context
 from memory.curated import CuratedFile, curated_path
 from memory.identity import Identity, OwnerResolver
-from memory.privacy import Scope, privacy_of, visible_history
+from memory.privacy import Scope, privacy_of
 from memory.store import LogRow, MemoryStore
+from memory.window import HistoryWindows
 from relaybot.config import Config
 from relaybot.wire import (
     InboundMessage,
@@ -76,6 +77,7 @@ class Turns:
         self.curated = CuratedFile(curated_path(cfg.workspace_dir))  # MEMORY.md
         self.thinking = thinking
         self.memory_failures = 0
+        self._windows: HistoryWindows | None = None  # the store's recent rows per scope
 
     def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
         try:
@@ -179,9 +181,15 @@ class Turns:
         return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
 
     def _context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
-        history: Iterable[LogRow] = ()
-        if self.store is not None:
-            history = self._guarded(visible_history(self.store, scope, limit=HISTORY_ROWS))
+        history: Sequence[LogRow] = ()
+        store = self.store
+        if store is not None:
+            if self._windows is None or self._windows.store is not store:
+                self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
+            try:
+                history = self._windows.rows(scope)
+            except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
+                self._degraded(exc)
         curated, found = self._curated_and_notes(msg, scope)
         return build_context(
             system_prompt=self.cfg.worker.system_prompt,
@@ -198,21 +206,17 @@ class Turns:
         to the message that this conversation may see (none if memory fails: degraded)."""
         curated = self.curated.read().text if privacy_of(scope) is Privacy.OWNER else ""
         found: list[str] = []
-        if self.store is not None:
-            binding = self.cfg.conversation_role(msg.conversation, msg.session)
-            try:
-                viewer = notes.conversation_viewer(self.store, scope, binding)
-                found = notes.context_lines(self.store, viewer, msg.text)
-            except sqlite3.Error as exc:
-                self._degraded(exc)
-        return curated, found
-
-    def _guarded(self, rows: Iterator[LogRow]) -> Iterator[LogRow]:
-        """History is read lazily; a failing query ends it instead of failing the turn."""
+        store = self.store
+        if store is None:
+            return curated, found
         try:
-            yield from rows
+            if notes.any_notes(store):  # none yet: nothing to look up
+                binding = self.cfg.conversation_role(msg.conversation, msg.session)
+                viewer = notes.conversation_viewer(store, scope, binding)
+                found = notes.context_lines(store, viewer, msg.text)
         except sqlite3.Error as exc:
             self._degraded(exc)
+        return curated, found
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")

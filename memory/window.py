@@ -1,0 +1,77 @@
+"""Recent history per privacy scope, kept up to date as rows arrive: the turn context's fast path.
+
+Every turn needs the newest rows its conversation may see (:func:`memory.privacy.visible_history`),
+and between two turns of one scope only a few rows arrive. :class:`HistoryWindows` keeps, per
+scope, the rows it returned last time and asks ``visible_history`` only for the rows above the
+newest of them (``after_id``), putting those in front. What it returns is always exactly
+``list(visible_history(store, scope, limit=limit))``: tests/unit/test_window.py compares the two
+after every kind of change.
+
+That holds because the log only ever grows at the top (append-only, increasing ids), except when
+a transaction rolls back (its rows vanish and their ids are used again), or an erasure rewrites
+rows, or an import inserts rows below the top. Each of those bumps ``store.generation``, which
+drops every window. Everything else visible_history reads is part of a window's key: the
+privacy class, the conversation and, for a direct scope, its person and who that person is
+(identity links), so a new link gives a new window. The owner's conversations all share one
+window (they see the same log).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
+from memory.store import LogRow, MemoryStore
+from relaybot.wire import Privacy
+
+WindowKey = tuple[Privacy, str, str, frozenset[str]]
+
+
+@dataclass
+class _Window:
+    generation: int
+    rows: list[LogRow]  # newest first, at most the limit
+
+
+class HistoryWindows:
+    """The newest ``limit`` rows each scope may see, for one store, reused turn after turn."""
+
+    def __init__(self, store: MemoryStore, *, limit: int, scopes: int = 256) -> None:
+        if limit <= 0 or scopes <= 0:
+            raise ValueError("limit and scopes must be positive")
+        self.store = store
+        self.limit = limit
+        self._max = scopes
+        self._windows: OrderedDict[WindowKey, _Window] = OrderedDict()
+
+    def rows(self, scope: Scope) -> Sequence[LogRow]:
+        """What ``visible_history(store, scope, limit=limit)`` yields, newest first (shared:
+        read it, do not change it). Raises ``sqlite3.Error`` as visible_history does."""
+        privacy = privacy_of(scope)
+        if privacy is None:
+            return ()
+        person = direct_person(scope)
+        persons = persons_for(self.store, scope) if person is not None else frozenset()
+        conversation = "" if privacy is Privacy.OWNER else scope.conversation
+        key = (privacy, conversation, person or "", persons)
+        generation = self.store.generation
+        window = self._windows.get(key)
+        if window is None or window.generation != generation:
+            rows = self._read(scope, persons, after_id=0)
+            self._windows[key] = _Window(generation, rows)
+            if len(self._windows) > self._max:
+                self._windows.popitem(last=False)
+            return rows
+        self._windows.move_to_end(key)
+        newest = window.rows[0].id if window.rows else 0
+        new = self._read(scope, persons, after_id=newest)
+        if new:
+            window.rows = new + window.rows[: self.limit - len(new)]
+        return window.rows
+
+    def _read(self, scope: Scope, persons: frozenset[str], *, after_id: int) -> list[LogRow]:
+        return list(
+            visible_history(self.store, scope, limit=self.limit, after_id=after_id, persons=persons)
+        )

@@ -1,0 +1,192 @@
+"""memory.window: the per-scope history windows give exactly what visible_history gives.
+
+A seeded random run mixes everything that changes what a scope sees: messages in every kind of
+conversation, batches read half-way (rows of the open transaction), rolled-back batches (their ids
+come back), identity links and unlinks, erasures, and a cache invalidation as an import does. After
+every step each scope's window is compared with a fresh ``visible_history`` read, with a limit
+smaller than the history (the window's tail is cut) and one larger.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory import commands
+from memory.commands import CommandContext
+from memory.erasure import erase
+from memory.identity import Identity, OwnerResolver
+from memory.privacy import Scope, visible_history
+from memory.store import MemoryStore
+from memory.window import HistoryWindows
+from relaybot.config import Config, OwnerAlias
+from relaybot.wire import InboundMessage, Privacy, Reply
+
+# (conversation, sender, privacy)
+SPEAKERS = (
+    ("cli:local", "me", Privacy.OWNER),
+    ("matrix:dm-bob", "@bob:m.org", Privacy.DIRECT),
+    ("email:thread-bob", "bob@example.org", Privacy.DIRECT),
+    ("matrix:dm-carol", "@carol:m.org", Privacy.DIRECT),
+    ("matrix:team", "@alice:m.org", Privacy.GROUP),
+    ("matrix:team", "@bob:m.org", Privacy.GROUP),
+    ("matrix:team", "@me:m.org", Privacy.GROUP),
+)
+_n = itertools.count(1)
+
+
+class Rolled(Exception):
+    """Raised inside a batch to roll it back."""
+
+
+class World:
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.identity = Identity(
+            OwnerResolver([OwnerAlias(address="@me:m.org", channel="matrix")]), "Ada"
+        )
+        self.entities: dict[str, str] = {}
+
+    def say(self, conversation: str, sender: str, privacy: Privacy) -> None:
+        """One message and its reply, in the open transaction."""
+        n = next(_n)
+        channel = conversation.split(":", maxsplit=1)[0]
+        msg = InboundMessage(
+            channel=channel,
+            session=conversation,
+            conversation=conversation,
+            sender=sender,
+            privacy=privacy,
+            text=f"message {n} from {sender}",
+            ts=1_795_000_000.0 + n,
+            event_id=f"ev{n}",
+        )
+        sid = f"{n}-0"
+        is_owner = self.identity.resolver.is_owner(channel, sender)
+        row = self.identity.append_inbound(self.store, msg, sid, is_owner=is_owner)
+        if row.entity is not None:
+            self.entities[sender] = row.entity
+        reply = Reply(
+            reply_id=f"r{n}",
+            answers=sid,
+            channel=channel,
+            session=conversation,
+            conversation=conversation,
+            in_reply_to=msg.event_id,
+            text=f"reply {n}",
+            created=msg.ts + 0.5,
+        )
+        self.store.append_reply(reply, sender="relaybot", privacy=privacy)
+
+    def command(self, op: str, **args: Any) -> dict[str, Any]:
+        context = CommandContext(
+            stream_id=f"{next(_n)}-9", store=self.store, cfg=Config(home=self.store.path.parent)
+        )
+        with self.store.transaction():
+            return commands.apply(context, op, args)
+
+    def scopes(self) -> list[Scope]:
+        out = [
+            Scope(conversation="cli:local", privacy=Privacy.OWNER),
+            Scope(conversation="matrix:team", privacy=Privacy.GROUP),
+            Scope(conversation="matrix:nobody", privacy=Privacy.GROUP),
+            Scope(conversation="", privacy=Privacy.GROUP),  # sees nothing (fail closed)
+        ]
+        for conversation, sender, privacy in SPEAKERS:
+            if privacy is Privacy.DIRECT and sender in self.entities:
+                entity = self.entities[sender]
+                out.append(Scope(conversation=conversation, privacy=privacy, entity=entity))
+                out.append(Scope(conversation=conversation, privacy=privacy))  # no person known
+        return out
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    # small caches, so the windows also meet the SQL paths below them
+    with MemoryStore(tmp_path / "memory.sqlite3", cache_rows=16, conversation_rows=8) as store:
+        yield World(store)
+
+
+def check(world: World, windows: list[HistoryWindows]) -> int:
+    compared = 0
+    for scope in world.scopes():
+        for w in windows:
+            expected = list(visible_history(world.store, scope, limit=w.limit))
+            assert list(w.rows(scope)) == expected, (scope, w.limit)
+            compared += len(expected)
+    return compared
+
+
+def test_windows_match_visible_history_through_every_kind_of_change(world: World) -> None:
+    rnd = random.Random(20261122)
+    store = world.store
+    windows = [HistoryWindows(store, limit=5), HistoryWindows(store, limit=400)]
+    seen = {"steps": 0, "rows": 0, "rollbacks": 0, "links": 0, "erasures": 0}
+    for step in range(260):
+        roll = rnd.random()
+        if roll < 0.55:
+            with store.transaction():
+                world.say(*rnd.choice(SPEAKERS))
+        elif roll < 0.75:  # a batch, read half-way through
+            with store.transaction():
+                for _ in range(rnd.randint(1, 4)):
+                    world.say(*rnd.choice(SPEAKERS))
+                seen["rows"] += check(world, windows)
+                world.say(*rnd.choice(SPEAKERS))
+        elif roll < 0.85:  # a batch that rolls back after being read
+            with pytest.raises(Rolled), store.transaction():
+                world.say(*rnd.choice(SPEAKERS))
+                seen["rows"] += check(world, windows)
+                raise Rolled
+            seen["rollbacks"] += 1
+        elif roll < 0.92:
+            op = rnd.choice(["entities.link", "entities.unlink"])
+            world.command(op, a="matrix:@bob:m.org", b="email:bob@example.org")
+            seen["links"] += 1
+        elif roll < 0.97 and step > 10:
+            target = str(rnd.randint(1, store.last_row().id))  # type: ignore[union-attr]
+            erase(
+                store,
+                kind="id",
+                target=target,
+                reason="test",
+                requested_by="owner",
+                stream_id=f"{next(_n)}-7",
+            )
+            seen["erasures"] += 1
+        else:
+            store.invalidate()  # as an import does
+        seen["rows"] += check(world, windows)
+        seen["steps"] += 1
+    assert seen["rollbacks"] > 5 and seen["links"] > 5 and seen["erasures"] > 3
+    assert seen["rows"] > 10_000  # the comparisons saw real histories, not empty ones
+
+
+def test_an_erased_text_leaves_the_window(world: World) -> None:
+    windows = HistoryWindows(world.store, limit=50)
+    with world.store.transaction():
+        world.say("matrix:dm-bob", "@bob:m.org", Privacy.DIRECT)
+    scope = Scope(
+        conversation="matrix:dm-bob", privacy=Privacy.DIRECT, entity=world.entities["@bob:m.org"]
+    )
+    first = windows.rows(scope)[-1]
+    assert first.text.startswith("message")
+    erase(
+        world.store,
+        kind="id",
+        target=str(first.id),
+        reason="asked",
+        requested_by="owner",
+        stream_id="99999-0",
+    )
+    assert all(not r.text.startswith("message") for r in windows.rows(scope))
+
+
+def test_a_window_needs_a_positive_limit(world: World) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        HistoryWindows(world.store, limit=0)
