@@ -122,6 +122,13 @@ def check(world: World, windows: list[HistoryWindows]) -> int:
     return compared
 
 
+def rolled_back_batch(world: World, windows: list[HistoryWindows], rnd: random.Random) -> None:
+    with world.store.transaction():
+        world.say(*rnd.choice(SPEAKERS))
+        check(world, windows)
+        raise Rolled
+
+
 def test_windows_match_visible_history_through_every_kind_of_change(world: World) -> None:
     rnd = random.Random(20261122)
     store = world.store
@@ -139,10 +146,8 @@ def test_windows_match_visible_history_through_every_kind_of_change(world: World
                 seen["rows"] += check(world, windows)
                 world.say(*rnd.choice(SPEAKERS))
         elif roll < 0.85:  # a batch that rolls back after being read
-            with pytest.raises(Rolled), store.transaction():
-                world.say(*rnd.choice(SPEAKERS))
-                seen["rows"] += check(world, windows)
-                raise Rolled
+            with pytest.raises(Rolled):
+                rolled_back_batch(world, windows, rnd)
             seen["rollbacks"] += 1
         elif roll < 0.92:
             op = rnd.choice(["entities.link", "entities.unlink"])
