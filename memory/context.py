@@ -187,14 +187,19 @@ def build_context(
     used += estimate_tokens(found)
     base = system_prompt + memory + found + HISTORY_HEADER
     lines: list[str] = []
-    for row in history:
-        if row.id == current.id or (
-            row.stream_id == current.stream_id and row.direction == current.direction
-        ):
-            continue
-        line, cost = _line(row, assistant_name)
+    current_id, current_key = current.id, (current.stream_id, current.direction)
+    for row in history:  # the hot loop of every turn: the memo is read inline (see _line)
+        memo = row.__dict__.get(_MEMO)
+        if memo is not None and memo[0] == assistant_name:
+            _, line, cost = memo
+        else:
+            line, cost = _line(row, assistant_name)
         if used + cost > budget_tokens:
+            if row.id == current_id or (row.stream_id, row.direction) == current_key:
+                continue
             break
+        if row.id == current_id or (row.stream_id, row.direction) == current_key:
+            continue
         used += cost
         lines.append(line)
     lines.reverse()

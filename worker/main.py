@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
 import structlog
 
 from memory.checkpoint import WalCheckpointer
+from memory.privacy import privacy_of
 from memory.store import MemoryStore
 from relaybot.config import Config
 from worker.busy import BusySignal
 from worker.consumer import Consumer
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel, make_model
-from worker.tools import ToolRegistry, default_tools
+from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
 from worker.turn_context import TurnContext
 
@@ -38,6 +40,23 @@ def turn_tools(ctx: TurnContext) -> ToolRegistry:
     return ToolRegistry([*default_tools(), *memory_tools(ctx)])
 
 
+def tool_shape(ctx: TurnContext) -> Hashable:
+    """What decides which tools :func:`turn_tools` offers and how they are described: whether
+    memory is there and the scope's privacy class (tests/unit/test_tools.py checks that turns
+    of one shape get the same specs)."""
+    return (ctx.store is None, privacy_of(ctx.scope))
+
+
+class TurnTools:
+    """:func:`turn_tools` for the worker: lazily built per turn, specs shared per shape."""
+
+    def __init__(self) -> None:
+        self._specs: dict[Hashable, list[dict[str, Any]]] = {}
+
+    def __call__(self, ctx: TurnContext) -> ToolRegistry:
+        return LazyTools(lambda: turn_tools(ctx), tool_shape(ctx), self._specs)
+
+
 def build_consumer(
     cfg: Config,
     r: redis.Redis,
@@ -54,7 +73,7 @@ def build_consumer(
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
     busy = BusySignal(r, cfg.keys)
-    turns = Turns(cfg, store, model, tools or turn_tools, thinking=busy.turn)
+    turns = Turns(cfg, store, model, tools or TurnTools(), thinking=busy.turn)
     return Consumer(cfg, r, turns, store, busy=busy)
 
 

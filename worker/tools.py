@@ -11,7 +11,7 @@ No tool sends a message. A turn has exactly one way to reach a person: its reply
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -175,6 +175,66 @@ class ToolRegistry:
         text = result if isinstance(result, str) else str(result)
         log.info("tool.called", tool=name, result_chars=len(text))
         return _clip(text)
+
+
+class LazyTools(ToolRegistry):
+    """A turn's tools, built only when something other than :meth:`specs` is needed (in practice:
+    when the model calls one). ``specs`` come from ``shared_specs``, computed by the first turn
+    of the same *shape* (whatever decides which tools a turn offers and how they read), so a
+    turn whose model answers without tools never builds its tools at all."""
+
+    def __init__(
+        self,
+        build: Callable[[], Iterable[Tool]],
+        shape: Hashable,
+        shared_specs: dict[Hashable, list[dict[str, Any]]],
+    ) -> None:
+        super().__init__()
+        self._build: Callable[[], Iterable[Tool]] | None = build
+        self._shape = shape
+        self._shared = shared_specs
+
+    def _ensure(self) -> None:
+        build, self._build = self._build, None
+        if build is not None:
+            for tool in build():
+                super().register(tool)
+
+    def specs(self) -> list[dict[str, Any]]:
+        specs = self._shared.get(self._shape)
+        if specs is None:
+            self._ensure()
+            specs = self._shared[self._shape] = super().specs()
+        return list(specs)
+
+    def register(self, tool: Tool) -> None:
+        self._ensure()
+        super().register(tool)
+
+    def get(self, name: str) -> Tool | None:
+        self._ensure()
+        return super().get(name)
+
+    @property
+    def names(self) -> list[str]:
+        self._ensure()
+        return list(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        self._ensure()
+        return super().__contains__(name)
+
+    def __len__(self) -> int:
+        self._ensure()
+        return super().__len__()
+
+    def __iter__(self) -> Iterator[Tool]:
+        self._ensure()
+        return super().__iter__()
+
+    def call(self, name: str, arguments: object) -> str:
+        self._ensure()
+        return super().call(name, arguments)
 
 
 # -- built-in tools ----------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""The worker's per-turn tools (worker.main.TurnTools): built only when the model calls one, and
+the specs a turn offers are exactly what building its tools would give, for turns of every shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memory.privacy import Scope
+from memory.store import MemoryStore
+from relaybot.config import Config
+from relaybot.wire import InboundMessage, Privacy
+from worker.main import TurnTools, turn_tools
+from worker.tools import LazyTools
+from worker.turn_context import TurnContext
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MemoryStore]:
+    with MemoryStore(tmp_path / "memory.sqlite3") as s:
+        yield s
+
+
+def context(
+    store: MemoryStore | None,
+    cfg: Config,
+    conversation: str,
+    privacy: str,
+    *,
+    entity: str | None = None,
+    role: str | None = None,
+) -> TurnContext:
+    channel = conversation.split(":", maxsplit=1)[0]
+    msg = InboundMessage(
+        channel=channel,
+        session=conversation,
+        conversation=conversation,
+        sender="someone",
+        privacy=Privacy.GROUP if privacy == "bogus" else Privacy(privacy),
+        text="hello",
+        ts=1.0,
+        event_id="e1",
+    )
+    scope = Scope(conversation=conversation, privacy=privacy, entity=entity)  # type: ignore[arg-type]
+    return TurnContext(stream_id="1-0", msg=msg, scope=scope, store=store, cfg=cfg, role=role)
+
+
+def contexts(store: MemoryStore, cfg: Config) -> list[TurnContext]:
+    """Turns of every shape, several per shape, differing in everything else."""
+    out = []
+    for s in (store, None):
+        out += [
+            context(s, cfg, "cli:a", "owner"),
+            context(s, cfg, "matrix:owner-dm", "owner", role="ops"),
+            context(s, cfg, "matrix:dm-bob", "direct", entity="e-bob"),
+            context(s, cfg, "email:thread-1", "direct", entity="e-erin", role="sales"),
+            context(s, cfg, "matrix:dm-x", "direct"),
+            context(s, cfg, "matrix:room", "group"),
+            context(s, cfg, "matrix:room-2", "group", role="ops"),
+            context(s, cfg, "matrix:odd", "bogus"),  # sees nothing
+        ]
+    return out
+
+
+def test_specs_are_what_building_the_tools_gives_for_every_turn(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    cfg = Config(home=tmp_path, roles={"matrix:room-2": "ops"})
+    tools = TurnTools()
+    shapes = set()
+    for ctx in contexts(store, cfg):
+        lazy = tools(ctx)
+        assert lazy.specs() == turn_tools(ctx).specs(), ctx.scope
+        shapes.add(repr(lazy._shape))  # type: ignore[attr-defined]
+    assert len(shapes) >= 6  # owner/direct/group/nothing, with and without memory
+
+
+def test_tools_are_built_only_when_needed_and_then_work(store: MemoryStore, tmp_path: Path) -> None:
+    built = []
+    cfg = Config(home=tmp_path)
+    ctx = context(store, cfg, "cli:a", "owner")
+
+    def build() -> list:
+        built.append(1)
+        return list(turn_tools(ctx))
+
+    shared: dict = {}
+    first = LazyTools(build, "owner", shared)
+    assert first.specs() and built == [1]  # the first of a shape builds once
+    second = LazyTools(build, "owner", shared)
+    assert second.specs() == first.specs() and built == [1]  # the next one does not
+    assert second.call("clock", {}).endswith("UTC)") and built == [1, 1]
+    assert "remember" in second and len(second) == len(first) and built == [1, 1]
+    assert second.call("nope", {}).startswith("error: there is no tool named 'nope'")
+    specs = second.specs()
+    specs.clear()  # a caller's copy: the shared specs are not changed
+    assert second.specs() == first.specs()
