@@ -26,6 +26,7 @@ crowd the recent history out. The history iterable is read no further than neede
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 
 from memory.store import LogRow
@@ -108,6 +109,58 @@ def _line(row: LogRow, assistant_name: str) -> tuple[str, int]:
     return line, cost
 
 
+class HistoryLines:
+    """A scope's history lines, ready for :func:`build_context`, kept up to date by memory.window:
+    oldest first, each row's line and the running total of their costs. New rows are added at
+    the end, so a turn formats only its new rows, finds what fits the budget with one bisect and
+    joins the lines: no work per row of history."""
+
+    def __init__(self, assistant_name: str, limit: int) -> None:
+        self.assistant_name = assistant_name
+        self.limit = limit  # only the newest `limit` rows count (as visible_history's limit)
+        self._ids: list[int] = []
+        self._lines: list[str] = []
+        self._totals: list[int] = [0]  # _totals[i]: the cost of the entries before i
+
+    @property
+    def newest_id(self) -> int:
+        return self._ids[-1] if self._ids else 0
+
+    def extend(self, rows: Sequence[LogRow]) -> None:
+        """Add ``rows`` (newest first, all newer than :attr:`newest_id`)."""
+        total = self._totals[-1]
+        for row in reversed(rows):
+            line, cost = _line(row, self.assistant_name)
+            total += cost
+            self._ids.append(row.id)
+            self._lines.append(line)
+            self._totals.append(total)
+        if len(self._ids) > 2 * self.limit:  # forget what no longer counts, now and then
+            cut = len(self._ids) - self.limit
+            base = self._totals[cut]
+            self._ids = self._ids[cut:]
+            self._lines = self._lines[cut:]
+            self._totals = [t - base for t in self._totals[cut:]]
+
+    def newest(self, room: int, current: LogRow) -> list[str] | None:
+        """The lines of the newest rows whose costs fit in ``room``, oldest first, leaving out
+        ``current`` when it is the newest row. None when that cannot be told without looking
+        at every row (``current`` is not a stored row, or rows newer than it are here): the
+        caller then goes row by row. Ids are unique and grow along the rows, and a stored row
+        is the only one with its (stream id, direction), so comparing ids with the newest
+        row's is enough."""
+        if current.id <= 0:
+            return None
+        ids, totals = self._ids, self._totals
+        end = len(ids)
+        if end and ids[-1] >= current.id:
+            if ids[-1] > current.id:
+                return None
+            end -= 1
+        first = max(len(ids) - self.limit, bisect_left(totals, totals[end] - room, hi=end))
+        return self._lines[first:end]
+
+
 def fit_text(text: str, max_tokens: int) -> str:
     """The longest prefix of ``text`` whose estimate is within ``max_tokens``, cut at a line
     boundary when one is in the second half (deterministic; the estimate grows with the prefix)."""
@@ -163,6 +216,7 @@ def build_context(
     assistant_name: str,
     curated: str = "",
     notes: Sequence[str] = (),
+    ready: HistoryLines | None = None,
 ) -> list[dict[str, str]]:
     """OpenAI chat messages: one system message (prompt, MEMORY.md, notes, labelled history
     oldest first) and the current message as the user message.
@@ -171,8 +225,9 @@ def build_context(
     the visible notes' lines, most relevant first. ``history`` is newest first and may contain
     ``current`` (skipped). It is consumed lazily: the first line that would take
     :func:`count_tokens` of the result over ``budget_tokens`` ends the history. If the prompt
-    and current message alone exceed the budget they still go in, alone. (Module docstring:
-    how the budget is shared.)
+    and current message alone exceed the budget they still go in, alone. ``ready`` is the
+    same history as :class:`HistoryLines` (memory.window): then no row is looked at. (Module
+    docstring: how the budget is shared.)
     """
     current_line, _ = _line(current, assistant_name)
     used = (
@@ -186,7 +241,14 @@ def build_context(
     found = notes_section(notes, int(room * NOTES_SHARE)) if notes else ""
     used += estimate_tokens(found)
     base = system_prompt + memory + found + HISTORY_HEADER
-    lines: list[str] = []
+    if ready is not None and ready.assistant_name == assistant_name:
+        lines = ready.newest(max(0, budget_tokens - used), current)
+        if lines is not None:
+            return [
+                {"role": "system", "content": base + "\n".join(lines)},
+                {"role": "user", "content": current_line},
+            ]
+    lines = []
     current_id, current_key = current.id, (current.stream_id, current.direction)
     for row in history:  # the hot loop of every turn: the memo is read inline (see _line)
         memo = row.__dict__.get(_MEMO)

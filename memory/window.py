@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memory.context import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
 from memory.store import LogRow, MemoryStore
 from relaybot.wire import Privacy
@@ -33,6 +34,7 @@ WindowKey = tuple[Privacy, str, str, frozenset[str]]
 class _Window:
     generation: int
     rows: list[LogRow]  # newest first, at most the limit
+    rendered: HistoryLines | None = None  # the rows' lines, as of the last history() call
 
 
 class HistoryWindows:
@@ -49,9 +51,29 @@ class HistoryWindows:
     def rows(self, scope: Scope) -> Sequence[LogRow]:
         """What ``visible_history(store, scope, limit=limit)`` yields, newest first (shared:
         read it, do not change it). Raises ``sqlite3.Error`` as visible_history does."""
+        window = self._window(scope)
+        return () if window is None else window.rows
+
+    def history(self, scope: Scope, assistant_name: str) -> tuple[Sequence[LogRow], HistoryLines]:
+        """:meth:`rows`, and their context lines (memory.context) with only new rows formatted."""
+        window = self._window(scope)
+        if window is None:
+            return (), HistoryLines(assistant_name, self.limit)
+        rows, done = window.rows, window.rendered
+        if done is None or done.assistant_name != assistant_name:
+            done = window.rendered = HistoryLines(assistant_name, self.limit)
+            done.extend(rows)
+        else:
+            top, new = done.newest_id, 0
+            while new < len(rows) and rows[new].id > top:
+                new += 1
+            done.extend(rows[:new])
+        return rows, done
+
+    def _window(self, scope: Scope) -> _Window | None:
         privacy = privacy_of(scope)
         if privacy is None:
-            return ()
+            return None
         person = direct_person(scope)
         persons = persons_for(self.store, scope) if person is not None else frozenset()
         conversation = "" if privacy is Privacy.OWNER else scope.conversation
@@ -59,17 +81,17 @@ class HistoryWindows:
         generation = self.store.generation
         window = self._windows.get(key)
         if window is None or window.generation != generation:
-            rows = self._read(scope, persons, after_id=0)
-            self._windows[key] = _Window(generation, rows)
+            window = _Window(generation, self._read(scope, persons, after_id=0))
+            self._windows[key] = window
             if len(self._windows) > self._max:
                 self._windows.popitem(last=False)
-            return rows
+            return window
         self._windows.move_to_end(key)
         newest = window.rows[0].id if window.rows else 0
         new = self._read(scope, persons, after_id=newest)
         if new:
             window.rows = new + window.rows[: self.limit - len(new)]
-        return window.rows
+        return window
 
     def _read(self, scope: Scope, persons: frozenset[str], *, after_id: int) -> list[LogRow]:
         return list(

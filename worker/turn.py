@@ -18,7 +18,7 @@ import structlog
 
 from memory import commands, notes
 from memory.commands import CommandContext
-from memory.context import build_context
+from memory.context import HistoryLines, build_context
 from memory.curated import CuratedFile, curated_path
 from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope, privacy_of
@@ -182,12 +182,13 @@ class Turns:
 
     def _context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
         history: Sequence[LogRow] = ()
+        ready: HistoryLines | None = None
         store = self.store
         if store is not None:
             if self._windows is None or self._windows.store is not store:
                 self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
             try:
-                history = self._windows.rows(scope)
+                history, ready = self._windows.history(scope, self.cfg.worker.assistant_name)
             except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
                 self._degraded(exc)
         curated, found = self._curated_and_notes(msg, scope)
@@ -199,6 +200,7 @@ class Turns:
             assistant_name=self.cfg.worker.assistant_name,
             curated=curated,
             notes=found,
+            ready=ready,
         )
 
     def _curated_and_notes(self, msg: InboundMessage, scope: Scope) -> tuple[str, list[str]]:

@@ -19,10 +19,11 @@ import pytest
 
 from memory import commands
 from memory.commands import CommandContext
+from memory.context import HistoryLines, build_context
 from memory.erasure import erase
 from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope, visible_history
-from memory.store import MemoryStore
+from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
 from relaybot.config import Config, OwnerAlias
 from relaybot.wire import InboundMessage, Privacy, Reply
@@ -112,12 +113,28 @@ def world(tmp_path: Path) -> Iterator[World]:
         yield World(store)
 
 
+def context(rows: list[LogRow], ready: HistoryLines | None, budget: int) -> list[dict[str, str]]:
+    """The context of a turn answering the newest row, with the window's lines or row by row."""
+    return build_context(
+        system_prompt="You are relaybot.",
+        history=rows,
+        current=rows[0],
+        budget_tokens=budget,
+        assistant_name="relaybot",
+        ready=ready,
+    )
+
+
 def check(world: World, windows: list[HistoryWindows]) -> int:
     compared = 0
     for scope in world.scopes():
         for w in windows:
             expected = list(visible_history(world.store, scope, limit=w.limit))
             assert list(w.rows(scope)) == expected, (scope, w.limit)
+            rows, ready = w.history(scope, "relaybot")
+            assert list(rows) == expected
+            for budget in (60, 5_000) if expected else ():
+                assert context(expected, ready, budget) == context(expected, None, budget)
             compared += len(expected)
     return compared
 
