@@ -61,14 +61,16 @@ class Scope:
     entity: str | None = None
 
 
+_PRIVACY: dict[str, Privacy] = {p.value: p for p in Privacy}
+
+
 def privacy_of(scope: Scope) -> Privacy | None:
     """The scope's privacy class if it may see anything at all, else None (fail closed)."""
     raw: object = scope.privacy
     if not isinstance(raw, str):
         return None
-    try:
-        privacy = Privacy(raw)
-    except ValueError:
+    privacy = _PRIVACY.get(raw)  # Privacy(raw) without the exception (called on every read)
+    if privacy is None:
         return None
     if privacy is Privacy.OWNER:
         return privacy

@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import structlog
@@ -25,24 +26,28 @@ def redact(value: Any) -> Any:
     return value
 
 
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
 _secret_keys: dict[str, bool] = {}  # key -> looks like a secret (log keys are few and fixed)
 
 
 def _is_secret_key(key: str) -> bool:
-    known = _secret_keys.get(key)
-    if known is None:
-        known = bool(_SECRET_KEY.search(key))
-        if len(_secret_keys) < 4096:
-            _secret_keys[key] = known
+    known = bool(_SECRET_KEY.search(key)) and key != "event"
+    if len(_secret_keys) < 4096:
+        _secret_keys[key] = known
     return known
 
 
 def _redact_secrets(
     _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
+    memo = _secret_keys
     for key, value in event_dict.items():  # values are replaced, keys stay: safe to iterate
-        if key != "event" and _is_secret_key(key) and value not in (None, "", False):
-            event_dict[key] = "***"
+        secret = memo.get(key)
+        if secret is None:
+            secret = _is_secret_key(key)
+        if secret:
+            if value not in (None, "", False):
+                event_dict[key] = "***"
         elif isinstance(value, str) and "://" in value:
             event_dict[key] = _URL_PASSWORD.sub(r"\1***\3", value)
     return event_dict
@@ -53,20 +58,18 @@ def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None
     out = stream or sys.stderr
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
 
-    def add_process(
-        _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+    def annotate(
+        _logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
-        # threads (heartbeat, lease) start with an empty context: name the process there too
+        # One processor for what every line gets (it runs on every turn): the process (threads
+        # such as the heartbeat start with an empty context), the level, the time (as
+        # structlog's TimeStamper(fmt="iso", utc=True)), and no secrets.
         event_dict.setdefault("process", process)
-        return event_dict
+        event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
+        event_dict["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        return _redact_secrets(_logger, method_name, event_dict)
 
-    shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        add_process,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _redact_secrets,
-    ]
+    shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
     renderer: Any
     if out.isatty():
         renderer = structlog.dev.ConsoleRenderer(colors=False)

@@ -8,7 +8,6 @@ with ``error=True`` so the caller can mark it as an error reply.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,23 +78,13 @@ def run_turn(
     specs = tools.specs()
     rounds = 0
     executed = 0
-    started = time.monotonic()
 
     def ask(offer: list[dict[str, Any]]) -> Completion:
         nonlocal rounds
         rounds += 1
         return model.complete(convo, offer)
 
-    def done(text: str, *, error: bool) -> TurnResult:
-        log.debug(  # the worker logs the turn (turn.done) at info
-            "agent.turn",
-            model=model.name,
-            rounds=rounds,
-            tool_calls=executed,
-            error=error,
-            reply_chars=len(text),
-            latency_ms=round((time.monotonic() - started) * 1000),
-        )
+    def done(text: str, *, error: bool) -> TurnResult:  # the worker logs it (turn.done)
         return TurnResult(text=text, error=error, rounds=rounds, tool_calls=executed)
 
     try:

@@ -170,6 +170,8 @@ class Turns:
             ms=round((time.perf_counter() - started) * 1000, 2),
             error=result.error,
             rounds=result.rounds,
+            tool_calls=result.tool_calls,
+            reply_chars=len(result.text),
         )
         assistant = self.cfg.worker.assistant_name
         self._memory(lambda s: s.append_reply(reply, sender=assistant, privacy=msg.privacy))
