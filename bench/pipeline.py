@@ -100,7 +100,28 @@ def make_fields(i: int, mix: str = "mixed") -> dict[str, str]:
 # -- the consumers (each runs in its own process) --------------------------------------------------
 
 
-def real_worker(url: str, home: str, log_level: str, profile: str | None) -> None:
+def seed_notes(store: Any, n: int) -> None:
+    """``n`` notes the bench's messages find: shared ones (every conversation may see them) and
+    ones kept to one conversation, written as the owner's commands write them."""
+    from memory.notes import NoteDraft, Source, write_note
+
+    convs = [s[2] for s in SESSIONS]
+    with store.transaction():
+        for i in range(n):
+            words = " ".join(_WORDS[(i * 5 + k) % len(_WORDS)] for k in range(12))
+            shared = i % 3 == 0
+            draft = NoteDraft(
+                type="fact",
+                topic=_WORDS[i % len(_WORDS)],
+                text=f"note {i}: {words}",
+                scope="shared" if shared else "chat",
+                visibility="public" if shared else "internal",
+                chat=None if shared else convs[i % len(convs)],
+            )
+            write_note(store, draft, Source(op_key=f"bench-note-{i}", author="owner"))
+
+
+def real_worker(url: str, home: str, log_level: str, profile: str | None, notes: int = 0) -> None:
     """The production worker: build_consumer, the real MemoryStore, logs as `relaybot worker`."""
     from relaybot import logs
     from relaybot.bus import connect
@@ -114,6 +135,7 @@ def real_worker(url: str, home: str, log_level: str, profile: str | None) -> Non
     with worker_memory(cfg) as store:  # as `relaybot worker` opens it
         if store is None:
             raise SystemExit("the memory store did not open")
+        seed_notes(store, notes)
         run_consumer(cfg, r, store, profile)
     logfile.close()
 
@@ -144,7 +166,7 @@ def run_consumer(cfg: Any, r: redis.Redis, store: Any, profile: str | None) -> N
         prof.dump_stats(profile)
 
 
-def bare_worker(url: str, home: str, log_level: str, profile: str | None) -> None:
+def bare_worker(url: str, home: str, log_level: str, profile: str | None, notes: int = 0) -> None:
     """The floor: XREADGROUP, RPUSH a small reply, XACK — nothing else (same batch size, 100)."""
     stopping = False
 
@@ -223,6 +245,7 @@ class Opts:
     log_level: str
     timeout: float
     mix: str = "mixed"
+    notes: int = 0
 
 
 class Run:
@@ -241,7 +264,7 @@ class Run:
         target = SYSTEMS[self.system]
         self.proc = self.ctx.Process(
             target=target,
-            args=(self.url, self.home, self.opts.log_level, profile),
+            args=(self.url, self.home, self.opts.log_level, profile, self.opts.notes),
             daemon=True,
         )
         self.proc.start()
@@ -595,6 +618,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which sessions send: mixed (default), owner only, direct/group only",
     )
     p.add_argument("--consumer", choices=["both", *SYSTEMS], default="both")
+    p.add_argument(
+        "--notes",
+        type=int,
+        default=0,
+        help="notes in memory before the run (each turn then looks up the relevant ones)",
+    )
     p.add_argument("--aof", action="store_true", help="Redis with appendonly everysec (embedded)")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
@@ -607,14 +636,14 @@ def main(argv: list[str] | None = None) -> int:
     n_lat = args.latency_messages or (200 if quick else 1000)
     lat_warm = 20 if quick else 100
     transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
-    opts = Opts(log_level=args.log_level, timeout=120.0, mix=args.mix)
+    opts = Opts(log_level=args.log_level, timeout=120.0, mix=args.mix, notes=args.notes)
     systems = list(SYSTEMS) if args.consumer == "both" else [args.consumer]
 
     print(machine_note())
     print(
         f"python {sys.version.split()[0]}, redis-py {redis.__version__}, worker log level "
         f"{args.log_level}, redis persistence {'AOF everysec' if args.aof else 'off'}, "
-        f"sessions: {args.mix} ({len(MIXES[args.mix])})"
+        f"sessions: {args.mix} ({len(MIXES[args.mix])}), notes in memory: {args.notes}"
     )
     with BenchRedis(aof=args.aof) as server:
         print(

@@ -41,7 +41,7 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
@@ -66,6 +66,10 @@ MAX_TOPIC_CHARS = 200
 MAX_RESULTS = 50  # any one read returns at most this many notes
 MAX_QUERY_TERMS = 12
 CONTEXT_NOTES = 8  # notes looked up for a turn's context (the budget may keep fewer)
+TERM_CAP = 48  # a word in more notes than this is too common to pick a turn's notes by
+MATCH_BUDGET = 96  # notes ranked for a turn's context at most (ContextRecall)
+_COUNTS_KEPT = 20_000  # word counts cached by a ContextRecall before it starts afresh
+_COUNT_MATCHES = "SELECT count(*) FROM (SELECT 1 FROM note_fts WHERE note_fts MATCH ? LIMIT ?)"
 
 NoteType = Literal["fact", "decision", "action", "question", "note"]
 NoteScope = Literal["shared", "chat", "agent", "team"]
@@ -158,18 +162,73 @@ def conversation_viewer(
     return viewer_for(scope, binding, privacy.persons_for(store, scope))
 
 
-def any_notes(store: MemoryStore) -> bool:
-    """Whether memory holds any note at all (one row read): with none, a turn's context skips the
-    notes lookup altogether."""
-    return store.conn.execute("SELECT 1 FROM note LIMIT 1").fetchone() is not None
-
-
 def context_lines(
     store: MemoryStore, viewer: Viewer, text: str, *, limit: int = CONTEXT_NOTES
 ) -> list[str]:
     """The notes relevant to ``text`` (the current message) that ``viewer`` may see, best first,
-    one line each, for memory.context. One FTS query with LIMIT: flat with the size of memory."""
-    return [format_note(n) for n in recall(store, viewer, text, limit=limit)]
+    one line each, for memory.context (:class:`ContextRecall`, without its cache)."""
+    return ContextRecall(store).lines(text, lambda: viewer, limit=limit)
+
+
+class ContextRecall:
+    """The notes lookup of every turn, at a cost that stays bounded however many notes there are.
+
+    Ranking every note that shares a word with the message grows with memory: FTS5 computes
+    bm25 for each match (about 1.5 µs a note here), so 3,000 notes that all say "meeting" cost
+    milliseconds per turn. So the lookup picks notes by the message's *specific* words. Each
+    word's note count is probed (counting stops at :data:`TERM_CAP` + 1, and counts are cached
+    until a note is written or removed); words in more than :data:`TERM_CAP` notes are left out,
+    as they say little about which note is meant; and the rarest words are taken while the notes
+    they match stay within :data:`MATCH_BUDGET`. So at most that many notes are ranked in a turn.
+    Deliberate searches (the recall tool, ``relaybot notes``) still rank every match.
+    """
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self._key: tuple[int, int] | None = None
+        self._counts: dict[str, int] = {}  # word -> notes holding it (TERM_CAP + 1: "more")
+
+    def lines(
+        self, text: str, viewer: Callable[[], Viewer], *, limit: int = CONTEXT_NOTES
+    ) -> list[str]:
+        """What :func:`context_lines` gives; ``viewer`` is only asked for when a word is looked
+        up (a memory without notes costs one primary-key read)."""
+        conn = self.store.conn
+        newest = conn.execute("SELECT max(id) FROM note").fetchone()[0]
+        if newest is None:
+            return []
+        key = (int(newest), self.store.generation)
+        if key != self._key or len(self._counts) > _COUNTS_KEPT:
+            self._key, self._counts = key, {}
+        words = self.specific_words(text)
+        if not words:
+            return []
+        found = recall(self.store, viewer(), " ".join(words), limit=limit)
+        return [format_note(n) for n in found]
+
+    def specific_words(self, text: str) -> list[str]:
+        """The words of ``text`` to look notes up by: rarest first, within the budget."""
+        counted = []
+        for word in query_terms(text):
+            count = self._counts.get(word)
+            if count is None:
+                count = self._counts[word] = self._count(word)
+            if 0 < count <= TERM_CAP:
+                counted.append((count, word))
+        counted.sort()
+        words: list[str] = []
+        total = 0
+        for count, word in counted:
+            if total + count > MATCH_BUDGET:
+                break
+            words.append(word)
+            total += count
+        return words
+
+    def _count(self, word: str) -> int:
+        return int(
+            self.store.conn.execute(_COUNT_MATCHES, (f'"{word}"', TERM_CAP + 1)).fetchone()[0]
+        )
 
 
 # -- the rule -----------------------------------------------------------------------------------
@@ -235,14 +294,20 @@ _STOPWORDS = frozenset(
 )
 
 
-def fts_query(text: str, max_terms: int = MAX_QUERY_TERMS) -> str | None:
-    """An FTS5 query matching any of the words of ``text`` (quoted: no FTS syntax gets through),
-    longest words first, at most ``max_terms``; None when there is nothing to look for."""
+def query_terms(text: str, max_terms: int = MAX_QUERY_TERMS) -> list[str]:
+    """The words of ``text`` worth looking for (no stopwords, no single letters), longest first,
+    at most ``max_terms``, casefolded."""
     seen: dict[str, None] = {}
     for word in _WORD.findall(text.casefold()):
         if len(word) > 1 and word not in _STOPWORDS:
             seen.setdefault(word[:64], None)
-    terms = sorted(seen, key=len, reverse=True)[:max_terms]
+    return sorted(seen, key=len, reverse=True)[:max_terms]
+
+
+def fts_query(text: str, max_terms: int = MAX_QUERY_TERMS) -> str | None:
+    """An FTS5 query matching any of the words of ``text`` (quoted: no FTS syntax gets through),
+    longest words first, at most ``max_terms``; None when there is nothing to look for."""
+    terms = query_terms(text, max_terms)
     return " OR ".join(f'"{t}"' for t in terms) if terms else None
 
 

@@ -78,6 +78,7 @@ class Turns:
         self.thinking = thinking
         self.memory_failures = 0
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
+        self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
 
     def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
         try:
@@ -213,11 +214,15 @@ class Turns:
         store = self.store
         if store is None:
             return curated, found
+        if self._recall is None or self._recall.store is not store:
+            self._recall = notes.ContextRecall(store)
+
+        def viewer() -> notes.Viewer:
+            binding = self.cfg.conversation_role(msg.conversation, msg.session)
+            return notes.conversation_viewer(store, scope, binding)
+
         try:
-            if notes.any_notes(store):  # none yet: nothing to look up
-                binding = self.cfg.conversation_role(msg.conversation, msg.session)
-                viewer = notes.conversation_viewer(store, scope, binding)
-                found = notes.context_lines(store, viewer, msg.text)
+            found = self._recall.lines(msg.text, viewer)
         except sqlite3.Error as exc:
             self._degraded(exc)
         return curated, found

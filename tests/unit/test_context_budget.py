@@ -281,7 +281,7 @@ def test_a_memory_failure_leaves_the_turn_answered(
     def broken(*_a: object, **_k: object) -> list[str]:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(notes, "context_lines", broken)
+    monkeypatch.setattr(notes.ContextRecall, "lines", broken)
     rig.turns.curated.path = tmp_path / "no" / "such" / "MEMORY.md"
     system = rig.system("deploy?")
     assert "ansible" not in system
@@ -290,8 +290,15 @@ def test_a_memory_failure_leaves_the_turn_answered(
 
 
 def test_notes_lookup_uses_the_indexes_only(store: MemoryStore) -> None:
-    """The cost of finding notes for a turn does not grow with the log or the notes: one FTS
-    match, primary-key lookups, the supersedes index, LIMIT."""
+    """The cost of finding notes for a turn does not grow with the log or the notes: a
+    primary-key read, word counts that stop at TERM_CAP + 1 (memory.notes.ContextRecall), then
+    one FTS match over the specific words with primary-key lookups, the supersedes index and
+    LIMIT."""
+    notes.write_note(
+        store,
+        NoteDraft(text="we deploy with ansible", scope="shared", visibility="public"),
+        Source(op_key="n1", author="owner"),
+    )
     statements: list[str] = []
     viewer = notes.Viewer(scope=Scope("matrix:g", Privacy.GROUP), role="pm")
     store.conn.set_trace_callback(statements.append)
@@ -300,9 +307,12 @@ def test_notes_lookup_uses_the_indexes_only(store: MemoryStore) -> None:
     finally:
         store.conn.set_trace_callback(None)
     selects = [s for s in statements if s.startswith("SELECT")]
-    assert len(selects) == 1
-    assert selects[0].endswith(f"LIMIT {notes.CONTEXT_NOTES}")
-    plan = [row[3] for row in store.conn.execute("EXPLAIN QUERY PLAN " + selects[0])]
+    assert selects[0] == "SELECT max(id) FROM note"
+    counts = selects[1:-1]
+    assert counts and all(s.endswith(f"LIMIT {notes.TERM_CAP + 1})") for s in counts), counts
+    ranked = selects[-1]
+    assert ranked.endswith(f"LIMIT {notes.CONTEXT_NOTES}")
+    plan = [row[3] for row in store.conn.execute("EXPLAIN QUERY PLAN " + ranked)]
     assert any("note_fts VIRTUAL TABLE INDEX" in step for step in plan), plan
     scans = [step for step in plan if step.startswith("SCAN") and "note_fts" not in step]
     assert scans == [], plan
