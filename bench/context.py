@@ -1,7 +1,9 @@
 """Context build time against history size: relaybot's memory vs a history.jsonl.
 
-For 10k, 100k and 1M messages in memory, time what the worker does for each turn:
-``build_context`` over ``visible_history(store, scope, limit=400)`` — for an owner scope (all
+For 10k, 100k and 1M messages in memory, time what the worker does for each turn: its
+per-scope history window (memory.window: rows new since the last turn, lines ready) into
+``build_context`` ("turn"), and the row-by-row way it rests on, ``build_context`` over
+``visible_history(store, scope, limit=400)`` — for an owner scope (all
 channels) and a ``direct`` scope (one conversation, through the (conversation, id) index) — on a
 freshly opened store (cold: reopen the database, the writer's cache is loaded at open) and on the
 worker's long-lived store (warm: its cache of the newest rows and the per-row line memo).
@@ -37,6 +39,7 @@ from bench._common import OUT, machine_note, median, pct, table
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
 from memory.store import _INSERT, LogRow, MemoryStore, index_since
+from memory.window import HistoryWindows
 from relaybot import logs
 from relaybot.config import DEFAULT_SYSTEM_PROMPT
 from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
@@ -319,6 +322,20 @@ def ours(store: MemoryStore, scope: Scope, current: LogRow) -> list[dict[str, st
     )
 
 
+def ours_turn(windows: HistoryWindows, scope: Scope, current: LogRow) -> list[dict[str, str]]:
+    """What worker.turn.Turns._context does since the history windows: the scope's window (only
+    rows new since the last turn are read and formatted) and one bisect over its lines."""
+    rows, ready = windows.history(scope, ASSISTANT)
+    return build_context(
+        system_prompt=DEFAULT_SYSTEM_PROMPT,
+        history=rows,
+        current=current,
+        budget_tokens=BUDGET,
+        assistant_name=ASSISTANT,
+        ready=ready,
+    )
+
+
 def _row_from_json(i: int, d: dict[str, Any]) -> LogRow:
     ts = datetime.fromisoformat(d["timestamp"]).timestamp()
     return LogRow(
@@ -431,6 +448,13 @@ def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
         for _ in range(5):
             warm_result = ours(store, scope, current)
         warm_ms = timed(lambda: ours(store, scope, current), reps=reps, budget_s=20)  # noqa: B023
+        windows = HistoryWindows(store, limit=HISTORY_ROWS)
+        turn_result = ours_turn(windows, scope, current)
+        turn_ms = timed(
+            lambda: ours_turn(windows, scope, current),  # noqa: B023
+            reps=reps * 5,
+            budget_s=10,
+        )
         store.close()
 
         base_result = jsonl_tail(jl, conversation, current)
@@ -446,7 +470,7 @@ def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
             min_reps=1 if size >= 1_000_000 else 3,
         )
 
-        same = cold_result == warm_result == base_result
+        same = cold_result == warm_result == base_result == turn_result
         history_lines = warm_result[0]["content"].count("\n[")
         results.append(
             {
@@ -458,12 +482,14 @@ def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
                 "open": open_ms,
                 "cold": cold_ms,
                 "warm": warm_ms,
+                "turn": turn_ms,
                 "base": base_ms,
                 "squid": squid_ms,
             }
         )
         print(
-            f"  {size:>9,} {scope_name:6}: warm p50 {median(warm_ms):.3f} ms, cold p50 "
+            f"  {size:>9,} {scope_name:6}: turn p50 {median(turn_ms):.4f} ms, "
+            f"warm p50 {median(warm_ms):.3f} ms, cold p50 "
             f"{median(cold_ms):.3f} ms, jsonl tail p50 {median(base_ms):.1f} ms, squidbot "
             f"p50 {median(squid_ms):.0f} ms (same context: {same})",
             flush=True,
@@ -483,6 +509,7 @@ def report(results: list[dict[str, Any]]) -> str:
                 median(r["open"]),
                 median(r["cold"]),
                 pct(r["cold"], 95),
+                median(r["turn"]),
                 median(r["warm"]),
                 pct(r["warm"], 95),
                 median(r["base"]),
@@ -502,6 +529,7 @@ def report(results: list[dict[str, Any]]) -> str:
                 "open ms",
                 "cold p50",
                 "cold p95",
+                "turn p50",
                 "warm p50",
                 "warm p95",
                 "jsonl tail p50",
@@ -512,7 +540,8 @@ def report(results: list[dict[str, Any]]) -> str:
             ],
             rows,
             title="Context build, ms per turn (cold = build on a freshly opened store, open "
-            "not included; warm = the worker's store)",
+            "not included; warm = the worker's store, row by row; turn = what the worker does: "
+            "its per-scope history window)",
         )
     ]
     sizes = sorted({r["size"] for r in results})
@@ -525,6 +554,7 @@ def report(results: list[dict[str, Any]]) -> str:
             growth.append(
                 [
                     scope,
+                    f"x{median(b['turn']) / median(a['turn']):.2f}",
                     f"x{median(b['warm']) / median(a['warm']):.2f}",
                     f"x{median(b['cold']) / median(a['cold']):.2f}",
                     f"x{median(b['base']) / median(a['base']):.1f}",
@@ -534,7 +564,7 @@ def report(results: list[dict[str, Any]]) -> str:
         out.append("")
         out.append(
             table(
-                ["scope", "warm", "cold", "jsonl tail", "squidbot"],
+                ["scope", "turn", "warm", "cold", "jsonl tail", "squidbot"],
                 growth,
                 title=f"Growth of the p50 from {lo:,} to {hi:,} messages (x{hi // lo} history)",
             )
