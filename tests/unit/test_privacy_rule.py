@@ -28,7 +28,8 @@ from memory.privacy import (
 )
 from memory.store import LogRow, MemoryStore
 from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Privacy, Reply
+from relaybot.wire import InboundMessage, Privacy
+from tests.support.turns import record_turn
 
 OWNER_CONV = "cli:local"
 BOB_DM = "matrix:dm-bob"
@@ -50,33 +51,16 @@ class World:
         self.entities: dict[str, str] = {}
 
     def say(self, conversation: str, sender: str, text: str, privacy: Privacy) -> LogRow:
-        n = next(_n)
-        channel = conversation.split(":", maxsplit=1)[0]
-        msg = InboundMessage(
-            channel=channel,
-            session=conversation,
-            conversation=conversation,
-            sender=sender,
-            privacy=privacy,
-            text=text,
-            ts=1_795_000_000.0 + n,
-            event_id=f"ev{n}",
-        )
-        sid = f"{n}-0"
-        is_owner = self.identity.resolver.is_owner(channel, sender)
         with self.store.transaction():
-            row = self.identity.append_inbound(self.store, msg, sid, is_owner=is_owner)
-            reply = Reply(
-                reply_id=f"r{n}",
-                answers=sid,
-                channel=channel,
-                session=conversation,
+            row = record_turn(
+                self.store,
+                self.identity,
+                next(_n),
                 conversation=conversation,
-                in_reply_to=msg.event_id,
-                text=f"reply to {text}",
-                created=msg.ts + 0.5,
+                sender=sender,
+                text=text,
+                privacy=privacy,
             )
-            self.store.append_reply(reply, sender="relaybot", privacy=privacy)
         assert row.entity is not None
         self.entities[sender] = row.entity
         return row

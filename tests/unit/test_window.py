@@ -26,7 +26,8 @@ from memory.privacy import Scope, visible_history
 from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
 from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Privacy, Reply
+from relaybot.wire import Privacy
+from tests.support.turns import record_turn
 
 # (conversation, sender, privacy)
 SPEAKERS = (
@@ -56,33 +57,18 @@ class World:
     def say(self, conversation: str, sender: str, privacy: Privacy) -> None:
         """One message and its reply, in the open transaction."""
         n = next(_n)
-        channel = conversation.split(":", maxsplit=1)[0]
-        msg = InboundMessage(
-            channel=channel,
-            session=conversation,
+        row = record_turn(
+            self.store,
+            self.identity,
+            n,
             conversation=conversation,
             sender=sender,
-            privacy=privacy,
             text=f"message {n} from {sender}",
-            ts=1_795_000_000.0 + n,
-            event_id=f"ev{n}",
+            privacy=privacy,
+            reply=f"reply {n}",
         )
-        sid = f"{n}-0"
-        is_owner = self.identity.resolver.is_owner(channel, sender)
-        row = self.identity.append_inbound(self.store, msg, sid, is_owner=is_owner)
         if row.entity is not None:
             self.entities[sender] = row.entity
-        reply = Reply(
-            reply_id=f"r{n}",
-            answers=sid,
-            channel=channel,
-            session=conversation,
-            conversation=conversation,
-            in_reply_to=msg.event_id,
-            text=f"reply {n}",
-            created=msg.ts + 0.5,
-        )
-        self.store.append_reply(reply, sender="relaybot", privacy=privacy)
 
     def command(self, op: str, **args: Any) -> dict[str, Any]:
         context = CommandContext(
