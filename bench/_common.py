@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sqlite3
 import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from deploy.embedded import redis_binary
+from memory.store import _INSERT, index_since
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"  # gitignored: generated data, profiles, logs
@@ -164,3 +167,13 @@ def machine_note() -> str:
         f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
         "(other work shares these cores: compare within a run, not across runs)"
     )
+
+
+def insert_log_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Bulk-insert generated log rows (MemoryStore's INSERT parameters) in one transaction and
+    index them for full-text search in one statement, as the worker does a batch."""
+    conn.execute("BEGIN IMMEDIATE")
+    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
+    conn.executemany(_INSERT, rows)
+    index_since(conn, first)
+    conn.execute("COMMIT")

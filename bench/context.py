@@ -35,10 +35,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench._common import OUT, machine_note, median, pct, table
+from bench._common import OUT, insert_log_rows, machine_note, median, pct, table
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
-from memory.store import _INSERT, LogRow, MemoryStore, index_since
+from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
 from relaybot import logs
 from relaybot.config import DEFAULT_SYSTEM_PROMPT
@@ -261,11 +261,11 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
             chunk.append(params)
             lines.append(line)
             if len(chunk) == 100_000:
-                _insert(conn, chunk)
+                insert_log_rows(conn, chunk)
                 out.write("\n".join(lines) + "\n")
                 chunk, lines = [], []
         if chunk:
-            _insert(conn, chunk)
+            insert_log_rows(conn, chunk)
             out.write("\n".join(lines) + "\n")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -275,14 +275,6 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
     os.replace(tmp_db, db)
     os.replace(jl.with_suffix(".tmp"), jl)
     return db, jl, time.perf_counter() - started
-
-
-def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
-    conn.executemany(_INSERT, rows)
-    index_since(conn, first)  # full-text indexing, as the worker does it per batch
-    conn.execute("COMMIT")
 
 
 # -- the two ways of getting a context ---------------------------------------------------------

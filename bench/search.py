@@ -39,11 +39,11 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from bench._common import OUT, machine_note, median, pct, table
+from bench._common import OUT, insert_log_rows, machine_note, median, pct, table
 from bench.context import _CONVERSATIONS, ASSISTANT, T0
 from memory.privacy import Scope
 from memory.search import SearchQuery, clear_cache, search
-from memory.store import _INSERT, MemoryStore, index_since
+from memory.store import MemoryStore
 from relaybot import logs
 from relaybot.wire import Privacy
 
@@ -164,11 +164,11 @@ def dataset(size: int, corpus: Corpus, regenerate: bool = False) -> tuple[Path, 
             chunk.append(params)
             lines.append(line)
             if len(chunk) == 50_000:
-                _insert(conn, chunk)
+                insert_log_rows(conn, chunk)
                 out.write("\n".join(lines) + "\n")
                 chunk, lines = [], []
         if chunk:
-            _insert(conn, chunk)
+            insert_log_rows(conn, chunk)
             out.write("\n".join(lines) + "\n")
     conn.execute("INSERT INTO log_fts (log_fts) VALUES ('optimize')")  # as after a quiet night
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -179,14 +179,6 @@ def dataset(size: int, corpus: Corpus, regenerate: bool = False) -> tuple[Path, 
     os.replace(tmp, db)
     os.replace(jl.with_suffix(".tmp"), jl)
     return db, jl, time.perf_counter() - started
-
-
-def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
-    conn.executemany(_INSERT, rows)
-    index_since(conn, first)  # full-text indexing, as the worker does it per batch
-    conn.execute("COMMIT")
 
 
 # -- the queries -----------------------------------------------------------------------------------
