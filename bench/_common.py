@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from deploy.embedded import redis_binary
-from memory.store import _INSERT, index_since
+from memory.store import _INSERT, index_pending
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"  # gitignored: generated data, profiles, logs
@@ -173,7 +173,6 @@ def insert_log_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> No
     """Bulk-insert generated log rows (MemoryStore's INSERT parameters) in one transaction and
     index them for full-text search in one statement, as the worker does a batch."""
     conn.execute("BEGIN IMMEDIATE")
-    first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM log").fetchone()[0]
     conn.executemany(_INSERT, rows)
-    index_since(conn, first)
+    index_pending(conn)
     conn.execute("COMMIT")

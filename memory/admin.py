@@ -49,7 +49,7 @@ from memory.portability import (
     ReplyStatusRecord,
     parse_record,
 )
-from memory.store import INDEX_ROW, MemoryStore
+from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 
@@ -274,7 +274,6 @@ class Importer:
         )
         if cur.rowcount != 1:
             raise Present("log")
-        self.conn.execute(INDEX_ROW, (cur.lastrowid, rec.text, rec.sender_name))
         self.log_added = True
 
     def _identify(self, rec: LogRecord) -> str | None:

@@ -49,8 +49,8 @@ NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 def writing(store: MemoryStore) -> Iterator[None]:
     """Inside the worker's batch transaction as it is; else in a transaction of our own.
 
-    The batch's new rows are indexed first: an erasure rewrites index entries (which must exist)
-    and savepoints rolled back must not take earlier rows out of the index."""
+    The batch's new rows are indexed first, so that an erasure takes their words out of the index
+    at once (a row not indexed yet is indexed later with its erased text: migration 7)."""
     if store.conn.in_transaction:
         store.sync_index()
         yield

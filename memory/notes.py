@@ -180,7 +180,14 @@ class ContextRecall:
     until a note is written or removed); words in more than :data:`TERM_CAP` notes are left out,
     as they say little about which note is meant; and the rarest words are taken while the notes
     they match stay within :data:`MATCH_BUDGET`. So at most that many notes are ranked in a turn.
-    Deliberate searches (the recall tool, ``relaybot notes``) still rank every match.
+    Deliberate searches (the recall tool, ``relaybot memory notes search``) still rank every
+    match.
+
+    Trade-offs, chosen for a cost that stays flat: the counts are over all notes, visible to
+    this conversation or not (as bm25's own statistics always were), so *which* of its visible
+    notes a conversation gets can depend on notes it cannot see, never *what* it is shown (the
+    ranked query applies the notes rule); and a note that shares only words common in memory at
+    large is not put in the context by itself (the model can still find it with recall).
     """
 
     def __init__(self, store: MemoryStore) -> None:

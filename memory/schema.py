@@ -262,6 +262,39 @@ _MIGRATION_6 = """
 DROP TRIGGER log_fts_insert;
 """
 
+_MIGRATION_7 = """
+-- What is indexed, in the database itself: every log row with id <= fts_state.indexed_to is in
+-- log_fts, none above it. The writer indexes the rows above it and moves it in the same
+-- transaction (MemoryStore.sync_index), so a savepoint or transaction rolled back, a crash
+-- between two statements, or rows written by a process without the index code (a worker of an
+-- older release during an upgrade) can never leave a row out of the index or in it twice: the
+-- next sync catches up. At this version every row is indexed (migration 6 left none behind).
+CREATE TABLE fts_state (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    indexed_to  INTEGER NOT NULL
+);
+INSERT INTO fts_state (id, indexed_to) SELECT 1, coalesce(max(id), 0) FROM log;
+
+-- An erasure of a row not indexed yet must not ask FTS5 to delete terms it does not hold (that
+-- corrupts the index): the index follows updates and deletes of indexed rows only; a row above
+-- the mark is indexed later with the text it has then.
+DROP TRIGGER log_fts_update;
+DROP TRIGGER log_fts_delete;
+CREATE TRIGGER log_fts_update AFTER UPDATE ON log
+WHEN old.id <= (SELECT indexed_to FROM fts_state)
+BEGIN
+    INSERT INTO log_fts (log_fts, rowid, text, sender_name)
+        VALUES ('delete', old.id, old.text, old.sender_name);
+    INSERT INTO log_fts (rowid, text, sender_name) VALUES (new.id, new.text, new.sender_name);
+END;
+CREATE TRIGGER log_fts_delete AFTER DELETE ON log
+WHEN old.id <= (SELECT indexed_to FROM fts_state)
+BEGIN
+    INSERT INTO log_fts (log_fts, rowid, text, sender_name)
+        VALUES ('delete', old.id, old.text, old.sender_name);
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -269,6 +302,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "scoped notes", _MIGRATION_4),
     Migration(5, "audited erasure tombstones", _MIGRATION_5),
     Migration(6, "full-text indexing by the writer, one statement per batch", _MIGRATION_6),
+    Migration(7, "full-text index watermark", _MIGRATION_7),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -58,24 +58,38 @@ _RECENT_CONV = f"SELECT {_COLUMNS} FROM log WHERE conversation = ? ORDER BY id D
 _RECENT_CONV_BEFORE = (
     f"SELECT {_COLUMNS} FROM log WHERE conversation = ? AND id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
 )
-# one sender's inbound rows, newest first, on the (entity, id) index (privacy: direct scopes)
-_RECENT_ENTITY = (
-    f"SELECT {_COLUMNS} FROM log WHERE entity = ? AND direction = 'in' AND id < ? "  # noqa: S608
+# rows above a known one (what is new since a window's last turn: memory.window)
+_RECENT_RANGE = f"SELECT {_COLUMNS} FROM log WHERE id > ? AND id < ? ORDER BY id DESC LIMIT ?"  # noqa: S608
+_RECENT_CONV_RANGE = (
+    f"SELECT {_COLUMNS} FROM log WHERE conversation = ? AND id > ? AND id < ? "  # noqa: S608
     "ORDER BY id DESC LIMIT ?"
 )
-# Full-text indexing of new rows (migration 6): the open transaction's rows at once, in one
-# statement, before the commit or before anything reads or rewrites the index; a row appended
-# outside a transaction at once.
-_INDEX_FROM = (
-    "INSERT INTO log_fts (rowid, text, sender_name) "
-    "SELECT id, text, sender_name FROM log WHERE id >= ?"
+_NO_TOP = 1 << 62  # above every id
+# one sender's inbound rows, newest first, on the (entity, id) index (privacy: direct scopes)
+_RECENT_ENTITY = (
+    f"SELECT {_COLUMNS} FROM log WHERE entity = ? AND direction = 'in' AND id > ? "  # noqa: S608
+    "AND id < ? ORDER BY id DESC LIMIT ?"
 )
-INDEX_ROW = "INSERT INTO log_fts (rowid, text, sender_name) VALUES (?, ?, ?)"
+# Full-text indexing (migrations 6 and 7): the rows above fts_state.indexed_to go into log_fts
+# in one statement and the mark moves, in one transaction (FTS5 flushes its pending terms at the
+# end of every statement that writes it, so indexing a row at a time costs ~5x).
+_INDEX_STATE = "SELECT indexed_to, (SELECT coalesce(max(id), 0) FROM log) FROM fts_state"
+_INDEX_RANGE = (
+    "INSERT INTO log_fts (rowid, text, sender_name) "
+    "SELECT id, text, sender_name FROM log WHERE id > ? AND id <= ?"
+)
+_INDEX_MARK = "UPDATE fts_state SET indexed_to = ?"
 
 
-def index_since(conn: sqlite3.Connection, first_id: int) -> None:
-    """Index the log rows from ``first_id`` on (none of them indexed yet) in one statement."""
-    conn.execute(_INDEX_FROM, (first_id,))
+def index_pending(conn: sqlite3.Connection) -> int:
+    """Index the log rows above the mark and move it, in the caller's transaction; how many ids
+    the mark moved over."""
+    done, top = conn.execute(_INDEX_STATE).fetchone()
+    if top <= done:
+        return 0
+    conn.execute(_INDEX_RANGE, (done, top))
+    conn.execute(_INDEX_MARK, (top,))
+    return int(top) - int(done)
 
 
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
@@ -265,7 +279,6 @@ class MemoryStore:
         self._after: list[Callable[[], None]] = []  # run once the open transaction commits
         self._stale = 0  # invalidate(): the cache size to re-read on the next read after the tx
         self._changed_in_tx = False  # invalidate() inside the open transaction
-        self._unindexed: int | None = None  # the first row of the open transaction not in log_fts
         # Bumped whenever rows below the top of the log change or vanish (a rollback, an erasure,
         # an import): what was read before may be wrong now (memory.window).
         self.generation = 0
@@ -326,6 +339,7 @@ class MemoryStore:
         """
         if self._in_tx:
             raise RuntimeError("cannot reload inside a memory transaction")
+        self.generation += 1
         if self._cache is None:
             return
         self._convs.clear()
@@ -436,25 +450,31 @@ class MemoryStore:
         row = _build((cur.lastrowid, *params))
         if self._in_tx:
             self._pending.append(row)
-            if self._unindexed is None:
-                self._unindexed = row.id
         else:
-            self._conn.execute(INDEX_ROW, (row.id, row.text, row.sender_name))
+            self.sync_index()  # a crash before it: the next sync indexes the row
             self._cached([row])
         return row
 
     def sync_index(self) -> None:
-        """Index the open transaction's new rows for full-text search now.
+        """Index every log row not indexed yet for full-text search, now (:func:`index_pending`).
 
-        The commit does it; so must anything that searches the log, rewrites its text (erasure)
-        or sets a savepoint inside the transaction (so that rolling the savepoint back cannot
-        take rows of before it out of the index). One statement for the whole batch: FTS5 flushes
-        its pending terms at the end of each statement, so indexing a row at a time costs ~5x.
+        The commit does it for a batch; searches do it first, so the open batch is searchable
+        like the rest. In the open transaction if there is one, else in a short one of its own.
+        A read-only store leaves it to the writer.
         """
-        first = self._unindexed
-        if first is not None and self._conn.in_transaction:
-            index_since(self._conn, first)
-        self._unindexed = None
+        if self.readonly:
+            return
+        conn = self._conn
+        if conn.in_transaction:
+            index_pending(conn)
+        elif not self._in_tx:  # (a batch SQLite rolled back: its commit reports it)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                index_pending(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     def _existing(self, direction: str, stream_id: str) -> LogRow:
         raw = self._conn.execute(_BY_KEY, (direction, stream_id)).fetchone()
@@ -496,7 +516,6 @@ class MemoryStore:
     def _rollback(self) -> None:
         self.generation += 1
         self._pending = []
-        self._unindexed = None
         self._in_tx = False
         try:
             if self._conn.in_transaction:
@@ -581,6 +600,9 @@ class MemoryStore:
         self, out: list[LogRow], limit: int, conversation: str, before_id: int | None, after_id: int
     ) -> None:
         """Serve one conversation's rows from its cache, loading it on first use."""
+        if self._changed_in_tx:  # rows changed under the caches in this transaction: SQL sees them
+            self._select(out, limit, conversation, before_id, after_id)
+            return
         entry = self._convs.get(conversation)
         if entry is None:
             entry = self._load_conversation(conversation)
@@ -625,27 +647,33 @@ class MemoryStore:
         before_id: int | None,
         after_id: int = 0,
     ) -> None:
-        conn = self._conn
         while len(out) < limit:
             want = limit - len(out)
-            if conversation is None:
-                if before_id is None:
-                    raw = conn.execute(_RECENT, (want,)).fetchall()
-                else:
-                    raw = conn.execute(_RECENT_BEFORE, (before_id, want)).fetchall()
-            elif before_id is None:
-                raw = conn.execute(_RECENT_CONV, (conversation, want)).fetchall()
-            else:
-                raw = conn.execute(_RECENT_CONV_BEFORE, (conversation, before_id, want)).fetchall()
+            raw = self._page(conversation, before_id, after_id, want)
             for r in raw:
                 row = self._convert(r)
                 if row is not None:
-                    if row.id <= after_id:
-                        return
                     out.append(row)
             if len(raw) < want:
                 return
             before_id = int(raw[-1][0])  # corrupt rows were skipped: read on past them
+
+    def _page(
+        self, conversation: str | None, before_id: int | None, after_id: int, want: int
+    ) -> list[Any]:
+        conn = self._conn
+        if after_id > 0:
+            top = _NO_TOP if before_id is None else before_id
+            if conversation is None:
+                return conn.execute(_RECENT_RANGE, (after_id, top, want)).fetchall()
+            return conn.execute(_RECENT_CONV_RANGE, (conversation, after_id, top, want)).fetchall()
+        if conversation is None:
+            if before_id is None:
+                return conn.execute(_RECENT, (want,)).fetchall()
+            return conn.execute(_RECENT_BEFORE, (before_id, want)).fetchall()
+        if before_id is None:
+            return conn.execute(_RECENT_CONV, (conversation, want)).fetchall()
+        return conn.execute(_RECENT_CONV_BEFORE, (conversation, before_id, want)).fetchall()
 
     def recent_of_entity(
         self, entity: str, limit: int, *, before_id: int | None = None, after_id: int = 0
@@ -680,13 +708,8 @@ class MemoryStore:
     ) -> None:
         while len(out) < limit:
             want = limit - len(out)
-            raw = self._conn.execute(_RECENT_ENTITY, (entity, bound, want)).fetchall()
-            for r in raw:
-                got = self._convert(r)
-                if got is not None:
-                    if got.id <= after_id:
-                        return
-                    out.append(got)
+            raw = self._conn.execute(_RECENT_ENTITY, (entity, after_id, bound, want)).fetchall()
+            out += [got for r in raw if (got := self._convert(r)) is not None]
             if len(raw) < want:
                 return
             bound = int(raw[-1][0])  # corrupt rows were skipped: read on past them
@@ -695,7 +718,7 @@ class MemoryStore:
         # committed rows only (see _load_conversation); pending ones join the cache on commit
         size = self._conv_rows
         below = self._pending[0].id if self._pending else (1 << 62)
-        raw = self._conn.execute(_RECENT_ENTITY, (entity, below, size)).fetchall()
+        raw = self._conn.execute(_RECENT_ENTITY, (entity, 0, below, size)).fetchall()
         rows = [row for r in reversed(raw) if (row := self._convert(r)) is not None]
         entry = _ConvCache(deque(rows, maxlen=size), 0 if len(raw) < size else int(raw[-1][0]))
         self._ents[entity] = entry
@@ -767,6 +790,7 @@ class MemoryStore:
             self._changed_in_tx = False
             self._convs.clear()
             self._ents.clear()
+            self.generation += 1  # and so may what was built from them (memory.window)
         if committed:
             for callback in after:
                 self._run_callback(callback)

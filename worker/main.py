@@ -42,7 +42,7 @@ def turn_tools(ctx: TurnContext) -> ToolRegistry:
 
 def tool_shape(ctx: TurnContext) -> Hashable:
     """What decides which tools :func:`turn_tools` offers and how they are described: whether
-    memory is there and the scope's privacy class (tests/unit/test_tools.py checks that turns
+    memory is there and the scope's privacy class (tests/unit/test_turn_tools.py checks that turns
     of one shape get the same specs)."""
     return (ctx.store is None, privacy_of(ctx.scope))
 

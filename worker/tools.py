@@ -195,9 +195,11 @@ class LazyTools(ToolRegistry):
         self._shared = shared_specs
 
     def _ensure(self) -> None:
-        build, self._build = self._build, None
+        build = self._build
         if build is not None:
-            for tool in build():
+            tools = list(build())  # a builder that fails leaves nothing half-registered
+            self._build = None
+            for tool in tools:
                 super().register(tool)
 
     def specs(self) -> list[dict[str, Any]]:
@@ -233,7 +235,13 @@ class LazyTools(ToolRegistry):
         return super().__iter__()
 
     def call(self, name: str, arguments: object) -> str:
-        self._ensure()
+        """:meth:`ToolRegistry.call`, which never raises: tools that cannot be built are an
+        ``error: ...`` string for the model too."""
+        try:
+            self._ensure()
+        except Exception as exc:
+            log.exception("tool.setup_failed", tool=name)
+            return f"error: the tools could not be set up: {type(exc).__name__}: {exc}"
         return super().call(name, arguments)
 
 

@@ -260,7 +260,6 @@ def _apply_command(
     conn = store.conn
     if not conn.in_transaction:
         return commands.apply(ctx, op, args)
-    store.sync_index()  # rolling the savepoint back must not take earlier rows out of the index
     conn.execute("SAVEPOINT owner_command")
     try:
         result = commands.apply(ctx, op, args)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.store import INDEX_ROW, MemoryStore
+from memory.store import MemoryStore
 from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 from tests.support.procs import relaybot_env, run_relaybot
 
@@ -131,10 +131,7 @@ def test_a_damaged_row_is_skipped_and_reported(env: dict[str, str]) -> None:
             "('in', 'bad-1', 'message', 'cli', 'cli:laptop', 'cli:laptop', 'owner', '', "
             "'owner', 1, 'owner', 'Lisbon damaged row', 'x', 1.0, 'not json')"
         )
-        store.conn.execute(  # indexed as the writer would
-            INDEX_ROW,
-            (store.conn.execute("SELECT max(id) FROM log").fetchone()[0], "Lisbon damaged row", ""),
-        )
+        store.sync_index()  # indexed as the worker would
     done = run_relaybot(["memory", "search", "lisbon", "--limit", "50"], env)
     assert done.returncode == 0, done.stderr
     assert "damaged row" not in done.stdout

@@ -19,7 +19,7 @@ from memory.search import (
     parse_query,
     search,
 )
-from memory.store import INDEX_ROW, MemoryStore
+from memory.store import MemoryStore
 from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 T0 = 1_790_000_000.0  # 2026-09-21
@@ -344,7 +344,6 @@ def insert_corrupt(store: MemoryStore, conversation: str, text: str) -> int:
         (f"bad-{text}", conversation, conversation, text),
     )
     assert cur.lastrowid is not None
-    store.conn.execute(INDEX_ROW, (cur.lastrowid, text, ""))  # indexed as the writer would
     return cur.lastrowid
 
 

@@ -97,3 +97,21 @@ def test_tools_are_built_only_when_needed_and_then_work(store: MemoryStore, tmp_
     specs = second.specs()
     specs.clear()  # a caller's copy: the shared specs are not changed
     assert second.specs() == first.specs()
+
+
+def test_tools_that_cannot_be_built_are_an_error_string_never_an_exception() -> None:
+    attempts = []
+
+    def broken() -> list:
+        attempts.append(1)
+        raise OSError("the workspace is gone")
+
+    shared: dict = {"owner": [{"type": "function", "function": {"name": "clock"}}]}
+    lazy = LazyTools(broken, "owner", shared)
+    assert lazy.specs() == shared["owner"]  # the shape's specs are known: no build needed
+    got = lazy.call("clock", {})
+    assert got == "error: the tools could not be set up: OSError: the workspace is gone"
+    assert lazy.call("clock", {}).startswith("error: the tools could not be set up")
+    assert attempts == [1, 1]  # tried again, nothing half-registered in between
+    with pytest.raises(OSError, match="workspace is gone"):
+        LazyTools(broken, "new shape", {}).specs()  # the first turn of a shape: the turn fails

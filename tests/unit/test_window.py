@@ -28,6 +28,7 @@ from memory.window import HistoryWindows
 from relaybot.config import Config, OwnerAlias
 from relaybot.wire import Privacy
 from tests.support.turns import record_turn
+from worker.turn import _apply_command
 
 # (conversation, sender, privacy)
 SPEAKERS = (
@@ -198,3 +199,38 @@ def test_an_erased_text_leaves_the_window(world: World) -> None:
 def test_a_window_needs_a_positive_limit(world: World) -> None:
     with pytest.raises(ValueError, match="positive"):
         HistoryWindows(world.store, limit=0)
+
+
+def test_an_import_inside_a_batch_reaches_the_windows(tmp_path: Path) -> None:
+    """An owner's import applied in the worker's batch puts rows among the batch's own (not in
+    the caches): the windows read inside and after that batch still show them."""
+    with MemoryStore(tmp_path / "memory.sqlite3") as store:  # the worker's cache sizes
+        imported_in_a_batch(World(store), tmp_path)
+
+
+def imported_in_a_batch(world: World, tmp_path: Path) -> None:
+    store = world.store
+    scope = Scope(conversation="matrix:team", privacy=Privacy.GROUP)
+    windows = HistoryWindows(store, limit=400)
+    with store.transaction():
+        world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
+    windows.rows(scope)
+    item = {
+        "record": {
+            "type": "log", "direction": "in", "stream_id": "imported-1", "kind": "message",
+            "channel": "matrix", "session": "matrix:team", "conversation": "matrix:team",
+            "sender": "@alice:m.org", "is_owner": False, "privacy": "group",
+            "text": "IMPORTED ROW", "event_id": "evi", "recorded_ts": 1.0,
+        }
+    }  # fmt: skip
+    with store.transaction():  # one batch: a turn, the import command, another turn
+        world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
+        ctx = CommandContext(stream_id="77-0", store=store, cfg=Config(home=tmp_path))
+        assert _apply_command(store, ctx, "memory.import", {"items": [item]})["ok"]
+        world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
+        assert list(windows.rows(scope)) == list(visible_history(store, scope, limit=400))
+    with store.transaction():  # the next batch
+        world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
+        got = list(windows.rows(scope))
+    assert got == list(visible_history(store, scope, limit=400))
+    assert "IMPORTED ROW" in [r.text for r in got]
