@@ -682,7 +682,7 @@ class MemoryStore:
         ``before_id`` and above ``after_id``; from the entity's cache, else on the ``(entity,
         id)`` index. For memory.privacy, not for display."""
         out: list[LogRow] = []
-        bound = (1 << 62) if before_id is None else before_id
+        bound = _NO_TOP if before_id is None else before_id
         if self._conv_rows > 0 and not self._changed_in_tx:
             entry = self._ents.get(entity)
             if entry is None:
@@ -717,7 +717,7 @@ class MemoryStore:
     def _load_entity(self, entity: str) -> _ConvCache:
         # committed rows only (see _load_conversation); pending ones join the cache on commit
         size = self._conv_rows
-        below = self._pending[0].id if self._pending else (1 << 62)
+        below = self._pending[0].id if self._pending else _NO_TOP
         raw = self._conn.execute(_RECENT_ENTITY, (entity, 0, below, size)).fetchall()
         rows = [row for r in reversed(raw) if (row := self._convert(r)) is not None]
         entry = _ConvCache(deque(rows, maxlen=size), 0 if len(raw) < size else int(raw[-1][0]))
