@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from email.message import Message
 from pathlib import Path
 from types import SimpleNamespace
@@ -449,27 +449,47 @@ def test_starttls_for_imap_and_smtp_checks_certificates(
     imap = ImapServer(tmp_path / "imap-tls", tls=(cert, key)).start()
     smtp = SmtpServer(tls=(cert, key)).start()
     try:
-        # without the CA, the self-signed certificate is refused: nothing is fetched
-        untrusted = _env(
-            tmp_path, redis_server.url, prefix, model_server, imap, smtp, tls="starttls"
+        refused_then_answered(
+            lambda **kw: _env(
+                tmp_path, redis_server.url, prefix, model_server, imap, smtp, tls="starttls", **kw
+            ),
+            cert,
+            procs,
+            real_redis,
+            keys,
+            deliver=imap.append,
+            smtp=smtp,
+            message_id="<tls@example.org>",
         )
-        gw = procs.start("gateway-email", ["gateway", "email"], untrusted)
-        record = gw.wait_for_log("email.imap_error", timeout=20)
-        assert "CERTIFICATE_VERIFY_FAILED" in record["error"]
-        assert gw.stop() == 0
-
-        more = f'ca_file = "{cert}"'
-        env = _env(
-            tmp_path, redis_server.url, prefix, model_server, imap, smtp, tls="starttls", more=more
-        )
-        procs.worker(env, r=real_redis, keys=keys)
-        start_gateway(procs, env)
-        imap.append(make_message(message_id="<tls@example.org>"))
-        reply = wait_reply(smtp, "<tls@example.org>")
-        assert reply["Subject"] == "Re: hello"
     finally:
         imap.stop()
         smtp.stop()
+
+
+def refused_then_answered(
+    env_for: Callable[..., dict[str, str]],
+    cert: Path,
+    procs: Procs,
+    r: redis.Redis,
+    keys: Keys,
+    *,
+    deliver: Callable[[Any], object],
+    smtp: SmtpServer,
+    message_id: str,
+) -> None:
+    """Without the CA the self-signed certificate is refused and nothing is fetched; with
+    ``ca_file`` set, a mail is fetched and answered over TLS."""
+    gw = procs.start("gateway-email", ["gateway", "email"], env_for())
+    record = gw.wait_for_log("email.imap_error", timeout=20)
+    assert "CERTIFICATE_VERIFY_FAILED" in record["error"]
+    assert gw.stop() == 0
+
+    env = env_for(more=f'ca_file = "{cert}"')
+    procs.worker(env, r=r, keys=keys)
+    start_gateway(procs, env)
+    deliver(make_message(message_id=message_id))
+    reply = wait_reply(smtp, message_id)
+    assert reply["Subject"] == "Re: hello"
 
 
 def test_implicit_tls_for_imap_and_smtp_checks_certificates(
@@ -488,21 +508,18 @@ def test_implicit_tls_for_imap_and_smtp_checks_certificates(
     smtp = SmtpServer(tls=(cert, key), implicit_tls=True).start()
     imaps = SimpleNamespace(port=proxy.port, user=imap.user, password=imap.password)
     try:
-        untrusted = _env(tmp_path, redis_server.url, prefix, model_server, imaps, smtp, tls="tls")
-        gw = procs.start("gateway-email", ["gateway", "email"], untrusted)
-        record = gw.wait_for_log("email.imap_error", timeout=20)
-        assert "CERTIFICATE_VERIFY_FAILED" in record["error"]
-        assert gw.stop() == 0
-
-        more = f'ca_file = "{cert}"'
-        env = _env(
-            tmp_path, redis_server.url, prefix, model_server, imaps, smtp, tls="tls", more=more
+        refused_then_answered(
+            lambda **kw: _env(
+                tmp_path, redis_server.url, prefix, model_server, imaps, smtp, tls="tls", **kw
+            ),
+            cert,
+            procs,
+            real_redis,
+            keys,
+            deliver=imap.append,
+            smtp=smtp,
+            message_id="<imaps@example.org>",
         )
-        procs.worker(env, r=real_redis, keys=keys)
-        start_gateway(procs, env)
-        imap.append(make_message(message_id="<imaps@example.org>"))
-        reply = wait_reply(smtp, "<imaps@example.org>")
-        assert reply["Subject"] == "Re: hello"
     finally:
         proxy.stop()
         imap.stop()
