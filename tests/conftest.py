@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import Procs
 from tests.support.servers import RedisServer
 from tests.support.synapse import SynapseServer
 
@@ -50,3 +52,17 @@ def synapse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse
     server = SynapseServer(tmp_path_factory.mktemp("synapse")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def model_server() -> Iterator[FakeModelServer]:
+    """Our own OpenAI-compatible model server on 127.0.0.1, scripted by each test."""
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """relaybot processes started by a test, stopped (and their logs kept) after it."""
+    with Procs(tmp_path / "proclogs") as running:
+        yield running

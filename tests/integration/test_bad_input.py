@@ -7,7 +7,6 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +30,6 @@ from tests.support.servers import RedisServer
 pytestmark = pytest.mark.integration
 
 OVERSIZE = 100_000  # characters; the contract allows 64 000
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def redis_cli(server: RedisServer, *args: str | bytes, stdin: bytes | None = None) -> bytes:

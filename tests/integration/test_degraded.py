@@ -13,7 +13,6 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,18 +32,6 @@ from tests.support.procs import (
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def answered(env: dict[str, str], text: str, session: str = "deg") -> str:

@@ -62,18 +62,6 @@ def smtp() -> Iterator[SmtpServer]:
 
 
 @pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
-
-
-@pytest.fixture
 def keys(prefix: str) -> Keys:
     return Keys(prefix)
 

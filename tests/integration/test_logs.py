@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,18 +33,6 @@ TURN_EVENTS = {
     "tool.called",
     "turn.done",
 }
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def test_worker_logs_are_json_with_turn_context_and_never_show_the_api_key(

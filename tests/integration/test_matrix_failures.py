@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,6 @@ from tests.support.servers import RedisServer, free_port
 from tests.support.synapse import SynapseServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def _env(tmp_path: Path, redis_server: RedisServer, prefix: str, **matrix: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -35,18 +35,6 @@ from tests.support.servers import RedisServer
 from tests.support.synapse import MatrixUser, SynapseServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 class World:

@@ -13,7 +13,6 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,6 @@ pytestmark = pytest.mark.integration
 
 SECRET = "zanzibarquux"
 TABLES = ("entity", "handle", "entity_link", "log", "reply_status", "note", "erasure")
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def make_env(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,6 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 0.3  # seconds per model attempt
 RETRIES = 1  # so two attempts
 BOUND = 2.0  # seconds from the message to its recorded error reply: 2 x 0.3 s, backoff, slack
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 def _closed_port() -> int:

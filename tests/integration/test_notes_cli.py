@@ -5,7 +5,6 @@ the notes say reaches the model's context under the scoping rules."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,6 @@ from tests.support.procs import (
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,18 +34,6 @@ from tests.support.procs import (
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    with Procs(tmp_path / "proclogs") as running:
-        yield running
 
 
 @pytest.fixture

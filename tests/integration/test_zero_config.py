@@ -34,12 +34,6 @@ def tmp() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture
-def model_server() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        yield server
-
-
 def _event(records: list[dict], event: str) -> dict:
     hits = [r for r in records if r.get("event") == event]
     assert hits, f"no {event!r} in {records}"
