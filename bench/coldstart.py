@@ -32,8 +32,8 @@ from typing import Any
 import redis
 
 from bench._common import REPO, machine_note, median, table
+from contract.config import load_config
 from deploy import embedded
-from relaybot.config import load_config
 
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 RELAYBOT = REPO / ".venv" / "bin" / "relaybot"
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         runs["redis"].append(r_start)
         runs["redis_stop"].append(r_stop)
         runs["floor"].append(py + r_start)
-        runs["imp_cli"].append(python_import("relaybot.cli, gateways.chat_command"))
+        runs["imp_cli"].append(python_import("relaybot.cli, relaybot.chat"))
         runs["imp_worker"].append(python_import("relaybot.cli, worker.main"))
         if res["ok"]:
             for mark, ms in res["marks"].items():
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         row("baseline floor (sum)", "floor", "python -c pass + redis until PING"),
         row("(info) redis-server stop", "redis_stop", "SHUTDOWN -> exited"),
         row(
-            "(info) python -c 'import relaybot.cli, gateways.chat_command'",
+            "(info) python -c 'import relaybot.cli, relaybot.chat'",
             "imp_cli",
             "the chat process's imports",
         ),

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import OUT, insert_log_rows, machine_note, median, pct, table
+from contract import logs
+from contract.config import DEFAULT_SYSTEM_PROMPT
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
 from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
-from relaybot import logs
-from relaybot.config import DEFAULT_SYSTEM_PROMPT
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 GENERATOR_VERSION = 1  # bump when the generated rows change: cached files are keyed by it
 HISTORY_ROWS = 400  # worker.turn.HISTORY_ROWS

@@ -43,12 +43,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench._common import machine_note, table
+from contract import logs
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope
 from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore
-from relaybot import logs
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 DATA = Path("/work/shared/data/locomo-dev")
 SAMPLES = ("26", "30", "41")

@@ -34,7 +34,8 @@ from typing import Any
 import redis
 
 from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
-from relaybot.wire import InboundMessage, Keys, Privacy
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
 
 PREFIX = "relaybot:"
 KEYS = Keys(PREFIX)
@@ -123,9 +124,9 @@ def seed_notes(store: Any, n: int) -> None:
 
 def real_worker(url: str, home: str, log_level: str, profile: str | None, notes: int = 0) -> None:
     """The production worker: build_consumer, the real MemoryStore, logs as `relaybot worker`."""
-    from relaybot import logs
-    from relaybot.bus import connect
-    from relaybot.config import load_config
+    from contract import logs
+    from contract.bus import connect
+    from contract.config import load_config
     from worker.main import worker_memory
 
     logfile = open(Path(home) / "worker.log", "a", encoding="utf-8")  # noqa: SIM115

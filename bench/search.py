@@ -41,11 +41,11 @@ from typing import Any
 
 from bench._common import OUT, insert_log_rows, machine_note, median, pct, table
 from bench.context import _CONVERSATIONS, ASSISTANT, T0
+from contract import logs
+from contract.messages import Privacy
 from memory.privacy import Scope
 from memory.search import SearchQuery, clear_cache, search
 from memory.store import MemoryStore
-from relaybot import logs
-from relaybot.wire import Privacy
 
 GENERATOR_VERSION = 1
 VOCABULARY = 50_000

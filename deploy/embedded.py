@@ -18,8 +18,8 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from relaybot.bus import embedded_socket
-from relaybot.config import Config
+from contract.bus import embedded_socket
+from contract.config import Config
 
 log = structlog.get_logger(__name__)
 

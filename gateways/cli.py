@@ -17,10 +17,11 @@ from typing import TextIO
 import redis
 import structlog
 
+from contract.bus import publish
+from contract.config import Config
+from contract.liveness import Heartbeat
+from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from gateways.deliver import ReplyQueue, deliver_next
-from relaybot.bus import Heartbeat, publish
-from relaybot.config import Config
-from relaybot.wire import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 
 log = structlog.get_logger(__name__)
 

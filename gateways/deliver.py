@@ -18,16 +18,9 @@ from dataclasses import dataclass
 import redis
 import structlog
 
-from relaybot.bus import publish
-from relaybot.wire import (
-    InboundMessage,
-    Keys,
-    Kind,
-    Privacy,
-    Reply,
-    WireError,
-    new_event_id,
-)
+from contract.bus import publish
+from contract.keys import Keys
+from contract.messages import InboundMessage, Kind, Privacy, Reply, WireError, new_event_id
 
 log = structlog.get_logger(__name__)
 

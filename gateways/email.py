@@ -24,8 +24,12 @@ import aioimaplib
 import redis
 import structlog
 
+from contract.bus import text
+from contract.config import Config, OwnerAlias
+from contract.liveness import Heartbeat
+from contract.messages import Reply
 from gateways.deliver import ReplyQueue, deliver_next
-from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.email_parse import CHANNEL, Accepted, Addresses, parse_email
 from gateways.email_smtp import (
     FatalMailError,
     NotSent,
@@ -35,9 +39,6 @@ from gateways.email_smtp import (
     tls_context,
 )
 from gateways.email_state import MailState
-from relaybot.bus import Heartbeat
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import Reply
 
 log = structlog.get_logger(__name__)
 
@@ -330,12 +331,15 @@ class EmailGateway:
 
     def _sessions(self) -> list[str]:
         """The e-mail sessions with a reply queued or in flight."""
-        found: set[str] = set()
-        for pattern in (self.keys.reply("email:*"), self.keys.inflight("email:*")):
-            head = pattern[: -len("email:*")]
-            for key in self.r.scan_iter(match=pattern, count=500):
-                name = key.decode() if isinstance(key, bytes) else str(key)
-                found.add(name[len(head) :])
+        keys = self.keys
+        found = {
+            keys.session_of_reply_key(text(key))
+            for key in self.r.scan_iter(match=keys.reply_pattern(CHANNEL), count=500)
+        }
+        found.update(
+            keys.session_of_inflight_key(text(key))
+            for key in self.r.scan_iter(match=keys.inflight_pattern(CHANNEL), count=500)
+        )
         return sorted(found)
 
     def _deliver_session(self, session: str, loop: asyncio.AbstractEventLoop) -> None:

@@ -16,8 +16,8 @@ from email.message import EmailMessage
 import markdown
 import nh3
 
+from contract.messages import Reply
 from gateways.email_parse import SENT_ID_PREFIX, Headers
-from relaybot.wire import Reply
 
 _RE = re.compile(r"^\s*((re|aw|sv|antw)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
 MAX_REFERENCES = 20

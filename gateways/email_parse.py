@@ -24,7 +24,7 @@ from email.message import EmailMessage, Message
 from html.parser import HTMLParser
 from typing import Any, ClassVar
 
-from relaybot.wire import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
+from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 
 CHANNEL = "email"
 MAX_BODY_CHARS = 20_000

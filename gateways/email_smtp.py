@@ -17,10 +17,10 @@ from pathlib import Path
 import aiosmtplib
 import structlog
 
+from contract.config import EmailConfig
+from contract.messages import Reply
 from gateways.email_compose import compose_reply
 from gateways.email_parse import Headers
-from relaybot.config import EmailConfig
-from relaybot.wire import Reply
 
 log = structlog.get_logger(__name__)
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import redis
 
+from contract.bus import text
+from contract.keys import Keys
 from gateways.email_parse import Accepted, Headers
-from relaybot.wire import Keys
 
 SEEN_KEEP = 90 * 24 * 3600.0
 ORIG_KEEP = 14 * 24 * 3600
@@ -35,17 +36,11 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
 
 
-def _s(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class MailState:
     def __init__(self, r: redis.Redis, keys: Keys, folder: str) -> None:
         self.r, self.keys = r, keys
-        base = f"{keys.prefix}email:"
-        self.base = base
-        self.cursor_key = f"{base}cursor:{folder}"
-        self.seen_key = f"{base}seen"
+        self.cursor_key = keys.email_cursor(folder)
+        self.seen_key = keys.email_seen
 
     # -- the cursor --------------------------------------------------------------------------
 
@@ -73,10 +68,10 @@ class MailState:
         pipe.zremrangebyscore(self.seen_key, "-inf", now - SEEN_KEEP)
         pipe.set(self.orig_key(msg.event_id), json.dumps(accepted.headers.to_dict()), ex=ORIG_KEEP)
         sid = pipe.execute()[0]
-        return _s(sid)
+        return text(sid)
 
     def orig_key(self, message_id: str) -> str:
-        return f"{self.base}orig:{_digest(message_id)}"
+        return self.keys.email_orig(_digest(message_id))
 
     def headers_for(self, message_id: str) -> Headers | None:
         raw = self.r.get(self.orig_key(message_id))
@@ -106,7 +101,7 @@ class MailState:
         now = time.time()
         reason = ""
         for kind, who, cap in (("thread", thread, per_thread), ("sender", sender, per_sender)):
-            key = f"{self.base}rate:{kind}:{_digest(who)}"
+            key = self.keys.email_rate(kind, _digest(who))
             pipe = self.r.pipeline(transaction=True)
             pipe.zremrangebyscore(key, "-inf", now - window)
             pipe.zcard(key)
@@ -115,7 +110,7 @@ class MailState:
                 reason = f"more than {cap} messages per {window:.0f} s from this {kind}"
         if not reason:
             for kind, who in (("thread", thread), ("sender", sender)):
-                key = f"{self.base}rate:{kind}:{_digest(who)}"
+                key = self.keys.email_rate(kind, _digest(who))
                 self.r.zadd(key, {event_id: now})
                 self.r.expire(key, int(window) + 60)
         return reason

@@ -43,6 +43,9 @@ from nio import (
     WhoamiResponse,
 )
 
+from contract.config import Config, OwnerAlias
+from contract.liveness import Heartbeat
+from contract.messages import Reply
 from gateways.deliver import ReplyQueue, deliver_next
 from gateways.matrix_events import (
     GroupPolicy,
@@ -54,9 +57,6 @@ from gateways.matrix_events import (
     session_of,
 )
 from gateways.matrix_render import reply_content
-from relaybot.bus import Heartbeat
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import Reply
 
 log = structlog.get_logger(__name__)
 
@@ -122,8 +122,8 @@ class MatrixGateway:
             raise FatalMatrixError("[matrix] homeserver and user_id are not configured")
         self.cfg, self.m, self.r, self.keys = cfg, cfg.matrix, r, cfg.keys
         self.store = cfg.matrix.store_path or cfg.home / "matrix"
-        self.cursor_key = f"{self.keys.prefix}cursor:matrix"
-        self.seen_key = f"{self.keys.prefix}matrix:seen"
+        self.cursor_key = self.keys.matrix_cursor
+        self.seen_key = self.keys.matrix_seen
         self.client: AsyncClient | None = None
         self.policy: Policy | None = None
         self.stopping = asyncio.Event()
@@ -307,7 +307,7 @@ class MatrixGateway:
         pipe.zremrangebyscore(self.seen_key, "-inf", now - SEEN_KEEP)
         thread = out.extra.get("thread_root")
         if isinstance(thread, str):
-            pipe.set(self._thread_key(out.event_id), thread, ex=THREAD_KEEP)
+            pipe.set(self.keys.matrix_thread(out.event_id), thread, ex=THREAD_KEEP)
         sid = pipe.execute()[0]
         self.published += 1
         log.info(
@@ -400,7 +400,11 @@ class MatrixGateway:
     async def _send(self, reply: Reply) -> None:
         client = self._client()
         room_id = room_of(reply.session)
-        thread = _s(self.r.get(self._thread_key(reply.in_reply_to))) if reply.in_reply_to else None
+        thread = (
+            _s(self.r.get(self.keys.matrix_thread(reply.in_reply_to)))
+            if reply.in_reply_to
+            else None
+        )
         content = reply_content(reply.text, reply.in_reply_to or None, thread, notice=False)
         if room_id in self.typing:
             self.typing.pop(room_id)
@@ -485,9 +489,6 @@ class MatrixGateway:
             log.warning(event, retry_in=seconds, **info)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), timeout=seconds)
-
-    def _thread_key(self, event_id: str) -> str:
-        return f"{self.keys.prefix}matrix:thread:{event_id}"
 
     def _client(self) -> AsyncClient:
         if self.client is None:

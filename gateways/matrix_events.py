@@ -2,7 +2,7 @@
 
 :func:`normalize_event` takes the event's JSON (as the homeserver sent it, ``event.source`` in
 nio), the facts the gateway knows about the room and the policy, and returns either an
-:class:`~relaybot.wire.InboundMessage` or a :class:`Rejected` value saying why it was dropped.
+:class:`~contract.messages.InboundMessage` or a :class:`Rejected` value saying why it was dropped.
 It never raises on a bad event.
 
 - session = conversation = ``matrix:<room_id>``;
@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from relaybot.wire import (
+from contract.messages import (
     MAX_TEXT_CHARS,
     InboundMessage,
     Kind,

@@ -19,8 +19,8 @@ from typing import Any
 
 import structlog
 
+from contract.config import Config
 from memory.store import MemoryStore
-from relaybot.config import Config
 
 log = structlog.get_logger(__name__)
 

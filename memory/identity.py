@@ -36,10 +36,10 @@ from typing import Any
 
 import structlog
 
+from contract.config import OwnerAlias
+from contract.messages import InboundMessage, Kind
 from memory.commands import CommandContext, CommandError, Handler
 from memory.store import LogRow, MemoryStore
-from relaybot.config import OwnerAlias
-from relaybot.wire import InboundMessage, Kind
 
 log = structlog.get_logger(__name__)
 

@@ -49,12 +49,12 @@ from typing import Annotated, Any, Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract.config import ConversationRole
+from contract.messages import Privacy, describe_validation_error
 from memory import privacy
 from memory.commands import CommandContext, CommandError, Handler
 from memory.privacy import Scope, privacy_of
 from memory.store import MemoryStore
-from relaybot.config import ConversationRole
-from relaybot.wire import Privacy, describe_validation_error
 
 log = structlog.get_logger(__name__)
 

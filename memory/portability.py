@@ -46,10 +46,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from contract.messages import MAX_EXTRA_CHARS, Privacy, describe_validation_error
 from memory.identity import OwnerResolver
 from memory.schema import schema_version
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import MAX_EXTRA_CHARS, Privacy, describe_validation_error
 
 FORMAT = "relaybot-memory-export"
 FORMAT_VERSION = 1
@@ -578,7 +578,7 @@ def _squidbot_record(
 
 
 def _size(obj: object) -> int:
-    """Characters as gateways.commands measures an entry's extra (default separators: the
+    """Characters as relaybot.owner_commands measures an entry's extra (default separators: the
     widest of the encodings, so a command that fits here fits everywhere)."""
     return len(json.dumps(obj, ensure_ascii=False))
 

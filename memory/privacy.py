@@ -40,9 +40,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.messages import Privacy
 from memory.identity import OWNER, person_of
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import Privacy
 
 PAGE_ROWS = 128
 NOTHING = "0"  # the predicate of a scope that sees nothing

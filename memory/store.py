@@ -26,8 +26,8 @@ from typing import Any
 
 import structlog
 
+from contract.messages import InboundMessage, Privacy, Reply
 from memory.schema import SchemaError, check_version, migrate, schema_version
-from relaybot.wire import InboundMessage, Privacy, Reply
 
 log = structlog.get_logger(__name__)
 
@@ -98,8 +98,8 @@ _COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
 
 @dataclass(frozen=True)
 class LogRow:
-    """One log entry. ``privacy`` is a :class:`~relaybot.wire.Privacy` value and ``extra`` the raw
-    JSON object text (see :attr:`extra_data`); ``direction`` is ``'in'`` or ``'out'``."""
+    """One log entry. ``privacy`` is a :class:`~contract.messages.Privacy` value and ``extra``
+    the raw JSON object text (see :attr:`extra_data`); ``direction`` is ``'in'`` or ``'out'``."""
 
     id: int
     direction: str

@@ -22,10 +22,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contract.messages import Privacy
 from memory.context import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import Privacy
 
 WindowKey = tuple[Privacy, str, str, frozenset[str]]
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import redis
 import structlog
 
-from relaybot import logs
-from relaybot.bus import connect, redis_url
-from relaybot.config import Config, ConfigError, default_home, load_config
+from contract import logs
+from contract.bus import connect, redis_url, wait_for_redis
+from contract.config import Config, ConfigError, default_home, load_config
 
 log = structlog.get_logger(__name__)
 
@@ -103,17 +103,17 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     if func is not None:  # the memory / entities / onboard subcommands
         return int(func(args, cfg))
     if args.command == "chat":
-        from gateways.chat_command import run_chat
+        from relaybot.chat import run_chat
 
         return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
     if args.command == "worker":
         from worker.main import run_worker
 
-        return run_worker(cfg, _wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
     if args.command == "jobs":
         from worker.jobs import run_jobs
 
-        return run_jobs(cfg, _wait_for_redis(cfg))
+        return run_jobs(cfg, wait_for_redis(cfg))
     if args.command == "redis":
         return _run_redis(cfg)
     if args.command == "status":
@@ -130,27 +130,13 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 def _run_matrix_gateway(args: argparse.Namespace, cfg: Config) -> int:
     from gateways.matrix import run_matrix
 
-    return run_matrix(cfg, _wait_for_redis(cfg))
+    return run_matrix(cfg, wait_for_redis(cfg))
 
 
 def _run_email_gateway(args: argparse.Namespace, cfg: Config) -> int:
     from gateways.email import run_email
 
-    return run_email(cfg, _wait_for_redis(cfg))
-
-
-def _wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:
-    """Processes started together (honcho) may come up before Redis: wait for it, briefly."""
-    r = connect(cfg)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r.ping()
-            return r
-        except (redis.ConnectionError, FileNotFoundError) as exc:
-            if time.monotonic() > deadline:
-                raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
-            time.sleep(0.1)
+    return run_email(cfg, wait_for_redis(cfg))
 
 
 def _run_redis(cfg: Config) -> int:

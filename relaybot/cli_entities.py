@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relaybot.config import Config
+    from contract.config import Config
 
 EXIT_FAILED = 1
 
@@ -63,7 +63,7 @@ def cmd_onboard(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_link(args: argparse.Namespace, cfg: Config) -> int:
-    from gateways.commands import CommandFailed, run_command
+    from relaybot.owner_commands import CommandFailed, run_command
 
     payload = {"a": args.a, "b": args.b, "reason": args.reason}
     try:

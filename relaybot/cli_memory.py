@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contract.config import Config
     from memory.store import MemoryStore
-    from relaybot.config import Config
 
 EXIT_FAILED = 1
 
@@ -242,7 +242,7 @@ def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
     calls = [("memory.import", a) for a in command_args(parsed.items, fmt=parsed.format)]
     failed: str | None = None
     if calls and not args.dry_run:
-        from gateways.commands import CommandFailed, run_commands
+        from relaybot.owner_commands import CommandFailed, run_commands
 
         try:
             results = run_commands(cfg, calls, timeout=args.timeout)
@@ -345,8 +345,8 @@ def _confirmed(preview: str) -> bool:
 def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
     import getpass
 
-    from gateways.commands import CommandFailed, run_command
     from memory.commands import CommandError
+    from relaybot.owner_commands import CommandFailed, run_command
 
     kind, target = _target(args)
     if not args.reason.strip():

@@ -23,9 +23,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contract.config import Config
     from memory.notes import Note
     from memory.store import MemoryStore
-    from relaybot.config import Config
 
 EXIT_FAILED = 1
 LIST_LIMIT = 50
@@ -135,7 +135,7 @@ def cmd_supersede(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def _send(cfg: Config, op: str, payload: dict[str, Any], *, as_json: bool) -> int:
-    from gateways.commands import CommandFailed, run_command
+    from relaybot.owner_commands import CommandFailed, run_command
 
     try:
         result = run_command(cfg, op, payload)

@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relaybot.config import Config
+    from contract.config import Config
 
 EXIT_FAILED = 1
 MAX_LIMIT = 50  # memory.search.MAX_LIMIT (not imported here: the CLI starts fast)
@@ -73,10 +73,10 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 
 def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
+    from contract.messages import Privacy
     from memory.privacy import Scope
     from memory.search import SearchError, SearchQuery, format_hits, hit_record, search
     from memory.store import MemoryStore
-    from relaybot.wire import Privacy
 
     if not cfg.memory_path.exists():
         print(f"no memory database yet at {cfg.memory_path} (the worker creates it)")

@@ -30,8 +30,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from relaybot.config import Config
-from relaybot.wire import describe_validation_error
+from contract.config import Config
+from contract.messages import describe_validation_error
 
 EXIT_FAILED = 1
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -15,9 +15,9 @@ from types import TracebackType
 import redis
 import structlog
 
+from contract.bus import connect
+from contract.config import Config
 from deploy import embedded
-from relaybot.bus import connect
-from relaybot.config import Config
 
 log = structlog.get_logger(__name__)
 

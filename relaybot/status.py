@@ -7,14 +7,12 @@ from typing import Any
 
 import redis
 
-from relaybot.bus import heartbeats
-from relaybot.wire import Keys, stream_id_ms
+from contract.bus import text
+from contract.keys import Keys
+from contract.liveness import heartbeats
+from contract.messages import stream_id_ms
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is shown as stale
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str, Any]:
@@ -34,15 +32,15 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
     except redis.ResponseError:  # no stream yet
         groups = []
     for g in groups:
-        if _s(g["name"]) != Keys.GROUP:
+        if text(g["name"]) != Keys.GROUP:
             continue
         summary: Any = r.xpending(keys.inbound, Keys.GROUP)
-        oldest = _s(summary["min"]) if summary and summary.get("min") else None
+        oldest = text(summary["min"]) if summary and summary.get("min") else None
         out["group"] = {
             "name": Keys.GROUP,
             "consumers": int(g["consumers"]),
             "pending": int(g["pending"]),
-            "last_delivered_id": _s(g["last-delivered-id"]),
+            "last_delivered_id": text(g["last-delivered-id"]),
             "lag": g.get("lag"),
             "oldest_pending_id": oldest,
             "oldest_pending_age_s": (
@@ -50,17 +48,17 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
             ),
         }
     for key in r.scan_iter(match=keys.reply_pattern(), count=500):
-        name = _s(key)
+        name = text(key)
         out["reply_queues"][keys.session_of_reply_key(name)] = int(r.llen(name))
-    for key in r.scan_iter(match=f"{keys.prefix}inflight:*", count=500):
-        name = _s(key)
-        out["in_flight"][name[len(f"{keys.prefix}inflight:") :]] = int(r.llen(name))
+    for key in r.scan_iter(match=keys.inflight_pattern(), count=500):
+        name = text(key)
+        out["in_flight"][keys.session_of_inflight_key(name)] = int(r.llen(name))
     for name, beat in sorted(heartbeats(r, keys).items()):
         age = round(now - float(beat.get("ts", 0)), 3)
         out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
     holder = r.get(keys.lease)
     if holder is not None:
-        out["worker_lease"] = {"holder": _s(holder), "ttl_ms": int(r.pttl(keys.lease))}
+        out["worker_lease"] = {"holder": text(holder), "ttl_ms": int(r.pttl(keys.lease))}
     return out
 
 

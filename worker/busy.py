@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import redis
 import structlog
 
-from relaybot.wire import Keys
+from contract.keys import Keys
 
 log = structlog.get_logger(__name__)
 

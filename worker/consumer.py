@@ -21,10 +21,12 @@ from typing import Any
 import redis
 import structlog
 
+from contract.bus import text
+from contract.config import Config
+from contract.keys import Keys
+from contract.liveness import Heartbeat, Lease, process_identity
+from contract.messages import Reply, decode_lenient
 from memory.store import MemoryStore
-from relaybot.bus import Heartbeat, Lease, process_identity
-from relaybot.config import Config
-from relaybot.wire import Keys, Reply
 from worker.busy import BusySignal
 from worker.turn import Outcome, Turns
 
@@ -208,21 +210,21 @@ class Consumer:
             page: Any = self.r.xpending_range(
                 self.keys.inbound, Keys.GROUP, min=start, max="+", count=1000
             )
-            others = [p["message_id"] for p in page if _s(p["consumer"]) != self.name]
+            others = [p["message_id"] for p in page if text(p["consumer"]) != self.name]
             if others:
                 self.r.xclaim(self.keys.inbound, Keys.GROUP, self.name, 0, others, justid=True)
                 claimed += len(others)
             if len(page) < 1000:
                 break
-            start = "(" + _s(page[-1]["message_id"])
+            start = "(" + text(page[-1]["message_id"])
         for info in self.r.xinfo_consumers(self.keys.inbound, Keys.GROUP):
-            name = _s(info["name"])
+            name = text(info["name"])
             if name != self.name and int(info["pending"]) == 0:
                 self.r.xgroup_delconsumer(self.keys.inbound, Keys.GROUP, name)
         pending: Any = self.r.xpending_range(
             self.keys.inbound, Keys.GROUP, min="-", max="+", count=100_000, consumername=self.name
         )
-        self.deliveries = {_s(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
+        self.deliveries = {text(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
         if self.deliveries:
             log.info("worker.recovered", claimed=claimed, pending=len(self.deliveries))
 
@@ -255,9 +257,9 @@ class Consumer:
         out: list[Entry] = []
         for sid, fields in resp[0][1]:
             if fields is None:  # deleted from the stream while pending: nothing to answer
-                self._ack_only(_s(sid))
+                self._ack_only(text(sid))
                 continue
-            out.append((_s(sid), fields))
+            out.append((text(sid), fields))
         return out, len(resp[0][1])
 
     # -- handling ----------------------------------------------------------------------------
@@ -311,7 +313,7 @@ class Consumer:
                     f"delivered {delivered} times without completing "
                     "(it may be crashing the worker)"
                 ),
-                fields=_decode_lenient(fields),
+                fields=decode_lenient(fields),
             )
         attempt = delivered
         while True:
@@ -324,7 +326,7 @@ class Consumer:
                 if attempt >= self.cfg.worker.max_attempts:
                     return Outcome(
                         dead_reason=f"failed {attempt} times: {type(exc).__name__}: {exc}",
-                        fields=_decode_lenient(fields),
+                        fields=decode_lenient(fields),
                     )
                 attempt += 1
                 time.sleep(min(0.05 * 2**attempt, 2.0))
@@ -386,13 +388,5 @@ class Consumer:
         floor_ms = int((now - self.cfg.worker.stream_retention) * 1000)
         summary: Any = self.r.xpending(self.keys.inbound, Keys.GROUP)
         if summary and summary.get("min"):
-            floor_ms = min(floor_ms, int(_s(summary["min"]).split("-")[0]))
+            floor_ms = min(floor_ms, int(text(summary["min"]).split("-")[0]))
         self.r.xtrim(self.keys.inbound, minid=f"{floor_ms}-0", approximate=True)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _decode_lenient(fields: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}

@@ -10,8 +10,8 @@ import redis
 import structlog
 from rq import Queue, Worker
 
-from relaybot.bus import Heartbeat
-from relaybot.config import Config
+from contract.config import Config
+from contract.liveness import Heartbeat
 
 log = structlog.get_logger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any
 import redis
 import structlog
 
+from contract.config import Config
 from memory.checkpoint import WalCheckpointer
 from memory.privacy import privacy_of
 from memory.store import MemoryStore
-from relaybot.config import Config
 from worker.busy import BusySignal
 from worker.consumer import Consumer
 from worker.memory_tools import memory_tools

@@ -18,11 +18,11 @@ from typing import Any
 
 import structlog
 
+from contract.messages import Privacy
 from memory import notes, search
 from memory.curated import CuratedError, CuratedFile, curated_path, memory_write
 from memory.privacy import privacy_of
 from memory.store import MemoryStore
-from relaybot.wire import Privacy
 from worker.tools import Tool
 from worker.turn_context import TurnContext
 

@@ -30,7 +30,7 @@ import httpx
 import structlog
 from pydantic import BaseModel, Field
 
-from relaybot.config import ModelConfig
+from contract.config import ModelConfig
 
 log = structlog.get_logger(__name__)
 

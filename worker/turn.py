@@ -16,6 +16,17 @@ from typing import TypeVar
 
 import structlog
 
+from contract.config import Config
+from contract.messages import (
+    InboundMessage,
+    Kind,
+    Privacy,
+    Reply,
+    ReplyKind,
+    WireError,
+    decode_lenient,
+    new_reply_id,
+)
 from memory import commands, notes
 from memory.commands import CommandContext
 from memory.context import HistoryLines, build_context
@@ -24,17 +35,6 @@ from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope, privacy_of
 from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
-from relaybot.config import Config
-from relaybot.wire import (
-    InboundMessage,
-    Kind,
-    Privacy,
-    Reply,
-    ReplyKind,
-    WireError,
-    decode_fields,
-    new_reply_id,
-)
 from worker.agent import run_turn
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
@@ -84,7 +84,7 @@ class Turns:
         try:
             msg = InboundMessage.from_fields(raw)
         except WireError as exc:
-            return Outcome(dead_reason=f"invalid entry: {exc}", fields=_safe_fields(raw))
+            return Outcome(dead_reason=f"invalid entry: {exc}", fields=decode_lenient(raw))
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
@@ -330,15 +330,3 @@ def _transient_row(msg: InboundMessage, stream_id: str, is_owner: bool) -> LogRo
         recorded_ts=time.time(),
         extra="{}",
     )
-
-
-def _safe_fields(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, str]:
-    """The original fields for the dead-letter entry, decoded leniently (never raises)."""
-    try:
-        return decode_fields(raw)
-    except WireError:
-        out: dict[str, str] = {}
-        for k, v in raw.items():
-            key = k.decode(errors="replace") if isinstance(k, bytes) else k
-            out[key] = v.decode(errors="replace") if isinstance(v, bytes) else v
-        return out

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.config import Config
+from contract.messages import InboundMessage
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.config import Config
-from relaybot.wire import InboundMessage
 
 
 @dataclass(frozen=True)

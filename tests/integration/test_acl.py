@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from contract.config import Config, RedisConfig
 from deploy.embedded import redis_binary
 from gateways.cli import Terminal
-from relaybot.config import Config, RedisConfig
 from tests.support.fakes import InstantModel
 from tests.support.servers import free_port
 from worker.main import build_consumer
@@ -55,7 +55,7 @@ def cfg_for(tmp_path: Path, port: int, user: str) -> Config:
 
 
 def test_each_user_can_do_its_job_and_no_more(tmp_path: Path, acl_redis: int) -> None:
-    from relaybot.bus import connect
+    from contract.bus import connect
 
     worker_cfg = cfg_for(tmp_path, acl_redis, "worker")
     cli_cfg = cfg_for(tmp_path, acl_redis, "cli")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from contract.keys import Keys
 from deploy.embedded import redis_binary
-from relaybot.wire import Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,

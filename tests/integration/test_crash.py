@@ -36,8 +36,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from relaybot.bus import publish
-from relaybot.wire import InboundMessage, Keys, Privacy, Reply
+from contract.bus import publish
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy, Reply
 from tests.support.crashrig import (
     ProbeModel,
     Request,

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from relaybot.bus import publish
-from relaybot.wire import InboundMessage, Keys, Privacy
+from contract.bus import publish
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import redis
 
+from contract.keys import Keys
+from contract.messages import InboundMessage
 from deploy.embedded import redis_binary
-from relaybot.wire import InboundMessage, Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailcorpus import corpus
 from tests.support.mailservers import (

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from relaybot.bus import publish
-from relaybot.config import load_config
-from relaybot.wire import InboundMessage, Keys, Privacy
+from contract.bus import publish
+from contract.config import load_config
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from relaybot.wire import Keys
+from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,

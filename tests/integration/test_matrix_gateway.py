@@ -27,7 +27,7 @@ from nio import (
     SyncResponse,
 )
 
-from relaybot.wire import Keys
+from contract.keys import Keys
 from tests.integration.test_acl import PASSWORDS, acl_redis  # noqa: F401 - a fixture
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import Proc, Procs, memory_rows, relaybot_env, wait_until, write_config

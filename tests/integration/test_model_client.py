@@ -15,7 +15,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from relaybot.config import ModelConfig
+from contract.config import ModelConfig
 from tests.support.fakemodel import FakeModelServer
 from worker.agent import run_turn
 from worker.model import ModelError, NoModel, OpenAIChatClient, make_model

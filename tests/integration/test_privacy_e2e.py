@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import redis
 
-from gateways.commands import command_message
+from contract.config import Config, OwnerAlias, OwnerConfig, RedisConfig
+from contract.messages import InboundMessage, Privacy
 from memory.store import MemoryStore
-from relaybot.config import Config, OwnerAlias, OwnerConfig, RedisConfig
-from relaybot.wire import InboundMessage, Privacy
+from relaybot.owner_commands import command_message
 from tests.support.servers import RedisServer
 from worker.consumer import Consumer
 from worker.main import build_consumer

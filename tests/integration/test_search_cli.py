@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.store import MemoryStore
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 from tests.support.procs import relaybot_env, run_relaybot
 
 pytestmark = pytest.mark.integration

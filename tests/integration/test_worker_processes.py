@@ -14,7 +14,7 @@ import pytest
 import redis
 from rq import Queue
 
-from relaybot.wire import Keys
+from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,

@@ -148,7 +148,7 @@ def test_chat_attaches_to_an_embedded_redis_and_worker_it_did_not_start(
     stops neither."""
     import redis as redis_py
 
-    from relaybot.config import load_config
+    from contract.config import load_config
     from tests.support.procs import Procs, lease_holder, wait_until
 
     home = tmp / "home"

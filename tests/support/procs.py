@@ -26,9 +26,10 @@ from typing import Any, TypeVar
 
 import redis
 
+from contract.bus import publish
+from contract.keys import Keys
+from contract.messages import Reply
 from gateways.cli import normalize
-from relaybot.bus import publish
-from relaybot.wire import Keys, Reply
 
 T = TypeVar("T")
 

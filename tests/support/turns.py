@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from contract.messages import InboundMessage, Privacy, Reply
 from memory.identity import Identity
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import InboundMessage, Privacy, Reply
 
 
 def record_turn(

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import Config
+from contract.messages import InboundMessage, Kind, Privacy
 from memory import admin
 from memory.store import MemoryStore
-from relaybot.config import Config
-from relaybot.wire import InboundMessage, Kind, Privacy
 from worker.model import NoModel
 from worker.tools import default_tools
 from worker.turn import Turns

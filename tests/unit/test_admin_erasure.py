@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, OwnerAlias
+from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory import commands, erasure
 from memory.commands import CommandContext, CommandError
 from memory.erasure import erase, plan_erasure
 from memory.identity import Identity, OwnerResolver, create_handle
 from memory.store import LogRow, MemoryStore
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Kind, Privacy, Reply, ReplyKind
 
 SECRET = "zanzibarquux"
 _n = itertools.count(1)

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, OwnerAlias
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory import admin, commands
 from memory.admin import collect_status
 from memory.commands import CommandContext
@@ -19,8 +21,6 @@ from memory.erasure import erase
 from memory.identity import Identity, OwnerResolver
 from memory.portability import ExportStats, command_args, export_lines, parse_file
 from memory.store import MemoryStore
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 TABLES = ("entity", "handle", "entity_link", "log", "reply_status", "note", "erasure")
 RESOLVER = OwnerResolver([OwnerAlias(address="@me:m.org", channel="matrix"), "alex"])

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from relaybot.config import ModelConfig
+from contract.config import ModelConfig
 from worker.agent import EMPTY_ANSWER_TEXT, TurnResult, run_turn
 from worker.model import Completion, ModelError, ModelPort, NoModel, ToolCall, make_model
 from worker.tools import Tool, ToolRegistry

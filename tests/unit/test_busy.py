@@ -6,7 +6,7 @@ import time
 
 import fakeredis
 
-from relaybot.wire import Keys
+from contract.keys import Keys
 from worker.busy import BusySignal
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from contract.messages import InboundMessage, Privacy
 from memory.checkpoint import WalCheckpointer
 from memory.store import MemoryStore
-from relaybot.wire import InboundMessage, Privacy
 
 
 def test_checkpointer_keeps_the_wal_small(tmp_path: Path) -> None:

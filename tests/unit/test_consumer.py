@@ -9,9 +9,10 @@ from pathlib import Path
 import fakeredis
 import pytest
 
+from contract.config import Config, RedisConfig, WorkerConfig
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy, Reply
 from memory.store import MemoryStore
-from relaybot.config import Config, RedisConfig, WorkerConfig
-from relaybot.wire import InboundMessage, Keys, Privacy, Reply
 from tests.support.fakes import InstantModel
 from worker.consumer import Consumer, LeaseLost
 from worker.tools import default_tools

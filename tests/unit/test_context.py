@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy, Reply
 from memory.context import (
     HISTORY_HEADER,
     build_context,
@@ -19,7 +20,6 @@ from memory.context import (
     label,
 )
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import InboundMessage, Privacy, Reply
 
 PROMPT = "You are relaybot."
 # 2026-11-22 10:04 UTC

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import Config, ConversationRole, MemoryConfig, WorkerConfig
+from contract.messages import InboundMessage, Privacy
 from memory import notes
 from memory.context import (
     CURATED_HEADER,
@@ -26,8 +28,6 @@ from memory.context import (
 from memory.notes import NoteDraft, Source
 from memory.privacy import Scope
 from memory.store import LogRow, MemoryStore
-from relaybot.config import Config, ConversationRole, MemoryConfig, WorkerConfig
-from relaybot.wire import InboundMessage, Privacy
 from tests.support.fakes import InstantModel
 from worker.tools import default_tools
 from worker.turn import Turns

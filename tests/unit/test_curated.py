@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, MemoryConfig
+from contract.messages import InboundMessage, Privacy
 from memory import curated
 from memory.curated import (
     CuratedError,
@@ -21,8 +23,6 @@ from memory.curated import (
 )
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.config import Config, MemoryConfig
-from relaybot.wire import InboundMessage, Privacy
 from worker.memory_tools import curated_tools, memory_tools
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext

@@ -7,8 +7,9 @@ import time
 import fakeredis
 import pytest
 
+from contract.keys import Keys
+from contract.messages import InboundMessage, Reply
 from gateways.deliver import ReplyQueue, deliver_next
-from relaybot.wire import InboundMessage, Keys, Reply
 
 
 def reply(n: int, *, created: float | None = None) -> Reply:

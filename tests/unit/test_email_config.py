@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import load_config
 from gateways.email import addresses_of, owner_addresses
 from gateways.email_smtp import FatalMailError, SmtpSender, check_plain, port_of
-from relaybot.config import load_config
 
 
 def test_email_config_from_file_and_environment(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from email.message import EmailMessage
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy, Reply
 from gateways.email_compose import compose_reply, re_subject, reply_message_id
 from gateways.email_parse import (
     MAX_BODY_CHARS,
@@ -18,7 +19,6 @@ from gateways.email_parse import (
     parse_email,
     thread_key,
 )
-from relaybot.wire import InboundMessage, Privacy, Reply
 from tests.support.mailcorpus import corpus
 from tests.support.mailservers import make_message
 

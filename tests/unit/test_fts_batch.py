@@ -15,6 +15,7 @@ from typing import cast
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy
 from memory import commands, erasure
 from memory.commands import CommandContext
 from memory.erasure import erase
@@ -22,7 +23,6 @@ from memory.privacy import Scope
 from memory.schema import LATEST_VERSION
 from memory.search import SearchQuery, search
 from memory.store import MemoryStore
-from relaybot.wire import InboundMessage, Privacy
 from worker.turn import _apply_command
 
 OWNER = Scope(conversation="cli:a", privacy=Privacy.OWNER)

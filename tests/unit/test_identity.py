@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract.config import OwnerAlias, OwnerConfig
 from memory.identity import OwnerResolver
-from relaybot.config import OwnerAlias, OwnerConfig
 
 
 def test_unscoped_alias_counts_on_every_channel_case_insensitively() -> None:

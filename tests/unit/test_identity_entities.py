@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, OwnerAlias
+from contract.messages import InboundMessage, Kind, Privacy
 from memory import commands
 from memory.commands import CommandContext
 from memory.identity import (
@@ -27,8 +29,6 @@ from memory.identity import (
     resolve_ref,
 )
 from memory.store import LogRow, MemoryStore
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Kind, Privacy
 
 _ids = itertools.count(1)
 

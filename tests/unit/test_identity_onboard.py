@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import load_config
 from relaybot import cli
-from relaybot.config import load_config
 from relaybot.onboard import Asker, dumps, run_onboarding, write_atomic
 
 
@@ -133,7 +133,7 @@ def test_running_out_of_answers_cancels_and_writes_nothing(
 def test_the_command_reads_its_answers_from_stdin(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("relaybot.logs.configure", lambda *_a, **_k: None)  # keep test logging
+    monkeypatch.setattr("contract.logs.configure", lambda *_a, **_k: None)  # keep test logging
     monkeypatch.setattr("sys.stdin", io.StringIO("Ada\n\n\nada@example.org\n\n"))
     assert cli.main(["onboard"]) == 0
     assert "Wrote" in capsys.readouterr().out

@@ -1,5 +1,5 @@
 """No secret reaches a log line: values of secret-looking keys and passwords inside URLs are
-replaced before rendering (relaybot/logs.py), on every line, not only the first of a key."""
+replaced before rendering (contract/logs.py), on every line, not only the first of a key."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import structlog
 
-from relaybot import logs
+from contract import logs
 
 
 def lines(**events: dict[str, object]) -> list[dict[str, object]]:

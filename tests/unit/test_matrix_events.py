@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy
 from gateways.matrix_events import (
     GroupPolicy,
     Policy,
@@ -17,7 +18,6 @@ from gateways.matrix_events import (
     room_of,
     session_of,
 )
-from relaybot.wire import InboundMessage, Privacy
 
 EVENTS: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "matrix_events.json").read_text(encoding="utf-8")

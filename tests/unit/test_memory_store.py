@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory.schema import LATEST_VERSION, SchemaError, migrate, statements
 from memory.store import (
     _RECENT,
@@ -19,7 +20,6 @@ from memory.store import (
     LogRow,
     MemoryStore,
 )
-from relaybot.wire import InboundMessage, Kind, Privacy, Reply, ReplyKind
 
 
 def inbound(

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config
+from contract.messages import Privacy
 from memory import notes
 from memory.commands import CommandContext, apply
 from memory.notes import Note, NoteDraft, NoteError, Source, Viewer, note_visible
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.config import Config
-from relaybot.wire import Privacy
 
 OWNER = Privacy.OWNER
 DIRECT = Privacy.DIRECT
@@ -404,7 +404,7 @@ def test_search_survives_hostile_text(store: MemoryStore) -> None:
 
 
 def test_roles_and_workspace_from_the_config_file(tmp_path: Path) -> None:
-    from relaybot.config import ConfigError, load_config
+    from contract.config import ConfigError, load_config
 
     (tmp_path / "config.toml").write_text(
         '[roles]\n"cli:work" = "architect"\n'

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import Privacy
 from memory import notes
 from memory.erasure import erase
 from memory.notes import ContextRecall, NoteDraft, Source, Viewer
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.wire import Privacy
 
 _n = itertools.count(1)
 OWNER_VIEW = Viewer(scope=Scope("cli:home", Privacy.OWNER))

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, ConversationRole, MemoryConfig
+from contract.messages import InboundMessage, Privacy
 from memory import notes
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.config import Config, ConversationRole, MemoryConfig
-from relaybot.wire import InboundMessage, Privacy
 from worker.memory_tools import memory_tools
 from worker.model import Completion, ToolCall
 from worker.tools import MAX_RESULT_CHARS, ToolRegistry

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateways.commands import command_message
+from contract.config import OwnerAlias
+from contract.messages import MAX_EXTRA_CHARS
 from memory.identity import OwnerResolver
 from memory.portability import (
     CHUNK_CHARS,
@@ -19,8 +20,7 @@ from memory.portability import (
     parse_file,
     parse_timestamp,
 )
-from relaybot.config import OwnerAlias
-from relaybot.wire import MAX_EXTRA_CHARS
+from relaybot.owner_commands import command_message
 
 RESOLVER = OwnerResolver(["alex", OwnerAlias(address="alex@example.org", channel="email")])
 

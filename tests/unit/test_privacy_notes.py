@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from contract.messages import Privacy
 from memory.privacy import (
     Scope,
     note_privacy_sql,
@@ -24,7 +25,6 @@ from memory.privacy import (
     note_visible,
 )
 from memory.store import MemoryStore
-from relaybot.wire import Privacy
 
 HERE = "matrix:room-here"
 ELSEWHERE = "matrix:room-elsewhere"
@@ -273,8 +273,8 @@ def test_notes_may_be_objects_with_attributes() -> None:
 
 def test_memory_notes_applies_the_same_rule() -> None:
     """memory/notes.py's own reader check must agree with this module, case for case."""
+    from contract.config import ConversationRole
     from memory import notes as notes_module
-    from relaybot.config import ConversationRole
 
     fields = [f.name for f in dataclasses.fields(notes_module.Note)]
     checked = 0

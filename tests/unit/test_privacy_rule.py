@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, OwnerAlias
+from contract.messages import InboundMessage, Privacy
 from memory import commands
 from memory.commands import CommandContext
 from memory.identity import OWNER, Identity, OwnerResolver
@@ -27,8 +29,6 @@ from memory.privacy import (
     visible_history,
 )
 from memory.store import LogRow, MemoryStore
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import InboundMessage, Privacy
 from tests.support.turns import record_turn
 
 OWNER_CONV = "cli:local"

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy
 from memory.privacy import PAGE_ROWS, Scope, visible_history
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import InboundMessage, Privacy
 
 CONVERSATIONS = {
     "cli:local": Privacy.OWNER,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.privacy import Scope
 from memory.search import (
     MAX_LIMIT,
@@ -20,7 +21,6 @@ from memory.search import (
     search,
 )
 from memory.store import MemoryStore
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 T0 = 1_790_000_000.0  # 2026-09-21
 DAY = 86_400.0

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.privacy import Scope
 from memory.search import SearchQuery, format_hits, search
 from memory.store import LogRow, MemoryStore
-from relaybot.wire import InboundMessage, Privacy, Reply, ReplyKind
 
 T0 = 1_790_000_000.0
 SECRET = "QX-5531"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import Config
+from contract.messages import InboundMessage, Privacy
 from memory.privacy import Scope
 from memory.search import HEADER, MAX_LIMIT
 from memory.store import MemoryStore
-from relaybot.config import Config
-from relaybot.wire import InboundMessage, Privacy
 from worker.memory_tools import memory_tools, search_tools
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext

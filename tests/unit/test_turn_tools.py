@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import Config
+from contract.messages import InboundMessage, Privacy
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from relaybot.config import Config
-from relaybot.wire import InboundMessage, Privacy
 from worker.main import TurnTools, turn_tools
 from worker.tools import LazyTools
 from worker.turn_context import TurnContext

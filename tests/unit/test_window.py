@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from contract.config import Config, OwnerAlias
+from contract.messages import Privacy
 from memory import commands
 from memory.commands import CommandContext
 from memory.context import HistoryLines, build_context
@@ -25,8 +27,6 @@ from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope, visible_history
 from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
-from relaybot.config import Config, OwnerAlias
-from relaybot.wire import Privacy
 from tests.support.turns import record_turn
 from worker.turn import _apply_command
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import structlog
 
+from contract.bus import publish
+from contract.config import Config
+from contract.messages import MAX_EXTRA_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from gateways.cli import CHANNEL
 from gateways.deliver import ReplyQueue, deliver_next
-from relaybot.bus import publish
-from relaybot.config import Config
 from relaybot.runtime import Runtime
-from relaybot.wire import MAX_EXTRA_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 
 log = structlog.get_logger(__name__)
 

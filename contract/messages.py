@@ -1,15 +1,14 @@
-"""The wire contract shared by every gateway and the worker.
+"""The messages on the bus: the inbound stream entry and the reply (pure data, no I/O).
 
-Pure data, no I/O: the inbound stream entry, the reply, the Redis key names. Both sides validate
-with these models, so a field added here is a field added everywhere. Entries are flat string
-fields so that ``redis-cli XRANGE relaybot:inbound - +`` is readable as it is.
+Both sides validate with these models, so a field added here is a field added everywhere. Entries
+are flat string fields so that ``redis-cli XRANGE relaybot:inbound - +`` is readable as it is.
+The key names are in :mod:`contract.keys`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import Mapping
 from enum import StrEnum
@@ -148,6 +147,17 @@ def decode_fields(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, s
     return out
 
 
+def decode_lenient(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, str]:
+    """Decode raw stream fields to str, replacing what is not UTF-8 (never raises): what a dead
+    letter keeps of an entry that could not be read."""
+    return {
+        (k.decode(errors="replace") if isinstance(k, bytes) else k): (
+            v.decode(errors="replace") if isinstance(v, bytes) else v
+        )
+        for k, v in raw.items()
+    }
+
+
 def describe_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -205,41 +215,3 @@ def new_event_id() -> str:
 def stream_id_ms(stream_id: str) -> int:
     """The millisecond timestamp part of a Redis stream id ("1700000000000-0")."""
     return int(stream_id.split("-", 1)[0])
-
-
-def now() -> float:
-    return time.time()
-
-
-class Keys:
-    """Every Redis key relaybot uses, under one prefix so several instances share a Redis."""
-
-    GROUP = "worker"
-
-    def __init__(self, prefix: str = "relaybot:") -> None:
-        if not prefix or any(c.isspace() for c in prefix):
-            raise ValueError(f"invalid key prefix {prefix!r}")
-        self.prefix = prefix
-        self.inbound = f"{prefix}inbound"
-        self.dead = f"{prefix}dead"
-        self.lease = f"{prefix}worker:lease"
-        self.heartbeats = f"{prefix}heartbeats"
-        self.jobs_queue = f"{prefix}jobs"
-
-    def reply(self, session: str) -> str:
-        return f"{self.prefix}reply:{session}"
-
-    def reply_pattern(self) -> str:
-        return f"{self.prefix}reply:*"
-
-    def session_of_reply_key(self, key: str) -> str:
-        return key[len(f"{self.prefix}reply:") :]
-
-    def inflight(self, session: str) -> str:
-        return f"{self.prefix}inflight:{session}"
-
-    def delivered(self, session: str) -> str:
-        return f"{self.prefix}delivered:{session}"
-
-    def busy(self, session: str) -> str:
-        return f"{self.prefix}busy:{session}"

@@ -7,8 +7,8 @@ import time
 
 import structlog
 
+from contract.config import Config
 from gateways.cli import Terminal, new_session_name
-from relaybot.config import Config
 from relaybot.runtime import Runtime, RuntimeProblem
 
 log = structlog.get_logger(__name__)

@@ -1,4 +1,4 @@
-"""The Redis side of the wire contract: connecting, publishing, heartbeats and the worker lease."""
+"""Liveness on the bus: heartbeats every process publishes, and the worker lease."""
 
 from __future__ import annotations
 
@@ -13,46 +13,9 @@ from typing import Any
 import redis
 import structlog
 
-from relaybot.config import Config
-from relaybot.wire import InboundMessage, Keys
+from contract.keys import Keys
 
 log = structlog.get_logger(__name__)
-
-UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
-
-
-def redis_url(cfg: Config) -> str:
-    """The Redis URL: the configured one, or the embedded server's unix socket."""
-    if cfg.redis.url is not None:
-        return cfg.redis.url.get_secret_value()
-    return f"unix://{embedded_socket(cfg)}"
-
-
-def embedded_socket(cfg: Config) -> str:
-    path = str(cfg.redis_dir / "redis.sock")
-    if len(path.encode()) > UNIX_SOCKET_MAX:
-        raise RuntimeError(
-            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}); "
-            "use a shorter RELAYBOT_HOME or set REDIS_URL"
-        )
-    return path
-
-
-def connect(cfg: Config, *, timeout: float = 10.0) -> redis.Redis:
-    """A client returning bytes (fields are decoded and validated by the wire models)."""
-    return redis.Redis.from_url(
-        redis_url(cfg),
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        health_check_interval=30,
-        client_name=f"relaybot-{os.getpid()}",
-    )
-
-
-def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:
-    """XADD one normalized message; returns its stream id."""
-    sid = r.xadd(keys.inbound, msg.to_fields())  # type: ignore[arg-type]
-    return sid.decode() if isinstance(sid, bytes) else str(sid)
 
 
 def process_identity(role: str) -> str:
@@ -121,8 +84,9 @@ class Lease:
     """Exactly one worker: a token in Redis with a TTL, renewed by a thread while held.
 
     If the holder dies, the lease expires after ``ttl`` seconds and a waiting worker takes over.
-    The worker also fences its acks with the token (see worker.commit), so a worker that lost the
-    lease (paused, partitioned) can never ack or queue anything after a successor started.
+    The worker also fences its acks with the token (the commit script of worker/consumer.py), so
+    a worker that lost the lease (paused, partitioned) can never ack or queue anything after a
+    successor started.
     """
 
     def __init__(self, r: redis.Redis, key: str, token: str, ttl: float) -> None:

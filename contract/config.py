@@ -14,7 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from relaybot.wire import Keys, describe_validation_error
+from contract.keys import Keys
+from contract.messages import describe_validation_error
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are relaybot, the owner's personal assistant. You are reached from the terminal, "

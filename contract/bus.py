@@ -1,0 +1,68 @@
+"""The Redis connection: where relaybot's Redis is, connecting to it, publishing an entry."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+
+from contract.config import Config
+from contract.keys import Keys
+from contract.messages import InboundMessage
+
+UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
+
+
+def redis_url(cfg: Config) -> str:
+    """The Redis URL: the configured one, or the embedded server's unix socket."""
+    if cfg.redis.url is not None:
+        return cfg.redis.url.get_secret_value()
+    return f"unix://{embedded_socket(cfg)}"
+
+
+def embedded_socket(cfg: Config) -> str:
+    path = str(cfg.redis_dir / "redis.sock")
+    if len(path.encode()) > UNIX_SOCKET_MAX:
+        raise RuntimeError(
+            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}); "
+            "use a shorter RELAYBOT_HOME or set REDIS_URL"
+        )
+    return path
+
+
+def connect(cfg: Config, *, timeout: float = 10.0) -> redis.Redis:
+    """A client returning bytes (fields are decoded and validated by the wire models)."""
+    return redis.Redis.from_url(
+        redis_url(cfg),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=30,
+        client_name=f"relaybot-{os.getpid()}",
+    )
+
+
+def wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:
+    """A client once Redis answers: processes started together (honcho) may come up before it."""
+    r = connect(cfg)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r.ping()
+            return r
+        except (redis.ConnectionError, FileNotFoundError) as exc:
+            if time.monotonic() > deadline:
+                raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
+            time.sleep(0.1)
+
+
+def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:
+    """XADD one normalized message; returns its stream id."""
+    sid = r.xadd(keys.inbound, msg.to_fields())  # type: ignore[arg-type]
+    return sid.decode() if isinstance(sid, bytes) else str(sid)
+
+
+def text(value: Any) -> str:
+    """A Redis reply (bytes from a client that does not decode) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,87 @@
+"""Every Redis key relaybot uses: the one definition (no module builds a key by hand).
+
+All keys share one prefix (``redis.prefix``, default ``relaybot:``), so several instances can
+share a Redis, and ``deploy/redis/users.acl`` can give each process exactly its keys. A session
+is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
+
+| key | type | written by | what |
+|---|---|---|---|
+| ``inbound`` | stream | gateways | every normalized inbound entry (read by the worker's group) |
+| ``dead`` | stream | worker, gateways | dead letters, with the reason |
+| ``worker:lease`` | string | worker | the one worker's lease token |
+| ``heartbeats`` | hash | every process | liveness, one field per process |
+| ``jobs`` | rq queue | worker | background jobs |
+| ``reply:<session>`` | list | worker | replies waiting for their gateway |
+| ``inflight:<session>`` | list | gateways | a reply being delivered |
+| ``delivered:<session>`` | sorted set | gateways | reply ids handed to the platform |
+| ``busy:<session>`` | string (TTL) | worker | the worker is on a slow turn of it |
+| ``cursor:matrix`` | string | matrix | the sync token |
+| ``matrix:seen`` | sorted set | matrix | event ids published |
+| ``matrix:thread:<event id>`` | string (TTL) | matrix | the thread an event was in |
+| ``email:cursor:<folder>`` | hash | email | UIDVALIDITY and the last UID |
+| ``email:seen`` | sorted set | email | Message-IDs published |
+| ``email:orig:<digest>`` | string (TTL) | email | the headers a reply needs |
+| ``email:rate:<kind>:<digest>`` | sorted set | email | what was accepted recently |
+"""
+
+from __future__ import annotations
+
+
+class Keys:
+    """The key names under one prefix."""
+
+    GROUP = "worker"  # the consumer group of the inbound stream
+
+    def __init__(self, prefix: str = "relaybot:") -> None:
+        if not prefix or any(c.isspace() for c in prefix):
+            raise ValueError(f"invalid key prefix {prefix!r}")
+        self.prefix = prefix
+        self.inbound = f"{prefix}inbound"
+        self.dead = f"{prefix}dead"
+        self.lease = f"{prefix}worker:lease"
+        self.heartbeats = f"{prefix}heartbeats"
+        self.jobs_queue = f"{prefix}jobs"
+        self.matrix_cursor = f"{prefix}cursor:matrix"
+        self.matrix_seen = f"{prefix}matrix:seen"
+        self.email_seen = f"{prefix}email:seen"
+
+    # -- per session -------------------------------------------------------------------------
+
+    def reply(self, session: str) -> str:
+        return f"{self.prefix}reply:{session}"
+
+    def inflight(self, session: str) -> str:
+        return f"{self.prefix}inflight:{session}"
+
+    def delivered(self, session: str) -> str:
+        return f"{self.prefix}delivered:{session}"
+
+    def busy(self, session: str) -> str:
+        return f"{self.prefix}busy:{session}"
+
+    def reply_pattern(self, channel: str | None = None) -> str:
+        """A SCAN pattern for the reply queues (of one channel's sessions)."""
+        return self.reply(f"{channel}:*" if channel else "*")
+
+    def inflight_pattern(self, channel: str | None = None) -> str:
+        return self.inflight(f"{channel}:*" if channel else "*")
+
+    def session_of_reply_key(self, key: str) -> str:
+        return key.removeprefix(self.reply(""))
+
+    def session_of_inflight_key(self, key: str) -> str:
+        return key.removeprefix(self.inflight(""))
+
+    # -- the gateways' own state ---------------------------------------------------------------
+
+    def matrix_thread(self, event_id: str) -> str:
+        return f"{self.prefix}matrix:thread:{event_id}"
+
+    def email_cursor(self, folder: str) -> str:
+        return f"{self.prefix}email:cursor:{folder}"
+
+    def email_orig(self, digest: str) -> str:
+        return f"{self.prefix}email:orig:{digest}"
+
+    def email_rate(self, kind: str, digest: str) -> str:
+        return f"{self.prefix}email:rate:{kind}:{digest}"
