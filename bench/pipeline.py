@@ -36,6 +36,7 @@ import redis
 from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy
+from worker.model import Completion
 
 PREFIX = "relaybot:"
 KEYS = Keys(PREFIX)
@@ -142,16 +143,9 @@ def real_worker(url: str, home: str, log_level: str, profile: str | None, notes:
 
 
 def run_consumer(cfg: Any, r: redis.Redis, store: Any, profile: str | None) -> None:
-    from collections import deque as _deque
-
-    from tests.support.fakes import InstantModel
     from worker.main import build_consumer
 
-    model = InstantModel()
-    # InstantModel keeps every prompt it was sent (for tests); over 50k turns of ~20 KB contexts
-    # that is a gigabyte, so keep only the last one.
-    model.seen = _deque(maxlen=1)  # type: ignore[assignment]
-    consumer = build_consumer(cfg, r, model=model, store=store)
+    consumer = build_consumer(cfg, r, model=EchoModel(), store=store)
     consumer.install_signal_handlers()
     if not profile:
         consumer.run()
@@ -165,6 +159,18 @@ def run_consumer(cfg: Any, r: redis.Redis, store: Any, profile: str | None) -> N
     finally:
         prof.disable()
         prof.dump_stats(profile)
+
+
+class EchoModel:
+    """The instant model (a ModelPort): ``echo: <the last message>``, at once, as the tests'."""
+
+    name = "echo"
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        return Completion(content=f"echo: {messages[-1]['content']}", finish_reason="stop")
+
+    def close(self) -> None:
+        pass
 
 
 def bare_worker(url: str, home: str, log_level: str, profile: str | None, notes: int = 0) -> None:

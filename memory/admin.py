@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from memory.commands import CommandContext, CommandError, Handler
+from memory.command_types import CommandContext, CommandError, Handler
 from memory.erasure import (
     NOT_ERASED,
     ErasurePlan,
@@ -467,7 +467,7 @@ def _cmd_import(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(items, list):
         raise CommandError("memory.import takes {format, items: [...]}")
     with writing(ctx.store):
-        result = Importer(ctx.store, owner_name=ctx.cfg.owner.name).apply(items)
+        result = Importer(ctx.store, owner_name=ctx.owner_name).apply(items)
     log.info(
         "memory.imported",
         added=sum(result.added.values()),

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from memory.commands import CommandError
+from memory.command_types import CommandError
 from memory.identity import handles_of, person_of, resolve_ref
 from memory.store import MemoryStore
 

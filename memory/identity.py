@@ -32,13 +32,12 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
-from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Kind
-from memory.commands import CommandContext, CommandError, Handler
+from memory.command_types import CommandContext, CommandError, Handler
 from memory.store import LogRow, MemoryStore
 
 log = structlog.get_logger(__name__)
@@ -58,14 +57,24 @@ def _norm(value: str) -> str:
 normalize_address = _norm
 
 
+class ScopedAlias(Protocol):
+    """An owner alias bound to one channel (or to none): config.toml's ``OwnerAlias``."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def channel(self) -> str | None: ...
+
+
 class OwnerResolver:
     """Decides whether ``(channel, address)`` is the owner. The rule:
 
     - Addresses and channel names compare case-insensitively, with surrounding whitespace trimmed.
-    - A channel-scoped alias (``OwnerAlias(address=..., channel="matrix")``) wins over unscoped
-      ones: if a channel has at least one scoped alias, only the scoped aliases for that channel
-      count there. On a channel without scoped aliases, the unscoped aliases (plain strings, or
-      ``OwnerAlias`` without a channel) count.
+    - A channel-scoped alias (:class:`ScopedAlias`, ``{address, channel = "matrix"}``) wins over
+      unscoped ones: if a channel has at least one scoped alias, only the scoped aliases for that
+      channel count there. On a channel without scoped aliases, the unscoped aliases (plain
+      strings, or aliases without a channel) count.
     - The terminal is the owner's own: on the ``cli`` channel the sender is the owner unless
       ``cli``-scoped aliases are configured, in which case they decide like on any channel. (A
       terminal that can reach relaybot's Redis already holds the owner's credentials; unscoped
@@ -73,7 +82,7 @@ class OwnerResolver:
     - With no aliases configured, nobody but the terminal's sender is the owner.
     """
 
-    def __init__(self, aliases: Sequence[str | OwnerAlias]) -> None:
+    def __init__(self, aliases: Sequence[str | ScopedAlias]) -> None:
         unscoped: set[str] = set()
         scoped: dict[str, set[str]] = {}
         for alias in aliases:

@@ -41,18 +41,17 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract.config import ConversationRole
 from contract.messages import Privacy, describe_validation_error
 from memory import privacy
-from memory.commands import CommandContext, CommandError, Handler
+from memory.command_types import CommandContext, CommandError, Handler
 from memory.privacy import Scope, privacy_of
 from memory.store import MemoryStore
 
@@ -141,11 +140,25 @@ class Viewer:
         return privacy_of(self.scope)
 
 
+class RoleBinding(Protocol):
+    """How a conversation runs (config.toml's ``[roles]`` entry): its agent role, project, teams."""
+
+    @property
+    def role(self) -> str | None: ...
+
+    @property
+    def project(self) -> str | None: ...
+
+    @property
+    def teams(self) -> Sequence[str]: ...
+
+
 def viewer_for(
-    scope: Scope, binding: ConversationRole | None = None, persons: frozenset[str] = frozenset()
+    scope: Scope, binding: RoleBinding | None = None, persons: frozenset[str] = frozenset()
 ) -> Viewer:
     """The viewer of a conversation: its privacy scope plus its ``[roles]`` entry."""
-    binding = binding or ConversationRole()
+    if binding is None:
+        return Viewer(scope=scope, persons=persons)
     return Viewer(
         scope=scope,
         role=binding.role,
@@ -156,7 +169,7 @@ def viewer_for(
 
 
 def conversation_viewer(
-    store: MemoryStore, scope: Scope, binding: ConversationRole | None = None
+    store: MemoryStore, scope: Scope, binding: RoleBinding | None = None
 ) -> Viewer:
     """:func:`viewer_for` with the person of a direct conversation looked up (verified links)."""
     return viewer_for(scope, binding, privacy.persons_for(store, scope))

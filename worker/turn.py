@@ -129,7 +129,9 @@ class Turns:
         elif self.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
         else:
-            ctx = CommandContext(stream_id=stream_id, store=self.store, cfg=self.cfg)
+            ctx = CommandContext(
+                stream_id=stream_id, store=self.store, owner_name=self.cfg.owner.name
+            )
             op, args = msg.extra.get("op"), msg.extra.get("args", {})
             applied = self._memory(lambda s: _apply_command(s, ctx, op, args))
             result = applied or {

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config, OwnerAlias
+from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory import commands, erasure
 from memory.commands import CommandContext, CommandError
@@ -305,7 +305,7 @@ def test_erasure_inside_the_workers_batch(world: World) -> None:
     same batch are erased too, and reads later in the batch already see the erasure."""
     world.say("before", conversation="matrix:dm-bob")
     assert world.store.recent(5, conversation="matrix:dm-bob")  # conversation cache loaded
-    ctx = CommandContext(stream_id="77-0", store=world.store, cfg=Config(home=world.path.parent))
+    ctx = CommandContext(stream_id="77-0", store=world.store)
     with world.store.transaction():
         msg = InboundMessage(
             channel="matrix",
@@ -332,7 +332,7 @@ def test_erasure_inside_the_workers_batch(world: World) -> None:
 
 
 def test_the_command_checks_its_arguments(world: World) -> None:
-    ctx = CommandContext(stream_id="1-0", store=world.store, cfg=Config(home=world.path.parent))
+    ctx = CommandContext(stream_id="1-0", store=world.store)
     bad = commands.apply(ctx, "memory.erase", {"kind": "conversation", "target": "x"})
     assert not bad["ok"] and "reason" in bad["error"]
     empty = commands.apply(

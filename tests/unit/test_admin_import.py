@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config, OwnerAlias
+from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory import admin, commands
 from memory.admin import collect_status
@@ -133,9 +133,8 @@ def send(store: MemoryStore, lines: list[str], *, home: Path) -> dict[str, Any]:
         "present": {},
         "rejected": [{"line": n, "reason": r} for n, r in parsed.rejected],
     }
-    cfg = Config(home=home)
     for args in command_args(parsed.items, fmt=parsed.format):
-        ctx = CommandContext(stream_id=f"{next(_sid)}-9", store=store, cfg=cfg)
+        ctx = CommandContext(stream_id=f"{next(_sid)}-9", store=store)
         result = commands.apply(ctx, "memory.import", args)
         assert result["ok"], result
         for key in ("added", "present"):
@@ -371,7 +370,7 @@ def test_an_oversized_record_is_staged_and_joined(fresh: MemoryStore, tmp_path: 
 
 
 def test_missing_staged_parts_are_reported(fresh: MemoryStore, tmp_path: Path) -> None:
-    ctx = CommandContext(stream_id="1-0", store=fresh, cfg=Config(home=tmp_path))
+    ctx = CommandContext(stream_id="1-0", store=fresh)
     stub = {"line": 7, "staged": {"key": "gone", "count": 2, "sha256": "0" * 64}}
     result = commands.apply(ctx, "memory.import", {"format": "relaybot", "items": [stub]})
     assert result["ok"] and result["rejected"][0]["line"] == 7

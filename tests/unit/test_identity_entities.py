@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config, OwnerAlias
+from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Kind, Privacy
 from memory import commands
 from memory.commands import CommandContext
@@ -192,7 +192,7 @@ def test_references_name_entities_by_id_handle_or_unique_address(store: MemorySt
 
 
 def ctx(store: MemoryStore, sid: str) -> CommandContext:
-    return CommandContext(stream_id=sid, store=store, cfg=Config(home=store.path.parent))
+    return CommandContext(stream_id=sid, store=store)
 
 
 _sids = itertools.count(1)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config
 from contract.messages import Privacy
 from memory import notes
 from memory.commands import CommandContext, apply
@@ -355,10 +354,8 @@ def test_a_replayed_turn_adds_nothing(store: MemoryStore) -> None:
 
 
 def test_owner_commands_are_idempotent_on_the_stream_id(store: MemoryStore, tmp_path: Path) -> None:
-    cfg = Config(home=tmp_path)
-
     def run(sid: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        return apply(CommandContext(stream_id=sid, store=store, cfg=cfg), op, args)
+        return apply(CommandContext(stream_id=sid, store=store), op, args)
 
     add = {"text": "JWT chosen", "type": "decision", "topic": "auth", "scope": "shared",
            "visibility": "public"}  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config, OwnerAlias
+from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Privacy
 from memory import commands
 from memory.commands import CommandContext
@@ -66,9 +66,7 @@ class World:
         return row
 
     def command(self, op: str, a: str, b: str) -> dict[str, Any]:
-        context = CommandContext(
-            stream_id=f"{next(_n)}-9", store=self.store, cfg=Config(home=self.store.path.parent)
-        )
+        context = CommandContext(stream_id=f"{next(_n)}-9", store=self.store)
         with self.store.transaction():
             return commands.apply(context, op, {"a": a, "b": b})
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from contract.config import Config, OwnerAlias
+from contract.config import OwnerAlias
 from contract.messages import Privacy
 from memory import commands
 from memory.commands import CommandContext
@@ -72,9 +72,7 @@ class World:
             self.entities[sender] = row.entity
 
     def command(self, op: str, **args: Any) -> dict[str, Any]:
-        context = CommandContext(
-            stream_id=f"{next(_n)}-9", store=self.store, cfg=Config(home=self.store.path.parent)
-        )
+        context = CommandContext(stream_id=f"{next(_n)}-9", store=self.store)
         with self.store.transaction():
             return commands.apply(context, op, args)
 
@@ -225,7 +223,7 @@ def imported_in_a_batch(world: World, tmp_path: Path) -> None:
     }  # fmt: skip
     with store.transaction():  # one batch: a turn, the import command, another turn
         world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
-        ctx = CommandContext(stream_id="77-0", store=store, cfg=Config(home=tmp_path))
+        ctx = CommandContext(stream_id="77-0", store=store)
         assert _apply_command(store, ctx, "memory.import", {"items": [item]})["ok"]
         world.say("matrix:team", "@alice:m.org", Privacy.GROUP)
         assert list(windows.rows(scope)) == list(visible_history(store, scope, limit=400))

@@ -1,0 +1,32 @@
+"""What an owner command is: the context a handler gets, its error, its signature.
+
+Handlers live with what they change (memory/identity.py, memory/notes.py, memory/admin.py), each
+module exposing ``COMMANDS: dict[str, Handler]``; memory/commands.py puts them in one table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memory.store import MemoryStore
+
+
+class CommandError(ValueError):
+    """A command that cannot be applied; the message is shown to the owner."""
+
+
+@dataclass(frozen=True)
+class CommandContext:
+    """The entry a command came in (``stream_id``: handlers are idempotent on it), the writer's
+    store, and the owner's name (for the owner's entity, created on first use)."""
+
+    stream_id: str
+    store: MemoryStore
+    owner_name: str = "owner"
+    now: float = field(default_factory=time.time)
+
+
+Handler = Callable[[CommandContext, dict[str, Any]], dict[str, Any]]
