@@ -28,13 +28,10 @@ from memory.erasure import (
     NOT_ERASED,
     ErasurePlan,
     checkpoint_after_erasure,
-    chunks,
     erase,
     granted,
-    marks,
     plan_notes,
     remove,
-    savepoint,
     writing,
 )
 from memory.identity import create_handle, ensure_owner
@@ -49,6 +46,7 @@ from memory.portability import (
     ReplyStatusRecord,
     parse_record,
 )
+from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)

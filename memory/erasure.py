@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,12 +36,12 @@ import structlog
 
 from memory.command_types import CommandError
 from memory.identity import handles_of, person_of, resolve_ref
+from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 
 TARGET_KINDS = ("entity", "conversation", "id")
-_IN_CHUNK = 500  # ids per "IN (...)" (SQLite's parameter limit is far above, but keep SQL small)
 NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 
 
@@ -57,27 +57,6 @@ def writing(store: MemoryStore) -> Iterator[None]:
     else:
         with store.transaction():
             yield
-
-
-@contextmanager
-def savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
-    conn.execute(f"SAVEPOINT {name}")
-    try:
-        yield
-    except BaseException:
-        conn.execute(f"ROLLBACK TO {name}")
-        conn.execute(f"RELEASE {name}")
-        raise
-    conn.execute(f"RELEASE {name}")
-
-
-def chunks(values: Sequence[Any], size: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
-def marks(n: int) -> str:
-    return ", ".join("?" * n)
 
 
 # -- planning -----------------------------------------------------------------------------------

@@ -41,8 +41,7 @@ import json
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -53,6 +52,7 @@ from contract.messages import Privacy, describe_validation_error
 from memory import privacy
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.privacy import Scope, privacy_of
+from memory.sql import savepoint
 from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
@@ -508,19 +508,6 @@ def _check_placement(draft: NoteDraft) -> None:
         raise NoteError("a team-scoped note needs the team it belongs to")
 
 
-@contextmanager
-def _savepoint(conn: sqlite3.Connection) -> Iterator[None]:
-    """Atomic inside the worker's batch transaction and on its own alike."""
-    conn.execute("SAVEPOINT note_write")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK TO note_write")
-        conn.execute("RELEASE note_write")
-        raise
-    conn.execute("RELEASE note_write")
-
-
 def write_note(
     store: MemoryStore, draft: NoteDraft, source: Source, *, now: float | None = None
 ) -> tuple[Note, bool]:
@@ -528,7 +515,7 @@ def write_note(
     note already written and adds nothing. Superseding a note that is already superseded is
     refused (supersede the newest version instead), so a note's versions form one chain."""
     conn = store.conn
-    with _savepoint(conn):
+    with savepoint(conn, "note_write"):
         done = _rows(conn, _SELECT + " WHERE n.op_key = ?", [source.op_key])
         if done:
             return done[0], False

@@ -33,6 +33,7 @@ from memory.context import HistoryLines, build_context
 from memory.curated import CuratedFile, curated_path
 from memory.identity import Identity, OwnerResolver
 from memory.privacy import Scope, privacy_of
+from memory.sql import savepoint
 from memory.store import LogRow, MemoryStore
 from memory.window import HistoryWindows
 from worker.agent import run_turn
@@ -259,19 +260,10 @@ def _apply_command(
 ) -> dict[str, object]:
     """Apply an owner command; inside the worker's batch it gets a savepoint of its own, so a
     command that fails half-way (a SQLite error: degraded mode) leaves nothing behind."""
-    conn = store.conn
-    if not conn.in_transaction:
+    if not store.conn.in_transaction:
         return commands.apply(ctx, op, args)
-    conn.execute("SAVEPOINT owner_command")
-    try:
-        result = commands.apply(ctx, op, args)
-    except BaseException:
-        if conn.in_transaction:  # SQLite may have rolled the whole transaction back itself
-            conn.execute("ROLLBACK TO owner_command")
-            conn.execute("RELEASE owner_command")
-        raise
-    conn.execute("RELEASE owner_command")
-    return result
+    with savepoint(store.conn, "owner_command"):
+        return commands.apply(ctx, op, args)
 
 
 def _reply(

@@ -1,6 +1,6 @@
-"""The layers (docs/architecture.md) hold: they are import-linter contracts in pyproject.toml, checked
-here, so a wrong-way import or an import cycle fails CI; and no import hides behind importlib,
-where the linter cannot see it."""
+"""The layers (docs/architecture.md) hold: they are import-linter contracts in pyproject.toml,
+checked here, so a wrong-way import or an import cycle fails CI; and no import hides behind
+importlib, where the linter cannot see it."""
 
 from __future__ import annotations
 
