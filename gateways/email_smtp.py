@@ -21,6 +21,9 @@ from contract.config import EmailConfig
 from contract.messages import Reply
 from gateways.email_compose import compose_reply
 from gateways.email_parse import Headers
+from gateways.runner import FatalGatewayError, NotSent
+
+__all__ = ["FatalMailError", "NotSent", "SmtpSender", "check_plain", "port_of", "tls_context"]
 
 log = structlog.get_logger(__name__)
 
@@ -28,12 +31,8 @@ DEFAULT_PORTS = {"imap": {"tls": 993, "starttls": 143, "plain": 143},
                  "smtp": {"tls": 465, "starttls": 587, "plain": 25}}  # fmt: skip
 
 
-class FatalMailError(RuntimeError):
+class FatalMailError(FatalGatewayError):
     """The configuration cannot work (a refused login, plain text to a remote host)."""
-
-
-class NotSent(RuntimeError):
-    """The reply was certainly not handed to the server: it may be retried."""
 
 
 def is_loopback(host: str) -> bool:

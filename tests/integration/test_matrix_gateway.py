@@ -28,6 +28,7 @@ from nio import (
 )
 
 from contract.keys import Keys
+from gateways.matrix_sync import crypto_housekeeping
 from tests.integration.test_acl import PASSWORDS, acl_redis  # noqa: F401 - a fixture
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import Proc, Procs, memory_rows, relaybot_env, wait_until, write_config
@@ -311,13 +312,7 @@ def test_encrypted_dm_both_ways(world: World, tmp_path: Path) -> None:
 async def _sync_step(client: AsyncClient, timeout_ms: int = 300) -> SyncResponse:
     resp = await client.sync(timeout=timeout_ms)
     assert isinstance(resp, SyncResponse), resp
-    await client.send_to_device_messages()
-    if client.should_upload_keys:
-        await client.keys_upload()
-    if client.should_query_keys:
-        await client.keys_query()
-    if client.should_claim_keys:
-        await client.keys_claim(client.get_users_for_key_claiming())
+    await crypto_housekeeping(client)
     return resp
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.config import Config
-from gateways.matrix import Backoff, build_policy
+from gateways.matrix import build_policy
 from gateways.matrix_events import GroupPolicy
 from gateways.matrix_render import reply_content, to_html
+from gateways.runner import Backoff
 
 
 def test_markdown_is_sanitized_html() -> None:

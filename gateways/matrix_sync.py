@@ -1,0 +1,214 @@
+"""The Matrix gateway's inbound loop: ``/sync``, normalize, XADD, then save the token.
+
+``/sync`` runs from the token saved in Redis (``<prefix>cursor:matrix``); each room event is
+normalized by :mod:`gateways.matrix_events` and XADDed together with its event id in a "seen"
+set (one MULTI), and the token is saved only after the whole batch was published. A gateway
+killed between the XADD and the token finds the events in the seen set and skips them. The very
+first start (no token) skips the backlog and says so. A timeline the homeserver cut short is
+read back with ``/messages``. Invites are accepted from the owner and the allowlist only.
+
+Error responses (values, not exceptions) and network errors back off (:class:`Backoff`); a lost
+session is fatal.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import redis
+import structlog
+from nio import (
+    AsyncClient,
+    ErrorResponse,
+    InviteMemberEvent,
+    MatrixRoom,
+    RoomMessagesResponse,
+    SyncResponse,
+)
+
+from contract.bus import text
+from contract.config import Config
+from gateways.matrix_events import Policy, Rejected, RoomFacts, normalize_event
+from gateways.matrix_login import ErrorValue, check_fatal
+from gateways.runner import Backoff, Runtime
+
+log = structlog.get_logger(__name__)
+
+SEEN_KEEP = 30 * 24 * 3600.0  # how long processed event ids are remembered
+THREAD_KEEP = 7 * 24 * 3600
+GAP_MAX = 5000  # events read back after a long outage, per room and sync
+_NO_TL: dict[str, Any] = {"room": {"timeline": {"limit": 0}}, "presence": {"types": []}}
+
+
+class MatrixSync:
+    def __init__(
+        self, cfg: Config, r: redis.Redis, rt: Runtime, client: AsyncClient, policy: Policy
+    ) -> None:
+        self.m, self.r, self.rt, self.keys = cfg.matrix, r, rt, cfg.keys
+        self.client, self.policy = client, policy
+        self.published = 0
+        self._filter: dict[str, Any] = {
+            "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
+            "presence": {"types": []},
+        }
+
+    async def run(self) -> None:
+        client, backoff = self.client, Backoff()
+        token = optional_text(self.r.get(self.keys.matrix_cursor))
+        while not self.rt.stopping.is_set():
+            try:
+                if token is None:
+                    token = await self._first_sync()
+                    continue
+                if not client.rooms:
+                    # a fresh process knows no room yet: load their state, not their timelines
+                    state = await client.sync(timeout=0, full_state=True, sync_filter=_NO_TL)
+                    if not isinstance(state, SyncResponse):
+                        raise ErrorValue(state)
+                resp = await client.sync(
+                    timeout=int(self.m.sync_timeout * 1000), since=token, sync_filter=self._filter
+                )
+                if not isinstance(resp, SyncResponse):
+                    raise ErrorValue(resp)
+                await self._crypto_housekeeping()
+                await self._invites(resp)
+                await self._publish_batch(resp, since=token)
+                self.r.set(self.keys.matrix_cursor, resp.next_batch)  # after every XADD
+            except ErrorValue as failed:  # an error response, returned as a value
+                check_fatal(failed.resp)
+                await self.rt.retry_after(backoff, "matrix.sync_error", error=str(failed))
+                continue
+            except (OSError, TimeoutError, aiohttp.ClientError, redis.RedisError) as exc:
+                await self.rt.retry_after(backoff, "matrix.sync_failed", error=repr(exc))
+                continue
+            backoff.reset()
+            token = resp.next_batch
+            self.rt.heartbeat.info = {"published": self.published, "rooms": len(client.rooms)}
+
+    async def _first_sync(self) -> str:
+        """The very first start: join what is allowed, skip the backlog, save the token."""
+        resp = await self.client.sync(timeout=0, full_state=True)
+        if not isinstance(resp, SyncResponse):
+            raise ErrorValue(resp)
+        skipped = sum(len(room.timeline.events) for room in resp.rooms.join.values())
+        await self._crypto_housekeeping()
+        await self._invites(resp)
+        self.r.set(self.keys.matrix_cursor, resp.next_batch)
+        log.info("matrix.backlog_skipped", events=skipped, detail="first start: no saved token")
+        return str(resp.next_batch)
+
+    async def _publish_batch(self, resp: SyncResponse, since: str) -> None:
+        for room_id, info in resp.rooms.join.items():
+            facts = _facts(room_id, self.client.rooms.get(room_id))
+            events = list(info.timeline.events)
+            if info.timeline.limited and info.timeline.prev_batch:
+                events = [*await self._gap(room_id, info.timeline.prev_batch, since), *events]
+            for event in events:
+                source = getattr(event, "source", None)
+                if not isinstance(source, dict):
+                    continue
+                if type(event).__name__ == "MegolmEvent":
+                    log.warning(
+                        "matrix.undecryptable",
+                        room_id=room_id,
+                        event_id=source.get("event_id"),
+                        sender=source.get("sender"),
+                    )
+                    continue
+                self._publish_one(normalize_event(source, facts, self.policy), room_id)
+
+    async def _gap(self, room_id: str, start: str, since: str) -> list[Any]:
+        """The events a limited timeline left out (more arrived than one sync returns), read
+        back with /messages from the timeline's start to the saved token; oldest first."""
+        cursor = start
+        found: list[Any] = []
+        while len(found) < GAP_MAX:
+            resp = await self.client.room_messages(room_id, start=cursor, end=since, limit=100)
+            if not isinstance(resp, RoomMessagesResponse):
+                raise ErrorValue(resp)
+            found.extend(resp.chunk)
+            if not resp.chunk or not resp.end or resp.end == cursor:
+                break
+            cursor = resp.end
+        log.info("matrix.gap_filled", room_id=room_id, events=len(found))
+        return list(reversed(found))
+
+    def _publish_one(self, out: Any, room_id: str) -> None:
+        if isinstance(out, Rejected):
+            level = log.info if out.reason == "own event" else log.warning
+            level("matrix.ignored", room_id=room_id, event_id=out.event_id, reason=out.reason)
+            return
+        seen = self.keys.matrix_seen
+        if self.r.zscore(seen, out.event_id) is not None:
+            log.info("matrix.already_published", event_id=out.event_id)
+            return
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(self.keys.inbound, out.to_fields())
+        pipe.zadd(seen, {out.event_id: now})
+        pipe.zremrangebyscore(seen, "-inf", now - SEEN_KEEP)
+        thread = out.extra.get("thread_root")
+        if isinstance(thread, str):
+            pipe.set(self.keys.matrix_thread(out.event_id), thread, ex=THREAD_KEEP)
+        sid = pipe.execute()[0]
+        self.published += 1
+        log.info(
+            "matrix.published",
+            stream_id=text(sid),
+            session=out.session,
+            event_id=out.event_id,
+            privacy=out.privacy.value,
+        )
+
+    async def _invites(self, resp: SyncResponse) -> None:
+        client = self.client
+        for room_id, info in resp.rooms.invite.items():
+            inviter = next(
+                (
+                    e.sender
+                    for e in info.invite_state
+                    if isinstance(e, InviteMemberEvent) and e.state_key == client.user_id
+                ),
+                None,
+            )
+            if inviter and self.policy.may_invite(inviter):
+                joined = await client.join(room_id)
+                log.info("matrix.invite_accepted", room_id=room_id, inviter=inviter,
+                         ok=not isinstance(joined, ErrorResponse))  # fmt: skip
+            else:
+                await client.room_leave(room_id)
+                log.warning("matrix.invite_refused", room_id=room_id, inviter=inviter)
+
+    async def _crypto_housekeeping(self) -> None:
+        if not self.client.olm:
+            return
+        try:
+            await crypto_housekeeping(self.client)
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            log.warning("matrix.crypto_failed", error=repr(exc))
+
+
+async def crypto_housekeeping(client: AsyncClient) -> None:
+    """What an end-to-end encrypting client does after each sync: send the to-device messages it
+    owes, upload, query and claim keys as nio says it should."""
+    await client.send_to_device_messages()
+    if client.should_upload_keys:
+        await client.keys_upload()
+    if client.should_query_keys:
+        await client.keys_query()
+    if client.should_claim_keys:
+        await client.keys_claim(client.get_users_for_key_claiming())
+
+
+def _facts(room_id: str, room: MatrixRoom | None) -> RoomFacts:
+    if room is None:
+        return RoomFacts(room_id, member_count=0)
+    names = {uid: u.display_name or "" for uid, u in room.users.items()}
+    return RoomFacts(room_id, member_count=int(room.member_count), display_names=names)
+
+
+def optional_text(value: Any) -> str | None:
+    """A Redis reply as str, None for a missing key."""
+    return None if value is None else text(value)

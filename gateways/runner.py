@@ -1,0 +1,284 @@
+"""The process every channel's gateway runs: one lifecycle, one backoff, one delivery loop.
+
+A channel (Matrix, e-mail, ...) is a :class:`Channel`: a platform client that logs in, runs its
+inbound loops (platform events normalized by a pure module and XADDed) and sends one reply. The
+rest is here, once:
+
+- :func:`run_gateway`: the process. SIGTERM/SIGINT set :attr:`Runtime.stopping`; the heartbeat
+  ``gateway:<channel>`` beats from the start and is removed on the way out. A channel whose
+  config section is not configured logs ``<channel>.not_configured`` and idles, beating
+  ``{"state": "not configured"}``, until signalled (``honcho start`` stops every process when one
+  exits). Exit 2 on a :class:`FatalGatewayError` (``<channel>.fatal``: a person has to act), 1
+  when a task crashed (``<channel>.crashed``), 0 when stopped; ``<channel>.stopped`` last.
+- :class:`Backoff` and :meth:`Runtime.sleep`: retries wait 1 s, doubling up to 60 s, back to 1 s
+  after a success; every wait ends early when the gateway is stopping.
+- :class:`Delivery`: every ``tick`` seconds, the sessions the channel names (its own discovery)
+  have their reply queues delivered through :func:`gateways.deliver.deliver_next`, in a worker
+  thread, with the channel's ``send`` run on the event loop. A :class:`NotSent` (certainly not
+  handed over) loses its ``delivered:<session>`` mark, so that the reply is sent again; any send
+  failure makes that session wait :data:`SESSION_RETRY` seconds without holding up the others; a
+  fatal error stops the gateway; anything else (Redis down) backs the whole loop off. The typing
+  hook, when the channel has one, gets the sessions the worker is busy on (``busy:<session>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+import redis
+import structlog
+
+from contract.config import Config
+from contract.keys import Keys
+from contract.liveness import Heartbeat
+from contract.messages import Reply
+from gateways.deliver import ReplyQueue, deliver_next
+
+log = structlog.get_logger(__name__)
+
+EXIT_STOPPED, EXIT_CRASHED, EXIT_FATAL = 0, 1, 2
+BACKOFF_START, BACKOFF_CAP = 1.0, 60.0
+SESSION_RETRY = 5.0  # seconds a session waits after its send failed
+SEND_TIMEOUT = 180.0  # seconds one send may take before it counts as failed
+
+TypingHook = Callable[[frozenset[str]], Awaitable[None]]
+
+
+class FatalGatewayError(RuntimeError):
+    """A person has to act (a refused login, a lost session, a configuration that cannot work).
+
+    Raised by ``send`` only when nothing was handed to the platform."""
+
+
+class NotSent(RuntimeError):
+    """The reply was certainly not handed to the platform: it may be sent again."""
+
+
+class Backoff:
+    """Delays between retries: 1 s, doubling, capped at 60 s; :meth:`reset` after a success."""
+
+    def __init__(self) -> None:
+        self.delay = BACKOFF_START
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, BACKOFF_CAP)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = BACKOFF_START
+
+
+class Runtime:
+    """What the runner lends a channel: the stop signal, the heartbeat, stop-aware waits."""
+
+    def __init__(self, name: str, r: redis.Redis, keys: Keys) -> None:
+        self.name = name
+        self.stopping = asyncio.Event()
+        self.heartbeat = Heartbeat(r, keys, f"gateway:{name}")
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when the gateway is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), timeout=seconds)
+
+    async def retry_after(self, backoff: Backoff, event: str, **info: Any) -> None:
+        """Log a transient failure as ``event`` with the delay before the retry; wait it out."""
+        delay = backoff.next()
+        log.warning(event, retry_in=delay, **info)
+        await self.sleep(delay)
+
+
+class Channel(Protocol):
+    """A platform client, as the runner drives it.
+
+    ``name`` is the channel: the sessions' prefix, the log events' (``<name>.*``) and the
+    heartbeat's (``gateway:<name>``). Errors a person must fix are :class:`FatalGatewayError`.
+    """
+
+    name: str
+    idempotent_sink: bool  # the platform drops a resent reply (deliver_next may resend)
+    tick: float  # seconds between two looks for replies to deliver
+    show_typing: TypingHook | None  # gets the sessions the worker is busy on; None: no typing
+
+    async def start(self) -> None:
+        """Connect or log in, retrying transient errors; returns early when stopping."""
+
+    def inbound(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The loops that read the platform and publish, by name; they run until stopping."""
+
+    async def sessions(self) -> list[str]:
+        """The sessions whose reply queues are to be delivered now."""
+
+    async def send(self, reply: Reply) -> None:
+        """Hand one reply to the platform; :class:`NotSent` when it certainly was not."""
+
+    async def close(self) -> None:
+        """Release the platform client (also when ``start`` failed)."""
+
+
+class _SendFailed(Exception):
+    """``send`` failed after the reply may have been handed over (the cause says how)."""
+
+
+class Delivery:
+    """The delivery loop of one gateway."""
+
+    def __init__(self, rt: Runtime, channel: Channel, r: redis.Redis, cfg: Config) -> None:
+        self.rt, self.channel, self.r, self.keys = rt, channel, r, cfg.keys
+        self.max_age = cfg.delivery.max_age
+        self.waiting: dict[str, float] = {}  # session -> when it may be tried again (monotonic)
+
+    async def run(self) -> None:
+        loop, backoff = asyncio.get_running_loop(), Backoff()
+        while not self.rt.stopping.is_set():
+            try:
+                sessions = await self.channel.sessions()
+                busy = await asyncio.to_thread(self.deliver, sessions, loop)
+                if self.channel.show_typing is not None:
+                    await self.channel.show_typing(busy)
+            except FatalGatewayError:
+                raise
+            except Exception as exc:  # Redis down, the platform unreachable, or a bug: back off
+                await self.rt.retry_after(
+                    backoff, f"{self.rt.name}.delivery_failed", error=repr(exc)
+                )
+                continue
+            backoff.reset()
+            await self.rt.sleep(self.channel.tick)
+
+    def deliver(self, sessions: list[str], loop: asyncio.AbstractEventLoop) -> frozenset[str]:
+        """(In a worker thread.) Deliver these sessions' replies; returns the busy sessions."""
+        now = time.monotonic()
+        for session in sessions:
+            if self.waiting.get(session, 0.0) > now:
+                continue
+            self.waiting.pop(session, None)
+            try:
+                self._drain(session, loop)
+            except NotSent as exc:
+                self._wait(session, str(exc))
+            except _SendFailed as exc:
+                self._wait(session, repr(exc.__cause__))
+        if self.channel.show_typing is None:
+            return frozenset()
+        return frozenset(s for s in sessions if self.r.exists(self.keys.busy(s)))
+
+    def _drain(self, session: str, loop: asyncio.AbstractEventLoop) -> None:
+        queue = ReplyQueue(
+            self.r, self.keys, session, max_age=self.max_age, gateway=f"gateway:{self.rt.name}"
+        )
+        send = functools.partial(self._send, queue, loop)
+        # deliver_next answers None for an expired (or possibly sent) reply too: go on until the
+        # queue and the in-flight list are empty
+        while self.r.exists(queue.queue, queue.inflight) and not self.rt.stopping.is_set():
+            deliver_next(queue, send, timeout=0, idempotent_sink=self.channel.idempotent_sink)
+
+    def _send(self, queue: ReplyQueue, loop: asyncio.AbstractEventLoop, reply: Reply) -> None:
+        future = asyncio.run_coroutine_threadsafe(self.channel.send(reply), loop)
+        try:
+            future.result(timeout=SEND_TIMEOUT)
+        except (NotSent, FatalGatewayError):
+            if not self.channel.idempotent_sink:  # an idempotent sink resends marked replies
+                self.r.zrem(queue.delivered, reply.reply_id)  # certainly not sent: send again
+            raise
+        except Exception as exc:  # it stays in flight, marked: deliver_next's rules apply
+            raise _SendFailed from exc
+
+    def _wait(self, session: str, error: str) -> None:
+        log.warning(
+            f"{self.rt.name}.send_failed", session=session, error=error, retry_in=SESSION_RETRY
+        )
+        self.waiting[session] = time.monotonic() + SESSION_RETRY
+
+
+def run_gateway(
+    name: str,
+    cfg: Config,
+    r: redis.Redis,
+    *,
+    configured: bool,
+    hint: str,
+    make: Callable[[Runtime], Channel],
+) -> int:
+    """A channel's gateway process until SIGTERM/SIGINT; ``hint`` says how to configure it."""
+
+    async def main() -> int:
+        rt = Runtime(name, r, cfg.keys)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, rt.stopping.set)
+        code = await (_serve(rt, cfg, r, make) if configured else _idle(rt, hint))
+        log.info(f"{name}.stopped", code=code)
+        return code
+
+    return asyncio.run(main())
+
+
+async def _idle(rt: Runtime, hint: str) -> int:
+    """Not configured: stay up (honcho stops every process when one exits), beating."""
+    log.warning(f"{rt.name}.not_configured", detail=hint)
+    rt.heartbeat.info = {"state": "not configured"}
+    rt.heartbeat.start()
+    try:
+        await rt.stopping.wait()
+    finally:
+        rt.heartbeat.stop()
+    return EXIT_STOPPED
+
+
+async def _serve(
+    rt: Runtime, cfg: Config, r: redis.Redis, make: Callable[[Runtime], Channel]
+) -> int:
+    try:
+        channel = make(rt)
+    except FatalGatewayError as exc:
+        return _exit_code(rt.name, exc, "setup")
+    rt.heartbeat.info = {"state": "starting"}
+    rt.heartbeat.start()
+    try:
+        try:
+            await channel.start()
+        except Exception as exc:  # a fatal error, or a bug: the same exits as a loop's
+            return _exit_code(rt.name, exc, f"{rt.name}-start")
+        if rt.stopping.is_set():
+            return EXIT_STOPPED
+        loops = {**channel.inbound(), "delivery": Delivery(rt, channel, r, cfg).run()}
+        return await _until_first_ends(rt, loops)
+    finally:
+        rt.stopping.set()
+        rt.heartbeat.stop()
+        await channel.close()
+
+
+async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, None]]) -> int:
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(c, name=f"{rt.name}-{n}") for n, c in loops.items()
+    ]
+    tasks.append(asyncio.create_task(rt.stopping.wait(), name=f"{rt.name}-stop"))
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return max(
+            _exit_code(rt.name, None if t.cancelled() else t.exception(), t.get_name())
+            for t in done
+        )
+    finally:
+        rt.stopping.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _exit_code(name: str, error: BaseException | None, task: str) -> int:
+    if isinstance(error, FatalGatewayError):
+        log.error(f"{name}.fatal", error=str(error))
+        return EXIT_FATAL
+    if error is not None:
+        log.error(f"{name}.crashed", error=repr(error), task=task)
+        return EXIT_CRASHED
+    return EXIT_STOPPED

@@ -1,0 +1,251 @@
+"""The shared gateway runner: backoff, the delivery loop and the process lifecycle, with an
+in-process fake channel against fakeredis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from structlog.testing import capture_logs
+
+from contract.config import Config
+from contract.liveness import heartbeats
+from contract.messages import Reply
+from gateways import runner
+from gateways.runner import (
+    Backoff,
+    Delivery,
+    FatalGatewayError,
+    NotSent,
+    Runtime,
+    TypingHook,
+    run_gateway,
+)
+
+A, B = "fake:a", "fake:b"
+
+
+class FakeChannel:
+    """A platform that records what it was sent, and fails when told to."""
+
+    name = "fake"
+    tick = 0.01
+
+    def __init__(self, *, idempotent: bool = False, typing: bool = False) -> None:
+        self.idempotent_sink = idempotent
+        self.show_typing: TypingHook | None = self._typing if typing else None
+        self.session_list = [A, B]
+        self.failures: dict[str, list[BaseException]] = {}  # session -> raised by its sends
+        self.session_errors: list[BaseException] = []  # raised by sessions()
+        self.loops: dict[str, Coroutine[Any, Any, None]] = {}
+        self.sent: list[str] = []
+        self.busy_seen: list[frozenset[str]] = []
+        self.closed = False
+
+    async def start(self) -> None:
+        pass
+
+    def inbound(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return self.loops
+
+    async def sessions(self) -> list[str]:
+        if self.session_errors:
+            raise self.session_errors.pop(0)
+        return list(self.session_list)
+
+    async def send(self, reply: Reply) -> None:
+        if self.failures.get(reply.session):
+            raise self.failures[reply.session].pop(0)
+        self.sent.append(reply.reply_id)
+
+    async def _typing(self, busy: frozenset[str]) -> None:
+        self.busy_seen.append(busy)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def r() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Config:
+    return Config.model_validate({"home": tmp_path})
+
+
+@pytest.fixture(autouse=True)
+def short_delays(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "SESSION_RETRY", 0.2)
+
+
+def push(r: redis.Redis, cfg: Config, session: str, reply_id: str) -> None:
+    rep = Reply(
+        reply_id=reply_id, answers="1-0", channel="fake", session=session,
+        conversation=session, text=f"text of {reply_id}", created=time.time(),
+    )  # fmt: skip
+    r.rpush(cfg.keys.reply(session), rep.to_json())
+
+
+def deliver_until(
+    r: redis.Redis, cfg: Config, channel: FakeChannel, done: Callable[[], bool]
+) -> None:
+    """Run the delivery loop until ``done()`` (or 5 s), then stop it as SIGTERM would."""
+
+    async def main() -> None:
+        rt = Runtime(channel.name, r, cfg.keys)
+        task = asyncio.create_task(Delivery(rt, channel, r, cfg).run())
+        deadline = time.monotonic() + 5
+        while not done() and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        rt.stopping.set()
+        await task
+
+    asyncio.run(main())
+
+
+def events(logs: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def test_backoff_doubles_up_to_a_cap_and_resets() -> None:
+    b = Backoff()
+    assert [b.next() for _ in range(8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    b.reset()
+    assert b.next() == 1.0
+
+
+def test_not_sent_unmarks_the_reply_and_retries_that_session(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    channel = FakeChannel(idempotent=False)
+    channel.failures[A] = [NotSent("the server is down")]
+    push(r, cfg, A, "a1")
+    with capture_logs() as logs:
+        t0 = time.monotonic()
+        deliver_until(r, cfg, channel, lambda: "a1" in channel.sent)
+    # a marked reply is never sent again through a sink that is not idempotent: it was unmarked
+    assert channel.sent == ["a1"]
+    assert time.monotonic() - t0 >= 0.2
+    (failed,) = events(logs, "fake.send_failed")
+    assert failed["session"] == A and failed["error"] == "the server is down"
+    assert failed["retry_in"] == 0.2
+    assert not events(logs, "reply.maybe_delivered")
+    assert r.llen(cfg.keys.inflight(A)) == 0
+    assert r.zscore(cfg.keys.delivered(A), "a1") is not None
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_another_send_error_retries_that_session_without_holding_up_the_others(
+    r: fakeredis.FakeRedis, cfg: Config, idempotent: bool
+) -> None:
+    channel = FakeChannel(idempotent=idempotent)
+    channel.failures[A] = [TimeoutError("no answer")]
+    push(r, cfg, A, "a1")
+    push(r, cfg, B, "b1")
+    with capture_logs() as logs:
+        deliver_until(
+            r, cfg, channel, lambda: not r.exists(cfg.keys.inflight(A), cfg.keys.reply(A))
+        )
+    (failed,) = events(logs, "fake.send_failed")
+    assert failed["session"] == A and "TimeoutError" in failed["error"]
+    assert not events(logs, "fake.delivery_failed")  # the loop itself did not back off
+    if idempotent:  # resent after the delay; the platform drops a duplicate
+        assert channel.sent == ["b1", "a1"]
+    else:  # it may have gone out: it stayed in flight, marked, and is not sent again
+        assert channel.sent == ["b1"]
+        assert events(logs, "reply.maybe_delivered")[0]["reply_id"] == "a1"
+
+
+def test_a_redis_error_backs_the_whole_loop_off(
+    r: fakeredis.FakeRedis, cfg: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_START", 0.05)
+    channel = FakeChannel()
+    channel.session_errors = [redis.ConnectionError("down"), redis.ConnectionError("down")]
+    push(r, cfg, B, "b1")
+    with capture_logs() as logs:
+        deliver_until(r, cfg, channel, lambda: "b1" in channel.sent)
+    assert [e["retry_in"] for e in events(logs, "fake.delivery_failed")] == [0.05, 0.1]
+    assert channel.sent == ["b1"]
+
+
+def test_the_typing_hook_gets_the_busy_sessions(r: fakeredis.FakeRedis, cfg: Config) -> None:
+    channel = FakeChannel(typing=True)
+    r.set(cfg.keys.busy(A), "1")
+    deliver_until(r, cfg, channel, lambda: len(channel.busy_seen) >= 2)
+    assert channel.busy_seen[-1] == frozenset({A})
+    r.delete(cfg.keys.busy(A))
+    channel.busy_seen.clear()
+    deliver_until(r, cfg, channel, lambda: len(channel.busy_seen) >= 1)
+    assert channel.busy_seen[-1] == frozenset()
+
+
+def gateway(r: redis.Redis, cfg: Config, channel: FakeChannel, *, configured: bool = True) -> int:
+    return run_gateway(
+        channel.name, cfg, r, configured=configured, hint="set [fake]", make=lambda _rt: channel
+    )
+
+
+def test_a_fatal_send_error_stops_the_gateway_with_exit_2(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    channel = FakeChannel()
+    channel.failures[A] = [FatalGatewayError("log in again")]
+    push(r, cfg, A, "a1")
+    with capture_logs() as logs:
+        assert gateway(r, cfg, channel) == 2
+    assert events(logs, "fake.fatal")[0]["error"] == "log in again"
+    assert events(logs, "fake.stopped")[0]["code"] == 2
+    assert channel.closed
+    assert heartbeats(r, cfg.keys) == {}
+    # nothing was handed over: unmarked, so that it is sent once the problem is fixed
+    assert r.llen(cfg.keys.inflight(A)) == 1
+    assert r.zscore(cfg.keys.delivered(A), "a1") is None
+
+
+def test_a_crashed_loop_exits_1(r: fakeredis.FakeRedis, cfg: Config) -> None:
+    async def broken() -> None:
+        raise ValueError("a bug")
+
+    channel = FakeChannel()
+    channel.loops = {"inbound": broken()}
+    with capture_logs() as logs:
+        assert gateway(r, cfg, channel) == 1
+    (crashed,) = events(logs, "fake.crashed")
+    assert crashed["task"] == "fake-inbound" and "a bug" in crashed["error"]
+    assert heartbeats(r, cfg.keys) == {}
+
+
+def test_not_configured_idles_beating_until_sigterm_and_removes_its_heartbeat(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def watch_then_terminate() -> None:
+        deadline = time.monotonic() + 5
+        while "gateway:fake" not in seen and time.monotonic() < deadline:
+            seen.update(heartbeats(r, cfg.keys))
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by the gateway's event loop
+
+    watcher = threading.Thread(target=watch_then_terminate)
+    with capture_logs() as logs:
+        watcher.start()
+        code = gateway(r, cfg, FakeChannel(), configured=False)
+        watcher.join()
+    assert code == 0
+    assert seen["gateway:fake"]["state"] == "not configured"
+    assert heartbeats(r, cfg.keys) == {}
+    assert events(logs, "fake.not_configured")[0]["detail"] == "set [fake]"
+    assert events(logs, "fake.stopped")[0]["code"] == 0
