@@ -17,7 +17,8 @@ from typing import Any
 import redis
 
 from deploy.embedded import redis_binary
-from memory.store import _INSERT, index_pending
+from memory.fts import index_pending
+from memory.rows import INSERT
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"  # gitignored: generated data, profiles, logs
@@ -173,6 +174,6 @@ def insert_log_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> No
     """Bulk-insert generated log rows (MemoryStore's INSERT parameters) in one transaction and
     index them for full-text search in one statement, as the worker does a batch."""
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(_INSERT, rows)
+    conn.executemany(INSERT, rows)
     index_pending(conn)
     conn.execute("COMMIT")

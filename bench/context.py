@@ -41,11 +41,12 @@ from contract.config import DEFAULT_SYSTEM_PROMPT
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
-from memory.store import LogRow, MemoryStore
+from memory.rows import LOG_COLUMNS, LogRow
+from memory.store import MemoryStore
 from memory.window import HistoryWindows
 
 GENERATOR_VERSION = 1  # bump when the generated rows change: cached files are keyed by it
-HISTORY_ROWS = 400  # worker.turn.HISTORY_ROWS
+HISTORY_ROWS = 400  # memory.facade.HISTORY_ROWS
 BUDGET = 6000  # WorkerConfig.context_tokens default
 ASSISTANT = "relaybot"
 T0 = 1_767_225_600.0  # 2026-01-01 UTC; one message every 20 s from there
@@ -216,25 +217,7 @@ def check_rows_match_the_store() -> None:
                 raise SystemExit(f"generated rows differ from the store's:\n{got}\n{want}")
 
 
-_COLUMN_FIELDS = (
-    "direction",
-    "stream_id",
-    "kind",
-    "channel",
-    "session",
-    "conversation",
-    "sender",
-    "sender_name",
-    "entity",
-    "is_owner",
-    "privacy",
-    "text",
-    "event_id",
-    "reply_id",
-    "platform_ts",
-    "recorded_ts",
-    "extra",
-)
+_COLUMN_FIELDS = tuple(LOG_COLUMNS.split(", ")[1:])  # every column but id, in order
 
 
 def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | None]:
@@ -304,7 +287,7 @@ def current_row(conversation: str, privacy: Privacy, next_id: int) -> LogRow:
 
 
 def ours(store: MemoryStore, scope: Scope, current: LogRow) -> list[dict[str, str]]:
-    """Exactly what worker.turn.Turns._context does."""
+    """What memory.facade.Memory.context does without its history windows."""
     return build_context(
         system_prompt=DEFAULT_SYSTEM_PROMPT,
         history=visible_history(store, scope, limit=HISTORY_ROWS),
@@ -315,7 +298,7 @@ def ours(store: MemoryStore, scope: Scope, current: LogRow) -> list[dict[str, st
 
 
 def ours_turn(windows: HistoryWindows, scope: Scope, current: LogRow) -> list[dict[str, str]]:
-    """What worker.turn.Turns._context does since the history windows: the scope's window (only
+    """What memory.facade.Memory.context does: the scope's history window (only
     rows new since the last turn are read and formatted) and one bisect over its lines."""
     rows, ready = windows.history(scope, ASSISTANT)
     return build_context(

@@ -1,7 +1,8 @@
 """What an owner command is: the context a handler gets, its error, its signature.
 
-Handlers live with what they change (memory/identity.py, memory/notes.py, memory/admin.py), each
-module exposing ``COMMANDS: dict[str, Handler]``; memory/commands.py puts them in one table.
+Handlers live with what they change (memory/identity.py, memory/notes/, memory/erasure.py,
+memory/importer.py), each module exposing ``COMMANDS: dict[str, Handler]``; memory/commands.py
+puts them in one table.
 """
 
 from __future__ import annotations

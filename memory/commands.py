@@ -15,14 +15,21 @@ from typing import Any
 
 import structlog
 
-from memory import admin, identity, notes
+from memory import erasure, identity, importer, notes
 from memory.command_types import CommandContext, CommandError, Handler
+from memory.sql import savepoint
+from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CommandContext", "CommandError", "Handler", "apply", "handlers"]
+__all__ = ["CommandContext", "CommandError", "Handler", "apply", "apply_atomic", "handlers"]
 
-_TABLE: dict[str, Handler] = {**identity.COMMANDS, **notes.COMMANDS, **admin.COMMANDS}
+_TABLE: dict[str, Handler] = {
+    **identity.COMMANDS,
+    **notes.COMMANDS,
+    **erasure.COMMANDS,
+    **importer.COMMANDS,
+}
 
 
 def handlers() -> dict[str, Handler]:
@@ -42,3 +49,14 @@ def apply(ctx: CommandContext, op: object, args: object) -> dict[str, Any]:
         return {"ok": False, "error": str(exc)}
     log.info("command.applied", op=op)
     return {"ok": True, **result}
+
+
+def apply_atomic(
+    store: MemoryStore, ctx: CommandContext, op: object, args: object
+) -> dict[str, Any]:
+    """:func:`apply`; inside the worker's batch the command gets a savepoint of its own, so a
+    command that fails half-way (a SQLite error: degraded mode) leaves nothing behind."""
+    if not store.conn.in_transaction:
+        return apply(ctx, op, args)
+    with savepoint(store.conn, "owner_command"):
+        return apply(ctx, op, args)

@@ -19,7 +19,8 @@ database files. What a target covers:
   turn.
 
 A replay (same stream id) returns the tombstone already written; a target with nothing left to
-erase is refused without a tombstone.
+erase is refused without a tombstone. The worker applies it as the owner command ``memory.erase``
+(:data:`COMMANDS`); ``relaybot memory erase`` previews it with :func:`plan_erasure` first.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from memory.command_types import CommandError
+from memory.command_types import CommandContext, CommandError, Handler
 from memory.identity import handles_of, person_of, resolve_ref
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
@@ -312,3 +313,25 @@ def erase(
         notes=len(plan.note_ids),
     )
     return _tombstone_result(raw, replayed=False)
+
+
+# -- the owner command (applied by the worker) ----------------------------------------------------
+
+
+def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+    kind, target, reason = args.get("kind"), args.get("target"), args.get("reason")
+    if not isinstance(kind, str) or not isinstance(target, str) or not isinstance(reason, str):
+        raise CommandError("memory.erase takes {kind, target, reason} as strings")
+    requested_by = args.get("requested_by")
+    return erase(
+        ctx.store,
+        kind=kind,
+        target=target,
+        reason=reason,
+        requested_by=requested_by if isinstance(requested_by, str) and requested_by else "owner",
+        stream_id=ctx.stream_id,
+        now=ctx.now,
+    )
+
+
+COMMANDS: dict[str, Handler] = {"memory.erase": _cmd_erase}

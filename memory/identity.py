@@ -38,7 +38,8 @@ import structlog
 
 from contract.messages import InboundMessage, Kind
 from memory.command_types import CommandContext, CommandError, Handler
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The privacy rule (DESIGN.md): what a conversation may see. One filter, used by everything.
 
 A conversation's **scope** is its id, its privacy class and, for a direct conversation, the
-entity of the other person (:class:`Scope`; the worker builds it in ``Turns.scope_of``). The rule:
+entity of the other person (:class:`Scope`; a turn gets it from ``Memory.scope_of``). The rule:
 
 - ``owner`` (the owner's own conversations) sees everything;
 - ``direct`` (one other person) sees its own conversation, public knowledge, and what that same
@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Privacy
 from memory.identity import OWNER, person_of
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 PAGE_ROWS = 128
 NOTHING = "0"  # the predicate of a scope that sees nothing
@@ -108,6 +109,16 @@ def _persons(scope: Scope, persons: Collection[str]) -> list[str]:
     return sorted(out)
 
 
+def _all_or_nothing(scope: Scope) -> tuple[str, list[Any]] | None:
+    """The predicate of a scope that sees nothing or everything; None for one that sees some."""
+    privacy = privacy_of(scope)
+    if privacy is None:
+        return NOTHING, []
+    if privacy is Privacy.OWNER:
+        return EVERYTHING, []
+    return None
+
+
 def _column(table: str) -> str:
     if not _IDENT.match(table):
         raise ValueError(f"not a table name or alias: {table!r}")
@@ -130,11 +141,9 @@ def log_visibility_sql(
     rows are matched on the ``(entity, id)`` index and its own conversation on
     ``(conversation, id)``; the caller decides ordering and limits.
     """
-    privacy = privacy_of(scope)
-    if privacy is None:
-        return NOTHING, []
-    if privacy is Privacy.OWNER:
-        return EVERYTHING, []
+    trivial = _all_or_nothing(scope)
+    if trivial is not None:
+        return trivial
     t = _column(table)
     people = _persons(scope, persons)
     if not people:
@@ -211,28 +220,33 @@ def visible_history(
 def _pages(
     store: MemoryStore, conversation: str | None, limit: int, before_id: int | None, after_id: int
 ) -> Iterator[LogRow]:
-    remaining = limit
-    while remaining > 0:
-        page = min(PAGE_ROWS, remaining)
-        rows = store.recent(page, conversation=conversation, before_id=before_id, after_id=after_id)
-        for row in rows:
-            # Belt and braces: a conversation's stream never yields another conversation's row.
-            if conversation is not None and row.conversation != conversation:
-                return
-            yield row
-        if len(rows) < page:
+    def read(page: int, below: int | None) -> list[LogRow]:
+        return store.recent(page, conversation=conversation, before_id=below, after_id=after_id)
+
+    for row in _paged(read, limit, before_id):
+        # Belt and braces: a conversation's stream never yields another conversation's row.
+        if conversation is not None and row.conversation != conversation:
             return
-        remaining -= page
-        before_id = rows[-1].id
+        yield row
 
 
 def _entity_pages(
     store: MemoryStore, entity: str, limit: int, before_id: int | None, after_id: int
 ) -> Iterator[LogRow]:
+    def read(page: int, below: int | None) -> list[LogRow]:
+        return store.recent_of_entity(entity, page, before_id=below, after_id=after_id)
+
+    return _paged(read, limit, before_id)
+
+
+def _paged(
+    read: Callable[[int, int | None], list[LogRow]], limit: int, before_id: int | None
+) -> Iterator[LogRow]:
+    """Up to ``limit`` rows from ``read(page size, below id)`` (newest first), a page at a time."""
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
-        rows = store.recent_of_entity(entity, page, before_id=before_id, after_id=after_id)
+        rows = read(page, before_id)
         yield from rows
         if len(rows) < page:
             return
@@ -244,7 +258,7 @@ def _entity_pages(
 #
 # A note is visible to a conversation when the privacy rule lets its *origin* through (below,
 # note_privacy_*) AND its seed-003 *placement* reaches the conversation (scope, chat, role, team,
-# project; note_visibility_* add that). memory/notes.py owns what notes mean; the privacy half is
+# project; note_visibility_* add that). memory/notes/ owns what notes mean; the privacy half is
 # here so that no reader can forget it.
 
 
@@ -263,11 +277,9 @@ def note_privacy_sql(
     - (direct scopes) learned in a direct conversation with this same person
       (``source_privacy='direct'`` and ``source_entity`` in ``persons``).
     """
-    privacy = privacy_of(scope)
-    if privacy is None:
-        return NOTHING, []
-    if privacy is Privacy.OWNER:
-        return EVERYTHING, []
+    trivial = _all_or_nothing(scope)
+    if trivial is not None:
+        return trivial
     t = _column(table)
     conv = scope.conversation
     origin = [

@@ -6,10 +6,10 @@ are only ever appended to :data:`MIGRATIONS`; an applied one is never edited.
 
 Layer 0, the log, is append-only *in the database itself*: triggers refuse UPDATE and DELETE (and
 an ``INSERT OR REPLACE`` that would silently delete a row) for any connection, not just ours. The
-one planned exception is an audited erasure on the owner's request: such a transaction will insert
-a row into ``erasure_grant``, do its deletes and its audit record, delete the grant and commit.
-While ``erasure_grant`` is empty, which is always outside such a transaction, the log cannot
-change. Erasure itself is not built yet.
+one exception is an audited erasure on the owner's request (memory/erasure.py): its transaction
+inserts a row into ``erasure_grant``, does its changes and its audit record, deletes the grant and
+commits. While ``erasure_grant`` is empty, which is always outside such a transaction, the log
+cannot change.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ CREATE TABLE log (
 
 CREATE INDEX log_conversation_id ON log (conversation, id);
 
--- One row exists only inside an audited erasure transaction (not built yet).
+-- One row exists only inside an audited erasure transaction (memory/erasure.py).
 CREATE TABLE erasure_grant (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
     requested_by TEXT NOT NULL,

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contract.messages import Privacy
-from memory.context import HistoryLines
+from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 WindowKey = tuple[Privacy, str, str, frozenset[str]]
 

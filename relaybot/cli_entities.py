@@ -16,10 +16,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
+
 if TYPE_CHECKING:
     from contract.config import Config
-
-EXIT_FAILED = 1
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
@@ -63,22 +63,14 @@ def cmd_onboard(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_link(args: argparse.Namespace, cfg: Config) -> int:
-    from relaybot.owner_commands import CommandFailed, run_command
-
     payload = {"a": args.a, "b": args.b, "reason": args.reason}
-    try:
-        result = run_command(cfg, args.op, payload)
-    except CommandFailed as exc:
-        print(f"relaybot: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    if not result.get("ok"):
-        print(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
-        return EXIT_FAILED
-    if not args.json:
-        print(describe_link_result(args.op, result))
-    return 0
+    return send_command(
+        cfg,
+        args.op,
+        payload,
+        as_json=args.json,
+        describe=lambda result: describe_link_result(args.op, result),
+    )
 
 
 def describe_link_result(op: str, result: dict[str, Any]) -> str:
@@ -96,21 +88,6 @@ def describe_link_result(op: str, result: dict[str, Any]) -> str:
 
 
 # -- reading: the database, read-only ----------------------------------------------------------
-
-
-def _open(cfg: Config) -> Any:
-    from memory.schema import SchemaError
-    from memory.store import MemoryStore
-
-    try:
-        return MemoryStore(cfg.memory_path, readonly=True)
-    except (sqlite3.Error, SchemaError) as exc:
-        print(
-            f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
-            "(the worker creates it when it first starts)",
-            file=sys.stderr,
-        )
-        return None
 
 
 def _when(ts: float | None) -> str:
@@ -172,7 +149,7 @@ def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
 
 
 def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
-    store = _open(cfg)
+    store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:
@@ -270,7 +247,7 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
 
 
 def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
-    store = _open(cfg)
+    store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:

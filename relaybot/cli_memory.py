@@ -1,11 +1,12 @@
 # ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot memory status|export|import|erase`: looking after memory as a whole.
 
-``status`` and ``export`` read the memory database read-only, here. ``import`` reads and checks
-the file here (memory/portability.py) and sends the records to the worker, the only writer, as
-``memory.import`` owner commands; ``erase`` previews what it would remove, asks, and sends one
-``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import) some
-records were rejected, 2 configuration error.
+``status`` and ``export`` read the memory database read-only, here (memory/status.py,
+memory/export.py). ``import`` reads and checks the file here (memory/import_file.py) and sends the
+records to the worker, the only writer, as ``memory.import`` owner commands, each packed to fit
+one stream entry (relaybot/import_parts.py); ``erase`` previews what it would remove, asks, and
+sends one ``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import)
+some records were rejected, 2 configuration error.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _fail(message: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.admin import collect_status
+    from memory.status import collect_status
 
     if not cfg.memory_path.exists():
         if args.json:
@@ -161,7 +162,7 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.portability import ExportStats, export_lines
+    from memory.export import ExportStats, export_lines
 
     stats = ExportStats()
     try:
@@ -221,7 +222,9 @@ def _lines(path: Path, bad: list[tuple[int, str]]) -> Iterator[str]:
 
 def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
     from memory.identity import OwnerResolver
-    from memory.portability import FormatError, command_args, parse_file
+    from memory.import_file import parse_file
+    from memory.records import FormatError
+    from relaybot.import_parts import command_args
 
     undecodable: list[tuple[int, str]] = []
     try:

@@ -1,5 +1,5 @@
 # ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
-"""`relaybot memory notes list|show|search|add|supersede`: the scoped notes (memory/notes.py).
+"""`relaybot memory notes list|show|search|add|supersede`: the scoped notes (memory/notes/).
 
 ``list``, ``show`` and ``search`` read the memory database read-only and show the owner every
 note (the owner sees everything; ``--all`` adds superseded versions). ``add`` and ``supersede``
@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
+
 if TYPE_CHECKING:
     from contract.config import Config
     from memory.notes import Note
-    from memory.store import MemoryStore
 
-EXIT_FAILED = 1
 LIST_LIMIT = 50
 MAX_LIST = 10_000
 
@@ -127,31 +126,18 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_add(args: argparse.Namespace, cfg: Config) -> int:
     if args.scope is None:
         args.scope = "chat" if args.chat else "team" if args.team else "shared"
-    return _send(cfg, "notes.add", _payload(args), as_json=args.json)
+    return send_command(cfg, "notes.add", _payload(args), as_json=args.json, describe=_written)
 
 
 def cmd_supersede(args: argparse.Namespace, cfg: Config) -> int:
-    return _send(cfg, "notes.supersede", {"id": args.id, **_payload(args)}, as_json=args.json)
+    payload = {"id": args.id, **_payload(args)}
+    return send_command(cfg, "notes.supersede", payload, as_json=args.json, describe=_written)
 
 
-def _send(cfg: Config, op: str, payload: dict[str, Any], *, as_json: bool) -> int:
-    from relaybot.owner_commands import CommandFailed, run_command
-
-    try:
-        result = run_command(cfg, op, payload)
-    except CommandFailed as exc:
-        print(f"relaybot: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    if as_json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    if not result.get("ok"):
-        print(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
-        return EXIT_FAILED
-    if not as_json:
-        note = result.get("note") or {}
-        verb = "wrote" if result.get("created") else "already had"
-        print(f"{verb} note #{note.get('id')}: {_reach(note)}")
-    return 0
+def _written(result: dict[str, Any]) -> str:
+    note = result.get("note") or {}
+    verb = "wrote" if result.get("created") else "already had"
+    return f"{verb} note #{note.get('id')}: {_reach(note)}"
 
 
 def _reach(note: dict[str, Any]) -> str:
@@ -175,25 +161,10 @@ def _reach(note: dict[str, Any]) -> str:
 # -- reading: the database, read-only ----------------------------------------------------------
 
 
-def _open(cfg: Config) -> MemoryStore | None:
-    from memory.schema import SchemaError
-    from memory.store import MemoryStore
-
-    try:
-        return MemoryStore(cfg.memory_path, readonly=True)
-    except (sqlite3.Error, SchemaError) as exc:
-        print(
-            f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
-            "(the worker creates it when it first starts)",
-            file=sys.stderr,
-        )
-        return None
-
-
 def _find(args: argparse.Namespace, cfg: Config, query: str | None) -> int:
     from memory.notes import find_notes
 
-    store = _open(cfg)
+    store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:
@@ -232,7 +203,7 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     from memory.notes import note_chain
 
-    store = _open(cfg)
+    store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:

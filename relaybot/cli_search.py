@@ -3,7 +3,7 @@
 
 The memory database is opened read-only (the worker is its only writer) and searched in the
 owner's scope, which sees every conversation: the same search as the model's ``search_history``
-tool (memory/search.py), with the same filters. Exit codes: 0 (also when nothing matched),
+tool (memory/search/), with the same filters. Exit codes: 0 (also when nothing matched),
 1 the database cannot be read or an argument is wrong, 2 configuration error.
 """
 

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from types import TracebackType
 
 import redis
 import structlog
@@ -88,12 +87,7 @@ class Runtime:
             return "no worker is running (start one with `relaybot worker` or `honcho start`)"
         return None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.worker_proc is not None and self.worker_proc.poll() is None:
             self.worker_proc.terminate()
             try:

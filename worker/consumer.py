@@ -12,8 +12,7 @@ import json
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -26,7 +25,6 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
-from memory.store import MemoryStore
 from worker.busy import BusySignal
 from worker.turn import Outcome, Turns
 
@@ -86,7 +84,6 @@ class Consumer:
         cfg: Config,
         r: redis.Redis,
         turns: Turns,
-        store: MemoryStore | None,
         *,
         flush_after: float = 0.005,
         busy: BusySignal | None = None,
@@ -95,7 +92,6 @@ class Consumer:
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns
-        self.store = store
         self.flush_after = flush_after
         self.busy = busy
         self.name = process_identity("worker")
@@ -150,13 +146,8 @@ class Consumer:
                 return 0
             log.error("worker.refused", reason="another worker holds the lease")
             return 3
-        if self.store is not None:
-            # opened before the lease was ours: another worker may have written since
-            try:
-                self.store.reload()
-            except sqlite3.Error as exc:
-                self.turns.memory_failures += 1
-                log.error("memory.reload_failed", error=str(exc))
+        # memory was opened before the lease was ours: another worker may have written since
+        self.turns.memory.reload()
         hb = Heartbeat(self.r, self.keys, "worker")
         hb.info = {"consumer": self.name}  # before the first beat
         hb.start()
@@ -274,7 +265,7 @@ class Consumer:
         while i < len(entries) and not (self.stopping and self._signals > 1):
             batch = Batch(started=time.perf_counter())
             try:
-                with self._transaction():
+                with self.turns.memory.batch():
                     while i < len(entries):
                         sid, fields = entries[i]
                         i += 1
@@ -282,28 +273,11 @@ class Consumer:
                         if self.stopping or time.perf_counter() - batch.started > self.flush_after:
                             break
             except sqlite3.Error as exc:  # the commit failed: answer anyway (degraded mode)
-                self.turns.memory_failures += 1
+                self.turns.memory.failures += 1
                 log.error("memory.commit_failed", error=str(exc), entries=len(batch))
             self.flush(batch)
             if self.stopping:
                 return
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One memory transaction around a batch. If it cannot even begin (another program holds
-        the write lock, an I/O error), the batch is handled without memory and answered all the
-        same (degraded mode); the next batch tries again."""
-        store = self.store
-        with ExitStack() as stack:
-            if store is not None:
-                try:
-                    stack.enter_context(store.transaction())
-                except sqlite3.Error as exc:
-                    self.turns.memory_failures += 1
-                    log.error("memory.degraded", error=str(exc), step="begin")
-                    self.turns.store = None
-                    stack.callback(setattr, self.turns, "store", store)
-            yield
 
     def _handle_one(self, sid: str, fields: dict[bytes, bytes]) -> Outcome:
         delivered = self.deliveries.get(sid, 1)

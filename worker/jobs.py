@@ -1,4 +1,5 @@
-"""The rq side: slow derived work (summaries, profiles, gaps, reminders in later issues).
+"""The rq side: the ``jobs`` process, for slow derived work (DESIGN.md: summaries, profiles,
+capability gaps, reminders; no job is defined yet but the check below).
 
 Jobs never write memory: they XADD their result (kind ``derived``) for the worker to apply, so
 the worker stays the only writer. Jobs receive ids, not serialized models.

@@ -17,7 +17,8 @@ from memory.store import MemoryStore
 from worker.busy import BusySignal
 from worker.consumer import Consumer
 from worker.memory_tools import memory_tools
-from worker.model import ModelPort, NoModel, make_model
+from worker.model import ModelPort, NoModel
+from worker.openai_client import make_model
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
 from worker.turn_context import TurnContext
@@ -44,7 +45,7 @@ def tool_shape(ctx: TurnContext) -> Hashable:
     """What decides which tools :func:`turn_tools` offers and how they are described: whether
     memory is there and the scope's privacy class (tests/unit/test_turn_tools.py checks that turns
     of one shape get the same specs)."""
-    return (ctx.store is None, privacy_of(ctx.scope))
+    return (ctx.memory.store is None, privacy_of(ctx.scope))
 
 
 class TurnTools:
@@ -74,7 +75,7 @@ def build_consumer(
         )
     busy = BusySignal(r, cfg.keys)
     turns = Turns(cfg, store, model, tools or TurnTools(), thinking=busy.turn)
-    return Consumer(cfg, r, turns, store, busy=busy)
+    return Consumer(cfg, r, turns, busy=busy)
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

@@ -5,25 +5,26 @@ memory adds its tools with a builder of its own, appended there. Every tool read
 turn's privacy scope, so no tool shows a conversation what the privacy rule hides from it, and
 every result is framed as data from memory, not instructions.
 
-- notes (memory/notes.py): ``remember`` and ``recall``;
+- notes (memory/notes/): ``remember`` and ``recall``;
 - curated memory (memory/curated.py): ``memory_write``, offered only in the owner's own
   conversations;
-- the message history (memory/search.py): ``search_history``.
+- the message history (memory/search/): ``search_history``.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from contract.messages import Privacy
 from memory import notes, search
-from memory.curated import CuratedError, CuratedFile, curated_path, memory_write
+from memory.curated import CuratedError, memory_write
 from memory.privacy import privacy_of
 from memory.store import MemoryStore
-from worker.tools import Tool
+from worker.tools import Handler, Tool
 from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
@@ -43,9 +44,20 @@ def memory_tools(ctx: TurnContext) -> list[Tool]:
 # -- notes ----------------------------------------------------------------------------------------
 
 
+def _needs_memory(ctx: TurnContext, run: Callable[[MemoryStore, dict[str, Any]], str]) -> Handler:
+    """A tool handler that answers an error when memory is unavailable (degraded mode)."""
+
+    def handler(args: dict[str, Any]) -> str:
+        store = ctx.memory.store
+        if store is None:
+            return "error: memory is unavailable"
+        return run(store, args)
+
+    return handler
+
+
 def _viewer(ctx: TurnContext, store: MemoryStore) -> notes.Viewer:
-    binding = ctx.cfg.conversation_role(ctx.msg.conversation, ctx.msg.session)
-    return notes.conversation_viewer(store, ctx.scope, binding)
+    return ctx.memory.viewer(store, ctx.scope, ctx.msg)
 
 
 def _reach(note: notes.Note) -> str:
@@ -72,7 +84,7 @@ def _reach(note: notes.Note) -> str:
 
 def note_tools(ctx: TurnContext) -> list[Tool]:
     """``remember`` and ``recall`` (none when memory is unavailable or the scope sees nothing)."""
-    if ctx.store is None or privacy_of(ctx.scope) is None:
+    if ctx.memory.store is None or privacy_of(ctx.scope) is None:
         return []
     return [remember_tool(ctx), recall_tool(ctx)]
 
@@ -80,10 +92,7 @@ def note_tools(ctx: TurnContext) -> list[Tool]:
 def remember_tool(ctx: TurnContext) -> Tool:
     owner = privacy_of(ctx.scope) is Privacy.OWNER
 
-    def handler(args: dict[str, Any]) -> str:
-        store = ctx.store
-        if store is None:
-            return "error: memory is unavailable"
+    def remember(store: MemoryStore, args: dict[str, Any]) -> str:
         try:
             done = notes.remember(
                 store, _viewer(ctx, store), args, stream_id=ctx.stream_id, entity=ctx.scope.entity
@@ -142,15 +151,12 @@ def remember_tool(ctx: TurnContext) -> Tool:
             "required": ["text"],
             "additionalProperties": False,
         },
-        handler=handler,
+        handler=_needs_memory(ctx, remember),
     )
 
 
 def recall_tool(ctx: TurnContext) -> Tool:
-    def handler(args: dict[str, Any]) -> str:
-        store = ctx.store
-        if store is None:
-            return "error: memory is unavailable"
+    def recall(store: MemoryStore, args: dict[str, Any]) -> str:
         query = args.get("query") or None
         limit = max(1, min(int(args.get("limit") or 10), RECALL_MAX))
         found = notes.recall(
@@ -190,7 +196,7 @@ def recall_tool(ctx: TurnContext) -> Tool:
             },
             "additionalProperties": False,
         },
-        handler=handler,
+        handler=_needs_memory(ctx, recall),
     )
 
 
@@ -205,7 +211,7 @@ def curated_tools(ctx: TurnContext) -> list[Tool]:
 
 
 def memory_write_tool(ctx: TurnContext) -> Tool:
-    file = CuratedFile(curated_path(ctx.cfg.workspace_dir))
+    file = ctx.memory.curated
 
     def handler(args: dict[str, Any]) -> str:
         if privacy_of(ctx.scope) is not Privacy.OWNER:  # belt and braces: never offered there
@@ -242,7 +248,7 @@ def memory_write_tool(ctx: TurnContext) -> Tool:
 
 def search_tools(ctx: TurnContext) -> list[Tool]:
     """``search_history`` (none when memory is unavailable or the scope sees nothing)."""
-    if ctx.store is None or privacy_of(ctx.scope) is None:
+    if ctx.memory.store is None or privacy_of(ctx.scope) is None:
         return []
     return [search_history_tool(ctx)]
 
@@ -271,10 +277,7 @@ def _search_query(args: dict[str, Any]) -> search.SearchQuery:
 def search_history_tool(ctx: TurnContext) -> Tool:
     owner = privacy_of(ctx.scope) is Privacy.OWNER
 
-    def handler(args: dict[str, Any]) -> str:
-        store = ctx.store
-        if store is None:
-            return "error: memory is unavailable"
+    def search_history(store: MemoryStore, args: dict[str, Any]) -> str:
         try:
             result = search.search(store, ctx.scope, _search_query(args))
         except search.SearchError as exc:
@@ -282,7 +285,7 @@ def search_history_tool(ctx: TurnContext) -> Tool:
         except sqlite3.Error as exc:
             log.error("search.failed", error=str(exc))
             return "error: the message history cannot be searched right now (memory failed)"
-        return search.format_hits(result, ctx.cfg.worker.assistant_name)
+        return search.format_hits(result, ctx.memory.settings.assistant_name)
 
     reach = (
         "every conversation on every channel"
@@ -330,5 +333,5 @@ def search_history_tool(ctx: TurnContext) -> Tool:
             "required": ["query"],
             "additionalProperties": False,
         },
-        handler=handler,
+        handler=_needs_memory(ctx, search_history),
     )

@@ -2,17 +2,17 @@
 
 The memory write is idempotent on the stream id, and a reply already recorded for an entry is
 reused instead of calling the model again, so replaying any entry after a crash adds nothing twice.
+Everything the turn asks of memory goes through the facade (memory/facade.py), which also keeps
+the degraded-mode rule: memory failing never fails the turn.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import structlog
 
@@ -27,25 +27,15 @@ from contract.messages import (
     decode_lenient,
     new_reply_id,
 )
-from memory import commands, notes
-from memory.commands import CommandContext
-from memory.context import HistoryLines, build_context
-from memory.curated import CuratedFile, curated_path
-from memory.identity import Identity, OwnerResolver
-from memory.privacy import Scope, privacy_of
-from memory.sql import savepoint
-from memory.store import LogRow, MemoryStore
-from memory.window import HistoryWindows
+from memory.facade import Memory, MemorySettings
+from memory.rows import LogRow
+from memory.store import MemoryStore
 from worker.agent import run_turn
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
-
-HISTORY_ROWS = 400  # an upper bound on rows read for one context; the token budget decides
 
 
 @dataclass
@@ -55,6 +45,19 @@ class Outcome:
     reply: Reply | None = None
     dead_reason: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
+
+
+def memory_settings(cfg: Config) -> MemorySettings:
+    """The configuration's part that memory needs, as plain values."""
+    return MemorySettings(
+        owner_name=cfg.owner.name,
+        owner_aliases=cfg.owner.aliases,
+        workspace=cfg.workspace_dir,
+        assistant_name=cfg.worker.assistant_name,
+        system_prompt=cfg.worker.system_prompt,
+        context_tokens=cfg.worker.context_tokens,
+        roles=cfg.conversation_role,
+    )
 
 
 class Turns:
@@ -70,16 +73,15 @@ class Turns:
         thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
     ) -> None:
         self.cfg = cfg
-        self.store = store
+        self.memory = Memory(store, memory_settings(cfg))
         self.model = model
         self.tools = tools
-        self.resolver = OwnerResolver(cfg.owner.aliases)
-        self.identity = Identity(self.resolver, cfg.owner.name)
-        self.curated = CuratedFile(curated_path(cfg.workspace_dir))  # MEMORY.md
         self.thinking = thinking
-        self.memory_failures = 0
-        self._windows: HistoryWindows | None = None  # the store's recent rows per scope
-        self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
+
+    @property
+    def memory_failures(self) -> int:
+        """How often memory failed (degraded mode) since the worker started."""
+        return self.memory.failures
 
     def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
         try:
@@ -104,21 +106,12 @@ class Turns:
         from a sender not on the allowlist), or it is an edit of an earlier message
         (``extra.edit_of``) or a reaction (``extra.reaction``), recorded as such rather than
         taken as a new request."""
-        self._record_inbound(stream_id, msg)
+        self.memory.record_inbound(msg, stream_id)
         log.info(
             "turn.recorded_only",
             reason=msg.extra.get("no_reply")
             or ("reaction" if msg.extra.get("reaction") else f"edit of {msg.extra.get('edit_of')}"),
         )
-
-    def _record_inbound(self, stream_id: str, msg: InboundMessage) -> tuple[LogRow | None, bool]:
-        """The inbound row (its sender's entity created on first sight) in the worker's
-        transaction, idempotent on the stream id; and whether the sender is the owner."""
-        is_owner = self.resolver.is_owner(msg.channel, msg.sender)
-        row = self._memory(
-            lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner)
-        )
-        return row, is_owner
 
     def _command(self, stream_id: str, msg: InboundMessage) -> Reply:
         """An owner command from the terminal: applied to memory, answered with JSON."""
@@ -127,15 +120,11 @@ class Turns:
                 "ok": False,
                 "error": "memory commands are accepted only from the owner's terminal",
             }
-        elif self.store is None:
+        elif self.memory.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
         else:
-            ctx = CommandContext(
-                stream_id=stream_id, store=self.store, owner_name=self.cfg.owner.name
-            )
             op, args = msg.extra.get("op"), msg.extra.get("args", {})
-            applied = self._memory(lambda s: _apply_command(s, ctx, op, args))
-            result = applied or {
+            result = self.memory.apply_command(stream_id, op, args) or {
                 "ok": False,
                 "error": "memory failed while applying the command; nothing was changed "
                 "(see the worker log); it is safe to run it again",
@@ -144,21 +133,21 @@ class Turns:
         return _reply(msg, stream_id, json.dumps(result, ensure_ascii=False, default=str), kind)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
-        row, is_owner = self._record_inbound(stream_id, msg)
-        recorded = self._memory(lambda s: s.recorded_reply(stream_id))
+        memory = self.memory
+        row, is_owner = memory.record_inbound(msg, stream_id)
+        recorded = memory.recorded_reply(stream_id)
         if recorded is not None:
             log.info("turn.replayed", reply_id=recorded.reply_id)
             return _reply_from_row(recorded, msg)
 
-        scope = self.scope_of(msg, row)
-        messages = self._context(msg, row or _transient_row(msg, stream_id, is_owner), scope)
+        scope = memory.scope_of(msg, row)
+        messages = memory.context(msg, row or _transient_row(msg, stream_id, is_owner), scope)
         ctx = TurnContext(
             stream_id=stream_id,
             msg=msg,
             scope=scope,
-            store=self.store,
-            cfg=self.cfg,
-            role=self.cfg.conversation_role(msg.conversation, msg.session).role,
+            memory=memory,
+            role=memory.role_of(msg).role,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         started = time.perf_counter()
@@ -177,93 +166,18 @@ class Turns:
             tool_calls=result.tool_calls,
             reply_chars=len(result.text),
         )
-        assistant = self.cfg.worker.assistant_name
-        self._memory(lambda s: s.append_reply(reply, sender=assistant, privacy=msg.privacy))
+        memory.record_reply(reply, msg.privacy)
         return reply
-
-    def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
-        """The privacy scope of the conversation this message belongs to."""
-        entity = row.entity if row is not None else None
-        return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
-
-    def _context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
-        history: Sequence[LogRow] = ()
-        ready: HistoryLines | None = None
-        store = self.store
-        if store is not None:
-            if self._windows is None or self._windows.store is not store:
-                self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
-            try:
-                history, ready = self._windows.history(scope, self.cfg.worker.assistant_name)
-            except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
-                self._degraded(exc)
-        curated, found = self._curated_and_notes(msg, scope)
-        return build_context(
-            system_prompt=self.cfg.worker.system_prompt,
-            history=history,
-            current=current,
-            budget_tokens=self.cfg.worker.context_tokens,
-            assistant_name=self.cfg.worker.assistant_name,
-            curated=curated,
-            notes=found,
-            ready=ready,
-        )
-
-    def _curated_and_notes(self, msg: InboundMessage, scope: Scope) -> tuple[str, list[str]]:
-        """MEMORY.md (the owner's own conversations only; never raises) and the notes relevant
-        to the message that this conversation may see (none if memory fails: degraded)."""
-        curated = self.curated.read().text if privacy_of(scope) is Privacy.OWNER else ""
-        found: list[str] = []
-        store = self.store
-        if store is None:
-            return curated, found
-        if self._recall is None or self._recall.store is not store:
-            self._recall = notes.ContextRecall(store)
-
-        def viewer() -> notes.Viewer:
-            binding = self.cfg.conversation_role(msg.conversation, msg.session)
-            return notes.conversation_viewer(store, scope, binding)
-
-        try:
-            found = self._recall.lines(msg.text, viewer)
-        except sqlite3.Error as exc:
-            self._degraded(exc)
-        return curated, found
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")
         if kind == "reply_status":
             reply_id = str(msg.extra.get("reply_id", ""))
             status = str(msg.extra.get("status", ""))
-            self._memory(lambda s: s.mark_reply(reply_id, status, str(msg.extra.get("detail", ""))))
+            self.memory.mark_reply(reply_id, status, str(msg.extra.get("detail", "")))
             log.info("reply.status", reply_id=reply_id, status=status)
         else:
             log.warning("derived.unknown", type=kind)
-
-    def _memory(self, op: Callable[[MemoryStore], T]) -> T | None:
-        """Run a memory operation; on failure log it and go on without memory (degraded)."""
-        if self.store is None:
-            return None
-        try:
-            return op(self.store)
-        except sqlite3.Error as exc:
-            self._degraded(exc)
-            return None
-
-    def _degraded(self, exc: sqlite3.Error) -> None:
-        self.memory_failures += 1
-        log.error("memory.degraded", error=str(exc), failures=self.memory_failures)
-
-
-def _apply_command(
-    store: MemoryStore, ctx: CommandContext, op: object, args: object
-) -> dict[str, object]:
-    """Apply an owner command; inside the worker's batch it gets a savepoint of its own, so a
-    command that fails half-way (a SQLite error: degraded mode) leaves nothing behind."""
-    if not store.conn.in_transaction:
-        return commands.apply(ctx, op, args)
-    with savepoint(store.conn, "owner_command"):
-        return commands.apply(ctx, op, args)
 
 
 def _reply(

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contract.config import Config
 from contract.messages import InboundMessage
+from memory.facade import Memory
 from memory.privacy import Scope
-from memory.store import MemoryStore
 
 
 @dataclass(frozen=True)
 class TurnContext:
-    """The turn a tool serves: its entry, the privacy scope it may see, and the writer's store.
+    """The turn a tool serves: its entry, the privacy scope it may see, and memory.
 
     Every memory tool filters what it reads through ``scope`` (memory.privacy), so a tool can
-    never show a conversation what the privacy rule hides from it.
+    never show a conversation what the privacy rule hides from it. ``memory.store`` is None when
+    memory is unavailable (degraded mode).
     """
 
     stream_id: str
     msg: InboundMessage
     scope: Scope
-    store: MemoryStore | None
-    cfg: Config
+    memory: Memory
     role: str | None = None

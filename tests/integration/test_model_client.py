@@ -18,7 +18,8 @@ from structlog.testing import capture_logs
 from contract.config import ModelConfig
 from tests.support.fakemodel import FakeModelServer
 from worker.agent import run_turn
-from worker.model import ModelError, NoModel, OpenAIChatClient, make_model
+from worker.model import ModelError, NoModel
+from worker.openai_client import OpenAIChatClient, make_model
 from worker.tools import default_tools
 
 KEY = "sk-test-7f3a9c1e5b2d"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from contract.messages import InboundMessage, Privacy, Reply
 from memory.identity import Identity
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 
 def record_turn(

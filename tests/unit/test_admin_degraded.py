@@ -14,7 +14,7 @@ import pytest
 
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Privacy
-from memory import admin
+from memory import importer as admin
 from memory.store import MemoryStore
 from worker.model import NoModel
 from worker.tools import default_tools

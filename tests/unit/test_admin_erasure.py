@@ -22,7 +22,8 @@ from memory import commands, erasure
 from memory.commands import CommandContext, CommandError
 from memory.erasure import erase, plan_erasure
 from memory.identity import Identity, OwnerResolver, create_handle
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 SECRET = "zanzibarquux"
 _n = itertools.count(1)

@@ -1,6 +1,6 @@
-"""Export and import through the worker's command path (memory/portability.py, memory/admin.py):
-a round trip into a fresh home keeps every row and id, a re-import adds nothing, squidbot's
-history comes in labelled and idempotent, and an erasure survives an export."""
+"""Export and import through the worker's command path (memory/export.py, memory/import_file.py,
+memory/importer.py): a round trip into a fresh home keeps every row and id, a re-import adds
+nothing, squidbot's history comes in labelled and idempotent, and an erasure survives an export."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ import pytest
 
 from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from memory import admin, commands
-from memory.admin import collect_status
+from memory import commands
+from memory import importer as admin
 from memory.commands import CommandContext
 from memory.erasure import erase
+from memory.export import ExportStats, export_lines
 from memory.identity import Identity, OwnerResolver
-from memory.portability import ExportStats, command_args, export_lines, parse_file
+from memory.import_file import parse_file
+from memory.status import collect_status
 from memory.store import MemoryStore
+from relaybot.import_parts import command_args
 
 TABLES = ("entity", "handle", "entity_link", "log", "reply_status", "note", "erasure")
 RESOLVER = OwnerResolver([OwnerAlias(address="@me:m.org", channel="matrix"), "alex"])

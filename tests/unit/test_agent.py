@@ -8,7 +8,8 @@ from typing import Any
 
 from contract.config import ModelConfig
 from worker.agent import EMPTY_ANSWER_TEXT, TurnResult, run_turn
-from worker.model import Completion, ModelError, ModelPort, NoModel, ToolCall, make_model
+from worker.model import Completion, ModelError, ModelPort, NoModel, ToolCall
+from worker.openai_client import make_model
 from worker.tools import Tool, ToolRegistry
 
 USER = [

@@ -43,7 +43,7 @@ class Rig:
 
     def consumer(self, model: object | None = None) -> Consumer:
         turns = Turns(self.cfg, self.store, model or self.model, default_tools())  # type: ignore[arg-type]
-        c = Consumer(self.cfg, self.r, turns, self.store)
+        c = Consumer(self.cfg, self.r, turns)
         c.name = f"{c.name}-{len(self.consumers)}"  # distinct consumers in one process
         c.lease.token = c.name
         self.consumers.append(c)
@@ -206,7 +206,7 @@ def test_model_failure_becomes_a_recorded_error_reply(rig: Rig) -> None:
 def test_second_worker_cannot_take_the_lease(rig: Rig) -> None:
     rig.consumer()
     turns = Turns(rig.cfg, rig.store, rig.model, default_tools())
-    other = Consumer(rig.cfg, rig.r, turns, rig.store)
+    other = Consumer(rig.cfg, rig.r, turns)
     other.name = other.lease.token = "other"
     assert other.run(wait_for_lease=False) == 3
 

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory.context import (
-    HISTORY_HEADER,
-    build_context,
-    count_tokens,
-    estimate_tokens,
-    format_line,
-    label,
-)
-from memory.store import LogRow, MemoryStore
+from memory.context import HISTORY_HEADER, build_context, count_tokens
+from memory.lines import estimate_tokens, format_line, label
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 PROMPT = "You are relaybot."
 # 2026-11-22 10:04 UTC

@@ -13,21 +13,20 @@ import pytest
 from contract.config import Config, ConversationRole, MemoryConfig, WorkerConfig
 from contract.messages import InboundMessage, Privacy
 from memory import notes
-from memory.context import (
-    CURATED_HEADER,
-    CURATED_SHARE,
-    HISTORY_HEADER,
-    MESSAGE_OVERHEAD,
-    NOTES_HEADER,
-    NOTES_SHARE,
-    build_context,
-    count_tokens,
-    estimate_tokens,
-    format_line,
-)
+from memory.context import HISTORY_HEADER, MESSAGE_OVERHEAD, build_context, count_tokens
+from memory.lines import estimate_tokens, format_line
 from memory.notes import NoteDraft, Source
 from memory.privacy import Scope
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.sections import (
+    CURATED_HEADER,
+    CURATED_SHARE,
+    NOTES_HEADER,
+    NOTES_SHARE,
+    CuratedSection,
+    NotesSection,
+)
+from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from worker.tools import default_tools
 from worker.turn import Turns
@@ -81,7 +80,7 @@ def test_history_gives_way_oldest_first_while_memory_and_notes_stay(store: Memor
         history = store.recent(500)
         messages = build_context(
             system_prompt=PROMPT, history=history, current=current, budget_tokens=budget,
-            assistant_name="relaybot", curated=MEMORY, notes=NOTE_LINES,
+            assistant_name="relaybot", sections=[CuratedSection(MEMORY), NotesSection(NOTE_LINES)],
         )  # fmt: skip
         assert count_tokens(messages) <= budget
         memory, found, kept = parts(messages[0]["content"])
@@ -125,7 +124,7 @@ def test_budget_invariants_at_every_budget(store: MemoryStore) -> None:
     for budget in range(fixed - 5, fixed + 2000, 3):
         messages = build_context(
             system_prompt=PROMPT, history=history, current=current, budget_tokens=budget,
-            assistant_name="relaybot", curated=MEMORY, notes=NOTE_LINES,
+            assistant_name="relaybot", sections=[CuratedSection(MEMORY), NotesSection(NOTE_LINES)],
         )  # fmt: skip
         assert count_tokens(messages) <= max(budget, fixed)
         assert messages[0]["content"].startswith(PROMPT)  # never dropped
@@ -155,7 +154,7 @@ def test_a_huge_memory_md_is_cut_with_a_note_and_leaves_room_for_history(
     budget = 2000
     messages = build_context(
         system_prompt=PROMPT, history=store.recent(100), current=current, budget_tokens=budget,
-        assistant_name="relaybot", curated=huge, notes=NOTE_LINES,
+        assistant_name="relaybot", sections=[CuratedSection(huge), NotesSection(NOTE_LINES)],
     )  # fmt: skip
     assert count_tokens(messages) <= budget
     memory, found, kept = parts(messages[0]["content"])
@@ -172,7 +171,7 @@ def test_prompt_and_current_message_go_in_even_over_budget(store: MemoryStore) -
     current = said(store, 1, "x" * 4000)
     messages = build_context(
         system_prompt=PROMPT, history=[], current=current, budget_tokens=10,
-        assistant_name="relaybot", curated=MEMORY, notes=NOTE_LINES,
+        assistant_name="relaybot", sections=[CuratedSection(MEMORY), NotesSection(NOTE_LINES)],
     )  # fmt: skip
     assert messages[0]["content"] == PROMPT + HISTORY_HEADER
     assert messages[1]["content"].endswith("x" * 4000)
@@ -282,7 +281,7 @@ def test_a_memory_failure_leaves_the_turn_answered(
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(notes.ContextRecall, "lines", broken)
-    rig.turns.curated.path = tmp_path / "no" / "such" / "MEMORY.md"
+    rig.turns.memory.curated.path = tmp_path / "no" / "such" / "MEMORY.md"
     system = rig.system("deploy?")
     assert "ansible" not in system
     assert CURATED_HEADER not in system

@@ -8,8 +8,10 @@ import random
 
 import pytest
 
-from memory.context import HistoryLines, build_context
-from memory.store import LogRow
+from memory.context import build_context
+from memory.lines import HistoryLines
+from memory.rows import LogRow
+from memory.sections import CuratedSection, NotesSection
 
 NAME = "relaybot"
 
@@ -43,8 +45,7 @@ def context(rows: list[LogRow], current: LogRow, budget: int, ready: HistoryLine
         current=current,
         budget_tokens=budget,
         assistant_name=NAME,
-        curated="# MEMORY\n- tea",
-        notes=["#1 a note"],
+        sections=[CuratedSection("# MEMORY\n- tea"), NotesSection(["#1 a note"])],
         ready=ready,
     )
 

@@ -21,10 +21,12 @@ from memory.curated import (
     read_curated,
     write_curated,
 )
+from memory.facade import Memory
 from memory.privacy import Scope
 from memory.store import MemoryStore
 from worker.memory_tools import curated_tools, memory_tools
 from worker.tools import ToolRegistry
+from worker.turn import memory_settings
 from worker.turn_context import TurnContext
 
 OLD = "# Memory\n- the owner likes tea\n"
@@ -195,7 +197,10 @@ def turn(tmp_path: Path, store: MemoryStore, privacy: Privacy) -> TurnContext:
         event_id="e1",
     )
     return TurnContext(
-        stream_id="1-0", msg=msg, scope=Scope(conversation, privacy), store=store, cfg=cfg
+        stream_id="1-0",
+        msg=msg,
+        scope=Scope(conversation, privacy),
+        memory=Memory(store, memory_settings(cfg)),
     )
 
 

@@ -18,12 +18,12 @@ import pytest
 from contract.messages import InboundMessage, Privacy
 from memory import commands, erasure
 from memory.commands import CommandContext
+from memory.commands import apply_atomic as _apply_command
 from memory.erasure import erase
 from memory.privacy import Scope
 from memory.schema import LATEST_VERSION
 from memory.search import SearchQuery, search
 from memory.store import MemoryStore
-from worker.turn import _apply_command
 
 OWNER = Scope(conversation="cli:a", privacy=Privacy.OWNER)
 

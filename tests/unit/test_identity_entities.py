@@ -28,7 +28,8 @@ from memory.identity import (
     person_of,
     resolve_ref,
 )
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 _ids = itertools.count(1)
 

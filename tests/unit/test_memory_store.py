@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
+from memory.caches import _RECENT, _RECENT_BEFORE, _RECENT_CONV, _RECENT_CONV_BEFORE
+from memory.rows import LogRow
 from memory.schema import LATEST_VERSION, SchemaError, migrate, statements
-from memory.store import (
-    _RECENT,
-    _RECENT_BEFORE,
-    _RECENT_CONV,
-    _RECENT_CONV_BEFORE,
-    LogRow,
-    MemoryStore,
-)
+from memory.store import MemoryStore
 
 
 def inbound(
@@ -336,11 +331,11 @@ def test_recent_from_cache_equals_recent_from_sql(db_path: Path) -> None:
         fill(cached, 60)
         with MemoryStore(db_path, cache_rows=0) as uncached:
             reader = MemoryStore(db_path, readonly=True)
-            assert cached._cache is not None
-            assert len(cached._cache) == 16
-            assert cached._cache_lo == cached._cache[0].id
-            assert uncached._cache is None
-            assert reader._cache is None
+            assert cached._caches._rows is not None
+            assert len(cached._caches._rows) == 16
+            assert cached._caches._lo == cached._caches._rows[0].id
+            assert uncached._caches._rows is None
+            assert reader._caches._rows is None
             newest = cached.recent(1)[0].id
             for limit in (1, 5, 16, 17, 40, 200):
                 for conversation in (None, "a", "b", "nope"):
@@ -360,8 +355,8 @@ def test_recent_from_cache_equals_recent_from_sql(db_path: Path) -> None:
 
 def test_small_log_is_served_entirely_from_cache(store: MemoryStore) -> None:
     fill(store, 10)
-    assert store._cache_lo == 0
-    store._select = None  # type: ignore[assignment,method-assign]  # any SQL read would fail
+    assert store._caches._lo == 0
+    store._caches._select = None  # type: ignore[assignment,method-assign]  # any SQL read would fail
     assert len(store.recent(100)) == 14
     assert all(r.conversation == "b" for r in store.recent(100, conversation="b"))
 

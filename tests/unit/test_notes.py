@@ -15,6 +15,7 @@ from contract.messages import Privacy
 from memory import notes
 from memory.commands import CommandContext, apply
 from memory.notes import Note, NoteDraft, NoteError, Source, Viewer, note_visible
+from memory.notes.read import _visible_sql
 from memory.privacy import Scope
 from memory.store import MemoryStore
 
@@ -293,7 +294,7 @@ def test_sql_filter_and_predicate_agree_on_every_combination(store: MemoryStore)
     ]
     sizes = set()
     for v in viewers:
-        where, params = notes._visible_sql(v)
+        where, params = _visible_sql(v)
         ids = {r[0] for r in conn.execute(f"SELECT n.id FROM note n WHERE {where}", params)}
         assert ids == {n.id for n in everything if note_visible(v, n)}, v
         sizes.add(len(ids))

@@ -13,12 +13,13 @@ import pytest
 from contract.config import Config, ConversationRole, MemoryConfig
 from contract.messages import InboundMessage, Privacy
 from memory import notes
+from memory.facade import Memory
 from memory.privacy import Scope
 from memory.store import MemoryStore
 from worker.memory_tools import memory_tools
 from worker.model import Completion, ToolCall
 from worker.tools import MAX_RESULT_CHARS, ToolRegistry
-from worker.turn import Turns
+from worker.turn import Turns, memory_settings
 from worker.turn_context import TurnContext
 
 
@@ -154,7 +155,7 @@ def test_a_retried_turn_calls_remember_again_and_adds_nothing(
         privacy=Privacy.OWNER, text="x", ts=1.0, event_id="e1",
     )  # fmt: skip
     ctx = TurnContext(stream_id="7-0", msg=msg, scope=Scope("cli:home", Privacy.OWNER),
-                      store=store, cfg=cfg)  # fmt: skip
+                      memory=Memory(store, memory_settings(cfg)))  # fmt: skip
     args = {"text": "call mum", "type": "action"}
     first = ToolRegistry(memory_tools(ctx)).call("remember", args)
     retried = ToolRegistry(memory_tools(ctx)).call("remember", dict(args))
@@ -174,7 +175,7 @@ def test_recall_output_is_bounded(cfg: Config, store: MemoryStore) -> None:
         privacy=Privacy.OWNER, text="x", ts=1.0, event_id="e1",
     )  # fmt: skip
     ctx = TurnContext(stream_id="1-0", msg=msg, scope=Scope("cli:home", Privacy.OWNER),
-                      store=store, cfg=cfg)  # fmt: skip
+                      memory=Memory(store, memory_settings(cfg)))  # fmt: skip
     tools = ToolRegistry(memory_tools(ctx))
     for i in range(60):
         tools.call("remember", {"text": f"deploy fact {i} " + "long words " * 300})

@@ -1,5 +1,5 @@
-"""Reading import files (memory/portability.py): our export's checks, squidbot's history.jsonl,
-and packing records into commands that fit one stream entry."""
+"""Reading import files (memory/import_file.py): our export's checks, squidbot's history.jsonl;
+and packing records into commands that fit one stream entry (relaybot/import_parts.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,9 @@ import pytest
 from contract.config import OwnerAlias
 from contract.messages import MAX_EXTRA_CHARS
 from memory.identity import OwnerResolver
-from memory.portability import (
-    CHUNK_CHARS,
-    FORMAT,
-    FormatError,
-    command_args,
-    parse_file,
-    parse_timestamp,
-)
+from memory.import_file import parse_file, parse_timestamp
+from memory.records import FORMAT, FormatError
+from relaybot.import_parts import CHUNK_CHARS, command_args
 from relaybot.owner_commands import command_message
 
 RESOLVER = OwnerResolver(["alex", OwnerAlias(address="alex@example.org", channel="email")])

@@ -1,7 +1,7 @@
 """The notes half of the privacy rule: SQL and Python agree, and the leak rules hold.
 
 Checked over thousands of generated notes (every column that matters, with edge values) and a
-set of viewers, plus the named cases of DESIGN.md and seed 003 §8.3/§8.5. memory/notes.py has the
+set of viewers, plus the named cases of DESIGN.md and seed 003 §8.3/§8.5. memory/notes/ has the
 same rule for its readers; it must agree with this one.
 """
 
@@ -272,7 +272,7 @@ def test_notes_may_be_objects_with_attributes() -> None:
 
 
 def test_memory_notes_applies_the_same_rule() -> None:
-    """memory/notes.py's own reader check must agree with this module, case for case."""
+    """memory/notes/'s own reader check must agree with this module, case for case."""
     from contract.config import ConversationRole
     from memory import notes as notes_module
 

@@ -28,7 +28,8 @@ from memory.privacy import (
     persons_for,
     visible_history,
 )
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 from tests.support.turns import record_turn
 
 OWNER_CONV = "cli:local"

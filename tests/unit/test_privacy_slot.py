@@ -12,7 +12,8 @@ import pytest
 
 from contract.messages import InboundMessage, Privacy
 from memory.privacy import PAGE_ROWS, Scope, visible_history
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 
 CONVERSATIONS = {
     "cli:local": Privacy.OWNER,

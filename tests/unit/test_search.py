@@ -1,4 +1,4 @@
-"""search_history's core (memory/search.py): the query, filters, context, order, bounds, damage."""
+"""search_history's core (memory/search/): the query, filters, context, order, bounds, damage."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.privacy import Scope
+from memory.rows import LogRow
 from memory.search import SearchQuery, format_hits, search
-from memory.store import LogRow, MemoryStore
+from memory.store import MemoryStore
 
 T0 = 1_790_000_000.0
 SECRET = "QX-5531"

@@ -10,11 +10,13 @@ import pytest
 
 from contract.config import Config
 from contract.messages import InboundMessage, Privacy
+from memory.facade import Memory
 from memory.privacy import Scope
 from memory.search import HEADER, MAX_LIMIT
 from memory.store import MemoryStore
 from worker.memory_tools import memory_tools, search_tools
 from worker.tools import ToolRegistry
+from worker.turn import memory_settings
 from worker.turn_context import TurnContext
 
 T0 = 1_790_000_000.0
@@ -62,7 +64,10 @@ def ctx(tmp_path: Path, store: MemoryStore | None, scope: Scope) -> TurnContext:
         event_id="now",
     )
     return TurnContext(
-        stream_id="99-0", msg=msg, scope=scope, store=store, cfg=Config(home=tmp_path)
+        stream_id="99-0",
+        msg=msg,
+        scope=scope,
+        memory=Memory(store, memory_settings(Config(home=tmp_path))),
     )
 
 

@@ -10,10 +10,12 @@ import pytest
 
 from contract.config import Config
 from contract.messages import InboundMessage, Privacy
+from memory.facade import Memory
 from memory.privacy import Scope
 from memory.store import MemoryStore
 from worker.main import TurnTools, turn_tools
 from worker.tools import LazyTools
+from worker.turn import memory_settings
 from worker.turn_context import TurnContext
 
 
@@ -44,7 +46,9 @@ def context(
         event_id="e1",
     )
     scope = Scope(conversation=conversation, privacy=privacy, entity=entity)  # type: ignore[arg-type]
-    return TurnContext(stream_id="1-0", msg=msg, scope=scope, store=store, cfg=cfg, role=role)
+    return TurnContext(
+        stream_id="1-0", msg=msg, scope=scope, memory=Memory(store, memory_settings(cfg)), role=role
+    )
 
 
 def contexts(store: MemoryStore, cfg: Config) -> list[TurnContext]:

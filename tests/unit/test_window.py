@@ -21,14 +21,16 @@ from contract.config import OwnerAlias
 from contract.messages import Privacy
 from memory import commands
 from memory.commands import CommandContext
-from memory.context import HistoryLines, build_context
+from memory.commands import apply_atomic as _apply_command
+from memory.context import build_context
 from memory.erasure import erase
 from memory.identity import Identity, OwnerResolver
+from memory.lines import HistoryLines
 from memory.privacy import Scope, visible_history
-from memory.store import LogRow, MemoryStore
+from memory.rows import LogRow
+from memory.store import MemoryStore
 from memory.window import HistoryWindows
 from tests.support.turns import record_turn
-from worker.turn import _apply_command
 
 # (conversation, sender, privacy)
 SPEAKERS = (

@@ -1,14 +1,19 @@
-"""Memory administration applied by the worker: imports, and the owner command for erasure
-(memory/erasure.py does the erasing); plus the read-only status report of ``relaybot memory``.
+"""``memory.import``, applied by the worker: records from an export or a squidbot history.
 
-**Import** (``memory.import``): records prepared by memory/portability.py, applied one by one,
-each in its own savepoint, so a bad record is reported by its line number and the others go on.
+The command line reads and checks the file (memory/import_file.py) and sends its records as
+``memory.import`` commands, each small enough for one stream entry (relaybot/import_parts.py).
+Here they are applied one by one, each in its own savepoint, so a bad record is reported by its
+line number and the others go on. A record too large for one entry arrives as ``stage`` parts
+followed by an item naming them: the parts are held in memory (:data:`MAX_STAGED_CHARS` at most)
+until that item joins them and checks their hash.
+
 Duplicates are "present", never errors: log rows by ``(direction, stream_id)``, entities by id,
 handles by ``(channel, address)``, links by stream id or their whole content, notes by
 ``op_key`` or their whole content, tombstones by stream id or target and time, reply marks by
 ``(reply_id, status)``. Ids are kept when they are free at the end of their table (so a fresh
 home gets the exporter's ids), else new ones are given. An imported tombstone is applied again
-to the rows it names, so an erasure survives an export and an import into an older copy.
+to the rows it names (memory/erasure.py), so an erasure survives an export and an import into an
+older copy.
 """
 
 from __future__ import annotations
@@ -28,14 +33,13 @@ from memory.erasure import (
     NOT_ERASED,
     ErasurePlan,
     checkpoint_after_erasure,
-    erase,
     granted,
     plan_notes,
     remove,
     writing,
 )
 from memory.identity import create_handle, ensure_owner
-from memory.portability import (
+from memory.records import (
     EntityRecord,
     ErasureRecord,
     HandleRecord,
@@ -53,24 +57,7 @@ log = structlog.get_logger(__name__)
 
 MAX_STAGED_CHARS = 64_000_000  # staged parts of oversized import records held by the worker
 
-
-def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
-    kind, target, reason = args.get("kind"), args.get("target"), args.get("reason")
-    if not isinstance(kind, str) or not isinstance(target, str) or not isinstance(reason, str):
-        raise CommandError("memory.erase takes {kind, target, reason} as strings")
-    requested_by = args.get("requested_by")
-    return erase(
-        ctx.store,
-        kind=kind,
-        target=target,
-        reason=reason,
-        requested_by=requested_by if isinstance(requested_by, str) and requested_by else "owner",
-        stream_id=ctx.stream_id,
-        now=ctx.now,
-    )
-
-
-# -- import ------------------------------------------------------------------------------------
+# -- staged parts of oversized records ---------------------------------------------------------
 
 # pieces of oversized records, by key, until the item naming them arrives (memory only: if the
 # worker restarts in between, that record is reported as incomplete and a re-import sends it)
@@ -117,6 +104,9 @@ def _unstage(item: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+# -- applying records --------------------------------------------------------------------------
+
+
 class Present(Exception):
     """The record is already in memory."""
 
@@ -129,6 +119,39 @@ class ImportResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"added": self.added, "present": self.present, "rejected": self.rejected}
+
+
+# records present already are left as they are (ON CONFLICT / OR IGNORE): "present"
+_INSERT_ENTITY = (
+    "INSERT INTO entity (id, kind, name, created_ts) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_INSERT_HANDLE = (
+    "INSERT INTO handle (channel, address, entity, display, first_seen) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_INSERT_REPLY_STATUS = (
+    "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
+)
+
+
+def _note_content(rec: NoteRecord) -> tuple[Any, ...]:
+    """What makes a note the same note: the columns of :data:`Importer._NOTE_MATCH`, in order."""
+    return (
+        rec.note_type,
+        rec.topic,
+        rec.text,
+        rec.scope,
+        rec.visibility,
+        rec.chat,
+        rec.role,
+        rec.team,
+        rec.project,
+        rec.source_conversation,
+        rec.source_privacy.value if rec.source_privacy else None,
+        rec.source_entity,
+        rec.author,
+        rec.created_ts,
+    )
 
 
 class Importer:
@@ -168,26 +191,13 @@ class Importer:
         if isinstance(record, LogRecord):
             self._log(record, identify=bool(item.get("identify")))
         elif isinstance(record, EntityRecord):
-            self._insert_or_present(
-                record,
-                "INSERT INTO entity (id, kind, name, created_ts) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (record.id, record.kind, record.name, record.created_ts),
-            )
+            params: tuple[Any, ...] = (record.id, record.kind, record.name, record.created_ts)
+            self._insert_or_present(record, _INSERT_ENTITY, params)
         elif isinstance(record, HandleRecord):
             self._need_entities(record.entity)
-            self._insert_or_present(
-                record,
-                "INSERT INTO handle (channel, address, entity, display, first_seen) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (
-                    record.channel,
-                    record.address.strip().casefold(),
-                    record.entity,
-                    record.display,
-                    record.first_seen,
-                ),
-            )
+            address = record.address.strip().casefold()
+            params = (record.channel, address, record.entity, record.display, record.first_seen)
+            self._insert_or_present(record, _INSERT_HANDLE, params)
         elif isinstance(record, LinkRecord):
             self._link(record)
         elif isinstance(record, NoteRecord):
@@ -195,20 +205,29 @@ class Importer:
         elif isinstance(record, ErasureRecord):
             self._erasure(record)
         elif isinstance(record, ReplyStatusRecord):
-            self._insert_or_present(
-                record,
-                "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) "
-                "VALUES (?, ?, ?, ?)",
-                (record.reply_id, record.status, record.at, record.detail),
-            )
+            params = (record.reply_id, record.status, record.at, record.detail)
+            self._insert_or_present(record, _INSERT_REPLY_STATUS, params)
 
     def _insert_or_present(self, record: Record, sql: str, params: Sequence[Any]) -> None:
         if self.conn.execute(sql, params).rowcount != 1:
             raise Present(record.type)
 
+    def _exists(self, table: str, where: str, params: Sequence[Any]) -> bool:
+        sql = f"SELECT 1 FROM {table} WHERE {where}"  # noqa: S608 (constants)
+        return self.conn.execute(sql, params).fetchone() is not None
+
+    def _recorded(
+        self, table: str, stream_id: str | None, where: str, params: Sequence[Any]
+    ) -> bool:
+        """Whether ``table`` holds the record already: written by the same entry (its stream
+        id), or with the same content (``where``)."""
+        return (
+            stream_id is not None and self._exists(table, "stream_id = ?", (stream_id,))
+        ) or self._exists(table, where, params)
+
     def _need_entities(self, *entities: str) -> None:
         for entity in entities:
-            if not self.conn.execute("SELECT 1 FROM entity WHERE id = ?", (entity,)).fetchone():
+            if not self._exists("entity", "id = ?", (entity,)):
                 raise ValueError(f"entity {entity!r} is not in memory (nor earlier in the file)")
 
     def _free_id(self, table: str, wanted: int | None) -> int | None:
@@ -294,18 +313,12 @@ class Importer:
         if rec.a >= rec.b:
             raise ValueError("a link names its entities in order (a < b)")
         self._need_entities(rec.a, rec.b)
-        if (
-            rec.stream_id is not None
-            and self.conn.execute(
-                "SELECT 1 FROM entity_link WHERE stream_id = ?", (rec.stream_id,)
-            ).fetchone()
-        ):
-            raise Present("entity_link")
-        if self.conn.execute(
-            "SELECT 1 FROM entity_link WHERE a = ? AND b = ? AND status = ? AND actor = ? "
-            "AND ts = ?",
+        if self._recorded(
+            "entity_link",
+            rec.stream_id,
+            "a = ? AND b = ? AND status = ? AND actor = ? AND ts = ?",
             (rec.a, rec.b, rec.status, rec.actor, rec.ts),
-        ).fetchone():
+        ):
             raise Present("entity_link")
         newer = self.conn.execute(
             "SELECT status FROM entity_link WHERE a = ? AND b = ? AND ts > ? LIMIT 1",
@@ -342,25 +355,7 @@ class Importer:
             ).fetchone()
             if raw is not None:
                 return int(raw[0])
-        raw = self.conn.execute(
-            self._NOTE_MATCH,
-            (
-                rec.note_type,
-                rec.topic,
-                rec.text,
-                rec.scope,
-                rec.visibility,
-                rec.chat,
-                rec.role,
-                rec.team,
-                rec.project,
-                rec.source_conversation,
-                rec.source_privacy.value if rec.source_privacy else None,
-                rec.source_entity,
-                rec.author,
-                rec.created_ts,
-            ),
-        ).fetchone()
+        raw = self.conn.execute(self._NOTE_MATCH, _note_content(rec)).fetchone()
         return None if raw is None else int(raw[0])
 
     def _note(self, rec: NoteRecord, ref: object) -> None:
@@ -375,45 +370,28 @@ class Importer:
             if supersedes is None:
                 raise ValueError("the note it supersedes is not in memory")
         self.conn.execute(
-            "INSERT INTO note (id, type, topic, text, scope, visibility, chat, role, team, "
-            "project, source_conversation, source_privacy, source_entity, supersedes, author, "
-            "created_ts, stream_id, op_key) "
+            "INSERT INTO note (type, topic, text, scope, visibility, chat, role, team, project, "
+            "source_conversation, source_privacy, source_entity, author, created_ts, "
+            "id, supersedes, stream_id, op_key) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
+                *_note_content(rec),
                 self._free_id("note", rec.id),
-                rec.note_type,
-                rec.topic,
-                rec.text,
-                rec.scope,
-                rec.visibility,
-                rec.chat,
-                rec.role,
-                rec.team,
-                rec.project,
-                rec.source_conversation,
-                rec.source_privacy.value if rec.source_privacy else None,
-                rec.source_entity,
                 supersedes,
-                rec.author,
-                rec.created_ts,
                 rec.stream_id,
                 rec.op_key,
             ),
         )
 
     def _erasure(self, rec: ErasureRecord) -> None:
-        conn = self.conn
-        if (
-            rec.stream_id is not None
-            and conn.execute(
-                "SELECT 1 FROM erasure WHERE stream_id = ?", (rec.stream_id,)
-            ).fetchone()
-        ) or conn.execute(
-            "SELECT 1 FROM erasure WHERE ts = ? AND target_kind = ? AND target = ?",
+        if self._recorded(
+            "erasure",
+            rec.stream_id,
+            "ts = ? AND target_kind = ? AND target = ?",
             (rec.ts, rec.target_kind, rec.target),
-        ).fetchone():
+        ):
             raise Present("erasure")
-        cur = conn.execute(
+        cur = self.conn.execute(
             "INSERT INTO erasure (id, ts, requested_by, reason, target_kind, target, log_rows, "
             "notes, detail, stream_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -475,94 +453,4 @@ def _cmd_import(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     return result.as_dict()
 
 
-COMMANDS: dict[str, Handler] = {"memory.erase": _cmd_erase, "memory.import": _cmd_import}
-
-
-# -- status (read-only) ------------------------------------------------------------------------
-
-
-def _count(conn: sqlite3.Connection, tables: set[str], table: str, where: str = "") -> int | None:
-    if table not in tables:
-        return None
-    sql = f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else "")  # noqa: S608
-    return int(conn.execute(sql).fetchone()[0])
-
-
-def collect_status(
-    store: MemoryStore, *, check: bool = False, assistant_name: str = "relaybot"
-) -> dict[str, Any]:
-    """What ``relaybot memory status`` shows: counts, sizes, the last entry, corrupt rows.
-
-    Cheap by default (counts on indexes, the newest row). ``check`` reads and validates every
-    log row (the count of corrupt rows is then complete) and runs ``PRAGMA quick_check``.
-    """
-    from memory.context import label
-    from memory.schema import schema_version
-
-    conn = store.conn
-    tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    by_direction = dict(conn.execute("SELECT direction, count(*) FROM log GROUP BY direction"))
-    superseded = (
-        int(
-            conn.execute(
-                "SELECT count(DISTINCT supersedes) FROM note WHERE supersedes IS NOT NULL"
-            ).fetchone()[0]
-        )
-        if "note" in tables
-        else 0
-    )
-    notes = _count(conn, tables, "note")
-    erased = (
-        conn.execute("SELECT coalesce(sum(log_rows), 0) FROM erasure").fetchone()[0]
-        if "erasure" in tables
-        else 0
-    )
-    counts: dict[str, int | None] = {
-        "log_in": int(by_direction.get("in", 0)),
-        "log_out": int(by_direction.get("out", 0)),
-        "conversations": int(
-            conn.execute("SELECT count(*) FROM (SELECT DISTINCT conversation FROM log)").fetchone()[
-                0
-            ]
-        ),
-        "entities": _count(conn, tables, "entity"),
-        "handles": _count(conn, tables, "handle"),
-        "entity_links": _count(conn, tables, "entity_link"),
-        "notes_active": None if notes is None else notes - superseded,
-        "notes_superseded": None if notes is None else superseded,
-        "erasures": _count(conn, tables, "erasure"),
-        "erased_log_rows": int(erased),
-        "reply_marks": _count(conn, tables, "reply_status"),
-    }
-    path = store.path
-    wal = path.with_name(path.name + "-wal")
-    status: dict[str, Any] = {
-        "path": str(path),
-        "schema_version": schema_version(conn),
-        "counts": counts,
-        "size": {
-            "db_bytes": path.stat().st_size,
-            "wal_bytes": wal.stat().st_size if wal.exists() else 0,
-        },
-        "last_entry": None,
-    }
-    last = store.last_row()
-    if last is not None:
-        status["last_entry"] = {
-            "id": last.id,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.ts)),
-            "channel": last.channel,
-            "conversation": last.conversation,
-            "label": label(last, assistant_name),
-        }
-    if check:
-        valid = sum(1 for _row in store.scan())
-        problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
-        status["check"] = {
-            "valid_rows": valid,
-            "corrupt_rows": counts["log_in"] + counts["log_out"] - valid,  # type: ignore[operator]
-            "quick_check": problems if problems != ["ok"] else "ok",
-        }
-    status["corrupt_rows_skipped"] = store.corrupt_rows
-    status["corrupt_rows_complete"] = check
-    return status
+COMMANDS: dict[str, Handler] = {"memory.import": _cmd_import}

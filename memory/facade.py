@@ -1,0 +1,232 @@
+"""What a turn uses of memory, through one object: :class:`Memory`.
+
+The worker's turn records the message and its reply, asks for the context of the turn (the
+history window, MEMORY.md, the relevant notes, each a section), applies owner commands and marks
+replies here, instead of driving the memory modules itself. The parts stay where they are
+(memory/window.py, memory/notes/, memory/curated.py, memory/identity.py, memory/commands.py);
+this module only joins them and keeps one rule for all of them:
+
+**Degraded mode** (DESIGN.md). Memory may be unavailable (the database could not be opened:
+``store`` is None) or fail in the middle of a turn (a query raises ``sqlite3.Error``). Then the
+worker still answers with what it has; the failure is logged (``memory.degraded``) and counted
+(:attr:`Memory.failures`), and the turn goes on. Every method here keeps that rule, so the turn
+never has to.
+
+Memory takes plain parameters (:class:`MemorySettings`), not the application's configuration.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from contract.messages import InboundMessage, Privacy, Reply
+from memory import commands, notes
+from memory.command_types import CommandContext
+from memory.context import Section, build_context
+from memory.curated import CuratedFile, curated_path
+from memory.identity import Identity, OwnerResolver, ScopedAlias
+from memory.lines import HistoryLines
+from memory.privacy import Scope, privacy_of
+from memory.rows import LogRow
+from memory.sections import CuratedSection, NotesSection
+from memory.store import MemoryStore
+from memory.window import HistoryWindows
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+HISTORY_ROWS = 400  # an upper bound on rows read for one context; the token budget decides
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What memory needs to know, as plain values (the worker fills it from config.toml)."""
+
+    owner_name: str
+    owner_aliases: Sequence[str | ScopedAlias]
+    workspace: Path  # holds MEMORY.md
+    assistant_name: str
+    system_prompt: str
+    context_tokens: int
+    # the [roles] entry of a conversation: (conversation, session) -> its binding
+    roles: Callable[[str, str], notes.RoleBinding]
+
+
+class Memory:
+    """The memory of the worker's turns (see the module docstring)."""
+
+    def __init__(self, store: MemoryStore | None, settings: MemorySettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.failures = 0
+        self.resolver = OwnerResolver(settings.owner_aliases)
+        self.identity = Identity(self.resolver, settings.owner_name)
+        self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
+        self._windows: HistoryWindows | None = None  # the store's recent rows per scope
+        self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
+
+    # -- degraded mode -------------------------------------------------------------------------
+
+    def use(self, op: Callable[[MemoryStore], T]) -> T | None:
+        """Run a memory operation; None when memory is unavailable or fails (degraded)."""
+        if self.store is None:
+            return None
+        try:
+            return op(self.store)
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return None
+
+    def failed(self, exc: sqlite3.Error, **info: object) -> None:
+        """Count and log a failure of memory; the turn goes on without it."""
+        self.failures += 1
+        log.error("memory.degraded", error=str(exc), failures=self.failures, **info)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One memory transaction around a batch of entries. If it cannot even begin (another
+        program holds the write lock, an I/O error), the batch is handled without memory and
+        answered all the same (degraded); the next batch tries again. A failing commit raises
+        ``sqlite3.Error`` to the caller, who answers anyway."""
+        store = self.store
+        if store is None:
+            yield
+            return
+        tx = store.transaction()
+        try:
+            tx.__enter__()
+        except sqlite3.Error as exc:
+            self.failed(exc, step="begin")
+            self.store = None
+            try:
+                yield
+            finally:
+                self.store = store
+            return
+        try:
+            yield
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+
+    def reload(self) -> None:
+        """Read the store's caches again (another worker may have written while this one waited
+        for the lease)."""
+        if self.store is None:
+            return
+        try:
+            self.store.reload()
+        except sqlite3.Error as exc:
+            self.failures += 1
+            log.error("memory.reload_failed", error=str(exc))
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def is_owner(self, msg: InboundMessage) -> bool:
+        return self.resolver.is_owner(msg.channel, msg.sender)
+
+    def record_inbound(self, msg: InboundMessage, stream_id: str) -> tuple[LogRow | None, bool]:
+        """The inbound row (its sender's entity created on first sight), idempotent on the
+        stream id; and whether the sender is the owner."""
+        is_owner = self.is_owner(msg)
+        row = self.use(lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner))
+        return row, is_owner
+
+    def recorded_reply(self, stream_id: str) -> LogRow | None:
+        """The reply recorded for this entry before (a replay), if any."""
+        return self.use(lambda s: s.recorded_reply(stream_id))
+
+    def record_reply(self, reply: Reply, privacy: Privacy) -> None:
+        name = self.settings.assistant_name
+        self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy))
+
+    def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
+        self.use(lambda s: s.mark_reply(reply_id, status, detail))
+
+    def apply_command(self, stream_id: str, op: object, args: object) -> dict[str, object] | None:
+        """Apply an owner command (memory/commands.py); None when memory failed (nothing was
+        changed: inside the batch the command has a savepoint of its own)."""
+
+        def run(store: MemoryStore) -> dict[str, object]:
+            ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
+            return commands.apply_atomic(store, ctx, op, args)
+
+        return self.use(run)
+
+    # -- a turn's view -------------------------------------------------------------------------
+
+    def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
+        """The privacy scope of the conversation this message belongs to."""
+        entity = row.entity if row is not None else None
+        return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
+
+    def role_of(self, msg: InboundMessage) -> notes.RoleBinding:
+        """The conversation's ``[roles]`` entry (its agent role, project and teams)."""
+        return self.settings.roles(msg.conversation, msg.session)
+
+    def viewer(self, store: MemoryStore, scope: Scope, msg: InboundMessage) -> notes.Viewer:
+        """The conversation as a reader of notes: its scope, its person, its role binding."""
+        return notes.conversation_viewer(store, scope, self.role_of(msg))
+
+    def context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
+        """The model's input for this turn: the system prompt, the sections (MEMORY.md in the
+        owner's own conversations; the notes relevant to the message), the recent history this
+        conversation may see, and the message. Nothing here fails the turn."""
+        history, ready = self._history(scope)
+        settings = self.settings
+        return build_context(
+            system_prompt=settings.system_prompt,
+            history=history,
+            current=current,
+            budget_tokens=settings.context_tokens,
+            assistant_name=settings.assistant_name,
+            sections=self._sections(msg, scope),
+            ready=ready,
+        )
+
+    def _history(self, scope: Scope) -> tuple[Sequence[LogRow], HistoryLines | None]:
+        store = self.store
+        if store is None:
+            return (), None
+        if self._windows is None or self._windows.store is not store:
+            self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
+        try:
+            return self._windows.history(scope, self.settings.assistant_name)
+        except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
+            self.failed(exc)
+            return (), None
+
+    def _sections(self, msg: InboundMessage, scope: Scope) -> list[Section]:
+        """The context's sections, in order (memory/sections.py)."""
+        sections: list[Section] = []
+        if privacy_of(scope) is Privacy.OWNER:
+            curated = self.curated.read().text  # never raises
+            if curated:
+                sections.append(CuratedSection(curated))
+        found = self._notes(msg, scope)
+        if found:
+            sections.append(NotesSection(found))
+        return sections
+
+    def _notes(self, msg: InboundMessage, scope: Scope) -> list[str]:
+        """The notes relevant to the message that this conversation may see (none if memory
+        fails: degraded)."""
+        store = self.store
+        if store is None:
+            return []
+        if self._recall is None or self._recall.store is not store:
+            self._recall = notes.ContextRecall(store)
+        try:
+            return self._recall.lines(msg.text, lambda: self.viewer(store, scope, msg))
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return []

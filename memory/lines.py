@@ -1,0 +1,149 @@
+"""Text for the model: the token estimate, and a log row as one labelled line.
+
+Each history entry is one line ``[channel / who] YYYY-MM-DD HH:MM UTC: text`` where *who* is
+``owner`` for the owner, the assistant's name for its own replies and the sender's handle
+otherwise. Continuation lines of a multi-line message are indented, so only real entries start a
+line with a label, and a sender whose handle reads like ``owner`` is marked unverified: nobody can
+make their words look like the owner's. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from memory.rows import LogRow
+
+CONTINUATION = "\n  "
+
+LINE_MEMO = "_context_line"  # per-row cache of (assistant_name, line, cost) in its __dict__
+_LABEL_UNSAFE = str.maketrans({"[": "(", "]": ")", "\n": " ", "\r": " "})
+
+
+def estimate_tokens(text: str) -> int:
+    """A deterministic upper-leaning token estimate: ceil(UTF-8 bytes / 4) + one per line.
+
+    Roughly right for BPE tokenizers on English and code, never a download. 0 for "".
+    """
+    if not text:
+        return 0
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return -(-size // 4) + text.count("\n") + 1
+
+
+def fit_text(text: str, max_tokens: int) -> str:
+    """The longest prefix of ``text`` whose estimate is within ``max_tokens``, cut at a line
+    boundary when one is in the second half (deterministic; the estimate grows with the prefix)."""
+    if estimate_tokens(text) <= max_tokens:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    cut = text.rfind("\n", 0, lo)
+    return text[:cut] if cut > lo // 2 else text[:lo]
+
+
+def label(row: LogRow, assistant_name: str) -> str:
+    """``[channel / owner]``, ``[channel / <assistant_name>]`` or ``[channel / <sender>]``."""
+    if row.direction == "out":
+        who = assistant_name
+    elif row.is_owner:
+        who = "owner"
+    else:
+        who = row.sender.translate(_LABEL_UNSAFE).strip() or "unknown"
+        if who.casefold() in ("owner", assistant_name.casefold()):
+            who = f"{who} (unverified)"
+    return f"[{row.channel} / {who}]"
+
+
+def stamp(ts: float) -> str:
+    """``2026-11-22 10:04 UTC``."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return "unknown time"
+
+
+def format_line(row: LogRow, assistant_name: str) -> str:
+    """One labelled line: ``[cli / owner] 2026-11-22 10:04 UTC: text``."""
+    text = row.text
+    if "\n" in text or "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", CONTINUATION)
+    return f"{label(row, assistant_name)} {stamp(row.ts)}: {text}"
+
+
+def line_and_cost(row: LogRow, assistant_name: str) -> tuple[str, int]:
+    """The row's line and what it adds to the system message (+1 for the joining newline).
+
+    Cached on the row: the writer's cache hands out the same LogRow objects turn after turn, so a
+    line is formatted and estimated once, not once per turn. The memo lives in the instance
+    ``__dict__`` (as ``functools.cached_property`` does), outside the dataclass fields, so equality,
+    hashing and repr are unaffected.
+    """
+    memo_dict = getattr(row, "__dict__", None)
+    if memo_dict is not None:
+        memo = memo_dict.get(LINE_MEMO)
+        if memo is not None and memo[0] == assistant_name:
+            return memo[1], memo[2]
+    line = format_line(row, assistant_name)
+    cost = estimate_tokens(line) + 1
+    if memo_dict is not None:
+        memo_dict[LINE_MEMO] = (assistant_name, line, cost)
+    return line, cost
+
+
+class HistoryLines:
+    """A scope's history lines, ready for :func:`memory.context.build_context`, kept up to date by
+    memory.window: oldest first, each row's line and the running total of their costs. New rows
+    are added at the end, so a turn formats only its new rows, finds what fits the budget with
+    one bisect and joins the lines: no work per row of history."""
+
+    def __init__(self, assistant_name: str, limit: int) -> None:
+        self.assistant_name = assistant_name
+        self.limit = limit  # only the newest `limit` rows count (as visible_history's limit)
+        self._ids: list[int] = []
+        self._lines: list[str] = []
+        self._totals: list[int] = [0]  # _totals[i]: the cost of the entries before i
+
+    @property
+    def newest_id(self) -> int:
+        return self._ids[-1] if self._ids else 0
+
+    def extend(self, rows: Sequence[LogRow]) -> None:
+        """Add ``rows`` (newest first, all newer than :attr:`newest_id`)."""
+        total = self._totals[-1]
+        for row in reversed(rows):
+            line, cost = line_and_cost(row, self.assistant_name)
+            total += cost
+            self._ids.append(row.id)
+            self._lines.append(line)
+            self._totals.append(total)
+        if len(self._ids) > 2 * self.limit:  # forget what no longer counts, now and then
+            cut = len(self._ids) - self.limit
+            base = self._totals[cut]
+            self._ids = self._ids[cut:]
+            self._lines = self._lines[cut:]
+            self._totals = [t - base for t in self._totals[cut:]]
+
+    def newest(self, room: int, current: LogRow) -> list[str] | None:
+        """The lines of the newest rows whose costs fit in ``room``, oldest first, leaving out
+        ``current`` when it is the newest row. None when that cannot be told without looking
+        at every row (``current`` is not a stored row, or rows newer than it are here): the
+        caller then goes row by row. Ids are unique and grow along the rows, and a stored row
+        is the only one with its (stream id, direction), so comparing ids with the newest
+        row's is enough."""
+        if current.id <= 0:
+            return None
+        ids, totals = self._ids, self._totals
+        end = len(ids)
+        if end and ids[-1] >= current.id:
+            if ids[-1] > current.id:
+                return None
+            end -= 1
+        first = max(len(ids) - self.limit, bisect_left(totals, totals[end] - room, hi=end))
+        return self._lines[first:end]

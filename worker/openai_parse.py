@@ -1,0 +1,182 @@
+"""Reading an OpenAI-compatible chat-completions answer (pure: no I/O).
+
+A body that cannot be used (not JSON, no choices, a tool call that is not a function call, text
+that is not text) is a :class:`Failure` of kind ``garbage``, retryable: a second try may do better.
+Error bodies and ``Retry-After`` headers are read here too. Nothing here logs or raises anything
+else.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from worker.model import Completion, ToolCall
+
+RETRY_AFTER_CAP = 30.0  # seconds; a server's Retry-After is honoured up to this (and the deadline)
+DETAIL_CHARS = 200  # how much of a server's error message goes into a ModelError
+
+
+@dataclass(frozen=True)
+class Raw:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+class Failure(Exception):
+    """One failed attempt (internal). ``message`` completes 'the model at URL ...'."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.retry_after = retry_after
+
+
+def seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def display_url(base_url: str) -> str:
+    """The base URL without any user:password part, for messages and logs."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        return "<invalid URL>"
+    if url.userinfo:
+        url = url.copy_with(username=None, password=None)
+    return str(url)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, min(seconds, RETRY_AFTER_CAP))
+
+
+def error_detail(body: bytes) -> str:
+    """A short, single-line description from an error body (OpenAI or plain text)."""
+    text = ""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        text = body.decode("utf-8", "replace")
+    else:
+        if isinstance(data, dict):
+            err = data.get("error", data)
+            if isinstance(err, dict):
+                msg = err.get("message") or err.get("detail") or err.get("error")
+                text = msg if isinstance(msg, str) else json.dumps(err)[:DETAIL_CHARS]
+            elif isinstance(err, str):
+                text = err
+            else:
+                text = json.dumps(data)[:DETAIL_CHARS]
+        else:
+            text = json.dumps(data)[:DETAIL_CHARS]
+    text = " ".join(text.split())
+    if len(text) > DETAIL_CHARS:
+        text = text[: DETAIL_CHARS - 1] + "…"
+    return text
+
+
+def _content_text(content: object) -> str | None:
+    """Message content as text; some servers send a list of ``{"type": "text"}`` parts."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+        return "".join(parts)
+    raise Failure("garbage", "returned message content that is not text", retryable=True)
+
+
+def garbage(what: str) -> Failure:
+    return Failure("garbage", f"returned an unusable response ({what})", retryable=True)
+
+
+def _parse_tool_call(index: int, raw: object) -> ToolCall:
+    if not isinstance(raw, dict):
+        raise garbage("a tool call that is not an object")
+    function = raw.get("function")
+    if not isinstance(function, dict):
+        raise garbage("a tool call without a function")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise garbage("a tool call without a function name")
+    arguments: Any = function.get("arguments")
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    elif isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            raise garbage(f"arguments of tool call {name!r} are not JSON") from None
+    if not isinstance(arguments, dict):
+        raise garbage(f"arguments of tool call {name!r} are not a JSON object")
+    call_id = raw.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        call_id = f"call_{index}_{uuid.uuid4().hex[:8]}"
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def parse_completion(body: bytes) -> Completion:
+    """Decode a chat-completions response body; raises ``Failure`` (garbage) if unusable."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise garbage("the body is not JSON") from None
+    if not isinstance(data, dict):
+        raise garbage("the body is not a JSON object")
+    if "error" in data and not data.get("choices"):
+        detail = error_detail(body)
+        raise Failure("garbage", f"returned an error: {detail}", retryable=True)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise garbage("no choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise garbage("no message")
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise garbage("tool_calls is not a list")
+    finish = choice.get("finish_reason")
+    return Completion(
+        content=_content_text(message.get("content")),
+        tool_calls=[_parse_tool_call(i, raw) for i, raw in enumerate(raw_calls)],
+        finish_reason=finish if isinstance(finish, str) else None,
+    )
