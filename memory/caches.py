@@ -167,7 +167,6 @@ class RecentRows:
     def recent(
         self,
         limit: int,
-        *,
         conversation: str | None,
         before_id: int | None,
         after_id: int,

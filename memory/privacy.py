@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,17 +190,17 @@ def visible_history(
     if privacy is None or limit <= 0:
         return
     if privacy is Privacy.OWNER:
-        yield from _pages(store, None, limit, before_id, after_id)
+        yield from _pages(store, limit, before_id, after_id)
         return
     if privacy is Privacy.DIRECT:
         people = _persons(scope, persons_for(store, scope) if persons is None else persons)
     else:
         people = []
-    own = _pages(store, scope.conversation, limit, before_id, after_id)
+    own = _pages(store, limit, before_id, after_id, conversation=scope.conversation)
     if not people:
         yield from own
         return
-    streams = [own, *(_entity_pages(store, e, limit, before_id, after_id) for e in people)]
+    streams = [own, *(_pages(store, limit, before_id, after_id, entity=e) for e in people)]
     last = 0
     count = 0
     for row in heapq.merge(*streams, key=lambda r: -r.id):
@@ -218,36 +218,34 @@ def visible_history(
 
 
 def _pages(
-    store: MemoryStore, conversation: str | None, limit: int, before_id: int | None, after_id: int
+    store: MemoryStore,
+    limit: int,
+    before_id: int | None,
+    after_id: int,
+    *,
+    conversation: str | None = None,
+    entity: str | None = None,
 ) -> Iterator[LogRow]:
-    def read(page: int, below: int | None) -> list[LogRow]:
-        return store.recent(page, conversation=conversation, before_id=below, after_id=after_id)
-
-    for row in _paged(read, limit, before_id):
-        # Belt and braces: a conversation's stream never yields another conversation's row.
-        if conversation is not None and row.conversation != conversation:
-            return
-        yield row
-
-
-def _entity_pages(
-    store: MemoryStore, entity: str, limit: int, before_id: int | None, after_id: int
-) -> Iterator[LogRow]:
-    def read(page: int, below: int | None) -> list[LogRow]:
-        return store.recent_of_entity(entity, page, before_id=below, after_id=after_id)
-
-    return _paged(read, limit, before_id)
-
-
-def _paged(
-    read: Callable[[int, int | None], list[LogRow]], limit: int, before_id: int | None
-) -> Iterator[LogRow]:
-    """Up to ``limit`` rows from ``read(page size, below id)`` (newest first), a page at a time."""
+    """Up to ``limit`` rows, newest first, a page at a time: one sender entity's inbound rows
+    (``entity``), one conversation's rows (``conversation``), or the whole log. A conversation's
+    stream ends at the first row of another conversation (belt and braces: it never yields
+    one)."""
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
-        rows = read(page, before_id)
-        yield from rows
+        if entity is not None:
+            rows = store.recent_of_entity(entity, page, before_id=before_id, after_id=after_id)
+        else:
+            rows = store.recent(
+                page, conversation=conversation, before_id=before_id, after_id=after_id
+            )
+        if conversation is None:
+            yield from rows
+        else:
+            for row in rows:
+                if row.conversation != conversation:
+                    return
+                yield row
         if len(rows) < page:
             return
         remaining -= page

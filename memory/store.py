@@ -298,13 +298,7 @@ class MemoryStore:
     ) -> list[LogRow]:
         """Up to ``limit`` rows, newest first, optionally of one conversation, below
         ``before_id`` and above ``after_id`` (what is new since a row: memory.window)."""
-        return self._caches.recent(
-            limit,
-            conversation=conversation,
-            before_id=before_id,
-            after_id=after_id,
-            in_batch=self._tx.open,
-        )
+        return self._caches.recent(limit, conversation, before_id, after_id, self._tx.open)
 
     def recent_of_entity(
         self, entity: str, limit: int, *, before_id: int | None = None, after_id: int = 0
