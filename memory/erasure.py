@@ -55,6 +55,10 @@ def writing(store: MemoryStore) -> Iterator[None]:
     if store.conn.in_transaction:
         store.sync_index()
         yield
+    elif store.in_batch:
+        # SQLite rolled the worker's batch back (disk full, I/O error): a database error, which
+        # the worker handles (degraded mode); the commit of the batch reports it too
+        raise sqlite3.OperationalError("the memory transaction was rolled back by SQLite")
     else:
         with store.transaction():
             yield

@@ -253,6 +253,12 @@ class MemoryStore:
 
     # -- transactions (memory/transactions.py) -----------------------------------------------
 
+    @property
+    def in_batch(self) -> bool:
+        """Whether a :meth:`transaction` is open (SQLite may have rolled it back by itself: then
+        ``conn.in_transaction`` is false while this is true)."""
+        return self._tx.open
+
     def transaction(self) -> Transactions:
         """``with store.transaction():`` — one BEGIN IMMEDIATE … COMMIT around many appends."""
         return self._tx

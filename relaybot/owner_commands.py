@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import structlog
@@ -16,9 +17,10 @@ import structlog
 from contract.bus import publish
 from contract.config import Config
 from contract.messages import MAX_EXTRA_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
+from deploy.embedded import EmbeddedRedisError
 from gateways.cli import CHANNEL
 from gateways.deliver import ReplyQueue, deliver_next
-from relaybot.runtime import Runtime
+from relaybot.runtime import Runtime, RuntimeProblem
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +55,11 @@ def run_commands(
 
     session = f"cli:admin-{secrets.token_hex(4)}"
     results: list[dict[str, Any]] = []
-    with Runtime(cfg) as rt:
+    with ExitStack() as stack:
+        try:
+            rt = stack.enter_context(Runtime(cfg))
+        except (RuntimeProblem, EmbeddedRedisError) as exc:  # Redis cannot be reached or started
+            raise CommandFailed(str(exc)) from None
         queue = ReplyQueue(
             rt.r, cfg.keys, session, max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )

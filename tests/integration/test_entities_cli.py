@@ -23,7 +23,7 @@ from tests.support.procs import (
     wait_for_replies,
     write_config,
 )
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -213,3 +213,21 @@ def test_onboard_writes_a_config_that_relaybot_accepts(tmp_path: Path) -> None:
     assert cut.returncode == 1
     assert "cancelled" in cut.stderr
     assert (home / "config.toml").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["entities", "link", "matrix:@bob:m.org", "email:bob@example.org"],
+        ["memory", "notes", "add", "a note"],
+        ["memory", "erase", "--id", "1", "--reason", "test", "--yes"],
+    ],
+    ids=["entities-link", "notes-add", "erase"],
+)
+def test_owner_commands_without_redis_say_so_plainly(tmp_path: Path, args: list[str]) -> None:
+    """An owner command when Redis cannot be reached: one line saying so, exit 1, no traceback."""
+    env = relaybot_env(tmp_path / "home", redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    done = run_relaybot(args, env, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "relaybot: cannot reach Redis" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -93,3 +93,38 @@ def test_without_memory_commands_say_so(tmp_path: Path) -> None:
         "ok": False,
         "error": "memory is unavailable (see the worker log)",
     }
+
+
+def test_commands_after_sqlite_rolled_the_batch_back_are_answered_not_crashed(
+    tmp_path: Path, store: MemoryStore
+) -> None:
+    """A disk that fills inside a batch makes SQLite roll the whole batch back by itself; every
+    later owner command of that batch is a database error (degraded: answered with an error,
+    nothing written), never a crash of the turn that would be retried into the dead letters."""
+    t = turns(tmp_path, store)
+    with store.transaction():
+        for i in range(300):
+            msg = InboundMessage(
+                channel="cli", session="cli:a", conversation="cli:a", sender="ada",
+                privacy=Privacy.OWNER, text=f"tea word{i} " * 30, ts=1.0 + i, event_id=f"m{i}",
+            )  # fmt: skip
+            store.append_inbound(msg, f"{i + 1}-0", is_owner=True)
+    answers: list[dict[str, object]] = []
+
+    def batch_on_a_full_disk() -> None:
+        with store.transaction():
+            store.sync_index()
+            pages = store.conn.execute("PRAGMA page_count").fetchone()[0]
+            store.conn.execute(f"PRAGMA max_page_count = {pages}")
+            for n, target in enumerate(({"kind": "conversation", "target": "cli:a"},) * 2):
+                outcome = t.handle(f"9{n}-0", command("memory.erase", {**target, "reason": "r"}))
+                assert outcome.reply is not None
+                answers.append(json.loads(outcome.reply.text))
+
+    with pytest.raises(sqlite3.Error):  # the commit finds the batch rolled back
+        batch_on_a_full_disk()
+    store.conn.execute("PRAGMA max_page_count = 1073741823")  # space is back
+    assert [a["ok"] for a in answers] == [False, False]
+    assert all("memory failed" in a["error"] for a in answers)
+    assert t.memory_failures == 2
+    assert store.counts()["log"] == 300  # nothing was erased
