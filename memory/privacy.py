@@ -269,11 +269,14 @@ def note_privacy_sql(
     are the owner's), and otherwise only notes
 
     - learned in this very conversation (``source_conversation``), or
-    - the owner put in it (``author='owner'`` and ``chat`` = it), or
-    - that are public knowledge: ``scope='shared'``, ``visibility='public'``, learned in an owner
-      conversation (``source_privacy='owner'``), or
+    - written in the owner's own conversations (by the owner or the model there:
+      ``source_privacy='owner'``) and marked ``public`` explicitly: where they then reach is
+      their placement's business (:func:`note_visibility_sql`; ``scope='shared'`` is public
+      knowledge, everywhere), or
     - (direct scopes) learned in a direct conversation with this same person
       (``source_privacy='direct'`` and ``source_entity`` in ``persons``).
+
+    So what the owner writes leaves the owner's conversations only when it is marked public.
     """
     trivial = _all_or_nothing(scope)
     if trivial is not None:
@@ -282,10 +285,9 @@ def note_privacy_sql(
     conv = scope.conversation
     origin = [
         f"{t}source_conversation = ?",
-        f"({t}author = 'owner' AND {t}chat = ?)",
-        f"({t}scope = 'shared' AND {t}visibility = 'public' AND {t}source_privacy = 'owner')",
+        f"({t}source_privacy = 'owner' AND {t}visibility = 'public')",
     ]
-    params: list[Any] = [conv, conv]
+    params: list[Any] = [conv]
     people = _persons(scope, persons)
     if people:
         origin.append(f"({t}source_privacy = 'direct' AND {_in(t + 'source_entity', people)})")
@@ -310,10 +312,7 @@ def note_privacy_visible(
     source_entity = get("source_entity")
     return bool(
         get("source_conversation") == conv
-        or (get("author") == "owner" and get("chat") == conv)
-        or (
-            get("scope") == "shared" and visibility == "public" and get("source_privacy") == "owner"
-        )
+        or (get("source_privacy") == "owner" and visibility == "public")
         or (
             get("source_privacy") == "direct"
             and source_entity is not None
@@ -333,18 +332,20 @@ def note_visibility_sql(
 ) -> tuple[str, list[Any]]:
     """The whole notes rule: :func:`note_privacy_sql` AND the placement of seed 003 §8.3/§8.5.
 
-    Placement (for every scope, the owner's too): a conversation bound to a ``project`` sees that
-    project's notes and project-less ones; ``shared`` notes when ``public`` or of this chat;
+    The owner's own conversations see every note, wherever it is placed. Placement, for every
+    other conversation: a conversation bound to a ``project`` sees that project's notes and
+    project-less ones; ``shared`` notes when ``public`` or of this chat;
     ``chat`` notes only in their chat; ``agent`` notes only under the same ``role``, and then when
     ``public`` or of this chat; ``team`` notes only in a conversation of that team (``teams``),
     and then when ``public`` or of this chat. So no non-public note crosses conversations.
     """
-    if privacy_of(scope) is None:
-        return NOTHING, []
+    trivial = _all_or_nothing(scope)
+    if trivial is not None:
+        return trivial
     t = _column(table)
     conv = scope.conversation
     where, params = note_privacy_sql(scope, persons=persons, table=table)
-    parts = [] if where == EVERYTHING else [where]
+    parts = [where]
     if project is not None:
         parts.append(f"({t}project IS NULL OR {t}project = ?)")
         params.append(project)
@@ -374,6 +375,8 @@ def note_visible(
     """:func:`note_visibility_sql` for one note in Python (tested to agree with the SQL)."""
     if not note_privacy_visible(scope, note, persons=persons):
         return False
+    if privacy_of(scope) is Privacy.OWNER:
+        return True
     get = _getter(note)
     conv = scope.conversation
     if project is not None and get("project") not in (None, project):

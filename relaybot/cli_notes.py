@@ -6,11 +6,11 @@ note (the owner sees everything; ``--all`` adds superseded versions). ``add`` an
 are owner commands: they go through the stream to the worker, the only writer, which answers
 with the note written (``notes.add``, ``notes.supersede``; a replay adds nothing).
 
-A note added here defaults to ``--visibility public`` and to ``--scope shared`` (``chat`` with
-``--chat ID``, ``team`` with ``--team T``): without a narrower scope it is public knowledge, seen
-in every conversation, including those with other people. Narrow it with ``--chat ID`` (one
-conversation), ``--scope agent --role R`` or ``--team T``; anything that only the owner's own
-conversations should know belongs in MEMORY.md, in the workspace.
+A note added here is ``--visibility private`` unless told otherwise: every one of the owner's
+own conversations sees it, and no conversation with other people. ``--visibility public`` shares
+it: with ``--scope shared`` (the default scope without ``--chat`` or ``--team``) it is public
+knowledge, seen in every conversation, including those with other people; with ``--chat ID`` it
+is seen in that conversation too.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
 
-    p = nsub.add_parser("add", help="write a note (shared and public unless told otherwise)")
+    p = nsub.add_parser("add", help="write a note (private to your own conversations unless told)")
     p.add_argument("text", help="the note")
     _placement(p, defaults=True)
     p.set_defaults(func=cmd_add)
@@ -97,9 +97,9 @@ def _placement(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--visibility",
         choices=_VISIBILITIES,
-        default="public" if defaults else None,
+        default="private" if defaults else None,
         help=(
-            "default: public (seen in every conversation, with other people too)"
+            "default: private (your own conversations only); public shares it"
             if defaults
             else keep.strip(" ()")
         ),
@@ -141,21 +141,14 @@ def _written(result: dict[str, Any]) -> str:
 
 
 def _reach(note: dict[str, Any]) -> str:
-    scope, visibility = note.get("scope"), note.get("visibility")
-    public = visibility == "public"
-    if scope == "shared":
-        return (
-            "public knowledge, seen in every conversation (with other people too)"
-            if public
-            else f"seen only in conversation {note.get('chat') or '(none)'}"
-        )
-    if scope == "chat":
-        return f"seen only in conversation {note.get('chat')}"
-    if scope == "agent":
-        where = "every conversation" if public else f"conversation {note.get('chat')}"
-        return f"seen in {where} running as {note.get('role')}"
-    where = "every conversation" if public else f"conversation {note.get('chat')}"
-    return f"seen in {where} of team {note.get('team')}"
+    """Where an owner's note is seen (memory/privacy.py, the notes rule)."""
+    if note.get("visibility") != "public":
+        return "seen only in your own conversations (add --visibility public to share it)"
+    if note.get("scope") == "shared":
+        return "public knowledge, seen in every conversation (with other people too)"
+    if note.get("chat"):
+        return f"seen in your own conversations and in conversation {note.get('chat')}"
+    return "seen only in your own conversations"
 
 
 # -- reading: the database, read-only ----------------------------------------------------------

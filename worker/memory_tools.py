@@ -61,25 +61,14 @@ def _viewer(ctx: TurnContext, store: MemoryStore) -> notes.Viewer:
 
 
 def _reach(note: notes.Note) -> str:
-    """Where a note can be seen, in words for the model."""
-    public = note.visibility == "public"
-    if note.scope == "shared" and public:
-        return "every conversation can see it, including those with other people"
-    if note.scope == "agent":
-        return (
-            f"conversations running as {note.role} can see it"
-            if public
-            else f"only this conversation, running as {note.role}, can see it"
-        )
-    if note.scope == "team":
-        return (
-            f"conversations of team {note.team} can see it"
-            if public
-            else "only this conversation can see it"
-        )
+    """Where a note can be seen, in words for the model (memory/privacy.py, the notes rule)."""
+    if note.source_privacy == Privacy.OWNER.value:
+        if note.scope == "shared" and note.visibility == "public":
+            return "every conversation can see it, including those with other people"
+        return "every one of the owner's own conversations can see it, and no other"
     if note.visibility == "private":
-        return "only this conversation, and only while it is the owner's own, can see it"
-    return "only this conversation can see it"
+        return "only the owner's own conversations can see it"
+    return "this conversation and the owner's own conversations can see it"
 
 
 def note_tools(ctx: TurnContext) -> list[Tool]:
@@ -116,22 +105,22 @@ def remember_tool(ctx: TurnContext) -> Tool:
         return text
 
     where = (
-        "This is the owner's own conversation: scope shared + visibility public makes a note "
-        "public knowledge, seen in EVERY conversation, including those with other people; "
-        "anything only the owner should know belongs in MEMORY.md (memory_write) instead."
+        "This is the owner's own conversation: a note is private by default (every one of the "
+        "owner's own conversations sees it, no conversation with other people); scope shared + "
+        "visibility public makes it public knowledge, seen in EVERY conversation, including "
+        "those with other people."
         if owner
         else "This conversation includes other people: notes written here stay in this "
-        "conversation (scope chat), whatever scope is asked for."
+        "conversation (scope chat), whatever scope is asked for; the owner sees them too."
     )
     return Tool(
         name="remember",
         description=(
             "Write a short typed note to the shared memory (a fact, decision, action, question "
             "or note), to find later with recall. Notes are never edited: to correct one, "
-            "remember the new version with supersedes=<its id>. Scope: chat (this conversation "
-            "only, the default), shared, agent (this conversation's role), team. Visibility: "
-            "internal (default; stays in this conversation), public (may be seen in other "
-            "conversations as the scope allows), private (the owner's only). " + where
+            "remember the new version with supersedes=<its id>. Scope: chat (this conversation, "
+            "the default), shared, agent (this conversation's role), team. Visibility: private "
+            "(the owner's conversations only), internal, public. " + where
         ),
         parameters={
             "type": "object",

@@ -44,7 +44,7 @@ def _cmd_add(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     def draft() -> NoteDraft:
         if args.get("supersedes") is not None:
             raise NoteError("use notes.supersede to supersede a note")
-        return draft_from(args)
+        return draft_from({"visibility": "private", **args})  # public only when asked for
 
     return _owner_write(ctx, draft)
 

@@ -138,9 +138,11 @@ def remember(
     """The model's ``remember``: write (or supersede) a note from the conversation ``viewer``.
 
     The note always belongs to this conversation (``chat``) and its role; the model cannot place
-    notes elsewhere. From a conversation that is not the owner's own the scope is capped to
-    ``chat`` (the privacy rule: what others said stays where they said it), and only notes
-    learned in this same conversation can be superseded.
+    notes elsewhere. In the owner's own conversations a new note is ``private`` unless the model
+    asks for another visibility (it is then in every one of the owner's conversations and nowhere
+    else). From a conversation that is not the owner's own the scope is capped to ``chat`` (the
+    privacy rule: what others said stays where they said it), and only notes learned in this same
+    conversation can be superseded.
     """
     if viewer.privacy is None:
         raise NoteError("this conversation's privacy is unknown: nothing can be remembered here")
@@ -157,6 +159,9 @@ def remember(
             raise NoteError(f"note #{target} was not learned here; it cannot be superseded here")
     for key in ("chat", "role"):
         args.pop(key, None)
+    key = op_key(stream_id, "remember", {**args, "supersedes": target})
+    if viewer.privacy is Privacy.OWNER and base is None:
+        args.setdefault("visibility", "private")  # public only when asked for
     draft = draft_from(args, base)
     capped = viewer.privacy is not Privacy.OWNER and draft.scope != "chat"
     placed: dict[str, Any] = {"chat": viewer.conversation, "role": viewer.role}
@@ -173,7 +178,6 @@ def remember(
     if draft.scope == "agent" and not capped and viewer.role is None:
         raise NoteError("this conversation runs under no role: use scope chat or shared")
     draft = draft.model_copy(update=placed)
-    key = op_key(stream_id, "remember", {**args, "supersedes": target})
     source = Source(
         op_key=key,
         author="model",

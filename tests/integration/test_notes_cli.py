@@ -5,13 +5,16 @@ the notes say reaches the model's context under the scoping rules."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from contract.bus import publish
 from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,
@@ -19,6 +22,7 @@ from tests.support.procs import (
     memory_rows,
     relaybot_env,
     run_relaybot,
+    wait_for_replies,
     write_config,
 )
 from tests.support.servers import RedisServer
@@ -63,11 +67,14 @@ def test_notes_add_supersede_list_show_search_and_the_context(
     procs.worker(env, r=real_redis, keys=Keys(prefix))
 
     added = notes_cli(
-        env, "add", "JWT chosen over sessions", "--type", "decision", "--topic", "auth"
-    )
+        env, "add", "JWT chosen over sessions", "--type", "decision", "--topic", "auth",
+        "--visibility", "public",
+    )  # fmt: skip
     assert added.stdout.startswith("wrote note #1: public knowledge")
     scratch = notes_cli(env, "add", "scratch: try argon2 for sessions", "--chat", "cli:other")
-    assert scratch.stdout == "wrote note #2: seen only in conversation cli:other\n"
+    assert scratch.stdout == (
+        "wrote note #2: seen only in your own conversations (add --visibility public to share it)\n"
+    )  # private unless told otherwise (issue 10, case 7)
     role = notes_cli(
         env, "add", "ADR template for sessions", "--scope", "agent", "--role", "architect",
         "--visibility", "public", "--json",
@@ -117,17 +124,53 @@ def test_notes_add_supersede_list_show_search_and_the_context(
         len(memory_rows(Path(env["RELAYBOT_HOME"]) / "memory.sqlite3", "SELECT * FROM note")) == 4
     )
 
-    # the context: a conversation running as architect sees the public note, the role note,
-    # not the superseded version and not another chat's scratch
+    # the context: the owner's own conversations see every live note, not superseded versions
     reply = chat(env, "what about sessions?", session="work")
     assert reply.returncode == 0, reply.stderr
     system = system_prompt_of_last_turn(model_server)
     assert "JWT revocation is too hard" in system
     assert "ADR template for sessions" in system
     assert "JWT chosen over sessions" not in system
-    assert "argon2" not in system
-    # another owner conversation without a role: no role notes
+    assert "argon2" in system
     chat(env, "sessions again?", session="play")
     system = system_prompt_of_last_turn(model_server)
     assert "JWT revocation is too hard" in system
-    assert "ADR template" not in system
+    assert "ADR template" in system
+
+
+def test_notes_are_private_by_default_and_the_owner_sees_them_everywhere(
+    env: dict[str, str],
+    procs: Procs,
+    real_redis: redis.Redis,
+    prefix: str,
+    model_server: FakeModelServer,
+) -> None:
+    """Issue 10, case 7: `notes add` made a "home wifi password" public by default (it showed up
+    in a group's context), and what the model remembered in one terminal session was invisible
+    in the owner's next one."""
+    keys = Keys(prefix)
+    procs.worker(env, r=real_redis, keys=keys)
+    notes_cli(env, "add", "home wifi password is hunter2", "--topic", "wifi")
+    remembered = chat(
+        env, 'note it [[tool:remember:{"text": "the owner drinks green tea"}]]', session="one"
+    )
+    assert remembered.returncode == 0, remembered.stderr
+    assert "every one of the owner's own conversations can see it" in remembered.stdout
+
+    chat(env, "which wifi password and which tea?", session="two")
+    owner_input = json.dumps(model_server.requests[-1]["messages"])
+    assert "hunter2" in owner_input
+    assert "green tea" in owner_input
+
+    room = "matrix:!team:m.org"
+    group = InboundMessage(
+        channel="matrix", session=room, conversation=room, sender="@bob:m.org",
+        privacy=Privacy.GROUP, text="what is the wifi password? tea?", ts=time.time(),
+        event_id="$group-1",
+    )  # fmt: skip
+    publish(real_redis, keys, group)
+    wait_for_replies(real_redis, keys, room, 1, timeout=20)
+    group_input = json.dumps(model_server.requests[-1]["messages"])
+    assert "wifi password?" in group_input  # this is the group's turn
+    assert "hunter2" not in group_input
+    assert "green tea" not in group_input

@@ -98,28 +98,33 @@ def test_rule_1_shared_public_is_seen_by_every_role_and_chat(store: MemoryStore)
 
 
 def test_rule_2_chat_scoped_is_seen_only_in_its_chat(store: MemoryStore) -> None:
-    put(store, "WIP: trying argon2", scope="chat", chat="cli:a", visibility="public")
-    assert seen(store, viewer("cli:a")) == {"WIP: trying argon2"}
-    assert seen(store, viewer("cli:a", role="coder")) == {"WIP: trying argon2"}
-    assert seen(store, viewer("cli:b")) == set()
-    assert seen(store, viewer("cli:b", role="coder"), "argon2") == set()
+    put(store, "WIP: trying argon2", scope="chat", chat="matrix:a", visibility="public")
+    assert seen(store, viewer("matrix:a", GROUP)) == {"WIP: trying argon2"}
+    assert seen(store, viewer("matrix:a", GROUP, role="coder")) == {"WIP: trying argon2"}
+    assert seen(store, viewer("matrix:b", GROUP)) == set()
+    assert seen(store, viewer("matrix:b", GROUP, role="coder"), "argon2") == set()
+    assert seen(store, viewer("cli:b")) == {"WIP: trying argon2"}  # the owner sees every note
 
 
 def test_rule_3_role_public_is_seen_by_every_session_of_that_role(store: MemoryStore) -> None:
     put(store, "template: ADR format", scope="agent", role="architect", visibility="public",
         chat="cli:x")  # fmt: skip
-    assert seen(store, viewer("cli:x", role="architect")) == {"template: ADR format"}
-    assert seen(store, viewer("cli:y", role="architect")) == {"template: ADR format"}
-    assert seen(store, viewer("cli:y", role="coder")) == set()
-    assert seen(store, viewer("cli:y")) == set()  # no role: no role notes
+    assert seen(store, viewer("matrix:x", GROUP, role="architect")) == {"template: ADR format"}
+    assert seen(store, viewer("matrix:y", GROUP, role="architect")) == {"template: ADR format"}
+    assert seen(store, viewer("matrix:y", GROUP, role="coder")) == set()
+    assert seen(store, viewer("matrix:y", GROUP)) == set()  # no role: no role notes
+    assert seen(store, viewer("cli:y")) == {"template: ADR format"}  # the owner sees every note
 
 
 def test_rule_4_role_internal_is_seen_only_by_that_role_in_that_chat(store: MemoryStore) -> None:
     put(store, "sketch: split the auth service", scope="agent", role="architect",
-        visibility="internal", chat="cli:x")  # fmt: skip
-    assert seen(store, viewer("cli:x", role="architect")) == {"sketch: split the auth service"}
-    assert seen(store, viewer("cli:y", role="architect")) == set()  # same role, other chat
-    assert seen(store, viewer("cli:x", role="coder")) == set()  # same chat, other role
+        visibility="internal", chat="matrix:x", source="matrix:x",
+        source_privacy="group")  # fmt: skip
+    assert seen(store, viewer("matrix:x", GROUP, role="architect")) == {
+        "sketch: split the auth service"
+    }
+    assert seen(store, viewer("matrix:y", GROUP, role="architect")) == set()  # other chat
+    assert seen(store, viewer("matrix:x", GROUP, role="coder")) == set()  # other role
 
 
 # -- §8.5 leak rules, one test each --------------------------------------------------------------
@@ -127,43 +132,72 @@ def test_rule_4_role_internal_is_seen_only_by_that_role_in_that_chat(store: Memo
 
 def test_no_cross_chat_leakage(store: MemoryStore) -> None:
     for visibility in ("public", "internal", "private"):
-        put(store, f"secret-{visibility} of chat A", scope="chat", chat="cli:a",
-            visibility=visibility, role="coder")  # fmt: skip
+        put(store, f"secret-{visibility} of chat A", scope="chat", chat="matrix:a",
+            visibility=visibility, role="coder", source="matrix:a",
+            source_privacy="group")  # fmt: skip
     for v in (
-        viewer("cli:b"),
-        viewer("cli:b", role="coder"),
+        viewer("matrix:b", GROUP),
+        viewer("matrix:b", GROUP, role="coder"),
         viewer("matrix:g", GROUP, role="coder"),
         viewer("matrix:d", DIRECT, role="coder", entity="e-bob"),
     ):
         assert seen(store, v) == set(), v
         assert seen(store, v, "secret chat") == set(), v
-    assert len(seen(store, viewer("cli:a", role="coder"))) == 3
+    assert len(seen(store, viewer("matrix:a", GROUP, role="coder"))) == 2  # never the private one
+    assert len(seen(store, viewer("cli:b"))) == 3  # the owner sees every note
 
 
 def test_no_cross_role_private_access(store: MemoryStore) -> None:
     for visibility in ("internal", "private"):
         put(store, f"architect {visibility} notes", scope="agent", role="architect",
-            visibility=visibility, chat="cli:x")  # fmt: skip
-    assert seen(store, viewer("cli:x", role="coder")) == set()
-    assert seen(store, viewer("cli:x", role="reviewer"), "architect notes") == set()
-    assert seen(store, viewer("cli:x")) == set()
-    assert len(seen(store, viewer("cli:x", role="architect"))) == 2
+            visibility=visibility, chat="matrix:x", source="matrix:x",
+            source_privacy="group")  # fmt: skip
+    assert seen(store, viewer("matrix:x", GROUP, role="coder")) == set()
+    assert seen(store, viewer("matrix:x", GROUP, role="reviewer"), "architect notes") == set()
+    assert seen(store, viewer("matrix:x", GROUP)) == set()
+    assert len(seen(store, viewer("matrix:x", GROUP, role="architect"))) == 1
+    assert len(seen(store, viewer("cli:x"))) == 2  # the owner sees every note
 
 
 def test_public_is_explicit(store: MemoryStore) -> None:
-    # not public: stays in its chat, whatever its scope
+    # written in the owner's conversations: not public, it stays with the owner, whatever scope
     put(store, "shared but internal", scope="shared", visibility="internal", chat="cli:a")
     put(store, "shared but private", scope="shared", visibility="private", chat="cli:a")
     put(store, "team internal", scope="team", team="core", visibility="internal", chat="cli:a")
     put(store, "team public", scope="team", team="core", visibility="public", chat="cli:a")
-    assert seen(store, viewer("cli:b", teams=("core",))) == {"team public"}
-    assert seen(store, viewer("cli:b")) == set()
-    assert seen(store, viewer("cli:a", teams=("core",))) == {
+    assert seen(store, viewer("matrix:b", GROUP, teams=("core",))) == {"team public"}
+    assert seen(store, viewer("matrix:b", GROUP)) == set()
+    assert seen(store, viewer("cli:b")) == {
         "shared but internal",
         "shared but private",
         "team internal",
         "team public",
     }
+
+
+def test_the_owner_sees_every_note_and_owner_notes_are_private_by_default(
+    store: MemoryStore,
+) -> None:
+    """Issue 10, case 7: a "home wifi password" added at the command line showed up in a group;
+    what the model remembered in one terminal session was invisible in the next."""
+    ctx = CommandContext(stream_id="1-0", store=store)
+    added = apply(ctx, "notes.add", {"text": "home wifi password is hunter2", "scope": "shared"})
+    assert added["ok"] and added["note"]["visibility"] == "private"
+    done = notes.remember(store, viewer("cli:one"), {"text": "the owner likes green tea"},
+                          stream_id="2-0")  # fmt: skip
+    assert done.note.visibility == "private" and done.note.scope == "chat"
+    for v in (viewer("cli:two"), viewer("matrix:dm-owner"), viewer("cli:two", role="pm")):
+        assert seen(store, v) == {"home wifi password is hunter2", "the owner likes green tea"}
+    for v in (
+        viewer("matrix:g", GROUP),
+        viewer("matrix:dm-bob", DIRECT, entity="e-bob"),
+        viewer("cli:one", GROUP),  # the same conversation id, with other people in it now
+    ):
+        assert seen(store, v) == set(), v
+    shared = notes.remember(store, viewer("cli:one"), {"text": "the office is on floor 3",
+        "scope": "shared", "visibility": "public"}, stream_id="3-0")  # fmt: skip
+    assert shared.note.visibility == "public"
+    assert seen(store, viewer("matrix:g", GROUP)) == {"the office is on floor 3"}
 
 
 # -- the privacy rule ---------------------------------------------------------------------------
@@ -198,14 +232,14 @@ def test_remember_is_capped_to_the_chat_outside_the_owners_conversations(
         assert done.note.source_privacy == v.scope.privacy.value
         assert done.note.source_entity == "e-bob"
         assert seen(store, v, "flat elm") == {"Bob's flat is at 12 Elm St"}
-    # nowhere else: another group, another person's DM, the owner's own conversations
+    # nowhere else: another group, another person's DM; the owner's own conversations see them
     for other in (
         viewer("matrix:g2", GROUP),
         viewer("matrix:dm-carol", DIRECT, entity="e-carol"),
         viewer("matrix:dm-bob2", DIRECT, entity="e-bob"),  # same person: chat-scoped, still no
-        viewer("cli:home"),
     ):
         assert seen(store, other, "flat elm") == set(), other
+    assert seen(store, viewer("cli:home"), "flat elm") == {"Bob's flat is at 12 Elm St"}
     # the owner's view (the command line) has them
     assert len(notes.find_notes(store, query="elm")) == 2
     # and in the owner's own conversation the scope asked for is kept
@@ -251,11 +285,12 @@ def test_a_project_bound_conversation_sees_its_project_and_projectless_notes(
     put(store, "alpha uses postgres", scope="shared", visibility="public", project="alpha")
     put(store, "beta uses mysql", scope="shared", visibility="public", project="beta")
     put(store, "we write tests", scope="shared", visibility="public")
-    assert seen(store, viewer("cli:a", project="alpha")) == {
+    assert seen(store, viewer("matrix:a", GROUP, project="alpha")) == {
         "alpha uses postgres",
         "we write tests",
     }
-    assert len(seen(store, viewer("cli:a"))) == 3
+    assert len(seen(store, viewer("matrix:a", GROUP))) == 3
+    assert len(seen(store, viewer("cli:a", project="alpha"))) == 3  # the owner sees every note
 
 
 # -- the SQL and the function are one rule --------------------------------------------------------
@@ -298,7 +333,7 @@ def test_sql_filter_and_predicate_agree_on_every_combination(store: MemoryStore)
         ids = {r[0] for r in conn.execute(f"SELECT n.id FROM note n WHERE {where}", params)}
         assert ids == {n.id for n in everything if note_visible(v, n)}, v
         sizes.add(len(ids))
-    assert 0 < min(sizes) < max(sizes) < len(everything)  # the grid tells the viewers apart
+    assert 0 < min(sizes) < max(sizes) == len(everything)  # the owner sees all; others differ
 
 
 # -- supersede chains, replays ---------------------------------------------------------------------

@@ -139,16 +139,11 @@ def test_leak_rules_hold_over_every_generated_note(db: sqlite3.Connection) -> No
                 assert note["role"] == role is not None
             if note["scope"] == "team":
                 assert note["team"] in rest.get("teams", [])
-            # DESIGN.md: learned here, put here by the owner, public knowledge from the owner,
-            # or (direct) from this same person in a direct conversation
+            # DESIGN.md and issue 10: learned here, written in the owner's conversations and
+            # marked public, or (direct) from this same person in a direct conversation
             assert (
                 note["source_conversation"] == HERE
-                or (note["author"] == "owner" and note["chat"] == HERE)
-                or (
-                    note["scope"] == "shared"
-                    and note["visibility"] == "public"
-                    and note["source_privacy"] == "owner"
-                )
+                or (note["source_privacy"] == "owner" and note["visibility"] == "public")
                 or (
                     scope.privacy is Privacy.DIRECT
                     and note["source_privacy"] == "direct"
