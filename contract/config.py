@@ -157,6 +157,11 @@ class EmailConfig(_Section):
     ca_file: Path | None = None
     addresses: list[str] = Field(default_factory=list)  # relaybot's own; the first one sends
     allowlist: list[str] = Field(default_factory=list)  # "a@b.org" or "@b.org"; "*" for anyone
+    # Who sent a mail is believed only when authenticated (gateways/email_auth.py): by an
+    # Authentication-Results header from one of these authserv-ids (the owner's mail server) ...
+    trusted_authserv_ids: list[str] = Field(default_factory=list)
+    # ... or for every mail, when only the owner's own server delivers to this mailbox
+    trust_unauthenticated: bool = False
     idle: bool = True  # use IMAP IDLE when the server has it; false: always poll
     poll_interval: float = Field(default=60.0, gt=0)  # without IDLE
     idle_renew: float = Field(default=25 * 60.0, gt=0)  # re-issue IDLE before servers drop it
@@ -164,7 +169,7 @@ class EmailConfig(_Section):
     rate_per_thread: int = Field(default=10, ge=1)  # messages answered per thread per window
     rate_per_sender: int = Field(default=30, ge=1)  # and per sender
 
-    @field_validator("addresses", "allowlist", mode="before")
+    @field_validator("addresses", "allowlist", "trusted_authserv_ids", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -266,6 +271,8 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_EMAIL_ADDRESSES", "email", "addresses"),
     ("RELAYBOT_EMAIL_ALLOWLIST", "email", "allowlist"),
     ("RELAYBOT_EMAIL_POLL_INTERVAL", "email", "poll_interval"),
+    ("RELAYBOT_EMAIL_TRUSTED_AUTHSERV_IDS", "email", "trusted_authserv_ids"),
+    ("RELAYBOT_EMAIL_TRUST_UNAUTHENTICATED", "email", "trust_unauthenticated"),
     ("RELAYBOT_MATRIX_HOMESERVER", "matrix", "homeserver"),
     ("RELAYBOT_MATRIX_USER_ID", "matrix", "user_id"),
     ("RELAYBOT_MATRIX_ACCESS_TOKEN", "matrix", "access_token"),

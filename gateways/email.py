@@ -49,6 +49,8 @@ def addresses_of(cfg: Config) -> Addresses:
         owner=owner_addresses(cfg),
         allow=frozenset(allow - {"*"}),
         allow_all="*" in allow,
+        trusted_ids=frozenset(a.strip().lower() for a in cfg.email.trusted_authserv_ids),
+        trust_mailbox=cfg.email.trust_unauthenticated,
     )
 
 
@@ -65,7 +67,17 @@ class EmailGateway:
         self.show_typing: TypingHook | None = None
 
     async def start(self) -> None:
-        """Nothing to open before the loops: IMAP connects in its own, SMTP for each reply."""
+        """Nothing to open before the loops: IMAP connects in its own, SMTP for each reply.
+        Says at once when no sender can be authenticated (every mail is then a stranger's)."""
+        addrs = self.imap.addrs
+        if not addrs.trusted_ids and not addrs.trust_mailbox:
+            log.warning(
+                "email.senders_unverifiable",
+                detail="no sender can be authenticated, so mail from the owner's addresses is "
+                "treated as a stranger's: set [email] trusted_authserv_ids to your mail server's "
+                "Authentication-Results id, or trust_unauthenticated = true for a mailbox that "
+                "only your own server delivers to",
+            )
 
     def inbound(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {"imap": self.imap.run()}

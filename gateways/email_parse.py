@@ -6,10 +6,17 @@ reason. Nothing here raises on bad mail: unknown or lying charsets are decoded w
 replacement characters, HTML-only bodies become text, huge bodies are truncated with a note and
 attachments are described (name, type, size) instead of included.
 
-Threads: the session and conversation are ``email:<thread id>``, where the thread id is the root
-Message-ID of ``References`` (else ``In-Reply-To``, else the message's own Message-ID).
-Privacy: the people in the thread other than relaybot — all of them the owner: ``owner``; one
-other person: ``direct``; more: ``group``.
+Who sent it is established, not claimed (gateways/email_auth.py): an unauthenticated From is
+``address (unverified)``, nobody we know. The *audience* is everyone who can read the mail:
+From (as established), To, Cc and Reply-To, relaybot's own addresses aside.
+
+Threads: the session and conversation are ``email:<thread id>/<audience key>``, where the thread
+id is the root Message-ID of ``References`` (else ``In-Reply-To``, else the message's own
+Message-ID) and the audience key names its audience: a thread is one conversation per audience.
+So naming a private thread's Message-ID, or copying someone new in, or writing to the assistant
+alone inside a group thread, starts a conversation of its own, which sees nothing of the
+others'. Privacy: the audience other than the owner — nobody: ``owner``; one person: ``direct``;
+more: ``group``. A reply goes to the audience only (Reply-To, else From, and To and Cc).
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from html.parser import HTMLParser
 from typing import Any, ClassVar
 
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
+from gateways.email_auth import authenticate
 
 CHANNEL = "email"
+UNVERIFIED = "(unverified)"  # after the From address of a mail whose sender is not authenticated
 MAX_BODY_CHARS = 20_000
 SENT_ID_PREFIX = "relaybot."  # every Message-ID relaybot sends starts with this (email_compose)
 _ID_CHARS = re.compile(r"^[A-Za-z0-9_.:@+=/!#$-]{1,150}$")
@@ -40,9 +49,11 @@ class Addresses:
     """Who is who, by lowercased address."""
 
     own: frozenset[str]  # relaybot's own addresses
-    owner: frozenset[str]  # the owner's addresses (always allowed)
+    owner: frozenset[str]  # the owner's addresses (always allowed, once authenticated)
     allow: frozenset[str] = frozenset()  # other senders answered: "a@b.org" or "@b.org"
     allow_all: bool = False
+    trusted_ids: frozenset[str] = frozenset()  # authserv-ids of trusted Authentication-Results
+    trust_mailbox: bool = False  # every From is believed (only the owner's server delivers here)
 
     def allowed(self, sender: str) -> bool:
         domain = "@" + sender.rsplit("@", 1)[-1]
@@ -120,8 +131,20 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     guard = loop_guard(msg, sender, message_id, addrs)
     if guard:
         return Rejected(guard, message_id=message_id, sender=sender)
-    # a sender not on the allowlist is recorded (the worker stores it) but not answered
-    no_reply = "" if addrs.allowed(sender) else "sender not on the allowlist"
+    authenticated = authenticate(
+        _all_headers(msg, "Authentication-Results"),
+        sender,
+        trusted_ids=addrs.trusted_ids,
+        trust_mailbox=addrs.trust_mailbox,
+    )
+    # a sender not on the allowlist is recorded (the worker stores it) but not answered; an
+    # unauthenticated one is nobody we know (its own handle), answered only with allowlist "*"
+    if authenticated:
+        who = sender
+        no_reply = "" if addrs.allowed(sender) else "sender not on the allowlist"
+    else:
+        who = f"{sender} {UNVERIFIED}"
+        no_reply = "" if addrs.allow_all else "sender not authenticated"
     if not message_id:
         digest = hashlib.sha256(bytes(msg.as_bytes(policy=email.policy.SMTP))).hexdigest()[:32]
         message_id = f"<{digest}@no-message-id.invalid>"
@@ -130,10 +153,14 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     if not references and in_reply_to:
         references = in_reply_to[:1]
     root = references[0] if references else message_id
-    thread = f"email:{thread_key(root)}"
     _reply_name, reply_to = _first_address(_header(msg, "Reply-To"))
     to = _addresses(_header(msg, "To"))
     cc = _addresses(_header(msg, "Cc"))
+    # the audience: who can read this mail (relaybot aside); a thread is one conversation per
+    # audience, so naming a thread's Message-ID never joins the conversation of other people
+    people = {a for a in [who, *to, *cc, reply_to] if a and a not in addrs.own}
+    audience = sorted(people)
+    thread = f"email:{thread_key(root)}/{audience_key(audience)}"
     subject = _clean(_header(msg, "Subject"))[:500]
     body, attachments = extract_body(msg)
     text = f"Subject: {subject}\n\n{body}" if subject else body
@@ -145,7 +172,6 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     if len(text) > MAX_TEXT_CHARS:
         note = "\n[truncated by relaybot]"
         text = text[: MAX_TEXT_CHARS - len(note)] + note
-    people = {a for a in [sender, *to, *cc] if a not in addrs.own}
     others = people - addrs.owner
     privacy = Privacy.OWNER if not others else Privacy.DIRECT if len(others) == 1 else Privacy.GROUP
     headers = Headers(
@@ -161,8 +187,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
         channel=CHANNEL,
         session=thread,
         conversation=thread,
-        sender=sender[:320],
-        sender_name=(from_name or sender)[:320],
+        sender=who[:320],
+        sender_name=(from_name or who)[:320],
         privacy=privacy,
         text=text,
         ts=_date(msg, received_at),
@@ -172,6 +198,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
             "to": to,
             "cc": cc,
             "thread": root,
+            "audience": audience,
+            "authenticated": authenticated,
             "attachments": attachments,
             **({"no_reply": no_reply} if no_reply else {}),
         },
@@ -196,6 +224,11 @@ def loop_guard(msg: Message, sender: str, message_id: str, addrs: Addresses) -> 
     if message_id.strip("<>").startswith(SENT_ID_PREFIX):
         return "a message relaybot sent"
     return ""
+
+
+def audience_key(audience: list[str]) -> str:
+    """A short, stable name for a set of addresses (part of a thread's conversation id)."""
+    return hashlib.sha256("\n".join(sorted(audience)).encode("utf-8", "replace")).hexdigest()[:12]
 
 
 def thread_key(message_id: str) -> str:
@@ -320,6 +353,11 @@ def _header(msg: Message, name: str) -> str:
                 value = raw
                 break
     return "" if value is None else str(value)
+
+
+def _all_headers(msg: Message, name: str) -> list[str]:
+    """Every value of a header, top first."""
+    return [str(value) for key, value in msg.raw_items() if key.lower() == name.lower()]
 
 
 def _clean(text: str) -> str:

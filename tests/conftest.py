@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from tests.support.fakemodel import FakeModelServer
+from tests.support.mailservers import ImapServer, SmtpServer
 from tests.support.procs import Procs
 from tests.support.servers import RedisServer
 from tests.support.synapse import SynapseServer
@@ -66,3 +67,19 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
     """relaybot processes started by a test, stopped (and their logs kept) after it."""
     with Procs(tmp_path / "proclogs") as running:
         yield running
+
+
+@pytest.fixture
+def imap(tmp_path: Path) -> Iterator[ImapServer]:
+    """A real IMAP server (pymap, with IDLE) on 127.0.0.1."""
+    server = ImapServer(tmp_path / "imap").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpServer]:
+    """A real SMTP server (aiosmtpd) on 127.0.0.1 that keeps what it receives."""
+    server = SmtpServer().start()
+    yield server
+    server.stop()

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from email.message import Message
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +20,7 @@ import redis
 from contract.keys import Keys
 from contract.messages import InboundMessage
 from deploy.embedded import redis_binary
+from gateways.email_parse import audience_key
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailcorpus import corpus
 from tests.support.mailservers import (
@@ -49,20 +50,6 @@ PEER = "peer@example.com"
 
 
 @pytest.fixture
-def imap(tmp_path: Path) -> Iterator[ImapServer]:
-    server = ImapServer(tmp_path / "imap").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def smtp() -> Iterator[SmtpServer]:
-    server = SmtpServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def keys(prefix: str) -> Keys:
     return Keys(prefix)
 
@@ -79,6 +66,7 @@ def _env(
     per_sender: int = 100,
     tls: str = "plain",
     more: str = "",
+    auth: str = "trust_unauthenticated = true  # only the test's pymap delivers to this mailbox",
 ) -> dict[str, str]:
     home = tmp_path / "home"
     write_config(
@@ -100,6 +88,7 @@ addresses = ["{BOT}"]
 allowlist = ["{PEER}"]
 rate_per_thread = {per_thread}
 rate_per_sender = {per_sender}
+{auth}
 {more}
 """,
     )
@@ -176,7 +165,7 @@ def test_mail_reaches_the_worker_through_idle_and_the_reply_is_threaded(
     assert second["Subject"] == "Re: Lunch?"
     assert second["References"] == f"<root.1@example.org> {first_reply_id} <follow.2@example.org>"
     sessions = {m.session for m in inbound(real_redis, keys)}
-    assert sessions == {"email:root.1@example.org"}
+    assert sessions == {f"email:root.1@example.org/{audience_key([OWNER])}"}
     assert all(m.privacy == "owner" for m in inbound(real_redis, keys))
     assert gw.returncode is None
     assert gw.stop() == 0

@@ -16,6 +16,7 @@ from gateways.email_parse import (
     Addresses,
     Headers,
     Rejected,
+    audience_key,
     parse_email,
     thread_key,
 )
@@ -26,7 +27,9 @@ ADDRS = Addresses(
     own=frozenset({"bot@example.org"}),
     owner=frozenset({"owner@example.org", "me@home.example"}),
     allow=frozenset({"friend@example.com", "@trusted.example"}),
+    trust_mailbox=True,  # these tests are about threads and classes; tests/unit/test_email_auth.py
 )
+OWNER_ONLY = audience_key(["owner@example.org"])
 
 
 def raw(msg: EmailMessage) -> bytes:
@@ -45,7 +48,7 @@ def test_new_message_starts_its_own_thread() -> None:
     got = accepted(raw(make_message(message_id="<root-1@example.org>", subject="Plans")))
     msg = got.message
     assert msg.channel == "email"
-    assert msg.session == msg.conversation == "email:root-1@example.org"
+    assert msg.session == msg.conversation == f"email:root-1@example.org/{OWNER_ONLY}"
     assert msg.event_id == "<root-1@example.org>"
     assert msg.sender == "owner@example.org"
     assert msg.privacy is Privacy.OWNER
@@ -63,10 +66,10 @@ def test_follow_up_joins_the_root_thread() -> None:
             )
         )
     )
-    assert got.message.session == "email:root-1@example.org"
+    assert got.message.session == f"email:root-1@example.org/{OWNER_ONLY}"
     assert got.headers.references == ["<root-1@example.org>", "<b@example.org>"]
     only_irt = accepted(raw(make_message(message_id="<d@x>", in_reply_to="<root-1@example.org>")))
-    assert only_irt.message.session == "email:root-1@example.org"
+    assert only_irt.message.session == f"email:root-1@example.org/{OWNER_ONLY}"
 
 
 def test_odd_message_ids_become_safe_routing_keys() -> None:
@@ -129,7 +132,7 @@ def test_allowlist() -> None:
     for sender in ("friend@example.com", "anyone@trusted.example", "ME@home.example"):
         ok = parse_email(raw(make_message(sender=sender, message_id="<a@x>")), ADDRS, 1.0)
         assert isinstance(ok, Accepted) and "no_reply" not in ok.message.extra
-    open_door = Addresses(own=ADDRS.own, owner=ADDRS.owner, allow_all=True)
+    open_door = Addresses(own=ADDRS.own, owner=ADDRS.owner, allow_all=True, trust_mailbox=True)
     opened = parse_email(raw(stranger), open_door, 1.0)
     assert isinstance(opened, Accepted) and "no_reply" not in opened.message.extra
 

@@ -1,0 +1,184 @@
+"""Who sent a mail is established, not claimed (issue 10, cases 1-3 and 5, in the pure parser):
+Authentication-Results from a trusted authserv-id, aligned with the From domain; an unverified
+sender is nobody we know; a thread is one conversation per audience."""
+
+from __future__ import annotations
+
+import email.policy
+from email.message import EmailMessage
+
+import pytest
+
+from contract.messages import Privacy
+from gateways.email_auth import aligned, authenticate, parse_auth_results
+from gateways.email_parse import Accepted, Addresses, audience_key, parse_email
+from tests.support.mailservers import make_message
+
+OWNER, BOB, CAROL, EVE, BOT = (
+    "owner@home.example",
+    "bob@friends.example",
+    "carol@friends.example",
+    "eve@evil.example",
+    "bot@home.example",
+)
+ADDRS = Addresses(
+    own=frozenset({BOT}),
+    owner=frozenset({OWNER}),
+    allow=frozenset({BOB, CAROL}),
+    trusted_ids=frozenset({"mx.home.example"}),
+)
+
+
+def passed(domain: str, method: str = "dkim") -> str:
+    if method == "dmarc":
+        return f"mx.home.example; dmarc=pass (p=reject) header.from={domain}"
+    if method == "spf":
+        return f"mx.home.example; spf=pass smtp.mailfrom=bounce@{domain}"
+    return f"mx.home.example; dkim=pass (2048-bit key) header.d={domain} header.s=sel"
+
+
+def parse(msg: EmailMessage, addrs: Addresses = ADDRS) -> Accepted:
+    got = parse_email(msg.as_bytes(policy=email.policy.SMTP), addrs, 1.0)
+    assert isinstance(got, Accepted), got
+    return got
+
+
+def mail(sender: str, auth: list[str] | None = None, **kw: str) -> EmailMessage:
+    msg = make_message(sender=sender, to=kw.pop("to", BOT), message_id=kw.pop("mid", "<m@x>"), **kw)
+    for value in reversed(auth or []):  # the receiving server puts its header on top
+        msg._headers.insert(0, ("Authentication-Results", value))
+    return msg
+
+
+# -- the parser of Authentication-Results ---------------------------------------------------------
+
+
+def test_authentication_results_are_parsed_with_comments_and_quotes() -> None:
+    parsed = parse_auth_results(
+        "mx.Home.example (a comment; with a semicolon); dkim=pass (good (nested) sig) "
+        'header.d=friends.example header.b="ab;cd"; spf=fail smtp.mailfrom=x@y; none'
+    )
+    assert parsed is not None
+    assert parsed.authserv_id == "mx.home.example"
+    assert [(r.method, r.result) for r in parsed.results] == [("dkim", "pass"), ("spf", "fail")]
+    assert parsed.results[0].properties["header.d"] == "friends.example"
+    assert parse_auth_results("") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "ok"),
+    [
+        ("friends.example", "friends.example", True),
+        ("mail.friends.example", "friends.example", True),
+        ("friends.example", "mail.friends.example", True),
+        ("evil.example", "friends.example", False),
+        ("notfriends.example", "friends.example", False),
+        ("", "friends.example", False),
+    ],
+)
+def test_relaxed_alignment(a: str, b: str, ok: bool) -> None:
+    assert aligned(a, b) is ok
+
+
+@pytest.mark.parametrize("method", ["dkim", "dmarc", "spf"])
+def test_a_trusted_pass_aligned_with_the_from_domain_authenticates(method: str) -> None:
+    how = authenticate(
+        [passed("friends.example", method)], BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False
+    )
+    assert how is not None and how.startswith(f"mx.home.example: {method}=pass")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],  # nothing
+        ["mx.home.example; dkim=fail header.d=friends.example"],
+        ["mx.home.example; dkim=pass header.d=evil.example"],  # signed, by someone else
+        ["attacker.example; dkim=pass header.d=friends.example"],  # not a trusted id
+        # the receiving server's own header is on top: a forged one below does not count
+        ["mx.home.example; dkim=none", "mx.home.example; dkim=pass header.d=friends.example"],
+    ],
+)
+def test_anything_else_does_not(headers: list[str]) -> None:
+    assert authenticate(headers, BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False) is None
+
+
+# -- case 1: a forged From ------------------------------------------------------------------------
+
+
+def test_a_forged_owner_address_is_an_unverified_stranger_and_replies_go_to_the_audience() -> None:
+    """Issue 10, case 1: From the owner's address, Reply-To the attacker, no authentication."""
+    got = parse(mail(OWNER, headers={"Reply-To": EVE}))
+    msg = got.message
+    assert msg.sender == f"{OWNER} (unverified)"
+    assert msg.privacy is not Privacy.OWNER
+    assert msg.extra["authenticated"] is None
+    assert msg.extra["no_reply"] == "sender not authenticated"
+    assert EVE in msg.extra["audience"]  # the attacker is in the audience the turn is for
+    assert got.headers.sender == EVE  # and only the audience gets the reply
+    # the same for a contact's address
+    bob = parse(mail(BOB)).message
+    assert bob.sender == f"{BOB} (unverified)" and bob.extra["no_reply"]
+
+
+def test_the_owner_authenticated_is_the_owner() -> None:
+    msg = parse(mail(OWNER, [passed("home.example", "dmarc")])).message
+    assert (msg.sender, msg.privacy) == (OWNER, Privacy.OWNER)
+    assert "no_reply" not in msg.extra
+    assert msg.extra["authenticated"] == "mx.home.example: dmarc=pass header.from=home.example"
+
+
+def test_an_authenticated_owner_replying_to_someone_else_is_not_the_owners_conversation() -> None:
+    msg = parse(mail(OWNER, [passed("home.example")], headers={"Reply-To": EVE})).message
+    assert msg.privacy is Privacy.DIRECT  # the audience holds someone else
+    assert msg.extra["audience"] == sorted([OWNER, EVE])
+
+
+def test_a_mailbox_only_the_owners_server_delivers_to_may_trust_every_from() -> None:
+    local = Addresses(own=ADDRS.own, owner=ADDRS.owner, trust_mailbox=True)
+    msg = parse(mail(OWNER), local).message
+    assert (msg.sender, msg.privacy) == (OWNER, Privacy.OWNER)
+
+
+def test_unverified_mail_is_answered_only_when_anyone_is() -> None:
+    anyone = Addresses(own=ADDRS.own, owner=ADDRS.owner, allow_all=True)
+    msg = parse(mail(OWNER), anyone).message
+    assert msg.sender == f"{OWNER} (unverified)" and "no_reply" not in msg.extra
+
+
+# -- cases 2, 3, 5: a thread is one conversation per audience ------------------------------------
+
+
+def test_naming_a_private_threads_message_id_does_not_join_it() -> None:
+    """Issue 10, case 2."""
+    private = parse(mail(OWNER, [passed("home.example")], mid="<private@home.example>")).message
+    intruder = parse(
+        mail(EVE, [passed("evil.example")], mid="<e@evil.example>",
+             references="<private@home.example>", in_reply_to="<private@home.example>")
+    ).message  # fmt: skip
+    assert intruder.conversation != private.conversation
+    assert intruder.extra["thread"] == "<private@home.example>"  # it may quote, sees nothing
+    # and a forged From with the same recipients: still another conversation
+    forged = parse(mail(OWNER, mid="<f@x>", references="<private@home.example>")).message
+    assert forged.conversation != private.conversation
+
+
+def test_a_wider_or_narrower_audience_is_another_conversation_of_the_thread() -> None:
+    """Issue 10, cases 3 and 5: owner-only turns, then Carol copied in; a group thread, then Bob
+    writing to the assistant alone."""
+    ok = [passed("home.example")]
+    first = parse(mail(OWNER, ok, mid="<t1@home.example>")).message
+    again = parse(mail(OWNER, ok, mid="<t2@home.example>", references="<t1@home.example>"))
+    assert again.message.conversation == first.conversation  # the same people: the same one
+    wider = parse(
+        mail(OWNER, ok, mid="<t3@home.example>", references="<t1@home.example>", cc=CAROL)
+    ).message
+    assert wider.conversation != first.conversation
+    assert wider.privacy is Privacy.DIRECT
+    group = parse(
+        mail(BOB, [passed("friends.example")], mid="<g1@f>", cc=f"{CAROL}, {OWNER}")
+    ).message
+    alone = parse(mail(BOB, [passed("friends.example")], mid="<g2@f>", references="<g1@f>")).message
+    assert group.privacy is Privacy.GROUP and alone.privacy is Privacy.DIRECT
+    assert alone.conversation != group.conversation
+    assert alone.conversation.endswith(audience_key([BOB]))
