@@ -18,6 +18,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``cursor:matrix`` | string | matrix | the sync token |
 | ``matrix:seen`` | sorted set | matrix | event ids published |
 | ``matrix:thread:<event id>`` | string (TTL) | matrix | the thread an event was in |
+| ``matrix:members:<room id>`` | string (JSON) | matrix | everyone who was ever a member |
 | ``email:cursor:<folder>`` | hash | email | UIDVALIDITY and the last UID |
 | ``email:seen`` | sorted set | email | Message-IDs published |
 | ``email:orig:<digest>`` | string (TTL) | email | the headers a reply needs |
@@ -73,6 +74,9 @@ class Keys:
         return key.removeprefix(self.inflight(""))
 
     # -- the gateways' own state ---------------------------------------------------------------
+
+    def matrix_members(self, room_id: str) -> str:
+        return f"{self.prefix}matrix:members:{room_id}"
 
     def matrix_thread(self, event_id: str) -> str:
         return f"{self.prefix}matrix:thread:{event_id}"

@@ -32,6 +32,7 @@ from html.parser import HTMLParser
 from typing import Any, ClassVar
 
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
+from gateways.audience import audience_key
 from gateways.email_auth import authenticate
 
 CHANNEL = "email"
@@ -224,11 +225,6 @@ def loop_guard(msg: Message, sender: str, message_id: str, addrs: Addresses) -> 
     if message_id.strip("<>").startswith(SENT_ID_PREFIX):
         return "a message relaybot sent"
     return ""
-
-
-def audience_key(audience: list[str]) -> str:
-    """A short, stable name for a set of addresses (part of a thread's conversation id)."""
-    return hashlib.sha256("\n".join(sorted(audience)).encode("utf-8", "replace")).hexdigest()[:12]
 
 
 def thread_key(message_id: str) -> str:

@@ -5,9 +5,13 @@ nio), the facts the gateway knows about the room and the policy, and returns eit
 :class:`~contract.messages.InboundMessage` or a :class:`Rejected` value saying why it was dropped.
 It never raises on a bad event.
 
-- session = conversation = ``matrix:<room_id>``;
-- privacy: a direct room with the owner is the owner's own, with anyone else it is direct, a room
-  of several people is a group;
+- session = ``matrix:<room_id>`` (where replies go); the conversation is the room and its
+  audience (:func:`room_facts`): the room itself where it shows its history to newcomers, else
+  ``matrix:<room_id>/<audience key>``, a conversation per membership, so someone invited into a
+  DM sees nothing of what was said before they came;
+- privacy, from the audience (the members who can read the event, the bot aside): one person
+  and the owner, the owner's own; one other person, direct; several people, a group. Where
+  history is shared, everyone who was ever a member is in it: a room that shrinks stays a group;
 - its own events are ignored; ``m.notice`` is ignored (bots talk in notices: no bot loops);
 - groups: ``open`` (everyone), ``mention`` (the bot is named in ``m.mentions``, or, for clients
   that do not send ``m.mentions``, in the body), ``allowlist`` (the owner and listed senders);
@@ -18,7 +22,7 @@ It never raises on a bad event.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -32,6 +36,7 @@ from contract.messages import (
     Privacy,
     describe_validation_error,
 )
+from gateways.audience import audience_key
 
 CHANNEL = "matrix"
 ATTACHMENT_TYPES = {"m.image": "image", "m.file": "file", "m.audio": "audio", "m.video": "video"}
@@ -53,9 +58,13 @@ class Rejected:
 
 @dataclass(frozen=True)
 class RoomFacts:
+    """What the gateway knows of a room when an event was sent (:func:`room_facts`)."""
+
     room_id: str
-    member_count: int  # joined + invited
+    member_count: int  # the audience with the bot: joined + invited (+ earlier members, shared)
     display_names: Mapping[str, str] = field(default_factory=dict)
+    audience: frozenset[str] = frozenset()  # who can read the event, the bot aside
+    epoch: str = ""  # the audience's key when the room hides history from newcomers, else ""
 
     @property
     def direct(self) -> bool:
@@ -79,6 +88,59 @@ class Policy:
 
     def may_invite(self, sender: str) -> bool:
         return sender in self.owners or sender in self.dm_allowlist
+
+
+SHARED_HISTORY = frozenset({"shared", "world_readable"})
+_MEMBER = frozenset({"join", "invite"})
+
+
+def memberships(events: Sequence[Mapping[str, Any]], now: frozenset[str]) -> list[frozenset[str]]:
+    """The room's members (joined or invited) just after each event, oldest first, from the
+    members after the last one (``now``): each ``m.room.member`` event is undone, newest first,
+    with the membership it replaced (``unsigned.prev_content``, which servers send)."""
+    states: list[frozenset[str]] = []
+    current = set(now)
+    for event in reversed(events):
+        states.append(frozenset(current))
+        target = event.get("state_key")
+        if event.get("type") != "m.room.member" or not isinstance(target, str):
+            continue
+        unsigned = event.get("unsigned")
+        prev = unsigned.get("prev_content") if isinstance(unsigned, Mapping) else None
+        if not isinstance(prev, Mapping):
+            prev = event.get("prev_content")
+        before = prev.get("membership") if isinstance(prev, Mapping) else None
+        if before in _MEMBER:
+            current.add(target)
+        else:
+            current.discard(target)
+    states.reverse()
+    return states
+
+
+def room_facts(
+    room_id: str,
+    members: frozenset[str],
+    *,
+    own_user_id: str,
+    history_visibility: str,
+    ever: frozenset[str],
+    display_names: Mapping[str, str],
+) -> RoomFacts:
+    """The facts of an event sent while ``members`` were in the room. Where the room shows its
+    history to newcomers (``shared``, ``world_readable``: Matrix's default), everyone who was ever
+    a member (``ever``) can read it, and the room is one conversation; where it does not
+    (``invited``, ``joined``), the audience is who is in the room now, and each audience is a
+    conversation of its own (its key in ``epoch``), which sees nothing of the others'."""
+    shared = history_visibility in SHARED_HISTORY
+    audience = frozenset((ever | members) if shared else members) - {own_user_id}
+    return RoomFacts(
+        room_id,
+        member_count=len(audience) + 1,
+        display_names=display_names,
+        audience=audience,
+        epoch="" if shared else audience_key(audience),
+    )
 
 
 def session_of(room_id: str) -> str:
@@ -224,12 +286,14 @@ def normalize_event(
         text = text[: MAX_TEXT_CHARS - len(note)] + note
     ts_ms = event.get("origin_server_ts")
     ts = ts_ms / 1000 if isinstance(ts_ms, int | float) and ts_ms > 0 else 0.0
+    extra["audience"] = sorted(room.audience)
+    session = session_of(room.room_id)
     try:
         return InboundMessage(
             kind=Kind.MESSAGE,
             channel=CHANNEL,
-            session=session_of(room.room_id),
-            conversation=session_of(room.room_id),
+            session=session,
+            conversation=f"{session}/{room.epoch}" if room.epoch else session,
             sender=sender,
             sender_name=room.display_names.get(sender, "")[:320],
             privacy=privacy,

@@ -13,6 +13,7 @@ session is fatal.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -23,14 +24,20 @@ from nio import (
     AsyncClient,
     ErrorResponse,
     InviteMemberEvent,
-    MatrixRoom,
     RoomMessagesResponse,
     SyncResponse,
 )
 
 from contract.bus import text
 from contract.config import Config
-from gateways.matrix_events import Policy, Rejected, RoomFacts, normalize_event
+from gateways.matrix_events import (
+    Policy,
+    Rejected,
+    RoomFacts,
+    memberships,
+    normalize_event,
+    room_facts,
+)
 from gateways.matrix_login import ErrorValue, check_fatal
 from gateways.runner import Backoff, Runtime
 
@@ -101,13 +108,16 @@ class MatrixSync:
 
     async def _publish_batch(self, resp: SyncResponse, since: str) -> None:
         for room_id, info in resp.rooms.join.items():
-            facts = _facts(room_id, self.client.rooms.get(room_id))
             events = list(info.timeline.events)
             if info.timeline.limited and info.timeline.prev_batch:
                 events = [*await self._gap(room_id, info.timeline.prev_batch, since), *events]
-            for event in events:
-                source = getattr(event, "source", None)
-                if not isinstance(source, dict):
+            sources = [
+                s if isinstance(s := getattr(e, "source", None), dict) else {} for e in events
+            ]
+            for event, source, facts in zip(
+                events, sources, self._facts(room_id, sources), strict=True
+            ):
+                if not source:
                     continue
                 if type(event).__name__ == "MegolmEvent":
                     log.warning(
@@ -118,6 +128,30 @@ class MatrixSync:
                     )
                     continue
                 self._publish_one(normalize_event(source, facts, self.policy), room_id)
+
+    def _facts(self, room_id: str, sources: list[dict[str, Any]]) -> list[RoomFacts]:
+        """The room as each event found it: its members then (memberships undone from now), and
+        everyone who was ever a member (kept in Redis: for rooms that show history to all)."""
+        room = self.client.rooms.get(room_id)
+        now = frozenset(room.users) if room is not None else frozenset()
+        states = memberships(sources, now)
+        key = self.keys.matrix_members(room_id)
+        known = optional_text(self.r.get(key))
+        ever = frozenset(json.loads(known) if known else ()).union(now, *states)
+        self.r.set(key, json.dumps(sorted(ever)))
+        names = {uid: u.display_name or "" for uid, u in room.users.items()} if room else {}
+        visibility = room.history_visibility if room is not None else "shared"
+        return [
+            room_facts(
+                room_id,
+                members,
+                own_user_id=self.client.user_id,
+                history_visibility=visibility,
+                ever=ever,
+                display_names=names,
+            )
+            for members in states
+        ]
 
     async def _gap(self, room_id: str, start: str, since: str) -> list[Any]:
         """The events a limited timeline left out (more arrived than one sync returns), read
@@ -202,11 +236,10 @@ async def crypto_housekeeping(client: AsyncClient) -> None:
         await client.keys_claim(client.get_users_for_key_claiming())
 
 
-def _facts(room_id: str, room: MatrixRoom | None) -> RoomFacts:
-    if room is None:
-        return RoomFacts(room_id, member_count=0)
-    names = {uid: u.display_name or "" for uid, u in room.users.items()}
-    return RoomFacts(room_id, member_count=int(room.member_count), display_names=names)
+def _source(event: Any) -> dict[str, Any]:
+    """The event's JSON as the homeserver sent it ({} when nio kept none)."""
+    source = getattr(event, "source", None)
+    return source if isinstance(source, dict) else {}
 
 
 def optional_text(value: Any) -> str | None:

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer
-from tests.support.procs import Procs
+from tests.support.matrix_world import World
+from tests.support.procs import Procs, relaybot_env
 from tests.support.servers import RedisServer
 from tests.support.synapse import SynapseServer
 
@@ -83,3 +85,22 @@ def smtp() -> Iterator[SmtpServer]:
     server = SmtpServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def world(  # the Matrix tests' people, worker and environment (tests/support/matrix_world.py)
+    tmp_path: Path,
+    synapse_server: SynapseServer,
+    redis_server: RedisServer,
+    real_redis: redis.Redis,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+) -> World:
+    env = relaybot_env(
+        tmp_path / "home", redis_url=redis_server.url, prefix=prefix,
+        model_url=model_server.base_url,
+    )  # fmt: skip
+    w = World(synapse_server, env, real_redis, Keys(prefix), procs)
+    procs.worker(env, r=real_redis, keys=w.keys)
+    return w

@@ -20,7 +20,7 @@ import redis
 from contract.keys import Keys
 from contract.messages import InboundMessage
 from deploy.embedded import redis_binary
-from gateways.email_parse import audience_key
+from gateways.audience import audience_key
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailcorpus import corpus
 from tests.support.mailservers import (

@@ -207,11 +207,25 @@ class SynapseServer:
     # -- a plain client, for the people in the tests -----------------------------------------
 
     def create_room(
-        self, user: MatrixUser, invite: list[str], *, direct: bool = False, name: str = ""
+        self,
+        user: MatrixUser,
+        invite: list[str],
+        *,
+        direct: bool = False,
+        name: str = "",
+        history_visibility: str | None = None,
     ) -> str:
         body: dict[str, Any] = {"invite": invite, "is_direct": direct, "preset": "private_chat"}
         if name:
             body["name"] = name
+        if history_visibility:
+            body["initial_state"] = [
+                {
+                    "type": "m.room.history_visibility",
+                    "state_key": "",
+                    "content": {"history_visibility": history_visibility},
+                }
+            ]
         return str(
             self.request("POST", "/_matrix/client/v3/createRoom", body, user.access_token)[
                 "room_id"
@@ -224,6 +238,10 @@ class SynapseServer:
 
     def join(self, user: MatrixUser, room_id: str) -> None:
         self.request("POST", f"/_matrix/client/v3/join/{quote(room_id)}", {}, user.access_token)
+
+    def leave(self, user: MatrixUser, room_id: str) -> None:
+        path = f"/_matrix/client/v3/rooms/{quote(room_id)}/leave"
+        self.request("POST", path, {}, user.access_token)
 
     def members(self, user: MatrixUser, room_id: str) -> dict[str, str]:
         """user id -> membership."""

@@ -10,8 +10,9 @@ from email.message import EmailMessage
 import pytest
 
 from contract.messages import Privacy
+from gateways.audience import audience_key
 from gateways.email_auth import aligned, authenticate, parse_auth_results
-from gateways.email_parse import Accepted, Addresses, audience_key, parse_email
+from gateways.email_parse import Accepted, Addresses, parse_email
 from tests.support.mailservers import make_message
 
 OWNER, BOB, CAROL, EVE, BOT = (

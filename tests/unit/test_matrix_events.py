@@ -14,7 +14,9 @@ from gateways.matrix_events import (
     Policy,
     Rejected,
     RoomFacts,
+    memberships,
     normalize_event,
+    room_facts,
     room_of,
     session_of,
 )
@@ -145,3 +147,60 @@ def test_bad_events_are_values_not_exceptions(event: dict[str, Any]) -> None:
 
 def test_session_round_trip() -> None:
     assert room_of(session_of("!abc:example.org")) == "!abc:example.org"
+
+
+# -- audiences (issue 10, case 4) -----------------------------------------------------------------
+
+
+def member(user: str, membership: str, before: str | None) -> dict[str, Any]:
+    unsigned = {"prev_content": {"membership": before}} if before else {}
+    return {"type": "m.room.member", "state_key": user, "content": {"membership": membership},
+            "unsigned": unsigned}  # fmt: skip
+
+
+def test_memberships_are_the_members_just_after_each_event() -> None:
+    text = {"type": "m.room.message", "content": {"body": "hi"}}
+    events = [
+        text,
+        member("@carol:x", "invite", None),
+        text,
+        member("@carol:x", "join", "invite"),
+        member("@bob:x", "leave", "join"),
+        text,
+    ]
+    now = frozenset({BOT, "@owner:x", "@carol:x"})  # after the last event
+    got = memberships(events, now)
+    first = frozenset({BOT, "@owner:x", "@bob:x"})
+    with_carol = first | {"@carol:x"}
+    assert got == [first, with_carol, with_carol, with_carol, now, now]
+    assert memberships([], now) == []
+
+
+@pytest.mark.parametrize("visibility", ["joined", "invited"])
+def test_a_room_hiding_its_history_is_a_conversation_per_audience(visibility: str) -> None:
+    def facts(*people: str) -> RoomFacts:
+        return room_facts(
+            "!r:x", frozenset({BOT, *people}), own_user_id=BOT,
+            history_visibility=visibility, ever=frozenset(), display_names={},
+        )  # fmt: skip
+
+    dm, grown = facts("@owner:x"), facts("@owner:x", "@carol:x")
+    assert (dm.member_count, grown.member_count) == (2, 3)
+    assert dm.epoch and grown.epoch and dm.epoch != grown.epoch
+    policy = Policy(own_user_id=BOT, owners=frozenset({"@owner:x"}))
+    content = {"msgtype": "m.text", "body": "hi", "m.mentions": {"user_ids": [BOT]}}
+    asked = {"type": "m.room.message", "event_id": "$e", "sender": "@owner:x", "content": content}
+    a, b = normalize_event(asked, dm, policy), normalize_event(asked, grown, policy)
+    assert isinstance(a, InboundMessage) and isinstance(b, InboundMessage)
+    assert a.session == b.session == "matrix:!r:x"  # replies go to the room
+    assert a.conversation != b.conversation  # memory keeps the audiences apart
+    assert (a.privacy, b.privacy) == (Privacy.OWNER, Privacy.GROUP)
+    assert b.extra["audience"] == ["@carol:x", "@owner:x"]
+
+
+def test_a_room_showing_its_history_counts_everyone_who_was_ever_in_it() -> None:
+    shrunk = room_facts("!r:x", frozenset({BOT, "@bob:x"}), own_user_id=BOT,
+                        history_visibility="shared", ever=frozenset({"@carol:x"}),
+                        display_names={})  # fmt: skip
+    assert shrunk.audience == {"@bob:x", "@carol:x"}
+    assert (shrunk.member_count, shrunk.epoch) == (3, "")  # a group, one conversation
