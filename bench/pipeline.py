@@ -35,11 +35,13 @@ import redis
 
 from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
 from contract.keys import Keys
-from contract.messages import InboundMessage, Privacy
+from contract.messages import CHANNELS, InboundMessage, Privacy
 from worker.model import Completion
 
 PREFIX = "relaybot:"
 KEYS = Keys(PREFIX)
+STREAMS = [KEYS.inbound_of(c) for c in CHANNELS]
+OWNER_CONFIG = '[owner]\naliases = [{ address = "@owner:example.org", channel = "matrix" }]\n'
 SEND_CHUNK = 500  # XADDs per pipelined round trip in the throughput producer
 
 # (channel, session, conversation, sender, privacy): owner terminals, direct chats and a group,
@@ -125,6 +127,7 @@ def seed_notes(store: Any, n: int) -> None:
 
 def real_worker(url: str, home: str, log_level: str, profile: str | None, notes: int = 0) -> None:
     """The production worker: build_consumer, the real MemoryStore, logs as `relaybot worker`."""
+    (Path(home) / "config.toml").write_text(OWNER_CONFIG, encoding="utf-8")
     from contract import logs
     from contract.bus import connect
     from contract.config import load_config
@@ -183,21 +186,23 @@ def bare_worker(url: str, home: str, log_level: str, profile: str | None, notes:
 
     signal.signal(signal.SIGTERM, stop)
     r = redis.Redis.from_url(url)
-    with contextlib.suppress(redis.ResponseError):
-        r.xgroup_create(KEYS.inbound, Keys.GROUP, id="0", mkstream=True)
+    for stream in STREAMS:
+        with contextlib.suppress(redis.ResponseError):
+            r.xgroup_create(stream, Keys.GROUP, id="0", mkstream=True)
     r.set(KEYS.lease, "bare")
     prefix = KEYS.reply("").encode()
     while not stopping:
-        resp = r.xreadgroup(Keys.GROUP, "bare", {KEYS.inbound: ">"}, count=100, block=200)
+        resp = r.xreadgroup(Keys.GROUP, "bare", dict.fromkeys(STREAMS, ">"), count=100, block=200)
         if not resp:
             continue
         pipe = r.pipeline(transaction=False)
-        ids = []
-        for sid, fields in resp[0][1]:
-            reply = b'{"answers":"%s","in_reply_to":"%s"}' % (sid, fields[b"event_id"])
-            pipe.rpush(prefix + fields[b"session"], reply)
-            ids.append(sid)
-        pipe.xack(KEYS.inbound, Keys.GROUP, *ids)
+        for stream, items in resp:
+            ids = []
+            for sid, fields in items:
+                reply = b'{"answers":"%s","in_reply_to":"%s"}' % (sid, fields[b"event_id"])
+                pipe.rpush(prefix + fields[b"session"], reply)
+                ids.append(sid)
+            pipe.xack(stream, Keys.GROUP, *ids)
         pipe.execute()
 
 
@@ -225,7 +230,7 @@ def _send(r: redis.Redis, all_fields: list[dict[str, str]]) -> None:
     for start in range(0, len(all_fields), SEND_CHUNK):
         pipe = r.pipeline(transaction=False)
         for fields in all_fields[start : start + SEND_CHUNK]:
-            pipe.xadd(KEYS.inbound, fields)  # type: ignore[arg-type]
+            pipe.xadd(KEYS.inbound_of(fields["channel"]), fields)  # type: ignore[arg-type]
         pipe.execute()
 
 
@@ -241,7 +246,7 @@ def paced_producer(url: str, mix: str, n: int, rate: float, go: Any) -> None:
         if delay > 0:
             time.sleep(delay)
         fields["event_id"] = f"lat-{i}-{time.monotonic_ns()}"
-        r.xadd(KEYS.inbound, fields)  # type: ignore[arg-type]
+        r.xadd(KEYS.inbound_of(fields["channel"]), fields)  # type: ignore[arg-type]
 
 
 # -- the runs --------------------------------------------------------------------------------------
@@ -277,9 +282,9 @@ class Run:
         self.proc.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ready: lease held and consumer group created
-            if self.r.exists(KEYS.lease) and self.r.exists(KEYS.inbound):
+            if self.r.exists(KEYS.lease) and all(self.r.exists(s) for s in STREAMS):
                 with contextlib.suppress(redis.ResponseError):
-                    if self.r.xinfo_groups(KEYS.inbound):
+                    if all(self.r.xinfo_groups(s) for s in STREAMS):
                         return self
             if not self.proc.is_alive():
                 raise RuntimeError(f"{self.system} worker exited with {self.proc.exitcode}")
@@ -335,7 +340,7 @@ class Run:
             problems.append(f"{extra} replies more than messages")
         if self.r.exists(KEYS.dead) and self.r.xlen(KEYS.dead):
             problems.append(f"{self.r.xlen(KEYS.dead)} dead letters")
-        pending = self.r.xpending(KEYS.inbound, Keys.GROUP)["pending"]
+        pending = sum(self.r.xpending(s, Keys.GROUP)["pending"] for s in STREAMS)
         if pending:
             problems.append(f"{pending} entries still pending")
         if self.system == "relaybot":

@@ -58,9 +58,14 @@ def wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:
 
 
 def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:
-    """XADD one normalized message; returns its stream id."""
-    sid = r.xadd(keys.inbound, msg.to_fields())  # type: ignore[arg-type]
-    return sid.decode() if isinstance(sid, bytes) else str(sid)
+    """XADD one normalized message to its channel's stream; returns its stream id as the worker
+    and replies know it: ``<channel>/<id>``."""
+    return stream_id(msg.channel, r.xadd(keys.inbound_of(msg.channel), msg.to_fields()))  # type: ignore[arg-type]
+
+
+def stream_id(channel: str, raw_id: Any) -> str:
+    """An entry's stream id, as memory and replies know it: ``<channel>/<its id in its stream>``."""
+    return f"{channel}/{text(raw_id)}"
 
 
 def text(value: Any) -> str:

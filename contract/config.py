@@ -208,6 +208,12 @@ class Config(_Section):
         return found or ConversationRole()
 
     @property
+    def owner_aliases(self) -> list[str | OwnerAlias]:
+        """Every alias of the owner: ``owner.aliases``, and ``matrix.owners`` as Matrix ones."""
+        extra = [OwnerAlias(address=a, channel="matrix") for a in self.matrix.owners]
+        return [*self.owner.aliases, *extra]
+
+    @property
     def keys(self) -> Keys:
         return Keys(self.redis.prefix)
 

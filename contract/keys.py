@@ -6,7 +6,8 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 
 | key | type | written by | what |
 |---|---|---|---|
-| ``inbound`` | stream | gateways | every normalized inbound entry (read by the worker's group) |
+| ``inbound:<channel>`` | stream | that channel's gateway | its normalized inbound entries |
+| ``inbound`` | stream | worker, jobs | their own entries, and those from before the split |
 | ``dead`` | stream | worker, gateways | dead letters, with the reason |
 | ``worker:lease`` | string | worker | the one worker's lease token |
 | ``heartbeats`` | hash | every process | liveness, one field per process |
@@ -31,7 +32,7 @@ from __future__ import annotations
 class Keys:
     """The key names under one prefix."""
 
-    GROUP = "worker"  # the consumer group of the inbound stream
+    GROUP = "worker"  # the consumer group of the inbound streams
 
     def __init__(self, prefix: str = "relaybot:") -> None:
         if not prefix or any(c.isspace() for c in prefix):
@@ -45,6 +46,10 @@ class Keys:
         self.matrix_cursor = f"{prefix}cursor:matrix"
         self.matrix_seen = f"{prefix}matrix:seen"
         self.email_seen = f"{prefix}email:seen"
+
+    def inbound_of(self, channel: str) -> str:
+        """The inbound stream of one channel: only its gateway may write it (the ACL file)."""
+        return f"{self.prefix}inbound:{channel}"
 
     # -- per session -------------------------------------------------------------------------
 

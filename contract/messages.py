@@ -1,7 +1,7 @@
 """The messages on the bus: the inbound stream entry and the reply (pure data, no I/O).
 
 Both sides validate with these models, so a field added here is a field added everywhere. Entries
-are flat string fields so that ``redis-cli XRANGE relaybot:inbound - +`` is readable as it is.
+are flat string fields so that ``redis-cli XRANGE relaybot:inbound:cli - +`` is readable as it is.
 The key names are in :mod:`contract.keys`.
 """
 
@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
+# The channels relaybot has: each has a gateway and an inbound stream of its own (contract.keys).
+CHANNELS = ("cli", "matrix", "email")
 # A message longer than this is refused by the model; gateways truncate with a note before XADD.
 MAX_TEXT_CHARS = 64_000
 MAX_EXTRA_CHARS = 64_000

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.bus import text
+from contract.bus import stream_id
 from contract.keys import Keys
 from gateways.email_parse import Accepted, Headers
 
@@ -63,12 +63,11 @@ class MailState:
         msg = accepted.message
         now = time.time()
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.inbound, msg.to_fields())  # type: ignore[arg-type]
+        pipe.xadd(self.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
         pipe.zadd(self.seen_key, {msg.event_id: now})
         pipe.zremrangebyscore(self.seen_key, "-inf", now - SEEN_KEEP)
         pipe.set(self.orig_key(msg.event_id), json.dumps(accepted.headers.to_dict()), ex=ORIG_KEEP)
-        sid = pipe.execute()[0]
-        return text(sid)
+        return stream_id(msg.channel, pipe.execute()[0])
 
     def orig_key(self, message_id: str) -> str:
         return self.keys.email_orig(_digest(message_id))

@@ -28,9 +28,10 @@ from nio import (
     SyncResponse,
 )
 
-from contract.bus import text
+from contract.bus import stream_id, text
 from contract.config import Config
 from gateways.matrix_events import (
+    CHANNEL,
     Policy,
     Rejected,
     RoomFacts,
@@ -180,7 +181,7 @@ class MatrixSync:
             return
         now = time.time()
         pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.inbound, out.to_fields())
+        pipe.xadd(self.keys.inbound_of(CHANNEL), out.to_fields())
         pipe.zadd(seen, {out.event_id: now})
         pipe.zremrangebyscore(seen, "-inf", now - SEEN_KEEP)
         thread = out.extra.get("thread_root")
@@ -190,7 +191,7 @@ class MatrixSync:
         self.published += 1
         log.info(
             "matrix.published",
-            stream_id=text(sid),
+            stream_id=stream_id(CHANNEL, sid),
             session=out.session,
             event_id=out.event_id,
             privacy=out.privacy.value,

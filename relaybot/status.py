@@ -10,31 +10,22 @@ import redis
 from contract.bus import text
 from contract.keys import Keys
 from contract.liveness import heartbeats
-from contract.messages import stream_id_ms
+from contract.messages import CHANNELS, stream_id_ms
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is shown as stale
 
 
-def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str, Any]:
-    now = now or time.time()
-    out: dict[str, Any] = {
-        "prefix": keys.prefix,
-        "stream": {"key": keys.inbound, "length": int(r.xlen(keys.inbound))},
-        "group": None,
-        "dead_letters": int(r.xlen(keys.dead)),
-        "reply_queues": {},
-        "in_flight": {},
-        "heartbeats": {},
-        "worker_lease": None,
-    }
+def _stream(r: redis.Redis, key: str, now: float) -> dict[str, Any]:
+    """One inbound stream: its length and its worker group (None before a worker ran)."""
+    out: dict[str, Any] = {"length": int(r.xlen(key)), "group": None}
     try:
-        groups: Any = r.xinfo_groups(keys.inbound)
+        groups: Any = r.xinfo_groups(key)
     except redis.ResponseError:  # no stream yet
         groups = []
     for g in groups:
         if text(g["name"]) != Keys.GROUP:
             continue
-        summary: Any = r.xpending(keys.inbound, Keys.GROUP)
+        summary: Any = r.xpending(key, Keys.GROUP)
         oldest = text(summary["min"]) if summary and summary.get("min") else None
         out["group"] = {
             "name": Keys.GROUP,
@@ -47,6 +38,44 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
                 round(now - stream_id_ms(oldest) / 1000, 3) if oldest is not None else None
             ),
         }
+    return out
+
+
+def _together(streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The worker group over every inbound stream: pending and lag added up, the oldest."""
+    groups = [s["group"] for s in streams.values() if s["group"] is not None]
+    if not groups:
+        return None
+    pending = [g for g in groups if g["oldest_pending_id"] is not None]
+    oldest = max(pending, key=lambda g: g["oldest_pending_age_s"]) if pending else None
+    lags = [g["lag"] for g in groups]
+    return {
+        "name": Keys.GROUP,
+        "consumers": max(g["consumers"] for g in groups),
+        "pending": sum(g["pending"] for g in groups),
+        "lag": None if any(lag is None for lag in lags) else sum(lags),
+        "oldest_pending_id": oldest["oldest_pending_id"] if oldest else None,
+        "oldest_pending_age_s": oldest["oldest_pending_age_s"] if oldest else None,
+    }
+
+
+def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str, Any]:
+    """What ``relaybot status`` shows. ``stream`` and ``group`` are the inbound streams taken
+    together (one per channel, and the one without a channel: ``streams`` has each)."""
+    now = now or time.time()
+    keys_of = [keys.inbound, *(keys.inbound_of(c) for c in CHANNELS)]
+    streams = {key: _stream(r, key, now) for key in keys_of}
+    out: dict[str, Any] = {
+        "prefix": keys.prefix,
+        "stream": {"key": keys.inbound, "length": sum(s["length"] for s in streams.values())},
+        "group": _together(streams),
+        "streams": streams,
+        "dead_letters": int(r.xlen(keys.dead)),
+        "reply_queues": {},
+        "in_flight": {},
+        "heartbeats": {},
+        "worker_lease": None,
+    }
     for key in r.scan_iter(match=keys.reply_pattern(), count=500):
         name = text(key)
         out["reply_queues"][keys.session_of_reply_key(name)] = int(r.llen(name))
@@ -64,6 +93,10 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
 
 def render(status: dict[str, Any]) -> str:
     lines = [f"stream {status['stream']['key']}: {status['stream']['length']} entries"]
+    for key, one in status["streams"].items():  # each channel's stream, and the one without
+        if one["length"]:
+            pending = f", {one['group']['pending']} pending" if one["group"] else ""
+            lines.append(f"  {key}: {one['length']}{pending}")
     g = status["group"]
     if g is None:
         lines.append("consumer group: none yet (no worker has run)")

@@ -1,9 +1,9 @@
-"""The one ordered consumer of the inbound stream.
+"""The one ordered consumer of the inbound streams (worker/streams.py).
 
-Reads with a consumer group, strictly in stream order, in small batches; handles each entry with
-``Turns``; commits memory, then queues the replies and acks the entries in one Lua script fenced by
-the worker lease. Nothing is acked before its reply is recorded and queued, and a reply is queued
-in the same atomic step as the ack, so a replay never queues a reply twice.
+Reads with a consumer group, oldest first, in small batches; handles each entry with ``Turns``;
+commits memory, then queues the replies and acks the entries in one Lua script fenced by the
+worker lease. Nothing is acked before its reply is recorded and queued, and a reply is queued in
+the same atomic step as the ack, so a replay never queues a reply twice.
 """
 
 from __future__ import annotations
@@ -15,45 +15,48 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
 
 import redis
 import structlog
 
-from contract.bus import text
 from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
 from worker.busy import BusySignal
+from worker.streams import Entry, InboundStreams
 from worker.turn import Outcome, Turns
 
 log = structlog.get_logger(__name__)
 
-Entry = tuple[str, dict[bytes, bytes]]
-
-# KEYS: lease, inbound, dead, reply keys (n), busy keys (n)
-# ARGV: token, group, n, reply json (n), n_dead, dead entries as JSON arrays, stream ids to ack
+# KEYS: lease, dead, streams (m), reply keys (n), busy keys (n)
+# ARGV: token, group, m, n, reply json (n), n_dead, dead entries as JSON arrays,
+#       then per stream: how many ids, the ids to ack
 _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('LEASE this worker no longer holds the worker lease')
 end
-local n = tonumber(ARGV[3])
-local i = 4
+local m = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
+local i = 5
 for k = 1, n do
-  redis.call('rpush', KEYS[3 + k], ARGV[i])
-  redis.call('del', KEYS[3 + n + k])
+  redis.call('rpush', KEYS[2 + m + k], ARGV[i])
+  redis.call('del', KEYS[2 + m + n + k])
   i = i + 1
 end
 local ndead = tonumber(ARGV[i]); i = i + 1
 for k = 1, ndead do
-  redis.call('xadd', KEYS[3], '*', unpack(cjson.decode(ARGV[i])))
+  redis.call('xadd', KEYS[2], '*', unpack(cjson.decode(ARGV[i])))
   i = i + 1
 end
-local acks = {}
-for k = i, #ARGV do acks[#acks + 1] = ARGV[k] end
-if #acks > 0 then redis.call('xack', KEYS[2], ARGV[2], unpack(acks)) end
-return #acks
+local acked = 0
+for s = 1, m do
+  local c = tonumber(ARGV[i]); i = i + 1
+  local ids = {}
+  for k = 1, c do ids[k] = ARGV[i]; i = i + 1 end
+  acked = acked + redis.call('xack', KEYS[2 + s], ARGV[2], unpack(ids))
+end
+return acked
 """
 
 
@@ -69,7 +72,7 @@ class Interrupted(Exception):
 class Batch:
     """Outcomes handled but not yet committed: memory first, then one fenced Redis script."""
 
-    acks: list[str] = field(default_factory=list)
+    acks: list[Entry] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     dead: list[list[str]] = field(default_factory=list)
     started: float = 0.0
@@ -96,6 +99,7 @@ class Consumer:
         self.busy = busy
         self.name = process_identity("worker")
         self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
+        self.streams = InboundStreams(r, self.keys, self.name)
         self._commit = r.register_script(_COMMIT)
         self.stopping = False
         self._signals = 0
@@ -183,75 +187,26 @@ class Consumer:
     # -- reading ---------------------------------------------------------------------------
 
     def ensure_group(self) -> None:
-        try:
-            self.r.xgroup_create(self.keys.inbound, Keys.GROUP, id="0", mkstream=True)
-            log.info("worker.group_created", stream=self.keys.inbound)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        self.streams.ensure_groups()
 
     def recover(self) -> None:
-        """Claim what dead consumers left pending, then note how often each was delivered.
-
-        XCLAIM with JUSTID does not count as a delivery, so ``times_delivered`` counts the
-        worker processes that were handed the entry; the next read is one more.
-        """
-        claimed, start = 0, "-"
-        while True:
-            page: Any = self.r.xpending_range(
-                self.keys.inbound, Keys.GROUP, min=start, max="+", count=1000
-            )
-            others = [p["message_id"] for p in page if text(p["consumer"]) != self.name]
-            if others:
-                self.r.xclaim(self.keys.inbound, Keys.GROUP, self.name, 0, others, justid=True)
-                claimed += len(others)
-            if len(page) < 1000:
-                break
-            start = "(" + text(page[-1]["message_id"])
-        for info in self.r.xinfo_consumers(self.keys.inbound, Keys.GROUP):
-            name = text(info["name"])
-            if name != self.name and int(info["pending"]) == 0:
-                self.r.xgroup_delconsumer(self.keys.inbound, Keys.GROUP, name)
-        pending: Any = self.r.xpending_range(
-            self.keys.inbound, Keys.GROUP, min="-", max="+", count=100_000, consumername=self.name
-        )
-        self.deliveries = {text(p["message_id"]): int(p["times_delivered"]) + 1 for p in pending}
-        if self.deliveries:
-            log.info("worker.recovered", claimed=claimed, pending=len(self.deliveries))
+        """Claim what dead consumers left pending, then note how often each was delivered."""
+        self.deliveries = self.streams.recover()
 
     def read(self, *, block_ms: int) -> list[Entry]:
-        """Own pending entries first (in order), then new ones.
-
-        Pending entries are read one at a time: each read counts as a delivery of what it
-        returns, so a batch read would charge every entry queued behind the one that crashed the
-        worker, and a few crashes would dead-letter them all though none of them was ever handled.
-        """
+        """Own pending entries first (one at a time: worker/streams.py), then new ones."""
         while self.deliveries:
-            got, seen = self._xread("0", block_ms=None, count=1)
-            if got:
-                return got
-            if not seen:  # nothing left pending (a deleted entry was only acked: read on)
+            found, gone = self.streams.read_pending()
+            if gone:  # deleted from their stream while pending: nothing to answer
+                self.flush(Batch(acks=gone))
+            if found:
+                return found
+            if not gone:  # nothing left pending
                 self.deliveries.clear()
-        return self._xread(">", block_ms=block_ms, count=self.cfg.worker.batch)[0]
-
-    def _xread(self, start: str, *, block_ms: int | None, count: int) -> tuple[list[Entry], int]:
-        """The entries read, and how many ids the read returned (deleted ones included)."""
-        resp: Any = self.r.xreadgroup(
-            Keys.GROUP,
-            self.name,
-            {self.keys.inbound: start},
-            count=count,
-            block=block_ms,
-        )
-        if not resp:
-            return [], 0
-        out: list[Entry] = []
-        for sid, fields in resp[0][1]:
-            if fields is None:  # deleted from the stream while pending: nothing to answer
-                self._ack_only(text(sid))
-                continue
-            out.append((text(sid), fields))
-        return out, len(resp[0][1])
+        found, gone = self.streams.read_new(block_ms=block_ms, count=self.cfg.worker.batch)
+        if gone:
+            self.flush(Batch(acks=gone))
+        return found
 
     # -- handling ----------------------------------------------------------------------------
 
@@ -267,9 +222,9 @@ class Consumer:
             try:
                 with self.turns.memory.batch():
                     while i < len(entries):
-                        sid, fields = entries[i]
+                        entry = entries[i]
                         i += 1
-                        self._add(batch, sid, self._handle_one(sid, fields), fields)
+                        self._add(batch, entry, self._handle_one(entry))
                         if self.stopping or time.perf_counter() - batch.started > self.flush_after:
                             break
             except sqlite3.Error as exc:  # the commit failed: answer anyway (degraded mode)
@@ -279,7 +234,8 @@ class Consumer:
             if self.stopping:
                 return
 
-    def _handle_one(self, sid: str, fields: dict[bytes, bytes]) -> Outcome:
+    def _handle_one(self, entry: Entry) -> Outcome:
+        sid, fields = entry.sid, entry.fields
         delivered = self.deliveries.get(sid, 1)
         if delivered > self.cfg.worker.max_attempts:
             return Outcome(
@@ -292,7 +248,7 @@ class Consumer:
         attempt = delivered
         while True:
             try:
-                return self.turns.handle(sid, fields)
+                return self.turns.handle(sid, fields, channel=entry.channel)
             except (redis.RedisError, LeaseLost):
                 raise
             except Exception as exc:  # a bug or an unexpected input: retry, then dead-letter
@@ -307,19 +263,19 @@ class Consumer:
             finally:
                 structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
 
-    def _add(self, batch: Batch, sid: str, outcome: Outcome, fields: dict[bytes, bytes]) -> None:
-        batch.acks.append(sid)
+    def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
+        batch.acks.append(entry)
         if outcome.reply is not None:
             batch.replies.append(outcome.reply)
         if outcome.dead_reason is not None:
-            log.warning("entry.dead_lettered", stream_id=sid, reason=outcome.dead_reason)
-            batch.dead.append(self._dead_fields(sid, outcome))
+            log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)
+            batch.dead.append(self._dead_fields(entry, outcome))
 
-    def _dead_fields(self, sid: str, outcome: Outcome) -> list[str]:
+    def _dead_fields(self, entry: Entry, outcome: Outcome) -> list[str]:
         flat = [
             "reason", outcome.dead_reason or "",
-            "source_stream", self.keys.inbound,
-            "source_id", sid,
+            "source_stream", entry.stream,
+            "source_id", entry.raw_id,
             "dead_at", f"{time.time():.3f}",
             "consumer", self.name,
         ]  # fmt: skip
@@ -331,14 +287,18 @@ class Consumer:
         """Queue the replies and ack the entries in one atomic, lease-fenced script."""
         if not batch.acks:
             return
-        keys = [self.keys.lease, self.keys.inbound, self.keys.dead]
+        by_stream: dict[str, list[str]] = {}
+        for entry in batch.acks:
+            by_stream.setdefault(entry.stream, []).append(entry.raw_id)
+        keys = [self.keys.lease, self.keys.dead, *by_stream]
         keys += [self.keys.reply(rep.session) for rep in batch.replies]
         keys += [self.keys.busy(rep.session) for rep in batch.replies]
-        args: list[str | int] = [self.name, Keys.GROUP, len(batch.replies)]
+        args: list[str | int] = [self.name, Keys.GROUP, len(by_stream), len(batch.replies)]
         args += [rep.to_json() for rep in batch.replies]
         args.append(len(batch.dead))
         args += [json.dumps(d, ensure_ascii=False) for d in batch.dead]
-        args += batch.acks
+        for ids in by_stream.values():
+            args += [len(ids), *ids]
         try:
             self._commit(keys=keys, args=args)
         except redis.ResponseError as exc:
@@ -347,11 +307,8 @@ class Consumer:
             raise
         self.processed += len(batch.acks)
         self.dead_lettered += len(batch.dead)
-        for sid in batch.acks:
-            self.deliveries.pop(sid, None)
-
-    def _ack_only(self, sid: str) -> None:
-        self.flush(Batch(acks=[sid]))
+        for entry in batch.acks:
+            self.deliveries.pop(entry.sid, None)
 
     def maybe_trim(self) -> None:
         """Drop acked entries older than the retention; pending entries are never trimmed."""
@@ -359,8 +316,4 @@ class Consumer:
         if now - self._last_trim < 60:
             return
         self._last_trim = now
-        floor_ms = int((now - self.cfg.worker.stream_retention) * 1000)
-        summary: Any = self.r.xpending(self.keys.inbound, Keys.GROUP)
-        if summary and summary.get("min"):
-            floor_ms = min(floor_ms, int(text(summary["min"]).split("-")[0]))
-        self.r.xtrim(self.keys.inbound, minid=f"{floor_ms}-0", approximate=True)
+        self.streams.trim(self.cfg.worker.stream_retention)

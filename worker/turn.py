@@ -51,7 +51,7 @@ def memory_settings(cfg: Config) -> MemorySettings:
     """The configuration's part that memory needs, as plain values."""
     return MemorySettings(
         owner_name=cfg.owner.name,
-        owner_aliases=cfg.owner.aliases,
+        owner_aliases=cfg.owner_aliases,
         workspace=cfg.workspace_dir,
         assistant_name=cfg.worker.assistant_name,
         system_prompt=cfg.worker.system_prompt,
@@ -83,11 +83,23 @@ class Turns:
         """How often memory failed (degraded mode) since the worker started."""
         return self.memory.failures
 
-    def handle(self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str]) -> Outcome:
+    def handle(
+        self,
+        stream_id: str,
+        raw: Mapping[bytes, bytes] | Mapping[str, str],
+        *,
+        channel: str | None = None,
+    ) -> Outcome:
+        """One entry; ``channel`` is the channel of the stream it came on (None: the stream
+        without a channel, whose entries are taken as they say: worker/streams.py)."""
         try:
             msg = InboundMessage.from_fields(raw)
         except WireError as exc:
             return Outcome(dead_reason=f"invalid entry: {exc}", fields=decode_lenient(raw))
+        refused = self._refused(msg, channel)
+        if refused:
+            log.warning("entry.refused", stream_id=stream_id, reason=refused)
+            return Outcome(dead_reason=refused, fields=decode_lenient(raw))
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
@@ -100,6 +112,19 @@ class Turns:
             self._record_only(stream_id, msg)
             return Outcome()
         return Outcome(reply=self._answer(stream_id, msg))
+
+    def _refused(self, msg: InboundMessage, channel: str | None) -> str:
+        """Why an entry cannot be what it says (a gateway speaks only for its own channel, and
+        only the owner's own are the owner's), or "" when it can."""
+        if channel is not None:
+            for what, value in (("channel", msg.channel), ("session", msg.session),
+                                ("conversation", msg.conversation)):  # fmt: skip
+                if value != channel and not value.startswith(f"{channel}:"):
+                    return f"an entry on the {channel} stream names {what} {value!r}"
+        owner_claimed = msg.privacy is Privacy.OWNER and msg.kind is not Kind.DERIVED
+        if owner_claimed and not self.memory.is_owner(msg):
+            return f"privacy owner claimed for {msg.sender!r}, who is not the owner"
+        return ""
 
     def _record_only(self, stream_id: str, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail

@@ -243,7 +243,7 @@ def test_honcho_start_with_external_redis(tmp_path, model, redis_server, prefix,
     app.start()
     try:
         user_session(app, model)
-        assert real_redis.xlen(f"{prefix}inbound") == 2  # the test's Redis carried it all
+        assert real_redis.xlen(f"{prefix}inbound:cli") == 2  # the test's Redis carried it all
         idle = [p for p in app.processes() if "relaybot redis" in " ".join(p.cmdline())]
         assert idle and all(p.is_running() for p in idle)  # the redis line is up, doing nothing
         assert not any("redis-server" in " ".join(p.cmdline()) for p in app.processes())

@@ -126,7 +126,7 @@ def wait_reply(smtp: SmtpServer, message_id: str, timeout: float = 20) -> Messag
 
 
 def inbound(r: redis.Redis, keys: Keys) -> list[InboundMessage]:
-    entries: Any = r.xrange(keys.inbound)
+    entries: Any = r.xrange(keys.inbound_of("email"))
     return [InboundMessage.from_fields(fields) for _sid, fields in entries]
 
 

@@ -111,7 +111,7 @@ def test_group_mention_policy_and_strangers(world: World) -> None:
     world.wait_bot_messages(owner, dm, 1)  # three people: a group, the owner mentioned the bot
 
     # only the two answered messages reached the stream
-    entries: Any = world.r.xrange(world.keys.inbound, "-", "+")
+    entries: Any = world.r.xrange(world.keys.inbound_of("matrix"), "-", "+")
     texts = [f[b"text"].decode() for _, f in entries if f[b"channel"] == b"matrix"]
     assert texts == ["bot, what is up?", "@stranger is here, bot: say hi"]
     privacy = {f[b"privacy"] for _, f in entries if f[b"channel"] == b"matrix"}
@@ -163,7 +163,7 @@ def test_a_crash_between_xadd_and_token_publishes_nothing_twice(world: World) ->
         lambda: len(again.events("matrix.already_published")) >= 3,
         timeout=15, message="the replayed events to be recognised",
     )  # fmt: skip
-    entries: Any = world.r.xrange(world.keys.inbound, "-", "+")
+    entries: Any = world.r.xrange(world.keys.inbound_of("matrix"), "-", "+")
     assert len([1 for _, f in entries if f[b"channel"] == b"matrix"]) == 3
     assert len(world.bot_messages(owner, room)) == 3
 

@@ -139,7 +139,7 @@ def test_no_worker_queues_the_message_and_a_later_chat_prints_its_reply_first(
     assert "no worker is running" in away.stderr
     assert "your message is queued as " in away.stderr
     assert "--session late" in away.stderr
-    assert real_redis.xlen(keys.inbound) == 1
+    assert real_redis.xlen(keys.inbound_of("cli")) == 1
 
     procs.worker(env, r=real_redis, keys=keys)
     wait_for_replies(real_redis, keys, "cli:late", 1)  # answered while no terminal is attached

@@ -28,7 +28,7 @@ import redis
 
 from contract.bus import publish
 from contract.keys import Keys
-from contract.messages import Reply
+from contract.messages import CHANNELS, Reply
 from gateways.cli import normalize
 
 T = TypeVar("T")
@@ -373,20 +373,31 @@ def wait_for_worker(
     return holder
 
 
+def inbound_streams(keys: Keys) -> list[str]:
+    """Every inbound stream the worker reads: one per channel, and the one without a channel."""
+    return [keys.inbound, *(keys.inbound_of(c) for c in CHANNELS)]
+
+
 def consumers(r: redis.Redis, keys: Keys) -> list[str]:
-    try:
-        infos: Any = r.xinfo_consumers(keys.inbound, Keys.GROUP)
-    except redis.ResponseError:  # no stream or no group yet
-        return []
-    return [_s(info["name"]) for info in infos]
+    found: list[str] = []
+    for stream in inbound_streams(keys):
+        try:
+            infos: Any = r.xinfo_consumers(stream, Keys.GROUP)
+        except redis.ResponseError:  # no stream or no group yet
+            continue
+        found += [name for info in infos if (name := _s(info["name"])) not in found]
+    return found
 
 
 def pending(r: redis.Redis, keys: Keys) -> int:
-    try:
-        summary: Any = r.xpending(keys.inbound, Keys.GROUP)
-    except redis.ResponseError:
-        return 0
-    return int(summary["pending"])
+    total = 0
+    for stream in inbound_streams(keys):
+        try:
+            summary: Any = r.xpending(stream, Keys.GROUP)
+        except redis.ResponseError:
+            continue
+        total += int(summary["pending"])
+    return total
 
 
 def replies(r: redis.Redis, keys: Keys, session: str) -> list[Reply]:

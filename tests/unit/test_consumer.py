@@ -117,7 +117,7 @@ def test_replay_after_crash_before_ack_adds_nothing_twice(rig: Rig) -> None:
     sid = rig.add(msg("once"))
     entries = c1.read(block_ms=None)  # type: ignore[arg-type]
     with rig.store.transaction():  # the turn ran and memory committed ...
-        outcome = c1.turns.handle(*entries[0])
+        outcome = c1.turns.handle(entries[0].sid, entries[0].fields)
     assert outcome.reply is not None
     c1.lease.release()  # ... and then the worker died before queueing and acking
     c2 = rig.consumer()
@@ -163,11 +163,11 @@ def test_entry_that_keeps_failing_is_dead_lettered_after_max_attempts(
     real = c.turns.handle
     calls = {"n": 0}
 
-    def boom(sid: str, fields: object) -> object:
+    def boom(sid: str, fields: object, **kw: object) -> object:
         if b"poison" in fields[b"text"]:  # type: ignore[index]
             calls["n"] += 1
             raise ValueError("cannot digest this")
-        return real(sid, fields)  # type: ignore[arg-type]
+        return real(sid, fields, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(c.turns, "handle", boom)
     rig.add(msg("poison"))

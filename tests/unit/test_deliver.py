@@ -95,7 +95,7 @@ def test_old_reply_is_not_delivered_and_worker_is_told(r: fakeredis.FakeRedis) -
     while deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0) or r.llen(q.queue):
         pass
     assert got == ["r2"]
-    ((_sid, fields),) = r.xrange(Keys("rb:").inbound)
+    ((_sid, fields),) = r.xrange(Keys("rb:").inbound_of("cli"))  # the gateway's own stream
     note = InboundMessage.from_fields(fields)
     assert note.kind == "derived"
     assert note.extra == {
