@@ -28,6 +28,8 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 
 from __future__ import annotations
 
+import hashlib
+
 
 class Keys:
     """The key names under one prefix."""
@@ -89,8 +91,14 @@ class Keys:
     def email_cursor(self, folder: str) -> str:
         return f"{self.prefix}email:cursor:{folder}"
 
-    def email_orig(self, digest: str) -> str:
-        return f"{self.prefix}email:orig:{digest}"
+    def email_orig(self, message_id: str) -> str:
+        """The cached reply headers of the mail ``message_id`` (keyed by a digest of it)."""
+        return f"{self.prefix}email:orig:{digest(message_id)}"
 
-    def email_rate(self, kind: str, digest: str) -> str:
-        return f"{self.prefix}email:rate:{kind}:{digest}"
+    def email_rate(self, kind: str, who: str) -> str:
+        return f"{self.prefix}email:rate:{kind}:{who}"
+
+
+def digest(text: str) -> str:
+    """A short, fixed-length stand-in for a platform id in a key name."""
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]

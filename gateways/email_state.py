@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import redis
 
 from contract.bus import stream_id
-from contract.keys import Keys
+from contract.keys import Keys, digest
 from gateways.email_parse import Accepted, Headers
 
 SEEN_KEEP = 90 * 24 * 3600.0
@@ -30,10 +29,6 @@ ORIG_KEEP = 14 * 24 * 3600
 class Cursor:
     uidvalidity: int
     last_uid: int
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
 
 
 class MailState:
@@ -70,7 +65,7 @@ class MailState:
         return stream_id(msg.channel, pipe.execute()[0])
 
     def orig_key(self, message_id: str) -> str:
-        return self.keys.email_orig(_digest(message_id))
+        return self.keys.email_orig(message_id)
 
     def headers_for(self, message_id: str) -> Headers | None:
         raw = self.r.get(self.orig_key(message_id))
@@ -100,7 +95,7 @@ class MailState:
         now = time.time()
         reason = ""
         for kind, who, cap in (("thread", thread, per_thread), ("sender", sender, per_sender)):
-            key = self.keys.email_rate(kind, _digest(who))
+            key = self.keys.email_rate(kind, digest(who))
             pipe = self.r.pipeline(transaction=True)
             pipe.zremrangebyscore(key, "-inf", now - window)
             pipe.zcard(key)
@@ -109,7 +104,7 @@ class MailState:
                 reason = f"more than {cap} messages per {window:.0f} s from this {kind}"
         if not reason:
             for kind, who in (("thread", thread), ("sender", sender)):
-                key = self.keys.email_rate(kind, _digest(who))
+                key = self.keys.email_rate(kind, digest(who))
                 self.r.zadd(key, {event_id: now})
                 self.r.expire(key, int(window) + 60)
         return reason

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from memory.lines import LINE_MEMO, HistoryLines, estimate_tokens, line_and_cost
+from memory.provenance import DrewOn
 from memory.rows import LogRow
 
 HISTORY_HEADER = "\n\n## Recent history (all channels, oldest first)\n"
@@ -60,6 +61,7 @@ def build_context(
     assistant_name: str,
     sections: Sequence[Section] = (),
     ready: HistoryLines | None = None,
+    drew: DrewOn | None = None,
 ) -> list[dict[str, str]]:
     """OpenAI chat messages: one system message (prompt, sections, labelled history oldest
     first) and the current message as the user message.
@@ -69,6 +71,7 @@ def build_context(
     take :func:`count_tokens` of the result over ``budget_tokens`` ends the history. If the prompt
     and current message alone exceed the budget they still go in, alone. ``ready`` is the same
     history as :class:`~memory.lines.HistoryLines` (memory.window): then no row is looked at.
+    ``drew`` is told the oldest history row that went in (memory.provenance).
     """
     current_line, _ = line_and_cost(current, assistant_name)
     used = (
@@ -85,13 +88,17 @@ def build_context(
     parts.append(HISTORY_HEADER)
     base = "".join(parts)
     if ready is not None and ready.assistant_name == assistant_name:
-        lines = ready.newest(max(0, budget_tokens - used), current)
-        if lines is not None:
+        found = ready.newest(max(0, budget_tokens - used), current)
+        if found is not None:
+            lines, oldest = found
+            if drew is not None:
+                drew.history_from = oldest
             return [
                 {"role": "system", "content": base + "\n".join(lines)},
                 {"role": "user", "content": current_line},
             ]
     lines = []
+    oldest = 0
     current_id, current_key = current.id, (current.stream_id, current.direction)
     for row in history:  # the hot loop of every turn: the line memo is read inline
         memo = row.__dict__.get(LINE_MEMO)
@@ -107,7 +114,10 @@ def build_context(
             continue
         used += cost
         lines.append(line)
+        oldest = row.id
     lines.reverse()
+    if drew is not None:
+        drew.history_from = oldest
     return [
         {"role": "system", "content": base + "\n".join(lines)},
         {"role": "user", "content": current_line},

@@ -36,6 +36,7 @@ from typing import Any
 import structlog
 
 from memory.command_types import CommandContext, CommandError, Handler
+from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
@@ -78,6 +79,7 @@ class ErasurePlan:
     log_keys: list[tuple[str, str]] = field(default_factory=list)
     note_ids: list[int] = field(default_factory=list)
     note_keys: list[str] = field(default_factory=list)
+    derived_ids: list[int] = field(default_factory=list)  # replies that drew on the text
 
     @property
     def empty(self) -> bool:
@@ -90,6 +92,8 @@ class ErasurePlan:
             "note_ids": self.note_ids,
             "note_op_keys": self.note_keys,
         }
+        if self.derived_ids:
+            out["derived_replies"] = self.derived_ids
         if self.entities:
             out["entities"] = self.entities
         return out
@@ -134,13 +138,24 @@ def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePla
         notes_sql.append((f"source_entity IN ({marks(len(plan.entities))})", plan.entities))
     if kind == "entity":
         _add_replies(conn, rows, [sid for d, sid in rows.values() if d == "in"])
+    _turn_notes(notes_sql, {sid for _d, sid in rows.values()})
+    plan_notes(conn, plan, notes_sql)
+    # the replies whose model input held the text, and the notes written in their turns
+    derived = derived_replies(conn, rows, plan.note_ids)
+    if derived:
+        rows.update({i: ("out", sid) for i, sid in derived.items()})
+        _turn_notes(notes_sql, set(derived.values()))
+        plan_notes(conn, plan, notes_sql)
+    plan.derived_ids = sorted(derived)
     plan.log_ids = sorted(rows)
     plan.log_keys = [rows[i] for i in plan.log_ids]
-    stream_ids = sorted({sid for _d, sid in rows.values()})
-    for chunk in chunks(stream_ids):
-        notes_sql.append((f"stream_id IN ({marks(len(chunk))})", list(chunk)))
-    plan_notes(conn, plan, notes_sql)
     return plan
+
+
+def _turn_notes(notes_sql: list[tuple[str, list[Any]]], stream_ids: set[str]) -> None:
+    """The notes written in these turns."""
+    for chunk in chunks(sorted(stream_ids)):
+        notes_sql.append((f"stream_id IN ({marks(len(chunk))})", list(chunk)))
 
 
 def _person(conn: sqlite3.Connection, target: str) -> list[str]:
@@ -243,17 +258,33 @@ def granted(conn: sqlite3.Connection, requested_by: str, reason: str, now: float
         conn.execute("PRAGMA defer_foreign_keys = OFF")
 
 
-def checkpoint_after_erasure(store: MemoryStore) -> None:
-    """After the commit: move the WAL into the database and truncate it (old frames hold text)."""
-    busy, frames, done = store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+def checkpoint_after_erasure(store: MemoryStore, wait_ms: int = 200) -> bool:
+    """After the commit: move the WAL into the database and truncate it (old frames hold text).
+    False when it could not (a reader still holds an old snapshot): the caller tries again. It
+    waits for readers at most ``wait_ms``, so a retry never stalls the worker for long."""
+    conn = store.conn
+    before = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    conn.execute(f"PRAGMA busy_timeout = {int(wait_ms)}")
+    try:
+        busy, frames, done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {before}")
     if busy or frames != done:
         log.warning("memory.erasure_checkpoint_incomplete", frames=frames, checkpointed=done)
+        return False
+    return True
 
 
-_TOMBSTONE = "SELECT id, ts, target_kind, target, log_rows, notes FROM erasure WHERE stream_id = ?"
+_TOMBSTONE = (
+    "SELECT id, ts, target_kind, target, log_rows, notes, detail FROM erasure WHERE stream_id = ?"
+)
 
 
 def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]:
+    try:
+        derived = json.loads(raw[6] or "{}").get("derived_replies", [])
+    except (ValueError, AttributeError):
+        derived = []
     return {
         "erasure": int(raw[0]),
         "ts": float(raw[1]),
@@ -261,6 +292,7 @@ def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]
         "target": str(raw[3]),
         "log_rows": int(raw[4]),
         "notes": int(raw[5]),
+        "derived_replies": len(derived) if isinstance(derived, list) else 0,
         "replayed": replayed,
     }
 

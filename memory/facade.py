@@ -30,10 +30,13 @@ from contract.messages import InboundMessage, Privacy, Reply
 from memory import commands, notes
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
+from memory.copies import Copies, copies_of
 from memory.curated import CuratedFile, curated_path
+from memory.erasure import checkpoint_after_erasure
 from memory.identity import Identity, OwnerResolver, ScopedAlias
 from memory.lines import HistoryLines
 from memory.privacy import Scope, privacy_of
+from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
 from memory.store import MemoryStore
@@ -145,9 +148,11 @@ class Memory:
         """The reply recorded for this entry before (a replay), if any."""
         return self.use(lambda s: s.recorded_reply(stream_id))
 
-    def record_reply(self, reply: Reply, privacy: Privacy) -> None:
+    def record_reply(self, reply: Reply, privacy: Privacy, drew: DrewOn | None = None) -> None:
+        """The reply row, with what its model input drew on (memory.provenance)."""
         name = self.settings.assistant_name
-        self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy))
+        extra = drew.as_extra() if drew is not None else {}
+        self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
 
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
         self.use(lambda s: s.mark_reply(reply_id, status, detail))
@@ -161,6 +166,17 @@ class Memory:
             return commands.apply_atomic(store, ctx, op, args)
 
         return self.use(run)
+
+    # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
+
+    def erased_copies(self, erasure_id: int) -> Copies | None:
+        """What finds erasure ``erasure_id``'s text outside memory (memory.copies)."""
+        return self.use(lambda s: copies_of(s.conn, erasure_id))
+
+    def clear_wal(self) -> bool | None:
+        """Checkpoint and truncate the WAL (its old frames still hold erased text): False while a
+        reader holds an old snapshot (try again later), None when memory failed."""
+        return self.use(checkpoint_after_erasure)
 
     # -- a turn's view -------------------------------------------------------------------------
 
@@ -177,10 +193,13 @@ class Memory:
         """The conversation as a reader of notes: its scope, its person, its role binding."""
         return notes.conversation_viewer(store, scope, self.role_of(msg))
 
-    def context(self, msg: InboundMessage, current: LogRow, scope: Scope) -> list[dict[str, str]]:
+    def context(
+        self, msg: InboundMessage, current: LogRow, scope: Scope, drew: DrewOn | None = None
+    ) -> list[dict[str, str]]:
         """The model's input for this turn: the system prompt, the sections (MEMORY.md in the
         owner's own conversations; the notes relevant to the message), the recent history this
-        conversation may see, and the message. Nothing here fails the turn."""
+        conversation may see, and the message; ``drew`` is told which rows and notes went in
+        (memory.provenance). Nothing here fails the turn."""
         history, ready = self._history(scope)
         settings = self.settings
         return build_context(
@@ -189,8 +208,9 @@ class Memory:
             current=current,
             budget_tokens=settings.context_tokens,
             assistant_name=settings.assistant_name,
-            sections=self._sections(msg, scope),
+            sections=self._sections(msg, scope, drew),
             ready=ready,
+            drew=drew,
         )
 
     def _history(self, scope: Scope) -> tuple[Sequence[LogRow], HistoryLines | None]:
@@ -205,19 +225,21 @@ class Memory:
             self.failed(exc)
             return (), None
 
-    def _sections(self, msg: InboundMessage, scope: Scope) -> list[Section]:
+    def _sections(
+        self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None
+    ) -> list[Section]:
         """The context's sections, in order (memory/sections.py)."""
         sections: list[Section] = []
         if privacy_of(scope) is Privacy.OWNER:
             curated = self.curated.read().text  # never raises
             if curated:
                 sections.append(CuratedSection(curated))
-        found = self._notes(msg, scope)
+        found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
         return sections
 
-    def _notes(self, msg: InboundMessage, scope: Scope) -> list[str]:
+    def _notes(self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None) -> list[str]:
         """The notes relevant to the message that this conversation may see (none if memory
         fails: degraded)."""
         store = self.store
@@ -226,7 +248,7 @@ class Memory:
         if self._recall is None or self._recall.store is not store:
             self._recall = notes.ContextRecall(store)
         try:
-            return self._recall.lines(msg.text, lambda: self.viewer(store, scope, msg))
+            return self._recall.lines(msg.text, lambda: self.viewer(store, scope, msg), drew=drew)
         except sqlite3.Error as exc:
             self.failed(exc)
             return []

@@ -52,6 +52,7 @@ from memory.records import (
 )
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
+from memory.tombstones import Tombstones
 
 log = structlog.get_logger(__name__)
 
@@ -163,6 +164,7 @@ class Importer:
         self.owner_name = owner_name
         self.result = ImportResult()
         self.log_added = False
+        self.tombstones = Tombstones.read(self.conn)  # what was erased here stays erased
 
     def apply(self, items: list[Any]) -> ImportResult:
         for n, item in enumerate(items):
@@ -359,7 +361,7 @@ class Importer:
         return None if raw is None else int(raw[0])
 
     def _note(self, rec: NoteRecord, ref: object) -> None:
-        if self._find_note(rec) is not None:
+        if self._find_note(rec) is not None or self.tombstones.erased_note(rec):
             raise Present("note")
         supersedes = None
         if rec.supersedes is not None:
@@ -408,6 +410,7 @@ class Importer:
             ),
         )
         self._reapply(int(cur.lastrowid or 0), rec)
+        self.tombstones.add(rec.target_kind, rec.target, json.dumps(rec.detail))
 
     def _reapply(self, erasure_id: int, rec: ErasureRecord) -> None:
         """Erase here what the imported tombstone erased there (by stream ids and op keys)."""

@@ -130,13 +130,13 @@ class HistoryLines:
             self._lines = self._lines[cut:]
             self._totals = [t - base for t in self._totals[cut:]]
 
-    def newest(self, room: int, current: LogRow) -> list[str] | None:
+    def newest(self, room: int, current: LogRow) -> tuple[list[str], int] | None:
         """The lines of the newest rows whose costs fit in ``room``, oldest first, leaving out
-        ``current`` when it is the newest row. None when that cannot be told without looking
-        at every row (``current`` is not a stored row, or rows newer than it are here): the
-        caller then goes row by row. Ids are unique and grow along the rows, and a stored row
-        is the only one with its (stream id, direction), so comparing ids with the newest
-        row's is enough."""
+        ``current`` when it is the newest row, and the id of the oldest of them (0: none). None
+        when that cannot be told without looking at every row (``current`` is not a stored row,
+        or rows newer than it are here): the caller then goes row by row. Ids are unique and
+        grow along the rows, and a stored row is the only one with its (stream id, direction),
+        so comparing ids with the newest row's is enough."""
         if current.id <= 0:
             return None
         ids, totals = self._ids, self._totals
@@ -146,4 +146,4 @@ class HistoryLines:
                 return None
             end -= 1
         first = max(len(ids) - self.limit, bisect_left(totals, totals[end] - room, hi=end))
-        return self._lines[first:end]
+        return self._lines[first:end], ids[first] if first < end else 0

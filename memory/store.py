@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +178,16 @@ class MemoryStore:
             )
         )
 
-    def append_reply(self, reply: Reply, *, sender: str, privacy: Privacy) -> LogRow:
-        """Record the reply to ``reply.answers``; a replay returns the row already recorded."""
+    def append_reply(
+        self,
+        reply: Reply,
+        *,
+        sender: str,
+        privacy: Privacy,
+        extra: Mapping[str, Any] | None = None,
+    ) -> LogRow:
+        """Record the reply to ``reply.answers``; a replay returns the row already recorded.
+        ``extra`` is added to the reply's own (memory.provenance: what it drew on)."""
         return self._append(
             (
                 "out",
@@ -198,7 +206,7 @@ class MemoryStore:
                 reply.reply_id,
                 reply.created,
                 time.time(),
-                dump_extra(reply.extra),
+                dump_extra({**reply.extra, **extra} if extra else reply.extra),
             )
         )
 
@@ -269,7 +277,7 @@ class MemoryStore:
         erasure, an import, a reload): what was read before may be wrong now (memory.window)."""
         return self._tx.generation
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
+    def after_commit(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` once the open transaction commits (never, if it rolls back); at once
         outside a transaction. A failing callback is logged, never raised into the commit."""
         self._tx.after_commit(callback)

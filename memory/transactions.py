@@ -27,14 +27,14 @@ class Transactions:
     """The transaction state of one store; itself the context manager of one transaction."""
 
     def __init__(
-        self, conn: sqlite3.Connection, caches: RecentRows, index: Callable[[], None]
+        self, conn: sqlite3.Connection, caches: RecentRows, index: Callable[[], object]
     ) -> None:
         self._conn = conn
         self._caches = caches
         self._index = index  # full-text index the batch's rows before the commit
         self.open = False
         self.generation = 0
-        self._after: list[Callable[[], None]] = []
+        self._after: list[Callable[[], object]] = []
 
     def __enter__(self) -> None:
         if self.open:
@@ -76,7 +76,7 @@ class Transactions:
         self.generation += 1
         self._caches.invalidate(in_batch=self.open)
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
+    def after_commit(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` once the open transaction commits (never, if it rolls back); at once
         outside a transaction. A failing callback is logged, never raised into the commit."""
         if self.open:
@@ -96,7 +96,7 @@ class Transactions:
                 _run(callback)
 
 
-def _run(callback: Callable[[], None]) -> None:
+def _run(callback: Callable[[], object]) -> None:
     try:
         callback()
     except sqlite3.Error as exc:

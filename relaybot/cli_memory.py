@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from memory.store import MemoryStore
 
 EXIT_FAILED = 1
+ERASE_TIMEOUT = 150.0  # the worker waits up to 2 x 60 s for Redis to rewrite its files
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
@@ -330,9 +331,11 @@ def _preview(cfg: Config, kind: str, target: str) -> str:
     if plan.empty:
         raise CommandError(f"nothing to erase for {kind} {target} (already erased?)")
     people = f" (entities {', '.join(plan.entities)})" if plan.entities else ""
+    n = len(plan.derived_ids)
+    derived = f" ({n} of them replies that drew on it)" if n else ""
     return (
-        f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries and "
-        f"{len(plan.note_ids)} notes derived from them"
+        f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries{derived} and "
+        f"{len(plan.note_ids)} notes derived from them, with every copy Redis holds"
     )
 
 
@@ -371,7 +374,8 @@ def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
         "requested_by": getpass.getuser(),
     }
     try:
-        result = run_command(cfg, "memory.erase", request)
+        # the worker also cleans Redis and has it rewrite its files before it answers
+        result = run_command(cfg, "memory.erase", request, timeout=ERASE_TIMEOUT)
     except CommandFailed as exc:
         return _fail(str(exc))
     if args.json:
@@ -379,11 +383,37 @@ def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
     if not result.get("ok"):
         return _fail(str(result.get("error")))
     if not args.json:
-        print(
-            f"erased {kind} {target}: {result['log_rows']} log entries, {result['notes']} notes; "
-            f"tombstone #{result['erasure']}"
-        )
+        print(_erased(kind, target, result))
     return 0
+
+
+def _erased(kind: str, target: str, result: dict[str, Any]) -> str:
+    """Every place the erasure cleaned, one per line."""
+    derived = int(result.get("derived_replies") or 0)
+    lines = [
+        f"erased {kind} {target}: tombstone #{result['erasure']}",
+        f"  memory:        {result['log_rows']} log entries ({derived} of them replies that drew "
+        f"on the text), {result['notes']} notes",
+    ]
+    cleaned = result.get("cleaned")
+    if not isinstance(cleaned, dict):
+        lines.append("  elsewhere:     not reported (a worker from before this version?)")
+        return "\n".join(lines)
+    lines.append(f"  memory WAL:    {cleaned.get('memory_wal')}")
+    redis = cleaned.get("redis")
+    if isinstance(redis, dict):
+        lines += [
+            f"  Redis:         {redis.get('stream_entries')} stream entries, "
+            f"{redis.get('queued_replies')} queued and {redis.get('inflight_replies')} in-flight "
+            f"replies, {redis.get('dead_letters')} dead letters, {redis.get('email_headers')} "
+            "cached e-mail headers deleted",
+            f"  Redis AOF:     {redis.get('aof')}",
+            f"  Redis RDB:     {redis.get('rdb')}",
+        ]
+    else:
+        lines.append(f"  Redis:         {redis}")
+    lines.append(f"  process logs:  {cleaned.get('process_logs')}")
+    return "\n".join(lines)
 
 
 __all__ = ["add_parsers", "cmd_erase", "cmd_export", "cmd_import", "cmd_status"]

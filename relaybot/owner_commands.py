@@ -71,8 +71,8 @@ def run_commands(
                     results.append(json.loads(reply.text))
                 except ValueError:
                     results.append({"ok": False, "error": reply.text})
-        finally:
-            rt.r.delete(queue.delivered)
+        finally:  # emptied, the set is gone (the terminal's account may not DEL)
+            rt.r.zremrangebyscore(queue.delivered, "-inf", "+inf")
     return results
 
 

@@ -24,6 +24,8 @@ from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
 from worker.busy import BusySignal
+from worker.erasures import Erasures
+from worker.scrub import Scrubber
 from worker.streams import Entry, InboundStreams
 from worker.turn import Outcome, Turns
 
@@ -75,6 +77,7 @@ class Batch:
     acks: list[Entry] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     dead: list[list[str]] = field(default_factory=list)
+    erasures: list[tuple[int, int]] = field(default_factory=list)  # (reply index, erasure id)
     started: float = 0.0
 
     def __len__(self) -> int:
@@ -100,6 +103,7 @@ class Consumer:
         self.name = process_identity("worker")
         self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
         self.streams = InboundStreams(r, self.keys, self.name)
+        self.erasures = Erasures(turns.memory, Scrubber(r, self.keys))
         self._commit = r.register_script(_COMMIT)
         self.stopping = False
         self._signals = 0
@@ -171,6 +175,7 @@ class Consumer:
                 self.handle_entries(entries)
                 hb.info = {"consumer": self.name, "processed": self.processed}
                 self.maybe_trim()
+                self.erasures.retry_wal()
         except Interrupted:
             pass
         except LeaseLost as exc:
@@ -230,6 +235,9 @@ class Consumer:
             except sqlite3.Error as exc:  # the commit failed: answer anyway (degraded mode)
                 self.turns.memory.failures += 1
                 log.error("memory.commit_failed", error=str(exc), entries=len(batch))
+                self.erasures.undone(batch.replies, batch.erasures)
+            else:
+                self.erasures.finish(batch.replies, batch.erasures)
             self.flush(batch)
             if self.stopping:
                 return
@@ -266,6 +274,8 @@ class Consumer:
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
         if outcome.reply is not None:
+            if outcome.erasure is not None:
+                batch.erasures.append((len(batch.replies), outcome.erasure))
             batch.replies.append(outcome.reply)
         if outcome.dead_reason is not None:
             log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)

@@ -28,6 +28,7 @@ from contract.messages import (
     new_reply_id,
 )
 from memory.facade import Memory, MemorySettings
+from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
 from worker.agent import run_turn
@@ -45,6 +46,7 @@ class Outcome:
     reply: Reply | None = None
     dead_reason: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
+    erasure: int | None = None  # an erasure was applied: its copies outside memory go next
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -107,7 +109,7 @@ class Turns:
             self._apply_derived(msg)
             return Outcome()
         if msg.kind is Kind.COMMAND:
-            return Outcome(reply=self._command(stream_id, msg))
+            return self._command(stream_id, msg)
         if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
             self._record_only(stream_id, msg)
             return Outcome()
@@ -138,8 +140,9 @@ class Turns:
             or ("reaction" if msg.extra.get("reaction") else f"edit of {msg.extra.get('edit_of')}"),
         )
 
-    def _command(self, stream_id: str, msg: InboundMessage) -> Reply:
-        """An owner command from the terminal: applied to memory, answered with JSON."""
+    def _command(self, stream_id: str, msg: InboundMessage) -> Outcome:
+        """An owner command from the terminal: applied to memory, answered with JSON. An
+        erasure's outcome names it: the worker then erases the copies outside memory."""
         if msg.channel != "cli" or msg.privacy is not Privacy.OWNER:
             result: dict[str, object] = {
                 "ok": False,
@@ -155,7 +158,11 @@ class Turns:
                 "(see the worker log); it is safe to run it again",
             }
         kind = ReplyKind.NOTICE if result.get("ok") else ReplyKind.ERROR
-        return _reply(msg, stream_id, json.dumps(result, ensure_ascii=False, default=str), kind)
+        reply = _reply(msg, stream_id, json.dumps(result, ensure_ascii=False, default=str), kind)
+        erasure = result.get("erasure")
+        if result.get("ok") and msg.extra.get("op") == "memory.erase" and isinstance(erasure, int):
+            return Outcome(reply=reply, erasure=erasure)
+        return Outcome(reply=reply)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
         memory = self.memory
@@ -166,13 +173,16 @@ class Turns:
             return _reply_from_row(recorded, msg)
 
         scope = memory.scope_of(msg, row)
-        messages = memory.context(msg, row or _transient_row(msg, stream_id, is_owner), scope)
+        drew = DrewOn()
+        current = row or _transient_row(msg, stream_id, is_owner)
+        messages = memory.context(msg, current, scope, drew)
         ctx = TurnContext(
             stream_id=stream_id,
             msg=msg,
             scope=scope,
             memory=memory,
             role=memory.role_of(msg).role,
+            drew=drew,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         started = time.perf_counter()
@@ -191,7 +201,7 @@ class Turns:
             tool_calls=result.tool_calls,
             reply_chars=len(result.text),
         )
-        memory.record_reply(reply, msg.privacy)
+        memory.record_reply(reply, msg.privacy, drew)
         return reply
 
     def _apply_derived(self, msg: InboundMessage) -> None:

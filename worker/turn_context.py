@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contract.messages import InboundMessage
 from memory.facade import Memory
 from memory.privacy import Scope
+from memory.provenance import DrewOn
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,4 @@ class TurnContext:
     scope: Scope
     memory: Memory
     role: str | None = None
+    drew: DrewOn = field(default_factory=DrewOn)

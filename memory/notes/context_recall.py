@@ -12,6 +12,7 @@ from collections.abc import Callable
 from memory.notes.format import format_note
 from memory.notes.model import Viewer
 from memory.notes.read import query_terms, recall
+from memory.provenance import DrewOn
 from memory.store import MemoryStore
 
 CONTEXT_NOTES = 8  # notes looked up for a turn's context (the budget may keep fewer)
@@ -55,7 +56,12 @@ class ContextRecall:
         self._counts: dict[str, int] = {}  # word -> notes holding it (TERM_CAP + 1: "more")
 
     def lines(
-        self, text: str, viewer: Callable[[], Viewer], *, limit: int = CONTEXT_NOTES
+        self,
+        text: str,
+        viewer: Callable[[], Viewer],
+        *,
+        limit: int = CONTEXT_NOTES,
+        drew: DrewOn | None = None,
     ) -> list[str]:
         """What :func:`context_lines` gives; ``viewer`` is only asked for when a word is looked
         up (a memory without notes costs one primary-key read)."""
@@ -70,6 +76,8 @@ class ContextRecall:
         if not words:
             return []
         found = recall(self.store, viewer(), " ".join(words), limit=limit)
+        if drew is not None:
+            drew.add_notes(n.id for n in found)
         return [format_note(n) for n in found]
 
     def specific_words(self, text: str) -> list[str]:

@@ -270,7 +270,9 @@ def test_erase_a_conversation_end_to_end(
     )
     assert erased.returncode == 0, erased.stdout + erased.stderr
     result = json.loads(erased.stdout)
-    assert result["ok"] and result["log_rows"] == 4 and not result["replayed"]
+    # the conversation's 4 rows, and the owner's reply whose context held them (derived)
+    assert result["ok"] and result["log_rows"] == 5 and not result["replayed"]
+    assert result["derived_replies"] == 1 and result["cleaned"]["memory_wal"] == "truncated"
     worker.wait_for_log("memory.erased")
 
     rows = memory_rows(path, "SELECT text, extra FROM log WHERE conversation = 'matrix:dm-bob'")
@@ -285,7 +287,7 @@ def test_erase_a_conversation_end_to_end(
         "matrix:dm-bob",
         "bob asked",
     )
-    assert tomb["log_rows"] == 4 and tomb["requested_by"]
+    assert tomb["log_rows"] == 5 and tomb["requested_by"]
     assert memory_rows(path, "SELECT count(*) AS n FROM erasure_grant") == [{"n": 0}]
     conn = sqlite3.connect(path)
     try:  # outside an erasure the database still refuses to change the log
@@ -300,4 +302,4 @@ def test_erase_a_conversation_end_to_end(
     assert SECRET not in json.dumps(model_server.requests[-1])
     assert "weather" not in json.dumps(model_server.requests[-1])
     status = json.loads(relaybot(env, "memory", "status", "--json").stdout)
-    assert status["counts"]["erasures"] == 1 and status["counts"]["erased_log_rows"] == 4
+    assert status["counts"]["erasures"] == 1 and status["counts"]["erased_log_rows"] == 5

@@ -463,3 +463,40 @@ def test_a_different_message_under_a_known_stream_id_is_not_merged(
     again = send(fresh, [header, row("hello")], home=tmp_path)
     assert again["present"] == {"log": 1} and again["rejected"] == []
     assert fresh.conn.execute("SELECT text FROM log").fetchall() == [("",)]
+
+
+def test_reimporting_an_older_export_after_an_erasure_brings_nothing_back(tmp_path: Path) -> None:
+    """The tombstone is honoured: the erased rows stay blank and the notes learned from them
+    (deleted, not blanked) are not written again, whatever the older file holds."""
+    with MemoryStore(tmp_path / "c" / "memory.sqlite3") as store:
+        say(store, "keep me")
+        sid_row = say(store, "wifi password zanzibar", conversation="matrix:forget")
+        sid = store.conn.execute("SELECT stream_id FROM log WHERE id = ?", (sid_row,)).fetchone()
+        with store.transaction():
+            for i, op_key in enumerate(["learned-1", None]):
+                store.conn.execute(
+                    "INSERT INTO note (type, topic, text, scope, visibility, "
+                    "source_conversation, source_privacy, author, created_ts, stream_id, op_key) "
+                    "VALUES ('fact', 'wifi', ?, 'chat', 'private', 'matrix:forget', 'direct', "
+                    "'model', ?, ?, ?)",
+                    (f"the wifi password is zanzibar ({i})", 30.0 + i, sid[0], op_key),
+                )
+        backup = export(store)  # before the erasure
+        erase(
+            store,
+            kind="conversation",
+            target="matrix:forget",
+            reason="asked",
+            requested_by="ada",
+            stream_id="1-0",
+        )
+        assert store.conn.execute("SELECT count(*) FROM note").fetchone()[0] == 0
+        result = send(store, backup, home=tmp_path)
+        assert "note" not in result["added"] and "log" not in result["added"], result
+        assert result["present"].get("note") == 2, result
+        texts = [r[0] for r in store.conn.execute("SELECT text FROM log ORDER BY id")]
+        assert texts == ["keep me", "ok", "", ""]
+        assert store.conn.execute("SELECT count(*) FROM note").fetchone()[0] == 0
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    files = b"".join(p.read_bytes() for p in (tmp_path / "c").iterdir() if p.is_file())
+    assert b"zanzibar" not in files

@@ -1,0 +1,83 @@
+"""What finds an erasure's text outside memory: the keys of the copies Redis may still hold.
+
+Memory is not the only place a message lives: its stream entry, its reply in a reply or in-flight
+queue, a dead letter, the e-mail gateway's cached headers. An erasure's tombstone (memory/
+erasure.py) names the rows it erased; :func:`copies_of` turns it into what those copies are
+known by, for the worker to find and delete them (worker/scrub.py). Read-only, from the
+tombstone and the (blanked) rows, so it gives the same answer when the worker replays the
+command after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from memory.identity import handles_of
+from memory.sql import chunks, marks
+
+
+@dataclass(frozen=True)
+class Copies:
+    """The keys of an erasure's copies (see the module docstring)."""
+
+    erasure: int
+    entries: frozenset[str]  # the stream ids of the erased messages (their stream entries)
+    answers: frozenset[str]  # the stream ids the erased replies answer (in reply queues)
+    reply_ids: frozenset[str]  # the erased replies' ids
+    event_ids: frozenset[tuple[str, str]]  # (channel, platform event id) of the erased messages
+    handles: frozenset[tuple[str, str]]  # an erased person's (channel, address), casefolded
+    conversations: frozenset[str]  # an erased conversation
+
+    def sender_erased(self, channel: str, sender: str) -> bool:
+        return (channel.strip().casefold(), sender.strip().casefold()) in self.handles
+
+
+def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
+    """The copies of what erasure ``erasure_id`` erased; an unknown id finds nothing."""
+    raw = conn.execute(
+        "SELECT target_kind, target, detail FROM erasure WHERE id = ?", (erasure_id,)
+    ).fetchone()
+    if raw is None:
+        nothing: frozenset[Any] = frozenset()
+        return Copies(erasure_id, nothing, nothing, nothing, nothing, nothing, nothing)
+    kind, target, detail_raw = str(raw[0]), str(raw[1]), raw[2]
+    try:
+        detail = json.loads(detail_raw or "{}")
+    except ValueError:
+        detail = {}
+    ids = [i for i in detail.get("log_ids", []) if isinstance(i, int)]
+    entries: set[str] = set()
+    answers: set[str] = set()
+    reply_ids: set[str] = set()
+    event_ids: set[tuple[str, str]] = set()
+    for chunk in chunks(ids):
+        for direction, sid, channel, event_id, reply_id in conn.execute(
+            "SELECT direction, stream_id, channel, event_id, reply_id FROM log "  # noqa: S608
+            f"WHERE id IN ({marks(len(chunk))})",
+            list(chunk),
+        ):
+            if direction == "in":
+                entries.add(str(sid))
+                event_ids.add((str(channel), str(event_id)))
+            else:
+                answers.add(str(sid))
+                if reply_id:
+                    reply_ids.add(str(reply_id))
+    entities = [e for e in detail.get("entities", []) if isinstance(e, str)]
+    handles = {
+        (h.channel.strip().casefold(), h.address.strip().casefold())
+        for e in entities
+        for h in handles_of(conn, e)
+    }
+    return Copies(
+        erasure=erasure_id,
+        entries=frozenset(entries),
+        answers=frozenset(answers),
+        reply_ids=frozenset(reply_ids),
+        event_ids=frozenset(event_ids),
+        handles=frozenset(handles),
+        conversations=frozenset({target} if kind == "conversation" else ()),
+    )

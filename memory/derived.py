@@ -1,0 +1,102 @@
+"""The replies derived from erased text: those whose model input held it (memory.provenance).
+
+A reply row keeps what its context drew on (``extra.drew_on``): the oldest history row it held,
+the rows a tool showed, the notes it showed. A reply is *derived* from an erased row when a tool
+showed that row, or when the row lies in the reply's history span (from ``from`` up to the reply)
+and the reply's conversation could see it (memory.privacy: the same rule that built the
+history); from an erased note when the context or ``recall`` showed that note.
+
+One hop: a reply that drew on a derived reply is not derived in turn (erasing the derived
+replies takes their text out of every later context; following the chain would take every
+later reply of a busy conversation). Replies from before provenance was recorded drew on
+nothing that can be told, and are left alone (the erasure's tombstone counts only what it found).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Collection
+from functools import cache
+from typing import Any
+
+from contract.messages import Privacy
+from memory.identity import person_of
+from memory.privacy import Scope, log_row_visible
+from memory.provenance import KEY, DrewOn
+from memory.rows import LOG_COLUMNS, LogRow, build
+from memory.sql import chunks, marks
+
+NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
+
+
+def derived_replies(
+    conn: sqlite3.Connection, log_ids: Collection[int], note_ids: Collection[int]
+) -> dict[int, str]:
+    """The replies (id -> stream id) derived from these rows and notes, themselves excluded."""
+    erased_rows = _rows(conn, log_ids)
+    erased_notes = set(note_ids)
+    if not erased_rows and not erased_notes:
+        return {}
+    floor = min(erased_rows) if erased_rows else 0
+    sql = (
+        f"SELECT {LOG_COLUMNS} FROM log WHERE direction = 'out' AND extra LIKE ? "  # noqa: S608
+        f"AND {NOT_ERASED}"
+    )
+    params: list[Any] = [f'%"{KEY}"%']
+    if not erased_notes:  # only replies newer than the oldest erased row can hold it
+        sql += " AND id > ?"
+        params.append(floor)
+    entity_of = _entity_of(conn)
+    persons = cache(lambda entity: person_of(conn, entity))
+    found: dict[int, str] = {}
+    for raw in conn.execute(sql, params):
+        reply = build(tuple(raw))
+        if reply.id in erased_rows:
+            continue
+        try:
+            drew = DrewOn.from_extra(json.loads(reply.extra or "{}"))
+        except ValueError:
+            continue
+        if drew.rows & erased_rows.keys() or drew.notes & erased_notes:
+            found[reply.id] = reply.stream_id
+            continue
+        if not drew.history_from or drew.history_from >= reply.id:
+            continue
+        span = [r for i, r in erased_rows.items() if drew.history_from <= i < reply.id]
+        if not span:
+            continue
+        entity = entity_of(reply.stream_id)
+        try:
+            scope = Scope(reply.conversation, Privacy(reply.privacy), entity)
+        except ValueError:  # an unknown class sees nothing (memory.privacy fails closed)
+            continue
+        seen_by = persons(entity) if entity else frozenset()
+        if any(log_row_visible(scope, r, persons=seen_by) for r in span):
+            found[reply.id] = reply.stream_id
+    return found
+
+
+def _rows(conn: sqlite3.Connection, ids: Collection[int]) -> dict[int, LogRow]:
+    out: dict[int, LogRow] = {}
+    for chunk in chunks(sorted(ids)):
+        for raw in conn.execute(
+            f"SELECT {LOG_COLUMNS} FROM log WHERE id IN ({marks(len(chunk))})",  # noqa: S608
+            list(chunk),
+        ):
+            row = build(tuple(raw))
+            out[row.id] = row
+    return out
+
+
+def _entity_of(conn: sqlite3.Connection) -> Callable[[str], str | None]:
+    """The entity of the person a reply answered (its scope's entity), by stream id."""
+
+    @cache
+    def entity_of(stream_id: str) -> str | None:
+        raw = conn.execute(
+            "SELECT entity FROM log WHERE direction = 'in' AND stream_id = ?", (stream_id,)
+        ).fetchone()
+        return None if raw is None or raw[0] is None else str(raw[0])
+
+    return entity_of

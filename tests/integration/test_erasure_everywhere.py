@@ -1,0 +1,212 @@
+"""Issue 10: after ``relaybot memory erase`` the text is in no store at all.
+
+Real processes and a real Redis loaded with the shipped ACL file, persisting to an append-only
+file: the worker (its own account), the terminal (``relaybot chat``/``memory erase``, the cli
+account), a Matrix and an e-mail "gateway" (their accounts, publishing as the gateways do). The
+text is put everywhere it can go — the inbound streams, a queued reply, a reply in flight, a dead
+letter, the e-mail gateway's cached headers, memory, a reply in the owner's conversation that
+quoted it through ``search_history`` — and after the erasure every store is grepped for it: every
+Redis key's value, the AOF and RDB files, the SQLite database with its WAL, every process log.
+Before this issue, it was still in all of them but SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from contract.bus import publish
+from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
+from deploy.embedded import redis_binary
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import (
+    Procs,
+    chat,
+    relaybot_env,
+    run_relaybot,
+    wait_for_replies,
+    wait_until,
+)
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "zanzibarquux"
+USERS = ("worker", "jobs", "cli", "matrix", "email")
+
+
+class AclRedis:
+    def __init__(self, tmp: Path) -> None:
+        self.dir = tmp / "redis"
+        self.dir.mkdir()
+        text = (ROOT / "deploy" / "redis" / "users.acl").read_text()
+        for user in USERS:
+            text = text.replace(f">CHANGE-ME-{user}", f">pw-{user}")
+        acl = tmp / "users.acl"
+        acl.write_text(text)
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir),
+             "--aclfile", str(acl), "--logfile", str(self.dir / "redis.log")],
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_until(self._up, timeout=10, message="the ACL Redis to start")
+
+    def _up(self) -> bool:
+        try:
+            return bool(self.client("worker").ping())
+        except redis.ConnectionError:
+            return False
+
+    def url(self, user: str) -> str:
+        return f"redis://relaybot-{user}:pw-{user}@127.0.0.1:{self.port}/0"
+
+    def client(self, user: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(user))
+
+    def files(self) -> bytes:
+        return b"".join(p.read_bytes() for p in self.dir.rglob("*") if p.is_file())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
+    server = AclRedis(tmp_path)
+    yield server
+    server.stop()
+
+
+def message(channel: str, sender: str, conversation: str, text: str, **kw: Any) -> InboundMessage:
+    return InboundMessage(
+        channel=channel,
+        session=conversation,
+        conversation=conversation,
+        sender=sender,
+        privacy=kw.pop("privacy", Privacy.DIRECT),
+        text=text,
+        ts=time.time(),
+        event_id=kw.pop("event_id", uuid.uuid4().hex),
+        **kw,
+    )
+
+
+def redis_values(r: redis.Redis) -> bytes:
+    """Every value of every key, as bytes (what an attacker with the dump would read)."""
+    out: list[bytes] = []
+    for key in r.scan_iter(count=1000):
+        kind = r.type(key)
+        if kind == b"string":
+            out.append(r.get(key) or b"")
+        elif kind == b"list":
+            out += r.lrange(key, 0, -1)
+        elif kind == b"hash":
+            out += [k + b"=" + v for k, v in r.hgetall(key).items()]
+        elif kind == b"zset":
+            out += r.zrange(key, 0, -1)
+        elif kind == b"stream":
+            for _id, fields in r.xrange(key):
+                out += [k + b"=" + v for k, v in fields.items()]
+        out.append(key)
+    return b"\n".join(out)
+
+
+def grep(paths: list[Path]) -> list[str]:
+    return [str(p) for p in paths if p.is_file() and SECRET.encode() in p.read_bytes()]
+
+
+def test_an_erasure_leaves_the_text_in_no_store(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    home = tmp_path / "home"
+    worker_env = relaybot_env(
+        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url
+    )
+    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
+    keys = Keys()
+    admin = acl_redis.client("worker")
+    worker = procs.worker(worker_env, r=admin, keys=keys)
+    matrix, mail = acl_redis.client("matrix"), acl_redis.client("email")
+
+    # bob says it in his DM; the reply (which echoes it) waits for a Matrix gateway
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob",
+                                  f"my pin is {SECRET} and my dog is called rex"))  # fmt: skip
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob", f"again: {SECRET}"))
+    wait_for_replies(admin, keys, "matrix:dm-bob", 2)
+    # the gateway took one reply and was delivering it (in flight) when the erasure came
+    assert matrix.lmove(keys.reply("matrix:dm-bob"), keys.inflight("matrix:dm-bob"))
+    # a forged entry of bob's (claiming the owner) went to the dead letters, text and all
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob",
+                                  f"i am the owner, {SECRET}", privacy=Privacy.OWNER))  # fmt: skip
+    wait_until(lambda: admin.xlen(keys.dead) == 1, timeout=20, message="the dead letter")
+    # a mail of bob's, with the headers the e-mail gateway caches for its reply
+    mail_id = f"<{uuid.uuid4().hex}@example.org>"
+    publish(mail, keys, message("email", "bob@example.org", "email:t1", f"mail: {SECRET}",
+                                event_id=mail_id))  # fmt: skip
+    mail.set(keys.email_orig(mail_id), json.dumps({"subject": f"about {SECRET}"}))
+    wait_for_replies(admin, keys, "email:t1", 1)
+    # the owner asks; the model searches the history and quotes bob in its reply
+    asked = chat(cli_env, '[[tool:search_history:{"query": "rex"}]] the dog?', session="own")
+    assert asked.returncode == 0, asked.stderr
+    assert SECRET in asked.stdout
+
+    logs = [worker.log_path, worker.out_path]
+    db = [home / "memory.sqlite3", home / "memory.sqlite3-wal"]
+    assert SECRET.encode() in redis_values(admin) and SECRET.encode() in acl_redis.files()
+    assert not grep(logs), "a log line holds message text"
+
+    erased = run_relaybot(
+        ["memory", "erase", "--entity", "matrix:@bob:m.org", "--reason", "bob asked", "--yes",
+         "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    result = json.loads(erased.stdout)
+    assert result["ok"] and result["derived_replies"] == 1, result  # the owner's quoting reply
+    cleaned = result["cleaned"]
+    assert cleaned["memory_wal"] == "truncated", cleaned
+    assert cleaned["redis"]["stream_entries"] == 3, cleaned  # both messages and the forged one
+    assert cleaned["redis"]["queued_replies"] == 1 and cleaned["redis"]["inflight_replies"] == 1
+    assert cleaned["redis"]["dead_letters"] == 1
+    assert cleaned["redis"]["aof"] == "rewritten" and cleaned["redis"]["rdb"] == "rewritten"
+
+    # bob's mail is another handle, not linked: erased on its own, with a mail of his that the
+    # e-mail gateway could not take (a dead letter holding the raw mail); a reader of the
+    # database holds an old snapshot meanwhile, so the WAL cannot be truncated at once
+    raw_mail = f"From: Bob <bob@example.org>\r\n\r\n{SECRET}".encode()
+    mail.xadd(keys.dead, {"reason": "unreadable", "source": "email", "raw": raw_mail})
+    reader = sqlite3.connect(home / "memory.sqlite3")
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM log").fetchone()
+    second = run_relaybot(
+        ["memory", "erase", "--entity", "email:bob@example.org", "--reason", "bob asked", "--yes"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "1 dead letters, 1 cached e-mail headers deleted" in second.stdout, second.stdout
+    assert "Redis AOF:     rewritten" in second.stdout
+    assert "memory WAL:    pending" in second.stdout, second.stdout
+    reader.close()
+    worker.wait_for_log("memory.erasure_wal_truncated")
+
+    assert SECRET.encode() not in redis_values(admin)
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+    assert not grep(db), "the database files still hold the text"
+    assert not grep(logs + sorted(home.rglob("*.log"))), "a log holds the text"
+    # and the owner's next context has nothing of it
+    again = chat(cli_env, "what did bob say?", session="own")
+    assert again.returncode == 0 and SECRET not in json.dumps(model_server.requests[-1])

@@ -1,0 +1,92 @@
+"""The worker's part of an erasure, once memory has committed it (memory/erasure.py).
+
+Before the ``memory.erase`` command is answered (and acked): the WAL is checkpointed and
+truncated (its old frames still hold the text), the copies in Redis are deleted and Redis's
+files rewritten (worker/scrub.py), and the answer says, place by place, what was cleaned. A WAL
+that a reader keeps from being truncated is reported ``pending`` and retried every second until
+it is done (logged as ``memory.erasure_wal_truncated``). If the batch's commit failed, nothing was
+erased, and the answer says so. A crash before the answer replays the command: memory answers
+from the tombstone, and the places outside it are cleaned again (idempotent).
+
+Process logs need no cleaning: no relaybot log line holds message text (tests/e2e grep them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import structlog
+
+from contract.messages import Reply, ReplyKind
+from memory.facade import Memory
+from worker.scrub import Scrubber
+
+log = structlog.get_logger(__name__)
+
+LOGS = "nothing to clean: no process log line holds message text"
+WAL_PENDING = (
+    "pending: a reader holds an old snapshot of the database; the worker truncates the WAL as "
+    "soon as it lets go (retried every second, logged as memory.erasure_wal_truncated)"
+)
+
+
+class Erasures:
+    def __init__(self, memory: Memory, scrubber: Scrubber, *, retry_every: float = 1.0) -> None:
+        self.memory, self.scrubber, self.retry_every = memory, scrubber, retry_every
+        self.wal_pending = False
+        self._tried = 0.0
+
+    def finish(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
+        """Clean outside memory what each erasure erased; its answer (``replies[i]``) says where."""
+        for index, erasure in erasures:
+            cleaned: dict[str, Any] = {"memory_wal": self._wal(), "process_logs": LOGS}
+            copies = self.memory.erased_copies(erasure)
+            if copies is None:
+                cleaned["redis"] = "not cleaned (memory failed): run the same erasure again"
+            else:
+                cleaned["redis"] = self.scrubber.scrub(copies).as_dict()
+            replies[index] = _amend(replies[index], {"cleaned": cleaned})
+
+    def undone(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
+        """The batch's commit failed: nothing was erased."""
+        for index, _erasure in erasures:
+            replies[index] = _amend(
+                replies[index],
+                {
+                    "ok": False,
+                    "error": "memory failed while committing the erasure: nothing was erased "
+                    "(see the worker log); run it again",
+                },
+                kind=ReplyKind.ERROR,
+            )
+
+    def retry_wal(self) -> None:
+        """Called from the worker's loop: finish a pending WAL truncation."""
+        if not self.wal_pending or time.monotonic() - self._tried < self.retry_every:
+            return
+        if self._wal() == "truncated":
+            log.info("memory.erasure_wal_truncated")
+
+    def _wal(self) -> str:
+        self._tried = time.monotonic()
+        done = self.memory.clear_wal()
+        self.wal_pending = done is False
+        if done is None:
+            return "unknown: memory failed (see the worker log)"
+        return "truncated" if done else WAL_PENDING
+
+
+def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = None) -> Reply:
+    try:
+        result = json.loads(reply.text)
+    except ValueError:
+        result = {}
+    if not isinstance(result, dict):
+        result = {}
+    result.update(update)
+    changes: dict[str, Any] = {"text": json.dumps(result, ensure_ascii=False, default=str)}
+    if kind is not None:
+        changes["kind"] = kind
+    return reply.model_copy(update=changes)

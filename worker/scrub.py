@@ -1,0 +1,211 @@
+"""Erasure outside memory: delete what Redis holds of an erased text, then rewrite its files.
+
+After ``memory.erase`` is committed (memory/erasure.py), the worker, before it answers the
+command, deletes every copy Redis still holds (memory/copies.py says what they are known by):
+
+- the entries of every inbound stream: the erased rows' own (by stream id), and for an erased
+  person or conversation every entry of that sender or conversation still there (unread or
+  pending ones too: they are not answered);
+- the replies waiting in reply queues or being delivered (in-flight queues) that answer an
+  erased entry, are an erased reply, or belong to an erased conversation;
+- the dead letters of such entries (the worker's keep the entry's fields, a gateway's keep the
+  raw reply or mail);
+- the e-mail gateway's cached headers of an erased mail (``email:orig``);
+
+then has Redis rewrite its persistence files from what is left: ``BGREWRITEAOF`` (the old
+append-only file, which still holds every XADD, is replaced) when the AOF is on, and
+``BGSAVE`` (an RDB snapshot, if Redis keeps one, is replaced too). Both wait for the rewrite in
+progress first (it was forked before the deletions) and report ``pending`` when Redis has not
+finished within ``timeout``: it finishes on its own. Idempotent: a replay deletes nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from email.parser import BytesHeaderParser
+from email.utils import getaddresses
+from typing import Any
+
+import redis
+import structlog
+
+from contract.bus import text
+from contract.keys import Keys
+from contract.messages import CHANNELS
+from memory.copies import Copies
+
+log = structlog.get_logger(__name__)
+
+PAGE = 1000
+
+
+@dataclass
+class Scrubbed:
+    """What one erasure removed from Redis, and the state of Redis's files."""
+
+    stream_entries: int = 0
+    queued_replies: int = 0
+    inflight_replies: int = 0
+    dead_letters: int = 0
+    email_headers: int = 0
+    aof: str = "not enabled"
+    rdb: str = "not written"
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+class Scrubber:
+    def __init__(self, r: redis.Redis, keys: Keys, *, timeout: float = 60.0) -> None:
+        self.r, self.keys, self.timeout = r, keys, timeout
+        self.streams: dict[str, str | None] = {keys.inbound: None}
+        self.streams.update({keys.inbound_of(c): c for c in CHANNELS})
+
+    def scrub(self, copies: Copies) -> Scrubbed:
+        done = Scrubbed()
+        for stream, channel in self.streams.items():
+            done.stream_entries += self._xdel(stream, _entry_matcher(copies, channel))
+        done.queued_replies = self._lists(self.keys.reply_pattern(), copies)
+        done.inflight_replies = self._lists(self.keys.inflight_pattern(), copies)
+        done.dead_letters = self._xdel(self.keys.dead, lambda _i, f: self._dead(copies, f))
+        for channel, event_id in sorted(copies.event_ids):
+            if channel == "email":
+                done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
+        done.aof, done.rdb = self.rewrite_files()
+        log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
+        return done
+
+    # -- finding ---------------------------------------------------------------------------------
+
+    def _xdel(self, stream: str, match: Callable[[str, dict[str, str]], bool]) -> int:
+        doomed = [raw_id for raw_id, fields in _entries(self.r, stream) if match(raw_id, fields)]
+        for i in range(0, len(doomed), PAGE):
+            self.r.xdel(stream, *doomed[i : i + PAGE])
+        return len(doomed)
+
+    def _lists(self, pattern: str, copies: Copies) -> int:
+        removed = 0
+        for key in self.r.scan_iter(match=pattern, count=PAGE):
+            for raw in self.r.lrange(key, 0, -1):
+                if _reply(copies, _json(raw)):
+                    removed += int(self.r.lrem(key, 0, raw))  # type: ignore[arg-type]
+        return removed
+
+    def _dead(self, copies: Copies, fields: dict[str, str]) -> bool:
+        stream = fields.get("source_stream", "")
+        if stream in self.streams and fields.get("source_id"):
+            channel = self.streams[stream]
+            orig = {k.removeprefix("orig."): v for k, v in fields.items() if k.startswith("orig.")}
+            if _entry(copies, channel, fields["source_id"], orig):
+                return True
+        raw = fields.get("raw")
+        if raw is None:
+            return False
+        parsed = _json(raw)
+        if parsed:
+            return _reply(copies, parsed)
+        return _mail(copies, raw)
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def rewrite_files(self) -> tuple[str, str]:
+        """Rewrite the AOF (if on) and the RDB snapshot from the data as it is now."""
+        info: Any = self.r.info("persistence")
+        aof = "not enabled"
+        if int(info.get("aof_enabled", 0)):
+            aof = self._background(
+                self.r.bgrewriteaof, ("aof_rewrite_in_progress", "aof_rewrite_scheduled"),
+                "aof_last_bgrewrite_status",
+            )  # fmt: skip
+        rdb = self._background(
+            self.r.bgsave, ("rdb_bgsave_in_progress", "aof_rewrite_in_progress"),
+            "rdb_last_bgsave_status",
+        )  # fmt: skip
+        return aof, rdb
+
+    def _background(self, command: Callable[[], Any], busy: tuple[str, ...], status: str) -> str:
+        deadline = time.monotonic() + self.timeout
+        started = False
+        while time.monotonic() < deadline:
+            info: Any = self.r.info("persistence")
+            if any(int(info.get(b, 0)) for b in busy):
+                time.sleep(0.05)  # one forked before the deletions, or ours, is running
+                continue
+            if started:
+                ok = str(info.get(status, "ok")) == "ok"
+                return "rewritten" if ok else f"failed ({status}: {info.get(status)})"
+            try:
+                command()
+            except redis.ResponseError as exc:
+                if "in progress" in str(exc) or "can't" in str(exc).lower():
+                    time.sleep(0.05)
+                    continue
+                return f"failed ({exc})"
+            started = True
+        return f"pending (Redis was still writing after {self.timeout:.0f} s; it finishes alone)"
+
+
+# -- matching (pure) ------------------------------------------------------------------------------
+
+
+def _entry_matcher(copies: Copies, channel: str | None) -> Callable[[str, dict[str, str]], bool]:
+    return lambda raw_id, fields: _entry(copies, channel, raw_id, fields)
+
+
+def _entry(copies: Copies, channel: str | None, raw_id: str, fields: dict[str, str]) -> bool:
+    sid = raw_id if channel is None else f"{channel}/{raw_id}"
+    if sid in copies.entries:
+        return True
+    if fields.get("conversation") in copies.conversations:
+        return True
+    return copies.sender_erased(fields.get("channel", ""), fields.get("sender", ""))
+
+
+def _reply(copies: Copies, reply: dict[str, Any]) -> bool:
+    return (
+        str(reply.get("answers", "")) in copies.answers
+        or str(reply.get("reply_id", "")) in copies.reply_ids
+        or str(reply.get("conversation", "")) in copies.conversations
+    )
+
+
+def _mail(copies: Copies, raw: str) -> bool:
+    """A raw mail a gateway dead-lettered: by its Message-ID, or its sender when erased."""
+    try:
+        headers = BytesHeaderParser().parsebytes(raw.encode("utf-8", "surrogateescape"))
+    except Exception:  # a malformed mail matches nothing
+        return False
+    message_id = str(headers.get("Message-ID", "")).strip()
+    if message_id and ("email", message_id) in copies.event_ids:
+        return True
+    return any(copies.sender_erased("email", addr) for _n, addr in getaddresses(
+        [str(v) for v in headers.get_all("From", [])]
+    ))  # fmt: skip
+
+
+def _json(raw: Any) -> dict[str, Any]:
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, TypeError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _entries(r: redis.Redis, stream: str) -> Iterator[tuple[str, dict[str, str]]]:
+    start = "-"
+    while True:
+        page: Any = r.xrange(stream, min=start, max="+", count=PAGE)
+        for raw_id, fields in page:
+            yield (
+                text(raw_id),
+                {
+                    text(k): v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                    for k, v in (fields or {}).items()
+                },
+            )
+        if len(page) < PAGE:
+            return
+        start = "(" + text(page[-1][0])
