@@ -65,12 +65,15 @@ class RoomFacts:
     display_names: Mapping[str, str] = field(default_factory=dict)
     audience: frozenset[str] = frozenset()  # who can read the event, the bot aside
     epoch: str = ""  # the audience's key when the room hides history from newcomers, else ""
+    public: bool = False  # world_readable: anyone can read it, member or not
 
     @property
     def direct(self) -> bool:
-        """Two people at most. ``m.direct`` / ``is_direct`` is not trusted for this: a room
-        created as a DM can grow, and a third person must not see the owner's own context."""
-        return self.member_count <= 2
+        """Two people at most, in a room that not everyone can read. ``m.direct`` /
+        ``is_direct`` is not trusted for this: a room created as a DM can grow, and a third
+        person must not see the owner's own context; a world-readable room is public however
+        few its members are."""
+        return self.member_count <= 2 and not self.public
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ def room_facts(
         display_names=display_names,
         audience=audience,
         epoch="" if shared else audience_key(audience),
+        public=history_visibility == "world_readable",
     )
 
 
@@ -244,7 +248,10 @@ def _admit(
         if sender in policy.owners:
             return Privacy.OWNER
         if sender in policy.dm_allowlist:
-            return Privacy.DIRECT
+            # where the room shows its history to newcomers (no epoch), what is said here is
+            # said to whoever joins later too: the conversation sees only itself (and public
+            # knowledge), not what this person told the assistant elsewhere
+            return Privacy.DIRECT if room.epoch else Privacy.GROUP
         return Rejected("direct message from a sender not on the allowlist")
     mode, allowed = policy.room_policy(room.room_id)
     if mode == GroupPolicy.ALLOWLIST and sender not in allowed | policy.owners:

@@ -59,8 +59,36 @@ def test_owner_dm_is_the_owners_own() -> None:
 
 def test_allowlisted_dm_is_direct_and_stranger_is_rejected() -> None:
     assert EVENTS["no_mention"]["sender"] == "@carol:localhost"
-    assert ok("no_mention").privacy == Privacy.DIRECT  # carol in a DM: allowlisted
+    hidden = RoomFacts("!dm:localhost", member_count=2, epoch="k1")  # history_visibility joined
+    assert ok("no_mention", hidden).privacy == Privacy.DIRECT  # carol in a DM: allowlisted
     assert "allowlist" in rejected("stranger")
+
+
+def test_a_dm_that_shows_its_history_to_newcomers_sees_only_itself() -> None:
+    """Found by tests/unit/test_privacy_invariant.py: in a DM whose history a later member can
+    read (``shared``, Matrix's default), a direct conversation's reply quoting what carol said
+    elsewhere was read by whoever carol let in next. Such a DM is answered (no mention needed)
+    but sees only itself; a world-readable room is public, never the owner's own."""
+    assert ok("no_mention").privacy == Privacy.GROUP  # DM: no epoch, history shared
+    facts = room_facts(
+        "!pub:localhost",
+        frozenset({"@owner:localhost", BOT}),
+        own_user_id=BOT,
+        history_visibility="world_readable",
+        ever=frozenset(),
+        display_names={},
+    )
+    assert not facts.direct
+    assert "not mentioned" in rejected("text", facts)
+    owner_dm = room_facts(
+        "!dm:localhost",
+        frozenset({"@owner:localhost", BOT}),
+        own_user_id=BOT,
+        history_visibility="shared",
+        ever=frozenset(),
+        display_names={},
+    )
+    assert ok("text", owner_dm).privacy == Privacy.OWNER  # the owner lets people in: theirs
 
 
 def test_a_room_of_three_is_a_group_even_if_created_as_a_dm() -> None:

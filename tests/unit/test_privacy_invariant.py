@@ -1,0 +1,338 @@
+"""The privacy invariant (README, "The privacy invariant"), as a property over generated histories.
+
+    Apart from the owner's own conversations, no text reaches the model's input, a tool result
+    or a reply in a turn whose audience includes anyone who was not in the audience of that text
+    when it was said (public knowledge and a person's own words excepted).
+
+A history is generated: Matrix rooms of every ``history_visibility`` that people join and leave,
+e-mail threads whose recipients change from mail to mail, the owner's terminal, linked and
+unlinked handles, the owner's notes of every scope and visibility. Each message is made the way
+its gateway makes it (``gateways.matrix_events.normalize_event`` over ``room_facts``;
+``gateways.email_parse.parse_email`` over a raw mail) and handled by the worker's real ``Turns``
+with the real tools, against a scripted model that in every turn calls ``search_history`` and
+``recall`` for words of every conversation, ``remember``s what it saw, and quotes all it saw in
+its reply. Every message carries one unique word; the oracle knows who could read each word on
+its platform (a room's members then, or everyone who ever joined when the room shows history
+to newcomers; a mail's From/To/Cc; the terminal's owner) and checks every word of every model
+input and tool result against the audience of the turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contract.config import Config, OwnerAlias
+from contract.messages import InboundMessage
+from gateways.cli import normalize as cli_message
+from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.matrix_events import GroupPolicy, Policy, normalize_event, room_facts
+from memory import commands
+from memory.command_types import CommandContext
+from memory.store import MemoryStore
+from worker.main import TurnTools
+from worker.model import Completion, ToolCall
+from worker.turn import Turns
+
+OWNER = "ada"
+PEOPLE = ("bob", "carol", "dave")
+EVERYONE = (OWNER, *PEOPLE)
+ROOMS = ("r1", "r2")
+VISIBILITY = ("shared", "joined", "invited", "world_readable")
+BOT_MX, BOT_MAIL = "@bot:m.org", "bot@example.org"
+WORD = re.compile(r"\bzq[a-z]+\b")
+ECHO = re.compile(r"query: [^\n]*?, by (relevance|time)|for query '[^']*'")
+
+
+def mx(person: str) -> str:
+    return f"@{person}:m.org"
+
+
+def mail(person: str) -> str:
+    return f"{person}@example.org"
+
+
+def word(n: int) -> str:
+    letters = ""
+    n += 1
+    while n:
+        n, r = divmod(n - 1, 26)
+        letters = chr(97 + r) + letters
+    return f"zq{letters}"
+
+
+@dataclass
+class Origin:
+    """Who could read a word on its platform: a fixed set, or a room's members ever since."""
+
+    author: str
+    readers: frozenset[str] = frozenset()
+    room: str | None = None  # a room showing history to newcomers: its members, ever
+    public: bool = False
+
+
+@dataclass
+class World:
+    visibility: dict[str, str]
+    members: dict[str, set[str]] = field(default_factory=lambda: {r: set() for r in ROOMS})
+    ever: dict[str, set[str]] = field(default_factory=lambda: {r: set() for r in ROOMS})
+    threads: list[tuple[str, str]] = field(default_factory=list)  # (root Message-ID, last)
+    origins: dict[str, list[Origin]] = field(default_factory=dict)  # where each was said
+    conversations: list[str] = field(default_factory=list)
+    n: itertools.count[int] = field(default_factory=itertools.count)
+
+    def new_word(self, origin: Origin) -> str:
+        w = word(next(self.n))
+        self.origins[w] = [origin]
+        return w
+
+    def may_read(self, person: str, w: str) -> bool:
+        return any(self._may_read(person, o) for o in self.origins[w])
+
+    def _may_read(self, person: str, o: Origin) -> bool:
+        if o.public or person == o.author:
+            return True
+        if o.room is not None:
+            return self.visibility[o.room] == "world_readable" or person in self.ever[o.room]
+        return person in o.readers
+
+
+class ScriptedModel:
+    """Calls search_history and recall (for words of every conversation) and remember, then
+    quotes every word it saw. Keeps each turn's whole input for the oracle."""
+
+    name = "scripted"
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.seen: list[str] = []
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        # what the model is shown: the context and the tool results, less its own tool calls
+        # and the tools' echo of its queries
+        shown = json.dumps([m.get("content") for m in messages if m.get("role") != "assistant"])
+        text = ECHO.sub("", shown)  # it quotes and remembers only what it was shown
+        self.seen.append(text)
+        names = {t["function"]["name"] for t in tools}
+        if messages[-1].get("role") != "tool":
+            known = list(self.world.origins)[-8:]
+            calls = []
+            if "search_history" in names and known:
+                query = " OR ".join(known)
+                calls.append(ToolCall(id="s", name="search_history", arguments={"query": query}))
+            if "recall" in names and known:
+                calls.append(ToolCall(id="r", name="recall", arguments={"query": " ".join(known)}))
+            said = sorted(set(WORD.findall(text)))
+            if "remember" in names and said:
+                args = {"text": "seen " + " ".join(said), "scope": "shared", "visibility": "public"}
+                if "memory_write" in names:  # the owner's own conversation: private by default
+                    args = {"text": "seen " + " ".join(said)}
+                calls.append(ToolCall(id="m", name="remember", arguments=args))
+            if calls:
+                return Completion(tool_calls=calls, finish_reason="tool_calls")
+        quoted = " ".join(sorted(set(WORD.findall(text))))
+        return Completion(content=f"I saw: {quoted}", finish_reason="stop")
+
+    def close(self) -> None:
+        pass
+
+
+step = st.one_of(
+    st.tuples(st.just("join"), st.sampled_from(ROOMS), st.sampled_from(EVERYONE)),
+    st.tuples(st.just("leave"), st.sampled_from(ROOMS), st.sampled_from(EVERYONE)),
+    st.tuples(st.just("say"), st.sampled_from(ROOMS), st.sampled_from(EVERYONE)),
+    st.tuples(
+        st.just("mail"),
+        st.sampled_from(EVERYONE),
+        st.frozensets(st.sampled_from(EVERYONE), max_size=3),
+        st.integers(min_value=0, max_value=3),  # which thread it answers (0: a new one)
+    ),
+    st.tuples(st.just("cli")),
+    st.tuples(
+        st.just("note"),
+        st.sampled_from(["shared", "chat"]),
+        st.sampled_from(["public", "private", "internal"]),
+    ),
+)
+
+
+class Run:
+    def __init__(self, world: World, home: Path, links: frozenset[str]) -> None:
+        self.world = world
+        cfg = Config.model_validate(
+            {
+                "home": home,
+                "owner": {
+                    "name": "Ada",
+                    "aliases": [
+                        OwnerAlias(address=mx(OWNER), channel="matrix"),
+                        OwnerAlias(address=mail(OWNER), channel="email"),
+                    ],
+                },
+            }
+        )
+        self.store = MemoryStore(home / "memory.sqlite3")
+        self.model = ScriptedModel(world)
+        self.turns = Turns(cfg, self.store, self.model, TurnTools())
+        self.policy = Policy(
+            own_user_id=BOT_MX,
+            owners=frozenset({mx(OWNER)}),
+            dm_allowlist=frozenset(mx(p) for p in PEOPLE),
+            group_policy=GroupPolicy.OPEN,
+        )
+        self.addrs = Addresses(
+            own=frozenset({BOT_MAIL}),
+            owner=frozenset({mail(OWNER)}),
+            allow_all=True,
+            trust_mailbox=True,
+        )
+        self.sid = itertools.count(1)
+        for person in sorted(links):  # the owner verified that these handles are one person
+            self.command(
+                "entities.link", {"a": f"matrix:{mx(person)}", "b": f"email:{mail(person)}"}
+            )
+
+    def command(self, op: str, args: dict[str, Any]) -> None:
+        ctx = CommandContext(f"cli/{next(self.sid)}-0", self.store, owner_name="Ada")
+        with self.store.transaction():
+            result = commands.apply(ctx, op, args)
+        assert result["ok"], result
+
+    def turn(self, msg: InboundMessage, audience: frozenset[str], said_to: Origin) -> None:
+        """Handle ``msg``; every word the model was shown must be readable by ``audience``.
+        ``said_to``: who can read what is said in this conversation (the reply)."""
+        self.world.conversations.append(msg.conversation)
+        before = len(self.model.seen)
+        with self.turns.memory.batch():
+            outcome = self.turns.handle(
+                f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
+            )
+        others = audience - {OWNER}
+        if not others:
+            # the owner's own conversation sees everything, and what its reply quotes is said
+            # again, to this conversation's audience (in a room that shows its history to
+            # newcomers: whoever the owner lets in later, as Matrix shows it to them)
+            reply = outcome.reply.text if outcome.reply is not None else ""
+            for w in set(WORD.findall(reply)):
+                self.world.origins[w].append(said_to)
+            return
+        for text in self.model.seen[before:]:
+            for w in set(WORD.findall(text)):
+                for person in others:
+                    assert self.world.may_read(person, w), (
+                        f"{w} (said by {self.world.origins[w][0].author}) reached a turn of "
+                        f"{sorted(audience)} in {msg.conversation}"
+                    )
+
+    # -- the platforms, as their gateways see them ---------------------------------------------
+
+    def say(self, room: str, person: str) -> None:
+        world = self.world
+        members = world.members[room]
+        if person not in members:
+            return
+        shared = world.visibility[room] in ("shared", "world_readable")
+        origin = Origin(person, frozenset(members), room if shared else None)
+        text = world.new_word(origin)
+        facts = room_facts(
+            f"!{room}:m.org",
+            frozenset({*(mx(p) for p in members), BOT_MX}),
+            own_user_id=BOT_MX,
+            history_visibility=world.visibility[room],
+            ever=frozenset(mx(p) for p in world.ever[room]),
+            display_names={},
+        )
+        event = {
+            "event_id": f"$e{len(world.origins)}",
+            "sender": mx(person),
+            "type": "m.room.message",
+            "origin_server_ts": int(time.time() * 1000),
+            "content": {"msgtype": "m.text", "body": text},
+        }
+        msg = normalize_event(event, facts, self.policy)
+        assert isinstance(msg, InboundMessage), msg
+        audience = frozenset(world.ever[room]) if shared else frozenset(members)
+        if world.visibility[room] == "world_readable":
+            audience |= frozenset(EVERYONE)  # anyone can read it
+        self.turn(msg, audience, origin)
+
+    def mail(self, sender: str, to: frozenset[str], thread: int) -> None:
+        world = self.world
+        readers = frozenset({sender, *to})
+        text = world.new_word(Origin(sender, readers))
+        message_id = f"<m{len(world.origins)}@example.org>"
+        headers = [
+            f"From: {sender.title()} <{mail(sender)}>",
+            "To: " + ", ".join([BOT_MAIL, *(mail(p) for p in sorted(to))]),
+            f"Message-ID: {message_id}",
+            "Subject: hi",
+        ]
+        if thread and world.threads:
+            root, last = world.threads[(thread - 1) % len(world.threads)]
+            headers += [f"In-Reply-To: {last}", f"References: {root} {last}"]
+            world.threads[(thread - 1) % len(world.threads)] = (root, message_id)
+        else:
+            world.threads.append((message_id, message_id))
+        raw = ("\r\n".join(headers) + f"\r\n\r\n{text}\r\n").encode()
+        parsed = parse_email(raw, self.addrs, time.time())
+        assert isinstance(parsed, Accepted), parsed
+        self.turn(parsed.message, readers, Origin(OWNER, readers))
+
+    def cli(self) -> None:
+        origin = Origin(OWNER, frozenset({OWNER}))
+        text = self.world.new_word(origin)
+        self.turn(cli_message("own", text, sender="ada"), frozenset({OWNER}), origin)
+
+    def note(self, scope: str, visibility: str) -> None:
+        public = visibility == "public"
+        text = self.world.new_word(Origin(OWNER, frozenset({OWNER}), public=public))
+        args: dict[str, Any] = {"text": f"note {text}", "scope": scope, "visibility": visibility}
+        if scope == "chat":
+            if not self.world.conversations:
+                return
+            args["chat"] = self.world.conversations[-1]
+        self.command("notes.add", args)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    visibility=st.fixed_dictionaries({r: st.sampled_from(VISIBILITY) for r in ROOMS}),
+    links=st.frozensets(st.sampled_from(PEOPLE)),
+    steps=st.lists(step, min_size=1, max_size=30),
+)
+def test_no_text_reaches_a_turn_whose_audience_could_not_read_it(
+    visibility: dict[str, str], links: frozenset[str], steps: list[tuple[Any, ...]]
+) -> None:
+    world = World(visibility=dict(visibility))
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(world, Path(tmp), links)
+        try:
+            for kind, *args in steps:
+                if kind == "join":
+                    world.members[args[0]].add(args[1])
+                    world.ever[args[0]].add(args[1])
+                elif kind == "leave":
+                    world.members[args[0]].discard(args[1])
+                elif kind == "say":
+                    run.say(*args)
+                elif kind == "mail":
+                    run.mail(*args)
+                elif kind == "cli":
+                    run.cli()
+                else:
+                    run.note(*args)
+        finally:
+            run.store.close()
