@@ -83,7 +83,8 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
         name = text(key)
         out["in_flight"][keys.session_of_inflight_key(name)] = int(r.llen(name))
     for name, beat in sorted(heartbeats(r, keys).items()):
-        age = round(now - float(beat.get("ts", 0)), 3)
+        # a beat written after `now` was read (the process beat meanwhile) is fresh: age 0
+        age = max(0.0, round(now - float(beat.get("ts", 0)), 3))
         out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
     holder = r.get(keys.lease)
     if holder is not None:
