@@ -154,6 +154,17 @@ class Memory:
         extra = drew.as_extra() if drew is not None else {}
         self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
 
+    def reply_channel(self, reply_id: str) -> str | None:
+        """The channel of the reply ``reply_id`` (None: unknown, or memory failed)."""
+
+        def read(store: MemoryStore) -> str | None:
+            raw = store.conn.execute(
+                "SELECT channel FROM log WHERE direction = 'out' AND reply_id = ?", (reply_id,)
+            ).fetchone()
+            return None if raw is None else str(raw[0])
+
+        return self.use(read)
+
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
         self.use(lambda s: s.mark_reply(reply_id, status, detail))
 

@@ -117,9 +117,15 @@ class ImportResult:
     added: dict[str, int] = field(default_factory=dict)
     present: dict[str, int] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    erased: int = 0  # records (among the present) that an erasure here had erased
 
     def as_dict(self) -> dict[str, Any]:
-        return {"added": self.added, "present": self.present, "rejected": self.rejected}
+        return {
+            "added": self.added,
+            "present": self.present,
+            "rejected": self.rejected,
+            "erased": self.erased,
+        }
 
 
 # records present already are left as they are (ON CONFLICT / OR IGNORE): "present"
@@ -251,6 +257,7 @@ class Importer:
                 rec.text == "" and rec.extra.get("erased") is not None
             )
             if erased or (conversation, sender, text) == (rec.conversation, rec.sender, rec.text):
+                self.result.erased += int(erased and bool(rec.text))
                 raise Present("log")
             raise ValueError(
                 f"another message with stream id {rec.stream_id} ({rec.direction}) is already "
@@ -361,7 +368,10 @@ class Importer:
         return None if raw is None else int(raw[0])
 
     def _note(self, rec: NoteRecord, ref: object) -> None:
-        if self._find_note(rec) is not None or self.tombstones.erased_note(rec):
+        if self._find_note(rec) is not None:
+            raise Present("note")
+        if self.tombstones.erased_note(rec):
+            self.result.erased += 1
             raise Present("note")
         supersedes = None
         if rec.supersedes is not None:

@@ -9,6 +9,7 @@ make their words look like the owner's. Pure functions, no I/O.
 
 from __future__ import annotations
 
+import re
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -16,6 +17,9 @@ from collections.abc import Sequence
 from memory.rows import LogRow
 
 CONTINUATION = "\n  "
+# what str.splitlines breaks at: a model's tokenizer may take any of them for a new line, so a
+# sender's text could otherwise start a line that looks like someone else's ("[cli / owner] ...")
+_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
 LINE_MEMO = "_context_line"  # per-row cache of (assistant_name, line, cost) in its __dict__
 _LABEL_UNSAFE = str.maketrans({"[": "(", "]": ")", "\n": " ", "\r": " "})
@@ -72,8 +76,8 @@ def stamp(ts: float) -> str:
 def format_line(row: LogRow, assistant_name: str) -> str:
     """One labelled line: ``[cli / owner] 2026-11-22 10:04 UTC: text``."""
     text = row.text
-    if "\n" in text or "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", CONTINUATION)
+    if not text.isprintable():  # every line break Unicode knows, not only \n and \r
+        text = _BREAKS.sub(CONTINUATION, text)
     return f"{label(row, assistant_name)} {stamp(row.ts)}: {text}"
 
 

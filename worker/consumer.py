@@ -78,6 +78,8 @@ class Batch:
     replies: list[Reply] = field(default_factory=list)
     dead: list[list[str]] = field(default_factory=list)
     erasures: list[tuple[int, int]] = field(default_factory=list)  # (reply index, erasure id)
+    forget: list[Entry] = field(default_factory=list)  # imports: deleted once acked
+    rewrite: bool = False  # Redis rewrites its files after that
     started: float = 0.0
 
     def __len__(self) -> int:
@@ -239,6 +241,7 @@ class Consumer:
             else:
                 self.erasures.finish(batch.replies, batch.erasures)
             self.flush(batch)
+            self.erasures.forget(batch.forget, rewrite=batch.rewrite)
             if self.stopping:
                 return
 
@@ -276,6 +279,9 @@ class Consumer:
         if outcome.reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))
+            if outcome.forget_entry is not None:
+                batch.forget.append(entry)
+                batch.rewrite |= outcome.forget_entry
             batch.replies.append(outcome.reply)
         if outcome.dead_reason is not None:
             log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)

@@ -21,7 +21,9 @@ import structlog
 
 from contract.messages import Reply, ReplyKind
 from memory.facade import Memory
+from memory.store import MemoryStore
 from worker.scrub import Scrubber
+from worker.streams import Entry
 
 log = structlog.get_logger(__name__)
 
@@ -35,7 +37,8 @@ WAL_PENDING = (
 class Erasures:
     def __init__(self, memory: Memory, scrubber: Scrubber, *, retry_every: float = 1.0) -> None:
         self.memory, self.scrubber, self.retry_every = memory, scrubber, retry_every
-        self.wal_pending = False
+        # an erasure's truncation may have been pending when a worker died: try once on start
+        self.wal_pending = memory.use(_has_erasures) is True
         self._tried = 0.0
 
     def finish(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
@@ -62,6 +65,16 @@ class Erasures:
                 kind=ReplyKind.ERROR,
             )
 
+    def forget(self, entries: list[Entry], *, rewrite: bool) -> None:
+        """Delete acked import entries (they hold the imported text, which memory now keeps);
+        with ``rewrite``, an import held text that erasures here had erased: Redis rewrites its
+        files, so no old append-only file keeps it."""
+        for entry in entries:
+            self.scrubber.r.xdel(entry.stream, entry.raw_id)
+        if rewrite:
+            aof, rdb = self.scrubber.rewrite_files()
+            log.info("memory.import_forgotten", entries=len(entries), aof=aof, rdb=rdb)
+
     def retry_wal(self) -> None:
         """Called from the worker's loop: finish a pending WAL truncation."""
         if not self.wal_pending or time.monotonic() - self._tried < self.retry_every:
@@ -76,6 +89,10 @@ class Erasures:
         if done is None:
             return "unknown: memory failed (see the worker log)"
         return "truncated" if done else WAL_PENDING
+
+
+def _has_erasures(store: MemoryStore) -> bool:
+    return store.conn.execute("SELECT 1 FROM erasure LIMIT 1").fetchone() is not None
 
 
 def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = None) -> Reply:

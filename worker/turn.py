@@ -47,6 +47,9 @@ class Outcome:
     dead_reason: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
     erasure: int | None = None  # an erasure was applied: its copies outside memory go next
+    # an import: its entry (the imported text) is deleted once acked; True: Redis rewrites its
+    # files too (it held text that erasures here had erased)
+    forget_entry: bool | None = None
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -106,6 +109,10 @@ class Turns:
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         if msg.kind is Kind.DERIVED:
+            foreign = self._foreign_reply(msg, channel)
+            if foreign:
+                log.warning("entry.refused", stream_id=stream_id, reason=foreign)
+                return Outcome(dead_reason=foreign, fields=decode_lenient(raw))
             self._apply_derived(msg)
             return Outcome()
         if msg.kind is Kind.COMMAND:
@@ -126,6 +133,16 @@ class Turns:
         owner_claimed = msg.privacy is Privacy.OWNER and msg.kind is not Kind.DERIVED
         if owner_claimed and not self.memory.is_owner(msg):
             return f"privacy owner claimed for {msg.sender!r}, who is not the owner"
+        return ""
+
+    def _foreign_reply(self, msg: InboundMessage, channel: str | None) -> str:
+        """A gateway reports the delivery of its own channel's replies only."""
+        if channel is None or msg.extra.get("type") != "reply_status":
+            return ""
+        reply_id = str(msg.extra.get("reply_id", ""))
+        of = self.memory.reply_channel(reply_id)
+        if of is not None and of != channel:
+            return f"an entry on the {channel} stream reports on reply {reply_id!r} of {of}"
         return ""
 
     def _record_only(self, stream_id: str, msg: InboundMessage) -> None:
@@ -162,6 +179,8 @@ class Turns:
         erasure = result.get("erasure")
         if result.get("ok") and msg.extra.get("op") == "memory.erase" and isinstance(erasure, int):
             return Outcome(reply=reply, erasure=erasure)
+        if msg.extra.get("op") == "memory.import":
+            return Outcome(reply=reply, forget_entry=bool(result.get("erased")))
         return Outcome(reply=reply)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:

@@ -13,6 +13,7 @@ import redis
 from contract.config import Config, RedisConfig
 from deploy.embedded import redis_binary
 from gateways.cli import Terminal
+from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.servers import free_port
 from worker.main import build_consumer
@@ -104,7 +105,8 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
     keys = worker_cfg.keys
     wr = connect(worker_cfg)
     model = InstantModel()
-    consumer = build_consumer(worker_cfg, wr, model=model)
+    store = MemoryStore(tmp_path / "memory.sqlite3")
+    consumer = build_consumer(worker_cfg, wr, model=model, store=store)
     assert consumer.acquire(wait=False)
     consumer.ensure_group()
     consumer.recover()
@@ -145,4 +147,29 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
         assert "on the matrix stream names" in reason or "who is not the owner" in reason
     assert model.calls == 0
     assert not wr.exists(keys.reply("cli:home"))
+
+    # found by the review: a gateway could take the worker lease (and stop the worker for good)
+    # and report on another channel's replies
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        mr.set(keys.lease, "matrix-took-it")
+    term = Terminal(
+        cfg_for(tmp_path, acl_redis, "cli"), connect(cfg_for(tmp_path, acl_redis, "cli")), "acl"
+    )
+    sid = term.send("hello")
+    consumer.handle_entries(consumer.read(block_ms=100))
+    reply = term.wait_for(sid, 5)
+    assert reply is not None
+    mr.xadd(
+        keys.inbound_of("matrix"),
+        entry(kind=Kind.DERIVED, text="", extra={"type": "reply_status",
+              "reply_id": reply.reply_id, "status": "expired", "detail": "forged"}),
+    )  # fmt: skip
+    consumer.handle_entries(consumer.read(block_ms=100))
+    (_id, last), *_ = wr.xrevrange(keys.dead, count=1)
+    assert "reports on reply" in last[b"reason"].decode()
+    statuses = store.conn.execute(
+        "SELECT status FROM reply_status WHERE reply_id = ?", (reply.reply_id,)
+    ).fetchall()
+    assert ("expired",) not in statuses
     consumer.lease.release()
+    store.close()

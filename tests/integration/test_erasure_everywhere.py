@@ -13,6 +13,7 @@ Before this issue, it was still in all of them but SQLite.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import time
@@ -168,6 +169,8 @@ def test_an_erasure_leaves_the_text_in_no_store(
     db = [home / "memory.sqlite3", home / "memory.sqlite3-wal"]
     assert SECRET.encode() in redis_values(admin) and SECRET.encode() in acl_redis.files()
     assert not grep(logs), "a log line holds message text"
+    exported = run_relaybot(["memory", "export", "--out", str(tmp_path / "old.jsonl")], cli_env)
+    assert exported.returncode == 0, exported.stderr
 
     erased = run_relaybot(
         ["memory", "erase", "--entity", "matrix:@bob:m.org", "--reason", "bob asked", "--yes",
@@ -200,8 +203,18 @@ def test_an_erasure_leaves_the_text_in_no_store(
     assert "1 dead letters, 1 cached e-mail headers deleted" in second.stdout, second.stdout
     assert "Redis AOF:     rewritten" in second.stdout
     assert "memory WAL:    pending" in second.stdout, second.stdout
+    # the worker dies (kill -9) before the reader lets go: the next one finishes the truncation
+    worker.signal(signal.SIGKILL)
+    worker.popen.wait(10)
+    worker = procs.worker(worker_env, r=admin, keys=keys)
+    logs += [worker.log_path, worker.out_path]
     reader.close()
     worker.wait_for_log("memory.erasure_wal_truncated")
+    # an export taken before the erasures, imported again, brings the text back nowhere: not to
+    # memory, and not to Redis (its import entries held it: deleted, the AOF rewritten)
+    imported = run_relaybot(["memory", "import", str(tmp_path / "old.jsonl")], cli_env, timeout=120)
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    worker.wait_for_log("memory.import_forgotten")
 
     assert SECRET.encode() not in redis_values(admin)
     assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
