@@ -161,7 +161,10 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     # audience, so naming a thread's Message-ID never joins the conversation of other people
     people = {a for a in [who, *to, *cc, reply_to] if a and a not in addrs.own}
     audience = sorted(people)
-    thread = f"email:{thread_key(root)}/{audience_key(audience)}"
+    # an unauthenticated sender cannot be told from anyone forging the same From: its mail joins
+    # no earlier conversation (naming a thread's Message-ID would show the forger its history)
+    joined = root if authenticated else message_id
+    thread = f"email:{thread_key(joined)}/{audience_key(audience)}"
     subject = _clean(_header(msg, "Subject"))[:500]
     body, attachments = extract_body(msg)
     text = f"Subject: {subject}\n\n{body}" if subject else body

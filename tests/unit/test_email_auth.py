@@ -227,3 +227,18 @@ def test_a_forwarded_mail_is_the_forwarders_words() -> None:
     msg = parse(mail(BOB, [passed("friends.example")], body=body)).message
     assert msg.sender == BOB and msg.privacy is Privacy.DIRECT
     assert msg.extra["audience"] == [BOB]
+
+
+def test_an_unverified_sender_joins_no_earlier_conversation() -> None:
+    """Found by the review: mail from an unauthenticated address is anyone's who can forge that
+    From, so naming the Message-ID of that address's earlier thread must not show the forger
+    its history: each unauthenticated mail is a conversation of its own (it may still quote)."""
+    anyone = Addresses(own=ADDRS.own, owner=ADDRS.owner, allow_all=True)
+    first = parse(mail(BOB, mid="<b1@f>"), anyone).message
+    forged = parse(mail(BOB, mid="<b2@f>", references="<b1@f>", in_reply_to="<b1@f>"), anyone)
+    assert forged.message.conversation != first.conversation
+    assert forged.message.extra["thread"] == "<b1@f>"
+    ok = [passed("friends.example")]
+    real = parse(mail(BOB, ok, mid="<b3@f>")).message
+    follow = parse(mail(BOB, ok, mid="<b4@f>", references="<b3@f>")).message
+    assert follow.conversation == real.conversation  # authenticated: the thread goes on
