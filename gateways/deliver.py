@@ -98,6 +98,7 @@ class ReplyQueue:
             extra={
                 "type": "reply_status",
                 "reply_id": rep.reply_id,
+                "answers": rep.answers,
                 "status": "expired",
                 "detail": f"not delivered: older than {self.max_age:.0f} s",
             },

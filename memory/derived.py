@@ -24,10 +24,8 @@ from contract.messages import Privacy
 from memory.identity import person_of
 from memory.privacy import Scope, log_row_visible
 from memory.provenance import KEY, DrewOn
-from memory.rows import LOG_COLUMNS, LogRow, build
+from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
 from memory.sql import chunks, marks
-
-NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 
 
 def derived_replies(

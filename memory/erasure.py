@@ -38,13 +38,13 @@ import structlog
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
+from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
 
 log = structlog.get_logger(__name__)
 
 TARGET_KINDS = ("entity", "conversation", "id")
-NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 
 
 @contextmanager

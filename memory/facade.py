@@ -154,14 +154,16 @@ class Memory:
         extra = drew.as_extra() if drew is not None else {}
         self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
 
-    def reply_channel(self, reply_id: str) -> str | None:
-        """The channel of the reply ``reply_id`` (None: unknown, or memory failed)."""
+    def reply_of(self, answers: str) -> tuple[str, str] | None:
+        """The (reply id, channel) of the reply to entry ``answers`` (one read of the log's
+        (direction, stream id) index); None: no such reply, or memory failed."""
 
-        def read(store: MemoryStore) -> str | None:
+        def read(store: MemoryStore) -> tuple[str, str] | None:
             raw = store.conn.execute(
-                "SELECT channel FROM log WHERE direction = 'out' AND reply_id = ?", (reply_id,)
+                "SELECT reply_id, channel FROM log WHERE direction = 'out' AND stream_id = ?",
+                (answers,),
             ).fetchone()
-            return None if raw is None else str(raw[0])
+            return None if raw is None else (str(raw[0]), str(raw[1]))
 
         return self.use(read)
 

@@ -30,7 +30,6 @@ import structlog
 
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.erasure import (
-    NOT_ERASED,
     ErasurePlan,
     checkpoint_after_erasure,
     granted,
@@ -50,6 +49,7 @@ from memory.records import (
     ReplyStatusRecord,
     parse_record,
 )
+from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
 from memory.tombstones import Tombstones

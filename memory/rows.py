@@ -21,6 +21,8 @@ LOG_COLUMNS = (
     "id, direction, stream_id, kind, channel, session, conversation, sender, sender_name, "
     "entity, is_owner, privacy, text, event_id, reply_id, platform_ts, recorded_ts, extra"
 )
+# a log row an erasure has not blanked (memory/erasure.py marks ``extra`` {"erased": <id>})
+NOT_ERASED = "extra NOT LIKE '{\"erased\":%'"
 # The same SQL text each time, so sqlite3's statement cache prepares each statement only once.
 # (S608: built from the constant column list above, never from input.)
 INSERT = (

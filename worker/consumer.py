@@ -279,9 +279,9 @@ class Consumer:
         if outcome.reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))
-            if outcome.forget_entry is not None:
+            if outcome.forget_entry:
                 batch.forget.append(entry)
-                batch.rewrite |= outcome.forget_entry
+                batch.rewrite |= outcome.rewrite_files
             batch.replies.append(outcome.reply)
         if outcome.dead_reason is not None:
             log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)

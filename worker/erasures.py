@@ -70,7 +70,7 @@ class Erasures:
         with ``rewrite``, an import held text that erasures here had erased: Redis rewrites its
         files, so no old append-only file keeps it."""
         for entry in entries:
-            self.scrubber.r.xdel(entry.stream, entry.raw_id)
+            self.scrubber.delete_entry(entry.stream, entry.raw_id)
         if rewrite:
             aof, rdb = self.scrubber.rewrite_files()
             log.info("memory.import_forgotten", entries=len(entries), aof=aof, rdb=rdb)

@@ -78,6 +78,9 @@ class Scrubber:
         log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
         return done
 
+    def delete_entry(self, stream: str, raw_id: str) -> None:
+        self.r.xdel(stream, raw_id)
+
     # -- finding ---------------------------------------------------------------------------------
 
     def _xdel(self, stream: str, match: Callable[[str, dict[str, str]], bool]) -> int:

@@ -47,9 +47,8 @@ class Outcome:
     dead_reason: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
     erasure: int | None = None  # an erasure was applied: its copies outside memory go next
-    # an import: its entry (the imported text) is deleted once acked; True: Redis rewrites its
-    # files too (it held text that erasures here had erased)
-    forget_entry: bool | None = None
+    forget_entry: bool = False  # an import: its entry (the imported text) goes once acked
+    rewrite_files: bool = False  # ... and Redis rewrites its files (it held erased text)
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -136,14 +135,17 @@ class Turns:
         return ""
 
     def _foreign_reply(self, msg: InboundMessage, channel: str | None) -> str:
-        """A gateway reports the delivery of its own channel's replies only."""
+        """A gateway reports on its own channel's replies only: the report names the entry the
+        reply answers (``answers``), and that entry's reply must be this one, of this channel.
+        A reply memory does not know (degraded, or not recorded) is taken as reported."""
         if channel is None or msg.extra.get("type") != "reply_status":
             return ""
         reply_id = str(msg.extra.get("reply_id", ""))
-        of = self.memory.reply_channel(reply_id)
-        if of is not None and of != channel:
-            return f"an entry on the {channel} stream reports on reply {reply_id!r} of {of}"
-        return ""
+        answers = str(msg.extra.get("answers", ""))
+        known = self.memory.reply_of(answers) if answers else None
+        if known == (reply_id, channel) or (answers.startswith(f"{channel}/") and known is None):
+            return ""
+        return f"an entry on the {channel} stream reports on reply {reply_id!r}, not its own"
 
     def _record_only(self, stream_id: str, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail
@@ -180,7 +182,8 @@ class Turns:
         if result.get("ok") and msg.extra.get("op") == "memory.erase" and isinstance(erasure, int):
             return Outcome(reply=reply, erasure=erasure)
         if msg.extra.get("op") == "memory.import":
-            return Outcome(reply=reply, forget_entry=bool(result.get("erased")))
+            erased = bool(result.get("erased"))
+            return Outcome(reply=reply, forget_entry=True, rewrite_files=erased)
         return Outcome(reply=reply)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:

@@ -164,9 +164,15 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
         entry(kind=Kind.DERIVED, text="", extra={"type": "reply_status",
               "reply_id": reply.reply_id, "status": "expired", "detail": "forged"}),
     )  # fmt: skip
+    # ... and naming the entry that reply answers does not make it the matrix gateway's
+    mr.xadd(
+        keys.inbound_of("matrix"),
+        entry(kind=Kind.DERIVED, text="", extra={"type": "reply_status", "answers": sid,
+              "reply_id": reply.reply_id, "status": "expired", "detail": "forged"}),
+    )  # fmt: skip
     consumer.handle_entries(consumer.read(block_ms=100))
-    (_id, last), *_ = wr.xrevrange(keys.dead, count=1)
-    assert "reports on reply" in last[b"reason"].decode()
+    last_two = wr.xrevrange(keys.dead, count=2)
+    assert all("reports on reply" in f[b"reason"].decode() for _i, f in last_two)
     statuses = store.conn.execute(
         "SELECT status FROM reply_status WHERE reply_id = ?", (reply.reply_id,)
     ).fetchall()

@@ -99,7 +99,7 @@ def test_old_reply_is_not_delivered_and_worker_is_told(r: fakeredis.FakeRedis) -
     note = InboundMessage.from_fields(fields)
     assert note.kind == "derived"
     assert note.extra == {
-        "type": "reply_status", "reply_id": "r1", "status": "expired",
+        "type": "reply_status", "reply_id": "r1", "answers": "1-0", "status": "expired",
         "detail": "not delivered: older than 3600 s",
     }  # fmt: skip
 
