@@ -51,6 +51,7 @@ class InboundStreams:
         self.r, self.keys, self.consumer = r, keys, consumer
         self.channels: dict[str, str | None] = {keys.inbound: None}
         self.channels.update({keys.inbound_of(c): c for c in CHANNELS})
+        self._held: list[Entry] = []  # read, newer than what a fuller stream may still hold
 
     def sid(self, stream: str, raw_id: str) -> str:
         channel = self.channels[stream]
@@ -99,9 +100,29 @@ class InboundStreams:
             start = "(" + text(page[-1]["message_id"])
 
     def read_new(self, *, block_ms: int | None, count: int) -> tuple[list[Entry], list[Entry]]:
-        """New entries of every stream (at most ``count`` of each), oldest first across them,
-        and the ones deleted from their stream meanwhile (nothing to answer: to be acked)."""
-        return self._read(dict.fromkeys(self.channels, ">"), block_ms=block_ms, count=count)
+        """New entries of every stream, oldest first across them, and the ones deleted from
+        their stream meanwhile (nothing to answer: to be acked).
+
+        One order across the streams: a read takes at most ``count`` of each, so a stream that
+        gave ``count`` may hold more, older than what a quieter stream gave. Only entries up to
+        the last one read from such a stream are returned; the newer ones are held for the next
+        read (they are this consumer's pending entries, so a crash loses none of them)."""
+        held, self._held = self._held, []
+        found, gone = self._read(
+            dict.fromkeys(self.channels, ">"), block_ms=None if held else block_ms, count=count
+        )
+        per_stream: dict[str, list[Entry]] = {}
+        for entry in found:
+            per_stream.setdefault(entry.stream, []).append(entry)
+        merged = sorted(held + found, key=lambda e: _order(e.raw_id))
+        cut = min(
+            (_order(got[-1].raw_id) for got in per_stream.values() if len(got) >= count),
+            default=None,
+        )
+        if cut is not None:
+            self._held = [e for e in merged if _order(e.raw_id) > cut]
+            merged = [e for e in merged if _order(e.raw_id) <= cut]
+        return merged, gone
 
     def read_pending(self) -> tuple[list[Entry], list[Entry]]:
         """Our oldest pending entry of the first stream that has one (at most one entry: each
