@@ -74,6 +74,25 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# KEYS: lease, epoch; ARGV: token, ttl ms. The epoch grows with every acquisition: the fencing
+# token memory checks inside its write transactions (memory/fence.py).
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('incr', KEYS[2])
+end
+return 0
+"""
+# KEYS: lease, epoch; ARGV: token, the epoch memory holds. Memory is fenced at a higher epoch than
+# Redis gave (Redis lost data: a power cut, a failover): the holder moves Redis's epoch past it.
+_RAISE = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+local e = tonumber(redis.call('get', KEYS[2]) or '0')
+if e <= tonumber(ARGV[2]) then
+  redis.call('set', KEYS[2], tonumber(ARGV[2]) + 1)
+  return tonumber(ARGV[2]) + 1
+end
+return redis.call('incr', KEYS[2])
+"""
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
@@ -91,6 +110,10 @@ class Lease:
 
     def __init__(self, r: redis.Redis, key: str, token: str, ttl: float) -> None:
         self._r, self.key, self.token, self.ttl = r, key, token, ttl
+        self.epoch_key = f"{key}:epoch"
+        self.epoch = 0  # the fencing token of the current holding (0: not held)
+        self._acquire = r.register_script(_ACQUIRE)
+        self._raise = r.register_script(_RAISE)
         self._renew = r.register_script(_RENEW)
         self._release = r.register_script(_RELEASE)
         self.lost = threading.Event()
@@ -102,9 +125,27 @@ class Lease:
         return value.decode() if isinstance(value, bytes) else None
 
     def try_acquire(self) -> bool:
-        return bool(self._r.set(self.key, self.token, nx=True, px=int(self.ttl * 1000)))
+        """Take the lease if it is free; :attr:`epoch` is then its fencing token."""
+        epoch = self._acquire(
+            keys=[self.key, self.epoch_key], args=[self.token, int(self.ttl * 1000)]
+        )
+        self.epoch = int(epoch)
+        if self.epoch:
+            self.lost.clear()
+        return self.epoch > 0
+
+    def raise_epoch(self, at_least: int) -> int:
+        """A fencing token above ``at_least`` (memory's), while this worker holds the lease;
+        0 when it does not any more."""
+        epoch = int(self._raise(keys=[self.key, self.epoch_key], args=[self.token, at_least]))
+        if epoch:
+            self.epoch = epoch
+        return epoch
 
     def start_renewing(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
         self._thread.start()
 

@@ -33,6 +33,7 @@ from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
 from memory.curated import CuratedFile, curated_path
 from memory.erasure import checkpoint_after_erasure
+from memory.fence import is_fenced
 from memory.identity import Identity, OwnerResolver, ScopedAlias
 from memory.lines import HistoryLines
 from memory.privacy import Scope, privacy_of
@@ -63,11 +64,33 @@ class MemorySettings:
     roles: Callable[[str, str], notes.RoleBinding]
 
 
+class MemoryUnwritable(Exception):
+    """Memory could not durably record what a turn must record (disk full, locked, an I/O
+    error): the entry is not answered now; the worker keeps it pending and tries again."""
+
+
+class FencedOut(Exception):
+    """Memory refused a write: another worker took the lease since (memory/fence.py)."""
+
+
+def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
+    if is_fenced(exc):
+        return FencedOut(str(exc))
+    return MemoryUnwritable(f"{step}: {exc}")
+
+
 class Memory:
     """The memory of the worker's turns (see the module docstring)."""
 
-    def __init__(self, store: MemoryStore | None, settings: MemorySettings) -> None:
+    def __init__(
+        self,
+        store: MemoryStore | None,
+        settings: MemorySettings,
+        *,
+        opener: Callable[[], MemoryStore | None] | None = None,
+    ) -> None:
         self.store = store
+        self.opener = opener  # opens the store again when it could not be opened before
         self.settings = settings
         self.failures = 0
         self.resolver = OwnerResolver(settings.owner_aliases)
@@ -85,6 +108,8 @@ class Memory:
         try:
             return op(self.store)
         except sqlite3.Error as exc:
+            if is_fenced(exc):  # never degraded: this worker must stop
+                raise FencedOut(str(exc)) from exc
             self.failed(exc)
             return None
 
@@ -94,32 +119,57 @@ class Memory:
         log.error("memory.degraded", error=str(exc), failures=self.failures, **info)
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """One memory transaction around a batch of entries. If it cannot even begin (another
-        program holds the write lock, an I/O error), the batch is handled without memory and
-        answered all the same (degraded); the next batch tries again. A failing commit raises
-        ``sqlite3.Error`` to the caller, who answers anyway."""
-        store = self.store
+    def write(self) -> Iterator[None]:
+        """One short write transaction (fenced: memory/fence.py), never held across a model call.
+
+        Writes are not degraded: an entry whose inbound message and reply are not durably in
+        memory is not answered (the worker keeps it pending and tries again). So a failure to
+        begin, write or commit raises :class:`MemoryUnwritable` (the transaction rolled back), and
+        a write refused by the fence raises :class:`FencedOut`. Reads inside stay degraded."""
+        store = self.store if self.available() else None
         if store is None:
+            raise MemoryUnwritable("memory is unavailable (the database could not be opened)")
+        if store.in_batch:  # a caller's transaction (a test, a tool): the writes join it
             yield
             return
         tx = store.transaction()
         try:
             tx.__enter__()
         except sqlite3.Error as exc:
-            self.failed(exc, step="begin")
-            self.store = None
-            try:
-                yield
-            finally:
-                self.store = store
-            return
+            raise _unwritable(exc, "begin") from exc
         try:
             yield
         except BaseException:
             tx.rollback()
             raise
-        tx.commit()
+        try:
+            tx.commit()
+        except sqlite3.Error as exc:
+            raise _unwritable(exc, "commit") from exc
+
+    def available(self) -> bool:
+        """Whether there is a store, opening it again if it could not be opened before."""
+        if self.store is None and self.opener is not None:
+            self.store = self.opener()
+            if self.store is not None:
+                log.info("memory.opened")
+        return self.store is not None
+
+    def _write(self, op: Callable[[MemoryStore], T]) -> T:
+        """A write inside :meth:`write`: raises instead of degrading."""
+        store = self.store
+        if store is None:
+            raise MemoryUnwritable("memory is unavailable (the database could not be opened)")
+        try:
+            return op(store)
+        except sqlite3.Error as exc:
+            raise _unwritable(exc, "write") from exc
+
+    def fence(self, token: int) -> None:
+        """Take memory for the lease holder ``token`` (memory/fence.py); raises
+        :class:`memory.fence.StaleToken` or ``sqlite3.Error``. Nothing to fence without a store."""
+        if self.store is not None:
+            self.store.fence(token)
 
     def reload(self) -> None:
         """Read the store's caches again (another worker may have written while this one waited
@@ -141,8 +191,33 @@ class Memory:
         """The inbound row (its sender's entity created on first sight), idempotent on the
         stream id; and whether the sender is the owner."""
         is_owner = self.is_owner(msg)
-        row = self.use(lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner))
+        row = self._write(
+            lambda s: self.identity.append_inbound(s, msg, stream_id, is_owner=is_owner)
+        )
         return row, is_owner
+
+    def first_of_event(self, msg: InboundMessage, stream_id: str) -> str:
+        """The stream id under which this platform event was first recorded, or ``stream_id``.
+
+        After Redis lost data (a power cut, a failover) a gateway's cursor rolls back with the
+        stream and the same event is published again under a new stream id; memory knows it by
+        (channel, platform event id), so it is recorded and answered once."""
+        if not msg.event_id:
+            return stream_id
+
+        def read(store: MemoryStore) -> str:
+            first = store.inbound_by_event(msg.channel, msg.event_id)
+            return stream_id if first is None else first
+
+        return self._write(read)
+
+    def final_status(self, reply_id: str) -> str | None:
+        """The reply's final status in memory (delivered, expired, failed), if it has one."""
+        marks = self._write(lambda s: s.reply_marks(reply_id))
+        for status in ("delivered", "failed", "expired"):
+            if status in marks:
+                return status
+        return None
 
     def recorded_reply(self, stream_id: str) -> LogRow | None:
         """The reply recorded for this entry before (a replay), if any."""
@@ -152,7 +227,7 @@ class Memory:
         """The reply row, with what its model input drew on (memory.provenance)."""
         name = self.settings.assistant_name
         extra = drew.as_extra() if drew is not None else {}
-        self.use(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
+        self._write(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
 
     def reply_of(self, answers: str) -> tuple[str, str] | None:
         """The (reply id, channel) of the reply to entry ``answers`` (one read of the log's
@@ -168,7 +243,7 @@ class Memory:
         return self.use(read)
 
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
-        self.use(lambda s: s.mark_reply(reply_id, status, detail))
+        self._write(lambda s: s.mark_reply(reply_id, status, detail))
 
     def apply_command(self, stream_id: str, op: object, args: object) -> dict[str, object] | None:
         """Apply an owner command (memory/commands.py); None when memory failed (nothing was

@@ -295,6 +295,18 @@ BEGIN
 END;
 """
 
+# Fenced writes (memory/fence.py): the highest worker-lease token memory has seen. And replays
+# across a Redis data loss: an entry published twice (a gateway's cursor rolled back with the
+# stream) has a new stream id but the same platform event id, found through this index.
+_MIGRATION_8 = """
+CREATE TABLE writer_fence (
+    id    INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL
+);
+INSERT INTO writer_fence (id, epoch) VALUES (1, 0);
+CREATE INDEX log_inbound_event ON log (channel, event_id) WHERE direction = 'in';
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -303,6 +315,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "audited erasure tombstones", _MIGRATION_5),
     Migration(6, "full-text indexing by the writer, one statement per batch", _MIGRATION_6),
     Migration(7, "full-text index watermark", _MIGRATION_7),
+    Migration(8, "fenced writes; inbound rows by platform event id", _MIGRATION_8),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import fts
+from memory import fence, fts
 from memory.caches import RecentRows
 from memory.rows import BY_KEY, INSERT, LOG_COLUMNS, LogRow, RowReader, build, dump_extra, scrub
 from memory.schema import SchemaError, check_version, migrate, schema_version
@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 
 SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 BUSY_TIMEOUT_MS = 5000
-REPLY_STATUSES = frozenset({"expired", "delivered"})
+REPLY_STATUSES = frozenset({"expired", "delivered", "failed"})
 
 _SCAN = f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? ORDER BY id LIMIT ?"  # noqa: S608
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
@@ -113,6 +113,15 @@ class MemoryStore:
         search, erasure). The writer's writes belong inside :meth:`transaction` (the worker wraps
         each batch of entries in one); a read-only store's connection refuses writes."""
         return self._conn
+
+    def fence(self, token: int) -> None:
+        """Take memory for the holder of lease ``token`` and refuse this connection's writes once
+        a later holder took it (memory/fence.py); :class:`memory.fence.StaleToken` when one
+        already has."""
+        if self._tx.open:
+            raise RuntimeError("cannot fence inside a memory transaction")
+        fence.claim(self._conn, token)
+        fence.arm(self._conn, token)
 
     def set_autocheckpoint(self, pages: int) -> None:
         """``PRAGMA wal_autocheckpoint``; 0 when a WalCheckpointer does it off the hot path."""
@@ -294,6 +303,15 @@ class MemoryStore:
         """The outbound row answering the stream entry ``stream_id``, if one was recorded."""
         raw = self._conn.execute(BY_KEY, ("out", stream_id)).fetchone()
         return None if raw is None else self._reader.convert(raw)
+
+    def inbound_by_event(self, channel: str, event_id: str) -> str | None:
+        """The stream id of the inbound row first recorded for this platform event, if any."""
+        raw = self._conn.execute(
+            "SELECT stream_id FROM log WHERE direction = 'in' AND channel = ? AND event_id = ? "
+            "ORDER BY id LIMIT 1",
+            (channel, event_id),
+        ).fetchone()
+        return None if raw is None else str(raw[0])
 
     def reply_marks(self, reply_id: str) -> dict[str, float]:
         """The status marks of a reply: status -> when."""

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import redis
 import structlog
@@ -23,6 +24,8 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
+from memory.facade import FencedOut, MemoryUnwritable
+from memory.fence import StaleToken
 from worker.busy import BusySignal
 from worker.erasures import Erasures
 from worker.scrub import Scrubber
@@ -60,6 +63,9 @@ for s = 1, m do
 end
 return acked
 """
+
+
+MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while memory refuses
 
 
 class LeaseLost(RuntimeError):
@@ -114,6 +120,8 @@ class Consumer:
         self.deliveries: dict[str, int] = {}
         self._last_trim = 0.0
         self._idle = False
+        self.hb: Heartbeat | None = None
+        self.memory_blocked = ""  # why memory refuses writes now ("" while it takes them)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -138,7 +146,8 @@ class Consumer:
         while not self.stopping:
             if self.lease.try_acquire():
                 self.lease.start_renewing()
-                log.info("worker.lease_acquired", consumer=self.name)
+                self._fence_memory()
+                log.info("worker.lease_acquired", consumer=self.name, epoch=self.lease.epoch)
                 return True
             if not wait:
                 return False
@@ -150,6 +159,37 @@ class Consumer:
             time.sleep(poll)
         return False
 
+    def _fence_memory(self) -> None:
+        """Fence memory with the lease's token (memory/fence.py): from now on a worker that held
+        the lease before cannot commit to memory. Memory fenced higher than Redis's token (Redis
+        lost data) moves Redis's token past it."""
+        memory = self.turns.memory
+        delay = MEMORY_RETRY_START
+        while True:
+            try:
+                memory.fence(self.lease.epoch)
+                return
+            except StaleToken as exc:
+                if not self.lease.raise_epoch(exc.held):
+                    raise LeaseLost("the worker lease was lost while fencing memory") from None
+                log.warning("worker.epoch_raised", memory_epoch=exc.held, epoch=self.lease.epoch)
+            except sqlite3.Error as exc:  # locked or failing: nothing may be written unfenced
+                log.error("memory.fence_failed", error=str(exc), retry_in=delay)
+                if self.stopping:
+                    raise Interrupted from None
+                time.sleep(delay)
+                delay = min(delay * 2, MEMORY_RETRY_CAP)
+                if self.lease.lost.is_set():
+                    raise LeaseLost("the worker lease was lost") from None
+
+    def _beat(self) -> None:
+        """What the heartbeat says: ``relaybot status`` and ``doctor`` read it."""
+        info: dict[str, object] = {"consumer": self.name, "processed": self.processed}
+        if self.memory_blocked:
+            info["memory"] = f"blocked: {self.memory_blocked}"
+        if self.hb is not None:
+            self.hb.info = info
+
     def run(self, *, wait_for_lease: bool = True) -> int:
         if not self.acquire(wait=wait_for_lease):
             if self.stopping:
@@ -158,8 +198,8 @@ class Consumer:
             return 3
         # memory was opened before the lease was ours: another worker may have written since
         self.turns.memory.reload()
-        hb = Heartbeat(self.r, self.keys, "worker")
-        hb.info = {"consumer": self.name}  # before the first beat
+        hb = self.hb = Heartbeat(self.r, self.keys, "worker")
+        self._beat()  # before the first beat
         hb.start()
         if self.busy is not None:
             self.busy.start()
@@ -175,7 +215,7 @@ class Consumer:
                 finally:
                     self._idle = False
                 self.handle_entries(entries)
-                hb.info = {"consumer": self.name, "processed": self.processed}
+                self._beat()
                 self.maybe_trim()
                 self.erasures.retry_wal()
         except Interrupted:
@@ -218,32 +258,68 @@ class Consumer:
     # -- handling ----------------------------------------------------------------------------
 
     def handle_entries(self, entries: Sequence[Entry]) -> None:
-        """Handle entries in order; commit and flush every ``flush_after`` seconds of work.
+        """Handle entries in order; queue their replies and ack them every ``flush_after``
+        seconds of work (one Redis round trip for many turns under load; a lone message, or a
+        slow model turn, is answered at once).
 
-        Under load this batches many turns per SQLite commit and per Redis round trip; a lone
-        message (or a slow model turn) is committed and answered at once.
-        """
-        i = 0
-        while i < len(entries) and not (self.stopping and self._signals > 1):
-            batch = Batch(started=time.perf_counter())
+        Each turn writes memory in short transactions of its own (never across the model call),
+        so an entry is acked only once its inbound message and its reply are durably in memory.
+        When memory cannot be written (disk full, locked), the entries handled so far are flushed
+        and the worker waits, the entry pending, until memory takes the write: no gap."""
+        batch = Batch(started=time.perf_counter())
+        for entry in entries:
+            if self.stopping and self._signals > 1:
+                break
             try:
-                with self.turns.memory.batch():
-                    while i < len(entries):
-                        entry = entries[i]
-                        i += 1
-                        self._add(batch, entry, self._handle_one(entry))
-                        if self.stopping or time.perf_counter() - batch.started > self.flush_after:
-                            break
-            except sqlite3.Error as exc:  # the commit failed: answer anyway (degraded mode)
-                self.turns.memory.failures += 1
-                log.error("memory.commit_failed", error=str(exc), entries=len(batch))
-                self.erasures.undone(batch.replies, batch.erasures)
-            else:
-                self.erasures.finish(batch.replies, batch.erasures)
-            self.flush(batch)
-            self.erasures.forget(batch.forget, rewrite=batch.rewrite)
-            if self.stopping:
-                return
+                outcome = self._handle_one(entry)
+            except MemoryUnwritable as exc:
+                self._finish(batch)  # what is recorded goes out; the rest waits behind this entry
+                batch = Batch(started=time.perf_counter())
+                waited = self._wait_for_memory(entry, str(exc))
+                if waited is None:  # stopping first: the entry stays pending
+                    return
+                outcome = waited
+            self._add(batch, entry, outcome)
+            if self.stopping or time.perf_counter() - batch.started > self.flush_after:
+                self._finish(batch)
+                batch = Batch(started=time.perf_counter())
+                if self.stopping:
+                    return
+        self._finish(batch)
+
+    def _finish(self, batch: Batch) -> None:
+        self.erasures.finish(batch.replies, batch.erasures)
+        self.flush(batch)
+        self.erasures.forget(batch.forget, rewrite=batch.rewrite)
+
+    def _wait_for_memory(self, entry: Entry, first_error: str) -> Outcome | None:
+        """Try the entry again, backing off, until memory records it; None if the worker is
+        stopping first. The heartbeat, ``relaybot status`` and ``doctor`` say memory is blocked."""
+        self.memory_blocked = first_error
+        log.error("memory.write_blocked", stream_id=entry.sid, error=first_error,
+                  detail="entries stay pending until memory can be written")  # fmt: skip
+        delay, since = MEMORY_RETRY_START, time.monotonic()
+        try:
+            while not self.stopping:
+                self._beat()
+                time.sleep(delay)
+                if self.lease.lost.is_set():
+                    raise LeaseLost("the worker lease was lost")
+                try:
+                    outcome = self._handle_one(entry)
+                except MemoryUnwritable as exc:
+                    delay = min(delay * 2, MEMORY_RETRY_CAP)
+                    self.memory_blocked = str(exc)
+                    log.warning("memory.write_retry", stream_id=entry.sid, error=str(exc),
+                                retry_in=delay)  # fmt: skip
+                    continue
+                log.info("memory.write_resumed", stream_id=entry.sid,
+                         blocked_s=round(time.monotonic() - since, 1))  # fmt: skip
+                return outcome
+            return None
+        finally:
+            self.memory_blocked = ""
+            self._beat()
 
     def _handle_one(self, entry: Entry) -> Outcome:
         sid, fields = entry.sid, entry.fields
@@ -260,7 +336,9 @@ class Consumer:
         while True:
             try:
                 return self.turns.handle(sid, fields, channel=entry.channel)
-            except (redis.RedisError, LeaseLost):
+            except FencedOut as exc:
+                raise LeaseLost(str(exc)) from None
+            except (redis.RedisError, LeaseLost, MemoryUnwritable):
                 raise
             except Exception as exc:  # a bug or an unexpected input: retry, then dead-letter
                 log.exception("turn.failed", attempt=attempt)
@@ -276,16 +354,30 @@ class Consumer:
 
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
-        if outcome.reply is not None:
+        reply = outcome.reply
+        if reply is not None and outcome.only_if_missing and self.reply_held(reply):
+            reply = None  # queued before, and Redis still has it
+        if reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))
             if outcome.forget_entry:
                 batch.forget.append(entry)
                 batch.rewrite |= outcome.rewrite_files
-            batch.replies.append(outcome.reply)
+            batch.replies.append(reply)
         if outcome.dead_reason is not None:
             log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)
             batch.dead.append(self._dead_fields(entry, outcome))
+
+    def reply_held(self, reply: Reply) -> bool:
+        """Whether Redis still holds this reply: queued, in flight, or marked delivered."""
+        if self.r.zscore(self.keys.delivered(reply.session), reply.reply_id) is not None:
+            return True
+        needle = reply.reply_id.encode()
+        for key in (self.keys.reply(reply.session), self.keys.inflight(reply.session)):
+            raw: Any = self.r.lrange(key, 0, -1)
+            if any(needle in item for item in raw):
+                return True
+        return False
 
     def _dead_fields(self, entry: Entry, outcome: Outcome) -> list[str]:
         flat = [

@@ -74,7 +74,9 @@ def build_consumer(
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
     busy = BusySignal(r, cfg.keys)
-    turns = Turns(cfg, store, model, tools or TurnTools(), thinking=busy.turn)
+    turns = Turns(
+        cfg, store, model, tools or TurnTools(), thinking=busy.turn, opener=lambda: open_store(cfg)
+    )
     return Consumer(cfg, r, turns, busy=busy)
 
 

@@ -27,7 +27,7 @@ from contract.messages import (
     decode_lenient,
     new_reply_id,
 )
-from memory.facade import Memory, MemorySettings
+from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
@@ -49,6 +49,7 @@ class Outcome:
     erasure: int | None = None  # an erasure was applied: its copies outside memory go next
     forget_entry: bool = False  # an import: its entry (the imported text) goes once acked
     rewrite_files: bool = False  # ... and Redis rewrites its files (it held erased text)
+    only_if_missing: bool = False  # a reply queued before: queue it only if Redis lost it
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -75,12 +76,15 @@ class Turns:
         tools: ToolRegistry | Callable[[TurnContext], ToolRegistry],
         *,
         thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
+        opener: Callable[[], MemoryStore | None] | None = None,
     ) -> None:
         self.cfg = cfg
-        self.memory = Memory(store, memory_settings(cfg))
+        self.memory = Memory(store, memory_settings(cfg), opener=opener)
         self.model = model
         self.tools = tools
         self.thinking = thinking
+        # replies the model gave that memory could not record yet, by the entry they answer
+        self._unrecorded: dict[str, tuple[Reply, DrewOn]] = {}
 
     @property
     def memory_failures(self) -> int:
@@ -112,14 +116,38 @@ class Turns:
             if foreign:
                 log.warning("entry.refused", stream_id=stream_id, reason=foreign)
                 return Outcome(dead_reason=foreign, fields=decode_lenient(raw))
-            self._apply_derived(msg)
+            with self.memory.write():
+                self._apply_derived(msg)
             return Outcome()
         if msg.kind is Kind.COMMAND:
-            return self._command(stream_id, msg)
+            if not self.memory.available():  # answered: memory is unavailable
+                return self._command(stream_id, msg)
+            with self.memory.write():
+                return self._command(stream_id, msg)
+        with self.memory.write():
+            first = self.memory.first_of_event(msg, stream_id)
+        if first != stream_id:
+            return self._published_again(stream_id, first, msg)
         if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
-            self._record_only(stream_id, msg)
+            with self.memory.write():
+                self._record_only(stream_id, msg)
             return Outcome()
         return Outcome(reply=self._answer(stream_id, msg))
+
+    def _published_again(self, stream_id: str, first: str, msg: InboundMessage) -> Outcome:
+        """The platform event of this entry was recorded before under the entry ``first`` (a
+        gateway's cursor rolled back with Redis's data): nothing is recorded twice and the model
+        is not asked again. Its reply, when memory does not know it reached its platform, is
+        queued again (the consumer first looks whether Redis still holds it)."""
+        recorded = self.memory.recorded_reply(first)
+        if recorded is None:  # the first entry was recorded but not answered: answer it now
+            log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
+            return Outcome(reply=self._answer(first, msg))
+        status = self.memory.final_status(recorded.reply_id or recorded.event_id)
+        log.info("turn.published_again", stream_id=stream_id, first=first, status=status)
+        if status is not None:
+            return Outcome()
+        return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
 
     def _refused(self, msg: InboundMessage, channel: str | None) -> str:
         """Why an entry cannot be what it says (a gateway speaks only for its own channel, and
@@ -187,12 +215,20 @@ class Turns:
         return Outcome(reply=reply)
 
     def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
+        """Record the message, ask the model, record the reply: two short write transactions,
+        none held across the model call. A reply that memory could not record is kept here and
+        recorded when the entry is tried again, so the model is not asked twice for it."""
         memory = self.memory
-        row, is_owner = memory.record_inbound(msg, stream_id)
+        with memory.write():
+            row, is_owner = memory.record_inbound(msg, stream_id)
         recorded = memory.recorded_reply(stream_id)
         if recorded is not None:
             log.info("turn.replayed", reply_id=recorded.reply_id)
             return _reply_from_row(recorded, msg)
+        held = self._unrecorded.pop(stream_id, None)
+        if held is not None:
+            self._record(held[0], msg, held[1])
+            return held[0]
 
         scope = memory.scope_of(msg, row)
         drew = DrewOn()
@@ -223,8 +259,16 @@ class Turns:
             tool_calls=result.tool_calls,
             reply_chars=len(result.text),
         )
-        memory.record_reply(reply, msg.privacy, drew)
+        self._record(reply, msg, drew)
         return reply
+
+    def _record(self, reply: Reply, msg: InboundMessage, drew: DrewOn) -> None:
+        try:
+            with self.memory.write():
+                self.memory.record_reply(reply, msg.privacy, drew)
+        except MemoryUnwritable:
+            self._unrecorded[reply.answers] = (reply, drew)
+            raise
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")

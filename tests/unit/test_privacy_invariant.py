@@ -212,10 +212,9 @@ class Run:
         ``said_to``: who can read what is said in this conversation (the reply)."""
         self.world.conversations.append(msg.conversation)
         before = len(self.model.seen)
-        with self.turns.memory.batch():
-            outcome = self.turns.handle(
-                f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
-            )
+        outcome = self.turns.handle(
+            f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
+        )
         others = audience - {OWNER}
         if not others:
             # the owner's own conversation sees everything, and what its reply quotes is said
