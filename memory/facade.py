@@ -91,6 +91,8 @@ class Memory:
     ) -> None:
         self.store = store
         self.opener = opener  # opens the store again when it could not be opened before
+        self._open = False  # a group-commit transaction of :meth:`write` is open
+        self.commits = 0  # group commits so far: an entry is durable once one followed it
         self.settings = settings
         self.failures = 0
         self.resolver = OwnerResolver(settings.owner_aliases)
@@ -120,32 +122,50 @@ class Memory:
 
     @contextmanager
     def write(self) -> Iterator[None]:
-        """One short write transaction (fenced: memory/fence.py), never held across a model call.
+        """Writes that join memory's open transaction (group commit: :meth:`settle` commits it).
 
-        Writes are not degraded: an entry whose inbound message and reply are not durably in
-        memory is not answered (the worker keeps it pending and tries again). So a failure to
-        begin, write or commit raises :class:`MemoryUnwritable` (the transaction rolled back), and
-        a write refused by the fence raises :class:`FencedOut`. Reads inside stay degraded."""
+        The worker settles before every model call and before it acks anything, so no write
+        transaction spans a model call, and what it acks is durably in memory. Writes are not
+        degraded: a failure to begin or to write raises :class:`MemoryUnwritable` and rolls the
+        open transaction back (everything since the last commit is lost: the worker does those
+        entries again); a write refused by the fence (memory/fence.py) raises :class:`FencedOut`.
+        Reads inside stay degraded. Inside a caller's own transaction (tests, an import), the
+        writes join it and the caller commits."""
         store = self.store if self.available() else None
         if store is None:
             raise MemoryUnwritable("memory is unavailable (the database could not be opened)")
-        if store.in_batch:  # a caller's transaction (a test, a tool): the writes join it
+        if store.in_batch and not self._open:  # a caller's transaction
             yield
             return
-        tx = store.transaction()
-        try:
-            tx.__enter__()
-        except sqlite3.Error as exc:
-            raise _unwritable(exc, "begin") from exc
+        if not self._open:
+            try:
+                store.transaction().__enter__()
+            except sqlite3.Error as exc:
+                raise _unwritable(exc, "begin") from exc
+            self._open = True
         try:
             yield
         except BaseException:
-            tx.rollback()
+            self._open = False
+            store.transaction().rollback()
             raise
+
+    def settle(self) -> None:
+        """Commit the open transaction, if any (:meth:`write`); :class:`MemoryUnwritable` when
+        the commit failed (it was rolled back), :class:`FencedOut` when the fence refused it."""
+        if not self._open or self.store is None:
+            return
+        self._open = False
         try:
-            tx.commit()
+            self.store.transaction().commit()
         except sqlite3.Error as exc:
             raise _unwritable(exc, "commit") from exc
+        self.commits += 1
+
+    def idle(self) -> None:
+        """Nothing to do: index what the last commits left unindexed (memory.store)."""
+        if self.store is not None and not self._open:
+            self.use(lambda s: s.sync_index())
 
     def available(self) -> bool:
         """Whether there is a store, opening it again if it could not be opened before."""

@@ -38,6 +38,9 @@ SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 BUSY_TIMEOUT_MS = 5000
 REPLY_STATUSES = frozenset({"expired", "delivered", "failed"})
 
+INDEX_EVERY_S = 0.25  # at most this long between a committed row and its full-text indexing
+INDEX_EVERY_ROWS = 256  # ... or at once when one transaction wrote this many (an import)
+
 _SCAN = f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? ORDER BY id LIMIT ?"  # noqa: S608
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
 _COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
@@ -72,7 +75,8 @@ class MemoryStore:
             conversation_rows=conversation_rows if not readonly else 0,
             conversations=conversations,
         )
-        self._tx = Transactions(self._conn, self._caches, self.sync_index)
+        self._indexed_at = 0.0  # when sync_index last ran (monotonic)
+        self._tx = Transactions(self._conn, self._caches, self._index_if_due)
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
@@ -260,7 +264,17 @@ class MemoryStore:
             return
         if self._conn.in_transaction or not self._tx.open:
             fts.index_now(self._conn)
+            self._indexed_at = time.monotonic()
         # else: a batch SQLite rolled back; its commit reports it
+
+    def _index_if_due(self) -> None:
+        """At a commit: index the new rows when enough of them wait, or the last indexing is
+        older than :data:`INDEX_EVERY_S` (the worker commits before every model call, many
+        times a second under load; one indexing statement for many commits is what keeps it
+        cheap). Searches index first, and the worker indexes whenever it is idle."""
+        now = time.monotonic()
+        if len(self._caches.pending) >= INDEX_EVERY_ROWS or now - self._indexed_at >= INDEX_EVERY_S:
+            self.sync_index()
 
     def mark_reply(self, reply_id: str, status: str, detail: str = "") -> None:
         """Mark what happened to a queued reply; the first mark of each status is kept."""

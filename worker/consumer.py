@@ -12,6 +12,7 @@ import json
 import signal
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -92,6 +93,33 @@ class Batch:
         return len(self.acks)
 
 
+@dataclass
+class Handled:
+    """Entries handled since the last flush, each with the number of memory commits when it was
+    handled: an entry is durable once a commit followed it (memory's group commit)."""
+
+    started: float
+    items: list[tuple[Entry, Outcome, int]] = field(default_factory=list)
+
+    def add(self, entry: Entry, outcome: Outcome, commits: int) -> None:
+        self.items.append((entry, outcome, commits))
+
+    def undurable(self, commits: int) -> list[Entry]:
+        """Drop and return the entries no commit followed (a failed commit took them)."""
+        keep = [item for item in self.items if item[2] < commits]
+        lost = [item[0] for item in self.items[len(keep) :]]
+        self.items = keep
+        return lost
+
+
+@dataclass
+class Blocked:
+    """Memory refuses writes: since when, and the wait before the next try."""
+
+    since: float
+    delay: float = MEMORY_RETRY_START
+
+
 class Consumer:
     def __init__(
         self,
@@ -122,6 +150,7 @@ class Consumer:
         self._idle = False
         self.hb: Heartbeat | None = None
         self.memory_blocked = ""  # why memory refuses writes now ("" while it takes them)
+        self._last_unwritable: MemoryUnwritable | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -262,64 +291,100 @@ class Consumer:
         seconds of work (one Redis round trip for many turns under load; a lone message, or a
         slow model turn, is answered at once).
 
-        Each turn writes memory in short transactions of its own (never across the model call),
-        so an entry is acked only once its inbound message and its reply are durably in memory.
-        When memory cannot be written (disk full, locked), the entries handled so far are flushed
-        and the worker waits, the entry pending, until memory takes the write: no gap."""
-        batch = Batch(started=time.perf_counter())
-        for entry in entries:
-            if self.stopping and self._signals > 1:
-                break
-            try:
-                outcome = self._handle_one(entry)
-            except MemoryUnwritable as exc:
-                self._finish(batch)  # what is recorded goes out; the rest waits behind this entry
-                batch = Batch(started=time.perf_counter())
-                waited = self._wait_for_memory(entry, str(exc))
-                if waited is None:  # stopping first: the entry stays pending
+        Memory is written by *group commit*: a turn's writes join one open transaction, which
+        is committed before every model call and before every flush (worker/turn.py), so no
+        write transaction spans a model call and nothing is acked before its inbound message and
+        its reply are durably in memory. When a commit or a write fails (disk full, locked), the
+        entries it covered are not durable: the ones before them are flushed, they and the rest
+        stay pending, and the worker tries them again, backing off, until memory takes them."""
+        if not entries:
+            self.turns.memory.idle()
+            return
+        todo = deque(entries)
+        handled = Handled(started=time.perf_counter())
+        blocked: Blocked | None = None
+        while not (self.stopping and self._signals > 1):
+            if not todo:
+                if not handled.items or self._settle_and_finish(handled, todo):
                     return
-                outcome = waited
-            self._add(batch, entry, outcome)
-            if self.stopping or time.perf_counter() - batch.started > self.flush_after:
-                self._finish(batch)
-                batch = Batch(started=time.perf_counter())
+                handled = Handled(started=time.perf_counter())
+                blocked = self._blocked(blocked, todo[0], self._last_unwritable)
                 if self.stopping:
                     return
-        self._finish(batch)
+                continue
+            entry = todo[0]
+            try:
+                outcome = self._handle_one(entry)
+                if blocked is not None:  # recovering: prove it durable before going on
+                    self.turns.settle()
+            except MemoryUnwritable as exc:
+                todo.extendleft(reversed(handled.undurable(self.turns.memory.commits)))
+                self._finish(handled)
+                handled = Handled(started=time.perf_counter())
+                blocked = self._blocked(blocked, todo[0], exc)
+                if self.stopping:
+                    return
+                continue
+            todo.popleft()
+            if blocked is not None:
+                self._resumed(blocked, entry)
+                blocked = None
+            handled.add(entry, outcome, self.turns.memory.commits)
+            if self.stopping or time.perf_counter() - handled.started > self.flush_after:
+                settled = self._settle_and_finish(handled, todo)
+                handled = Handled(started=time.perf_counter())
+                if self.stopping:
+                    return
+                if not settled:
+                    blocked = self._blocked(blocked, todo[0], self._last_unwritable)
 
-    def _finish(self, batch: Batch) -> None:
+    def _settle_and_finish(self, handled: Handled, todo: deque[Entry]) -> bool:
+        """Commit memory, then queue and ack what is durable; False when the commit failed (the
+        entries it covered are put back at the front of ``todo``)."""
+        try:
+            self.turns.settle()
+        except MemoryUnwritable as exc:
+            self._last_unwritable = exc
+            todo.extendleft(reversed(handled.undurable(self.turns.memory.commits)))
+            self._finish(handled)
+            return False
+        self._finish(handled)
+        return True
+
+    def _finish(self, handled: Handled) -> None:
+        batch = Batch()
+        for entry, outcome, _ in handled.items:
+            self._add(batch, entry, outcome)
         self.erasures.finish(batch.replies, batch.erasures)
         self.flush(batch)
         self.erasures.forget(batch.forget, rewrite=batch.rewrite)
 
-    def _wait_for_memory(self, entry: Entry, first_error: str) -> Outcome | None:
-        """Try the entry again, backing off, until memory records it; None if the worker is
-        stopping first. The heartbeat, ``relaybot status`` and ``doctor`` say memory is blocked."""
-        self.memory_blocked = first_error
-        log.error("memory.write_blocked", stream_id=entry.sid, error=first_error,
-                  detail="entries stay pending until memory can be written")  # fmt: skip
-        delay, since = MEMORY_RETRY_START, time.monotonic()
-        try:
-            while not self.stopping:
-                self._beat()
-                time.sleep(delay)
-                if self.lease.lost.is_set():
-                    raise LeaseLost("the worker lease was lost")
-                try:
-                    outcome = self._handle_one(entry)
-                except MemoryUnwritable as exc:
-                    delay = min(delay * 2, MEMORY_RETRY_CAP)
-                    self.memory_blocked = str(exc)
-                    log.warning("memory.write_retry", stream_id=entry.sid, error=str(exc),
-                                retry_in=delay)  # fmt: skip
-                    continue
-                log.info("memory.write_resumed", stream_id=entry.sid,
-                         blocked_s=round(time.monotonic() - since, 1))  # fmt: skip
-                return outcome
-            return None
-        finally:
-            self.memory_blocked = ""
-            self._beat()
+    def _blocked(self, blocked: Blocked | None, entry: Entry, exc: Exception | None) -> Blocked:
+        """Memory refused a write: say so (log, heartbeat: ``relaybot status``, ``doctor``), then
+        wait before the next try, backing off."""
+        error = str(exc)
+        self.memory_blocked = error
+        if blocked is None:
+            blocked = Blocked(since=time.monotonic())
+            log.error("memory.write_blocked", stream_id=entry.sid, error=error,
+                      detail="entries stay pending until memory can be written")  # fmt: skip
+        else:
+            blocked.delay = min(blocked.delay * 2, MEMORY_RETRY_CAP)
+            log.warning("memory.write_retry", stream_id=entry.sid, error=error,
+                        retry_in=blocked.delay)  # fmt: skip
+        self._beat()
+        deadline = time.monotonic() + blocked.delay
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, blocked.delay))
+            if self.lease.lost.is_set():
+                raise LeaseLost("the worker lease was lost")
+        return blocked
+
+    def _resumed(self, blocked: Blocked, entry: Entry) -> None:
+        log.info("memory.write_resumed", stream_id=entry.sid,
+                 blocked_s=round(time.monotonic() - blocked.since, 1))  # fmt: skip
+        self.memory_blocked = ""
+        self._beat()
 
     def _handle_one(self, entry: Entry) -> Outcome:
         sid, fields = entry.sid, entry.fields

@@ -85,6 +85,7 @@ class Turns:
         self.thinking = thinking
         # replies the model gave that memory could not record yet, by the entry they answer
         self._unrecorded: dict[str, tuple[Reply, DrewOn]] = {}
+        self._lingering: list[tuple[Reply, DrewOn]] = []  # recorded, not committed yet
 
     @property
     def memory_failures(self) -> int:
@@ -99,7 +100,40 @@ class Turns:
         channel: str | None = None,
     ) -> Outcome:
         """One entry; ``channel`` is the channel of the stream it came on (None: the stream
-        without a channel, whose entries are taken as they say: worker/streams.py)."""
+        without a channel, whose entries are taken as they say: worker/streams.py).
+
+        Its writes join memory's open transaction (group commit): durable once :meth:`settle`
+        (or the next model call) committed them. :class:`MemoryUnwritable` when memory refused:
+        every entry since the last commit is to be handled again."""
+        try:
+            return self._handle(stream_id, raw, channel)
+        except MemoryUnwritable:
+            self._lost()
+            raise
+
+    def settle(self) -> None:
+        """Commit what the turns since the last commit wrote (before a model call, and before
+        the worker acks anything)."""
+        try:
+            self.memory.settle()
+        except MemoryUnwritable:
+            self._lost()
+            raise
+        self._lingering.clear()
+
+    def _lost(self) -> None:
+        """A commit failed: the replies it held are kept, to be recorded when their entries are
+        handled again (the model is not asked twice)."""
+        for reply, drew in self._lingering:
+            self._unrecorded[reply.answers] = (reply, drew)
+        self._lingering.clear()
+
+    def _handle(
+        self,
+        stream_id: str,
+        raw: Mapping[bytes, bytes] | Mapping[str, str],
+        channel: str | None,
+    ) -> Outcome:
         try:
             msg = InboundMessage.from_fields(raw)
         except WireError as exc:
@@ -124,15 +158,22 @@ class Turns:
                 return self._command(stream_id, msg)
             with self.memory.write():
                 return self._command(stream_id, msg)
-        with self.memory.write():
-            first = self.memory.first_of_event(msg, stream_id)
+        return self._message(stream_id, msg)
+
+    def _message(self, stream_id: str, msg: InboundMessage) -> Outcome:
+        """A message: recorded (once per platform event), then answered unless it asks not to
+        be. The inbound row is written in a short transaction of its own, before the model."""
+        memory = self.memory
+        with memory.write():
+            first = memory.first_of_event(msg, stream_id)
+            if first == stream_id:
+                row, is_owner = memory.record_inbound(msg, stream_id)
         if first != stream_id:
             return self._published_again(stream_id, first, msg)
         if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
-            with self.memory.write():
-                self._record_only(stream_id, msg)
+            self._recorded_only(msg)
             return Outcome()
-        return Outcome(reply=self._answer(stream_id, msg))
+        return Outcome(reply=self._answer(stream_id, msg, row, is_owner))
 
     def _published_again(self, stream_id: str, first: str, msg: InboundMessage) -> Outcome:
         """The platform event of this entry was recorded before under the entry ``first`` (a
@@ -142,7 +183,9 @@ class Turns:
         recorded = self.memory.recorded_reply(first)
         if recorded is None:  # the first entry was recorded but not answered: answer it now
             log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
-            return Outcome(reply=self._answer(first, msg))
+            with self.memory.write():
+                row, is_owner = self.memory.record_inbound(msg, first)  # the row it has
+            return Outcome(reply=self._answer(first, msg, row, is_owner))
         status = self.memory.final_status(recorded.reply_id or recorded.event_id)
         log.info("turn.published_again", stream_id=stream_id, first=first, status=status)
         if status is not None:
@@ -175,12 +218,11 @@ class Turns:
             return ""
         return f"an entry on the {channel} stream reports on reply {reply_id!r}, not its own"
 
-    def _record_only(self, stream_id: str, msg: InboundMessage) -> None:
+    def _recorded_only(self, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail
         from a sender not on the allowlist), or it is an edit of an earlier message
         (``extra.edit_of``) or a reaction (``extra.reaction``), recorded as such rather than
         taken as a new request."""
-        self.memory.record_inbound(msg, stream_id)
         log.info(
             "turn.recorded_only",
             reason=msg.extra.get("no_reply")
@@ -214,13 +256,14 @@ class Turns:
             return Outcome(reply=reply, forget_entry=True, rewrite_files=erased)
         return Outcome(reply=reply)
 
-    def _answer(self, stream_id: str, msg: InboundMessage) -> Reply:
-        """Record the message, ask the model, record the reply: two short write transactions,
-        none held across the model call. A reply that memory could not record is kept here and
-        recorded when the entry is tried again, so the model is not asked twice for it."""
+    def _answer(
+        self, stream_id: str, msg: InboundMessage, row: LogRow | None, is_owner: bool
+    ) -> Reply:
+        """Ask the model about the recorded message ``row``, record the reply in a short write
+        transaction of its own (none is held across the model call). A reply that memory could
+        not record is kept here and recorded when the entry is tried again, so the model is not
+        asked twice for it."""
         memory = self.memory
-        with memory.write():
-            row, is_owner = memory.record_inbound(msg, stream_id)
         recorded = memory.recorded_reply(stream_id)
         if recorded is not None:
             log.info("turn.replayed", reply_id=recorded.reply_id)
@@ -243,6 +286,7 @@ class Turns:
             drew=drew,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
+        self.settle()  # no write transaction is held across the model call
         started = time.perf_counter()
         with self.thinking(msg.session):
             result = run_turn(
@@ -269,6 +313,7 @@ class Turns:
         except MemoryUnwritable:
             self._unrecorded[reply.answers] = (reply, drew)
             raise
+        self._lingering.append((reply, drew))
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")

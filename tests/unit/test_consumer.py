@@ -116,9 +116,8 @@ def test_replay_after_crash_before_ack_adds_nothing_twice(rig: Rig) -> None:
     c1 = rig.consumer()
     sid = rig.add(msg("once"))
     entries = c1.read(block_ms=None)  # type: ignore[arg-type]
-    outcome = c1.turns.handle(
-        entries[0].sid, entries[0].fields
-    )  # the turn ran, memory committed ...
+    outcome = c1.turns.handle(entries[0].sid, entries[0].fields)
+    c1.turns.settle()  # the turn ran, memory committed ...
     assert outcome.reply is not None
     c1.lease.release()  # ... and then the worker died before queueing and acking
     c2 = rig.consumer()

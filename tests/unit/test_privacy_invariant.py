@@ -215,6 +215,7 @@ class Run:
         outcome = self.turns.handle(
             f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
         )
+        self.turns.settle()
         others = audience - {OWNER}
         if not others:
             # the owner's own conversation sees everything, and what its reply quotes is said
