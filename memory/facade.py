@@ -157,7 +157,7 @@ class Memory:
             return
         self._open = False
         try:
-            self.store.transaction().commit()
+            self.store.transaction().commit(lazy_index=True)
         except sqlite3.Error as exc:
             raise _unwritable(exc, "commit") from exc
         self.commits += 1

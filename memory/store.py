@@ -76,7 +76,7 @@ class MemoryStore:
             conversations=conversations,
         )
         self._indexed_at = 0.0  # when sync_index last ran (monotonic)
-        self._tx = Transactions(self._conn, self._caches, self._index_if_due)
+        self._tx = Transactions(self._conn, self._caches, self.sync_index, self._index_if_due)
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
@@ -268,10 +268,10 @@ class MemoryStore:
         # else: a batch SQLite rolled back; its commit reports it
 
     def _index_if_due(self) -> None:
-        """At a commit: index the new rows when enough of them wait, or the last indexing is
-        older than :data:`INDEX_EVERY_S` (the worker commits before every model call, many
-        times a second under load; one indexing statement for many commits is what keeps it
-        cheap). Searches index first, and the worker indexes whenever it is idle."""
+        """At a group commit of the worker's: index the new rows when enough of them wait, or the
+        last indexing is older than :data:`INDEX_EVERY_S` (the worker commits before every model
+        call, many times a second under load; one indexing statement for many commits is what
+        keeps it cheap). Searches index first, and the worker indexes whenever it is idle."""
         now = time.monotonic()
         if len(self._caches.pending) >= INDEX_EVERY_ROWS or now - self._indexed_at >= INDEX_EVERY_S:
             self.sync_index()

@@ -27,11 +27,16 @@ class Transactions:
     """The transaction state of one store; itself the context manager of one transaction."""
 
     def __init__(
-        self, conn: sqlite3.Connection, caches: RecentRows, index: Callable[[], object]
+        self,
+        conn: sqlite3.Connection,
+        caches: RecentRows,
+        index: Callable[[], object],
+        index_if_due: Callable[[], object],
     ) -> None:
         self._conn = conn
         self._caches = caches
         self._index = index  # full-text index the batch's rows before the commit
+        self._index_if_due = index_if_due  # ... or only when the last indexing is old enough
         self.open = False
         self.generation = 0
         self._after: list[Callable[[], object]] = []
@@ -48,9 +53,11 @@ class Transactions:
         else:
             self.rollback()
 
-    def commit(self) -> None:
+    def commit(self, *, lazy_index: bool = False) -> None:
+        """Commit; the new rows are full-text indexed in it, or with ``lazy_index`` only when
+        indexing is due (the worker's group commits: memory.store)."""
         try:
-            self._index()
+            (self._index_if_due if lazy_index else self._index)()
             self._conn.execute("COMMIT")
         except BaseException:
             self.rollback()
