@@ -38,6 +38,7 @@ from memory.identity import Identity, OwnerResolver, ScopedAlias
 from memory.lines import HistoryLines
 from memory.privacy import Scope, privacy_of
 from memory.provenance import DrewOn
+from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
 from memory.store import MemoryStore
@@ -261,6 +262,12 @@ class Memory:
             return None if raw is None else (str(raw[0]), str(raw[1]))
 
         return self.use(read)
+
+    def unsettled_replies(self, window_s: float, limit: int) -> list[Reply]:
+        """The replies recorded in the ``window_s`` seconds before the newest one (at most
+        ``limit``, among the newest rows), with no final status (delivered, failed, expired),
+        as they were queued; [] when memory fails (degraded: nothing to reconcile)."""
+        return self.use(lambda s: unsettled_replies(s, window_s, limit)) or []
 
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
         self._write(lambda s: s.mark_reply(reply_id, status, detail))

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
 
 import redis
 import structlog
@@ -29,6 +28,7 @@ from memory.facade import FencedOut, MemoryUnwritable
 from memory.fence import StaleToken
 from worker.busy import BusySignal
 from worker.erasures import Erasures
+from worker.replies import ReplyKeeper
 from worker.scrub import Scrubber
 from worker.streams import Entry, InboundStreams
 from worker.turn import Outcome, Turns
@@ -66,6 +66,7 @@ return acked
 """
 
 
+SWEEP_EVERY = 60.0  # seconds between two sweeps of the reply queues
 MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while memory refuses
 
 
@@ -140,6 +141,16 @@ class Consumer:
         self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
         self.streams = InboundStreams(r, self.keys, self.name)
         self.erasures = Erasures(turns.memory, Scrubber(r, self.keys))
+        self.replies = ReplyKeeper(
+            r,
+            self.keys,
+            turns.memory,
+            now=turns.clock,
+            max_age=cfg.delivery.max_age,
+            queue=lambda replies: self.flush(Batch(replies=replies)),
+        )
+        self._reconcile_due = True  # once what was left pending is replayed
+        self._last_sweep = 0.0
         self._commit = r.register_script(_COMMIT)
         self.stopping = False
         self._signals = 0
@@ -246,6 +257,7 @@ class Consumer:
                 self.handle_entries(entries)
                 self._beat()
                 self.maybe_trim()
+                self.maybe_sweep()
                 self.erasures.retry_wal()
         except Interrupted:
             pass
@@ -279,6 +291,9 @@ class Consumer:
                 return found
             if not gone:  # nothing left pending
                 self.deliveries.clear()
+        if self._reconcile_due:  # the replay queued its replies: what Redis lost is left
+            self._reconcile_due = False
+            self.replies.reconcile()
         found, gone = self.streams.read_new(block_ms=block_ms, count=self.cfg.worker.batch)
         if gone:
             self.flush(Batch(acks=gone))
@@ -420,7 +435,7 @@ class Consumer:
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
         reply = outcome.reply
-        if reply is not None and outcome.only_if_missing and self.reply_held(reply):
+        if reply is not None and outcome.only_if_missing and self.replies.held(reply):
             reply = None  # queued before, and Redis still has it
         if reply is not None:
             if outcome.erasure is not None:
@@ -432,17 +447,6 @@ class Consumer:
         if outcome.dead_reason is not None:
             log.warning("entry.dead_lettered", stream_id=entry.sid, reason=outcome.dead_reason)
             batch.dead.append(self._dead_fields(entry, outcome))
-
-    def reply_held(self, reply: Reply) -> bool:
-        """Whether Redis still holds this reply: queued, in flight, or marked delivered."""
-        if self.r.zscore(self.keys.delivered(reply.session), reply.reply_id) is not None:
-            return True
-        needle = reply.reply_id.encode()
-        for key in (self.keys.reply(reply.session), self.keys.inflight(reply.session)):
-            raw: Any = self.r.lrange(key, 0, -1)
-            if any(needle in item for item in raw):
-                return True
-        return False
 
     def _dead_fields(self, entry: Entry, outcome: Outcome) -> list[str]:
         flat = [
@@ -458,7 +462,7 @@ class Consumer:
 
     def flush(self, batch: Batch) -> None:
         """Queue the replies and ack the entries in one atomic, lease-fenced script."""
-        if not batch.acks:
+        if not batch.acks and not batch.replies:
             return
         by_stream: dict[str, list[str]] = {}
         for entry in batch.acks:
@@ -482,6 +486,17 @@ class Consumer:
         self.dead_lettered += len(batch.dead)
         for entry in batch.acks:
             self.deliveries.pop(entry.sid, None)
+
+    def maybe_sweep(self) -> None:
+        """Every minute: expire the replies nobody delivered in time (worker/replies.py)."""
+        now = time.monotonic()
+        if now - self._last_sweep < SWEEP_EVERY:
+            return
+        self._last_sweep = now
+        try:
+            self.replies.sweep()
+        except MemoryUnwritable as exc:  # tried again at the next sweep
+            log.warning("reply.sweep_unrecorded", error=str(exc))
 
     def maybe_trim(self) -> None:
         """Drop acked entries older than the retention; pending entries are never trimmed."""

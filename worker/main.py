@@ -10,6 +10,7 @@ from typing import Any
 import redis
 import structlog
 
+from contract.clock import RedisClock
 from contract.config import Config
 from memory.checkpoint import WalCheckpointer
 from memory.privacy import privacy_of
@@ -75,7 +76,13 @@ def build_consumer(
         )
     busy = BusySignal(r, cfg.keys)
     turns = Turns(
-        cfg, store, model, tools or TurnTools(), thinking=busy.turn, opener=lambda: open_store(cfg)
+        cfg,
+        store,
+        model,
+        tools or TurnTools(),
+        thinking=busy.turn,
+        opener=lambda: open_store(cfg),
+        clock=RedisClock(r).now,
     )
     return Consumer(cfg, r, turns, busy=busy)
 

@@ -77,8 +77,10 @@ class Turns:
         *,
         thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
         opener: Callable[[], MemoryStore | None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
+        self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
         self.model = model
         self.tools = tools
@@ -247,7 +249,8 @@ class Turns:
                 "(see the worker log); it is safe to run it again",
             }
         kind = ReplyKind.NOTICE if result.get("ok") else ReplyKind.ERROR
-        reply = _reply(msg, stream_id, json.dumps(result, ensure_ascii=False, default=str), kind)
+        text = json.dumps(result, ensure_ascii=False, default=str)
+        reply = _reply(msg, stream_id, text, kind, created=self.clock())
         erasure = result.get("erasure")
         if result.get("ok") and msg.extra.get("op") == "memory.erase" and isinstance(erasure, int):
             return Outcome(reply=reply, erasure=erasure)
@@ -292,9 +295,8 @@ class Turns:
             result = run_turn(
                 self.model, messages, tools, max_rounds=self.cfg.model.max_tool_rounds
             )
-        reply = _reply(
-            msg, stream_id, result.text, ReplyKind.ERROR if result.error else ReplyKind.REPLY
-        )
+        kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
+        reply = _reply(msg, stream_id, result.text, kind, created=self.clock())
         log.info(
             "turn.done",
             ms=round((time.perf_counter() - started) * 1000, 2),

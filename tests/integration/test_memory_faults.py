@@ -243,3 +243,58 @@ def test_an_event_published_again_after_redis_lost_data_is_recorded_and_answered
     assert model.calls == 1
     assert world.rows() == [("in", "hello"), ("out", "A: hello")]
     assert world.pending("email") == 0
+
+
+def test_replies_memory_recorded_and_redis_lost_are_queued_again(world: World) -> None:
+    """Redis lost its last second after the worker queued three replies: at its next start the
+    worker queues again those memory recorded and Redis holds nowhere (same ids), but not one
+    memory knows was delivered, nor one Redis still marks delivered."""
+    c = world.consumer(HookModel("A"))
+    for i in range(4):
+        world.add(msg(f"m{i}", event_id=f"e{i}"))
+    world.pump(c)
+    replies = world.replies()
+    assert len(replies) == 4
+    c.lease.release()
+    world.r.delete(world.keys.reply("cli:t"))  # the power cut took the queue
+    world.stores[-1].mark_reply(replies[0].reply_id, "delivered")  # memory knows this one
+    world.r.zadd(world.keys.delivered("cli:t"), {replies[1].reply_id: time.time()})
+
+    again = world.consumer(HookModel("B"))
+    world.pump(again)
+    assert [r.reply_id for r in world.replies()] == [r.reply_id for r in replies[2:]]
+    assert [r.text for r in world.replies()] == ["A: m2", "A: m3"]
+    world.pump(again)  # once: not queued a second time
+    assert len(world.replies()) == 2
+
+
+def test_a_queue_nobody_reads_expires_into_memory(world: World) -> None:
+    """A terminal session that ended leaves its reply queue behind: replies older than
+    delivery.max_age (on Redis's clock) are removed and marked expired in memory."""
+    c = world.consumer(HookModel("A"))
+    world.add(msg("old", session="cli:gone", conversation="cli:gone"))
+    world.add(msg("new", session="cli:here", conversation="cli:here"))
+    world.pump(c)
+    (old,) = world.replies("cli:gone")
+    key = world.keys.reply("cli:gone")
+    stale = old.model_copy(update={"created": old.created - world.cfg.delivery.max_age - 5})
+    world.r.delete(key)
+    world.r.rpush(key, stale.to_json())
+    c._last_sweep = 0.0
+    c.maybe_sweep()
+    assert world.replies("cli:gone") == [] and len(world.replies("cli:here")) == 1
+    assert world.stores[-1].reply_marks(old.reply_id).keys() == {"expired"}
+
+
+def test_a_worker_clock_25_h_behind_stamps_replies_on_redis_clock(world: World) -> None:
+    """Reply ages are measured on Redis's clock: a worker whose own clock is 25 h behind stamps
+    its replies with Redis's time, so the gateway does not take them for a day old."""
+    from contract.clock import RedisClock
+
+    c = world.consumer(HookModel("A"))
+    c.turns.clock = RedisClock(world.r, local=lambda: time.time() - 25 * 3600).now
+    world.add(msg("what time is it"))
+    world.pump(c)
+    (reply,) = world.replies()
+    seconds, micros = world.r.time()
+    assert abs(seconds + micros / 1e6 - reply.created) < 60
