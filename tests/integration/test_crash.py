@@ -10,7 +10,8 @@ holds the lease, then SIGKILLs it at a moment chosen by one of four aims:
 - ``in-model``: inside a model call (after the request arrived, before the answer);
 - ``after-model``: 0-4 ms after an answer went out (appending the reply, the SQLite commit, the
   fenced Redis commit that queues the reply and acks, the next read);
-- ``at-commit``: as soon as a SQLite commit is seen (``PRAGMA data_version``), which is mostly
+- ``at-commit``: as soon as the SQLite commit after a model answer is seen (``PRAGMA
+  data_version``; the worker commits before every model call and before it acks), which is mostly
   before the Redis script has queued the reply and acked the entry: the replay must then reuse the
   recorded reply instead of asking the model again.
 
@@ -199,8 +200,12 @@ def aim_and_kill(
             time.sleep(rng.uniform(0, 0.004))
         else:
             landed = "after-model (no answer came: idle)"
-    elif aim == "at-commit" and not commits.next_commit(timeout=0.6):
-        landed = "at-commit (no commit came: idle)"
+    elif aim == "at-commit":
+        # the commit that holds a reply comes after the model's answer (the worker also commits
+        # the inbound message before each model call: that one holds no reply yet)
+        answered = model.next_response(responses, timeout=0.6)
+        if not answered or not commits.next_commit(timeout=0.6):
+            landed = "at-commit (no commit came: idle)"
     pool.kill(holder)
     return landed
 
