@@ -328,7 +328,8 @@ class InboundStreams:
 
     def trim_dead(self) -> None:
         """Keep the dead-letter stream within ``dead_max_len`` entries and ``dead_retention``
-        seconds (gateways' letters too: they add theirs without a cap)."""
+        seconds (gateways' letters too: they add theirs without a cap). Exact, not ``~``: the
+        stream is small, and once a minute the cost is nothing."""
         floor_ms = max(0, int((time.time() - self.limits.dead_retention) * 1000))
-        self.r.xtrim(self.keys.dead, minid=f"{floor_ms}-0", approximate=True)
-        self.r.xtrim(self.keys.dead, maxlen=self.limits.dead_max_len, approximate=True)
+        self.r.xtrim(self.keys.dead, minid=f"{floor_ms}-0", approximate=False)
+        self.r.xtrim(self.keys.dead, maxlen=self.limits.dead_max_len, approximate=False)
