@@ -248,7 +248,11 @@ class InboundStreams:
         pause = _POLL_MIN_S
         while True:
             found, last_of_full = self._run(">", count)
-            if found or held or deadline is None or time.monotonic() >= deadline:
+            if found or held:
+                break
+            if self._progress:  # all it took was dead-lettered: read on at once
+                continue
+            if deadline is None or time.monotonic() >= deadline:
                 break
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, _POLL_MAX_S)

@@ -211,3 +211,18 @@ def test_a_dead_letter_is_bounded_whatever_the_entry() -> None:
         dead_at=1.0, max_len=7,
     )  # fmt: skip
     assert small[-2:] == ["orig.text", "héllo"] and small[small.index("truncated") + 1] == "0"
+
+
+def test_a_read_that_only_dead_letters_reads_on() -> None:
+    """A whole read's worth of bad entries does not look like an empty stream to the caller."""
+    r = fakeredis.FakeRedis()
+    keys = Keys("t:")
+    streams = InboundStreams(r, keys, "c")
+    streams.ensure_groups()
+    stream = keys.inbound_of("cli")
+    for i in range(5):
+        r.xadd(stream, {f"f{j}": str(i) for j in range(100)})
+    good = r.xadd(stream, _valid()).decode()
+    found, _ = streams.read_new(block_ms=None, count=2)
+    assert [e.raw_id for e in found] == [good]
+    assert r.xlen(keys.dead) == 5
