@@ -28,9 +28,6 @@ from worker.deadletter import LUA_BURY, Limits
 
 log = structlog.get_logger(__name__)
 
-_POLL_MIN_S = 0.002  # an idle worker looks for new entries this often at first ...
-_POLL_MAX_S = 0.05  # ... and, while nothing comes, at least this often
-
 # Reads entries for the consumer ARGV[1] of group ARGV[2] and dead-letters, in the same atomic
 # step, those the worker must not hold (worker/deadletter.py), so it never receives them.
 # KEYS: the dead-letter stream, then the inbound streams.
@@ -39,7 +36,8 @@ _POLL_MAX_S = 0.05  # ... and, while nothing comes, at least this often
 #       channels (comma-separated), then per stream its channel ("": the stream without one).
 # Returns {per stream: the id of the last entry taken when it may hold more, else "";
 #          items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
-#                 | {"gone", index, id} (deleted while pending: acked)}.
+#                 | {"gone", index, id} (deleted while pending: acked);
+#          per stream (mode ">" only): the group's last delivered id after the read, or "$"}.
 # An entry is judged on XRANGE's copy and then delivered with XREADGROUP (same entries: the
 # script is atomic), so the results of XREADGROUP are not needed.
 _READ = (
@@ -83,10 +81,11 @@ local function judge(fields, k)
   return total, why
 end
 
-local items, more = {}, {}
+local items, more, delivered = {}, {}, {}
 for k = 1, #KEYS - 1 do
   local s = KEYS[k + 1]
   more[k] = ''
+  delivered[k] = '$'
   if MODE == '0' then
     local p = redis.call('xpending', s, GROUP, '-', '+', 1, TOKEN)
     if #p > 0 then
@@ -119,6 +118,7 @@ for k = 1, #KEYS - 1 do
       if name == GROUP then last = delivered end
     end
     if last then
+      delivered[k] = last
       local range = redis.call('xrange', s, '(' .. last, '+', 'COUNT', COUNT)
       local take, used, verdicts = 0, 0, {}
       for i, e in ipairs(range) do
@@ -142,11 +142,12 @@ for k = 1, #KEYS - 1 do
           end
         end
         if take < #range or #range >= COUNT then more[k] = range[take][1] end
+        delivered[k] = range[take][1]
       end
     end
   end
 end
-return {more, items}
+return {more, items, delivered}
 """
 )
 
@@ -182,6 +183,7 @@ class InboundStreams:
         self._read_script = r.register_script(_READ)
         self._progress = False  # the last read script did something (read, buried or acked)
         self.dead_lettered = 0  # by the read script, since this process started
+        self._waiter: Any = None  # the connection _wait blocks on
 
     def sid(self, stream: str, raw_id: str) -> str:
         channel = self.channels[stream]
@@ -236,7 +238,7 @@ class InboundStreams:
 
         Entries are read by a script that dead-letters, inside Redis, what the worker must not
         hold (worker/deadletter.py). A script cannot block, so with ``block_ms`` an idle worker
-        polls, a little less often the longer nothing comes (at most every ``_POLL_MAX_S``).
+        waits with :meth:`_wait` and then runs the script again.
 
         One order across the streams: a read takes at most ``count`` of each (fewer when they
         are large), so a stream that gave less than it holds may hold more, older than what a
@@ -245,17 +247,16 @@ class InboundStreams:
         entries, so a crash loses none of them)."""
         held, self._held = self._held, []
         deadline = None if block_ms is None or held else time.monotonic() + block_ms / 1000
-        pause = _POLL_MIN_S
         while True:
-            found, last_of_full = self._run(">", count)
+            found, last_of_full, delivered = self._run(">", count)
             if found or held:
                 break
             if self._progress:  # all it took was dead-lettered: read on at once
                 continue
-            if deadline is None or time.monotonic() >= deadline:
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 break
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, _POLL_MAX_S)
+            self._wait(delivered, left)
         merged = sorted(held + found, key=lambda e: _order(e.raw_id))
         cut = min((_order(last) for last in last_of_full), default=None)
         if cut is not None:
@@ -271,15 +272,32 @@ class InboundStreams:
         from its stream meanwhile is acked by it; the next one is read then. Nothing found:
         nothing is pending (the second list, entries to ack, is always empty)."""
         while True:
-            found, _ = self._run("0", 1)
+            found, _, _ = self._run("0", 1)
             if found:
                 return found, []
             if not self._progress:
                 return [], []
 
-    def _run(self, mode: str, count: int) -> tuple[list[Entry], list[str]]:
-        """One run of the read script: the entries fit to handle, and for each stream that may
-        hold more than this read took, the id of the last entry it took."""
+    def _wait(self, after: list[str], seconds: float) -> None:
+        """Block until an entry comes after ``after`` (per stream, the group's last delivered
+        id) or ``seconds`` pass, without reading it: XREAD returns whole entries, and one may be
+        huge, so its reply is left unread (at most one socket read of it is buffered) and the
+        connection dropped. The connection is the waiter's own, so it reconnects at the start of
+        the next wait, not on the way to the entry that ended this one."""
+        if self._waiter is None:
+            self._waiter = self.r.connection_pool.make_connection()
+        conn = self._waiter
+        try:
+            ms = max(1, int(seconds * 1000))
+            conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *self._streams, *after)
+            conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK times out
+        finally:
+            conn.disconnect()
+
+    def _run(self, mode: str, count: int) -> tuple[list[Entry], list[str], list[str]]:
+        """One run of the read script: the entries fit to handle; for each stream that may hold
+        more than this read took, the id of the last entry it took; and per stream the group's
+        last delivered id after the read ("$" for a stream without the group)."""
         lim = self.limits
         args: list[str | int] = [
             self.consumer, Keys.GROUP, mode, count, lim.max_fields, lim.max_field_bytes,
@@ -288,6 +306,7 @@ class InboundStreams:
         ]  # fmt: skip
         resp: Any = self._read_script(keys=[self.keys.dead, *self._streams], args=args)
         last_of_full = [text(x) for x in resp[0] if x]
+        delivered = [text(x) for x in resp[2]] if len(resp) > 2 else []
         found: list[Entry] = []
         self._progress = False
         for item in resp[1]:
@@ -308,7 +327,7 @@ class InboundStreams:
                     Entry(stream, rid, self.sid(stream, rid), self.channels[stream], fields)
                 )
         found.sort(key=lambda e: _order(e.raw_id))
-        return found, last_of_full
+        return found, last_of_full, delivered
 
     def trim(self, retention: float) -> None:
         """Drop read-and-acked entries older than ``retention`` seconds.
