@@ -71,6 +71,14 @@ class WorkerConfig(_Section):
     lease_seconds: float = Field(default=10.0, ge=1)
     assistant_name: str = "relaybot"
     stream_retention: float = Field(default=24 * 3600.0, ge=0)  # seconds acked entries are kept
+    # An inbound entry beyond any of these is dead-lettered as it is read (worker/deadletter.py),
+    # so that no entry a gateway can write makes the worker hold more than a bounded copy.
+    max_entry_fields: int = Field(default=64, ge=12)  # the contract has 12 fields
+    max_field_bytes: int = Field(default=1 << 20, ge=65_536)  # one field's name or value
+    max_entry_bytes: int = Field(default=2 << 20, ge=65_536)  # all names and values of an entry
+    # The dead-letter stream keeps at most about this many entries, none older than this.
+    dead_max_len: int = Field(default=10_000, ge=1)
+    dead_retention: float = Field(default=30 * 24 * 3600.0, gt=0)  # seconds
 
 
 class DeliveryConfig(_Section):

@@ -27,6 +27,7 @@ from contract.messages import Reply, decode_lenient
 from memory.facade import FencedOut, MemoryUnwritable
 from memory.fence import StaleToken
 from worker.busy import BusySignal
+from worker.deadletter import Limits, dead_letter
 from worker.erasures import Erasures
 from worker.replies import ReplyKeeper
 from worker.scrub import Scrubber
@@ -36,7 +37,8 @@ from worker.turn import Outcome, Turns
 log = structlog.get_logger(__name__)
 
 # KEYS: lease, dead, streams (m), reply keys (n), busy keys (n)
-# ARGV: token, group, m, n, reply json (n), n_dead, dead entries as JSON arrays,
+# ARGV: token, group, m, n, reply json (n), n_dead, dead letters as JSON arrays of XADD
+#       arguments after the key (worker/deadletter.py: bounded, whatever the entry was),
 #       then per stream: how many ids, the ids to ack
 _COMMIT = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
@@ -52,7 +54,7 @@ for k = 1, n do
 end
 local ndead = tonumber(ARGV[i]); i = i + 1
 for k = 1, ndead do
-  redis.call('xadd', KEYS[2], '*', unpack(cjson.decode(ARGV[i])))
+  redis.call('xadd', KEYS[2], unpack(cjson.decode(ARGV[i])))  -- MAXLEN ~ n * fields
   i = i + 1
 end
 local acked = 0
@@ -139,7 +141,7 @@ class Consumer:
         self.busy = busy
         self.name = process_identity("worker")
         self.lease = Lease(r, self.keys.lease, self.name, cfg.worker.lease_seconds)
-        self.streams = InboundStreams(r, self.keys, self.name)
+        self.streams = InboundStreams(r, self.keys, self.name, Limits.of(cfg.worker))
         self.erasures = Erasures(turns.memory, Scrubber(r, self.keys))
         self.replies = ReplyKeeper(
             r,
@@ -449,16 +451,17 @@ class Consumer:
             batch.dead.append(self._dead_fields(entry, outcome))
 
     def _dead_fields(self, entry: Entry, outcome: Outcome) -> list[str]:
-        flat = [
-            "reason", outcome.dead_reason or "",
-            "source_stream", entry.stream,
-            "source_id", entry.raw_id,
-            "dead_at", f"{time.time():.3f}",
-            "consumer", self.name,
-        ]  # fmt: skip
-        for key, value in outcome.fields.items():
-            flat += [f"orig.{key}", value]
-        return flat
+        """The XADD arguments of its dead letter: bounded whatever the entry holds, so the
+        commit script cannot fail on it (worker/deadletter.py)."""
+        return dead_letter(
+            reason=outcome.dead_reason or "",
+            stream=entry.stream,
+            raw_id=entry.raw_id,
+            consumer=self.name,
+            fields=outcome.fields,
+            dead_at=time.time(),
+            max_len=self.cfg.worker.dead_max_len,
+        )
 
     def flush(self, batch: Batch) -> None:
         """Queue the replies and ack the entries in one atomic, lease-fenced script."""
@@ -499,9 +502,11 @@ class Consumer:
             log.warning("reply.sweep_unrecorded", error=str(exc))
 
     def maybe_trim(self) -> None:
-        """Drop acked entries older than the retention; pending entries are never trimmed."""
+        """Once a minute: drop acked entries older than the retention (never unread or pending
+        ones: worker/streams.py), and keep the dead letters within their length and age."""
         now = time.time()
         if now - self._last_trim < 60:
             return
         self._last_trim = now
         self.streams.trim(self.cfg.worker.stream_retention)
+        self.streams.trim_dead()

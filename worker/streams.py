@@ -24,8 +24,132 @@ import structlog
 from contract.bus import text
 from contract.keys import Keys
 from contract.messages import CHANNELS
+from worker.deadletter import LUA_BURY, Limits
 
 log = structlog.get_logger(__name__)
+
+# Reads entries for the consumer ARGV[1] of group ARGV[2] and dead-letters, in the same atomic
+# step, those the worker must not hold (worker/deadletter.py), so it never receives them.
+# KEYS: the dead-letter stream, then the inbound streams.
+# ARGV: consumer, group, mode (">": new entries, "0": our oldest pending one), count, max
+#       fields, max field bytes, max entry bytes, max attempts, dead-letter maxlen, now, the
+#       channels (comma-separated), then per stream its channel ("": the stream without one).
+# Returns {per stream: the id of the last entry taken when it may hold more, else "";
+#          items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
+#                 | {"gone", index, id} (deleted while pending: acked);
+#          per stream (mode ">" only): the group's last delivered id after the read, or "$"}.
+# An entry is judged on XRANGE's copy and then delivered with XREADGROUP (same entries: the
+# script is atomic), so the results of XREADGROUP are not needed.
+_READ = (
+    """
+local DEAD, TOKEN, GROUP, MODE = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local COUNT = tonumber(ARGV[4])
+local MAXF, MAXFB, MAXEB = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local MAXATT, DEAD_MAXLEN, NOW = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local KNOWN, NAMES = {}, ARGV[11]
+for c in string.gmatch(ARGV[11], '[^,]+') do KNOWN[c] = true end
+"""
+    + LUA_BURY
+    + """
+-- the entry's size in bytes and why it cannot be handled (nil: it can)
+local function judge(fields, k)
+  local total, why = 0, nil
+  local nfields = #fields / 2
+  for j = 1, #fields, 2 do
+    local name, value = fields[j], fields[j + 1]
+    total = total + #name + #value
+    if why == nil and #name > MAXFB then
+      why = 'entry too large: a field name of ' .. #name .. ' bytes (at most ' .. MAXFB .. ')'
+    elseif why == nil and #value > MAXFB then
+      why = 'entry too large: field ' .. string.format('%q', string.sub(name, 1, 60)) ..
+        ' is ' .. #value .. ' bytes (at most ' .. MAXFB .. ')'
+    end
+  end
+  if nfields > MAXF then
+    why = 'entry too large: ' .. nfields .. ' fields (at most ' .. MAXF .. ')'
+  elseif why == nil and total > MAXEB then
+    why = 'entry too large: ' .. total .. ' bytes (at most ' .. MAXEB .. ')'
+  end
+  if why == nil and ARGV[11 + k] == '' then
+    for j = 1, #fields, 2 do
+      if fields[j] == 'channel' and not KNOWN[fields[j + 1]] then
+        why = 'no gateway serves channel ' .. string.format('%q', string.sub(fields[j + 1], 1, 60))
+          .. ' (the channels are ' .. NAMES .. ')'
+      end
+    end
+  end
+  return total, why
+end
+
+local items, more, delivered = {}, {}, {}
+for k = 1, #KEYS - 1 do
+  local s = KEYS[k + 1]
+  more[k] = ''
+  delivered[k] = '$'
+  if MODE == '0' then
+    local p = redis.call('xpending', s, GROUP, '-', '+', 1, TOKEN)
+    if #p > 0 then
+      local id, times = p[1][1], tonumber(p[1][4]) + 1
+      redis.call('xreadgroup', 'GROUP', GROUP, TOKEN, 'COUNT', 1, 'STREAMS', s, '0')
+      local e = redis.call('xrange', s, id, id)
+      if #e == 0 then
+        redis.call('xack', s, GROUP, id)
+        return {more, {{'gone', k, id}}}
+      end
+      local fields = e[1][2]
+      local nbytes, why = judge(fields, k)
+      if why == nil and times > MAXATT then
+        why = 'delivered ' .. times .. ' times without completing (it may be crashing the worker)'
+      end
+      if why then
+        bury(s, id, fields, why, #fields / 2, nbytes)
+        return {more, {{'dead', k, id, why}}}
+      end
+      return {more, {{'ok', k, id, fields}}}
+    end
+  else
+    local last = nil
+    for _, g in ipairs(redis.call('xinfo', 'groups', s)) do
+      local name, delivered = nil, nil
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] end
+        if g[j] == 'last-delivered-id' then delivered = g[j + 1] end
+      end
+      if name == GROUP then last = delivered end
+    end
+    if last then
+      delivered[k] = last
+      local range = redis.call('xrange', s, '(' .. last, '+', 'COUNT', COUNT)
+      local take, used, verdicts = 0, 0, {}
+      for i, e in ipairs(range) do
+        local nbytes, why = judge(e[2], k)
+        if why == nil then
+          if take > 0 and used + nbytes > MAXEB then break end
+          used = used + nbytes
+        end
+        verdicts[i] = {nbytes, why}
+        take = i
+      end
+      if take > 0 then
+        redis.call('xreadgroup', 'GROUP', GROUP, TOKEN, 'COUNT', take, 'STREAMS', s, '>')
+        for i = 1, take do
+          local e, v = range[i], verdicts[i]
+          if v[2] then
+            bury(s, e[1], e[2], v[2], #e[2] / 2, v[1])
+            items[#items + 1] = {'dead', k, e[1], v[2]}
+          else
+            items[#items + 1] = {'ok', k, e[1], e[2]}
+          end
+        end
+        if take < #range or #range >= COUNT then more[k] = range[take][1] end
+        delivered[k] = range[take][1]
+      end
+    end
+  end
+end
+return {more, items, delivered}
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -47,11 +171,19 @@ def _order(raw_id: str) -> tuple[int, int]:
 class InboundStreams:
     """The worker's view of the inbound streams (see the module docstring)."""
 
-    def __init__(self, r: redis.Redis, keys: Keys, consumer: str) -> None:
+    def __init__(
+        self, r: redis.Redis, keys: Keys, consumer: str, limits: Limits | None = None
+    ) -> None:
         self.r, self.keys, self.consumer = r, keys, consumer
+        self.limits = limits or Limits()
         self.channels: dict[str, str | None] = {keys.inbound: None}
         self.channels.update({keys.inbound_of(c): c for c in CHANNELS})
+        self._streams = list(self.channels)
         self._held: list[Entry] = []  # read, newer than what a fuller stream may still hold
+        self._read_script = r.register_script(_READ)
+        self._progress = False  # the last read script did something (read, buried or acked)
+        self.dead_lettered = 0  # by the read script, since this process started
+        self._waiter: Any = None  # the connection _wait blocks on
 
     def sid(self, stream: str, raw_id: str) -> str:
         channel = self.channels[stream]
@@ -101,67 +233,126 @@ class InboundStreams:
 
     def read_new(self, *, block_ms: int | None, count: int) -> tuple[list[Entry], list[Entry]]:
         """New entries of every stream, oldest first across them, and the ones deleted from
-        their stream meanwhile (nothing to answer: to be acked).
+        their stream meanwhile (nothing to answer: to be acked; always none since entries are
+        read by the script, which acks such entries itself).
 
-        One order across the streams: a read takes at most ``count`` of each, so a stream that
-        gave ``count`` may hold more, older than what a quieter stream gave. Only entries up to
-        the last one read from such a stream are returned; the newer ones are held for the next
-        read (they are this consumer's pending entries, so a crash loses none of them)."""
+        Entries are read by a script that dead-letters, inside Redis, what the worker must not
+        hold (worker/deadletter.py). A script cannot block, so with ``block_ms`` an idle worker
+        waits with :meth:`_wait` and then runs the script again.
+
+        One order across the streams: a read takes at most ``count`` of each (fewer when they
+        are large), so a stream that gave less than it holds may hold more, older than what a
+        quieter stream gave. Only entries up to the last one read from such a stream are
+        returned; the newer ones are held for the next read (they are this consumer's pending
+        entries, so a crash loses none of them)."""
         held, self._held = self._held, []
-        found, gone = self._read(
-            dict.fromkeys(self.channels, ">"), block_ms=None if held else block_ms, count=count
-        )
-        per_stream: dict[str, list[Entry]] = {}
-        for entry in found:
-            per_stream.setdefault(entry.stream, []).append(entry)
+        deadline = None if block_ms is None or held else time.monotonic() + block_ms / 1000
+        while True:
+            found, last_of_full, delivered = self._run(">", count)
+            if found or held:
+                break
+            if self._progress:  # all it took was dead-lettered: read on at once
+                continue
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wait(delivered, left)
         merged = sorted(held + found, key=lambda e: _order(e.raw_id))
-        cut = min(
-            (_order(got[-1].raw_id) for got in per_stream.values() if len(got) >= count),
-            default=None,
-        )
+        cut = min((_order(last) for last in last_of_full), default=None)
         if cut is not None:
             self._held = [e for e in merged if _order(e.raw_id) > cut]
             merged = [e for e in merged if _order(e.raw_id) <= cut]
-        return merged, gone
+        return merged, []
 
     def read_pending(self) -> tuple[list[Entry], list[Entry]]:
         """Our oldest pending entry of the first stream that has one (at most one entry: each
         read counts as a delivery of what it returns, so a batch would charge every entry
-        queued behind one that crashed the worker), and deleted ones met on the way. Nothing
-        found and nothing deleted: nothing is pending."""
-        gone: list[Entry] = []
-        for stream in self.channels:
-            found, deleted = self._read({stream: "0"}, block_ms=None, count=1)
-            gone += deleted
+        queued behind one that crashed the worker). One delivered more than ``max_attempts``
+        times, or that is beyond the bounds, is dead-lettered by the script, and one deleted
+        from its stream meanwhile is acked by it; the next one is read then. Nothing found:
+        nothing is pending (the second list, entries to ack, is always empty)."""
+        while True:
+            found, _, _ = self._run("0", 1)
             if found:
-                return found, gone
-        return [], gone
+                return found, []
+            if not self._progress:
+                return [], []
 
-    def _read(
-        self, streams: dict[Any, Any], *, block_ms: int | None, count: int
-    ) -> tuple[list[Entry], list[Entry]]:
-        resp: Any = self.r.xreadgroup(
-            Keys.GROUP, self.consumer, streams, count=count, block=block_ms
-        )
+    def _wait(self, after: list[str], seconds: float) -> None:
+        """Block until an entry comes after ``after`` (per stream, the group's last delivered
+        id) or ``seconds`` pass, without reading it: XREAD returns whole entries, and one may be
+        huge, so its reply is left unread (at most one socket read of it is buffered) and the
+        connection dropped. The connection is the waiter's own, so it reconnects at the start of
+        the next wait, not on the way to the entry that ended this one."""
+        if self._waiter is None:
+            self._waiter = self.r.connection_pool.make_connection()
+        conn = self._waiter
+        try:
+            ms = max(1, int(seconds * 1000))
+            conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *self._streams, *after)
+            conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK times out
+        finally:
+            conn.disconnect()
+
+    def _run(self, mode: str, count: int) -> tuple[list[Entry], list[str], list[str]]:
+        """One run of the read script: the entries fit to handle; for each stream that may hold
+        more than this read took, the id of the last entry it took; and per stream the group's
+        last delivered id after the read ("$" for a stream without the group)."""
+        lim = self.limits
+        args: list[str | int] = [
+            self.consumer, Keys.GROUP, mode, count, lim.max_fields, lim.max_field_bytes,
+            lim.max_entry_bytes, lim.max_attempts, lim.dead_max_len, f"{time.time():.3f}",
+            ",".join(CHANNELS), *(self.channels[s] or "" for s in self._streams),
+        ]  # fmt: skip
+        resp: Any = self._read_script(keys=[self.keys.dead, *self._streams], args=args)
+        last_of_full = [text(x) for x in resp[0] if x]
+        delivered = [text(x) for x in resp[2]] if len(resp) > 2 else []
         found: list[Entry] = []
-        gone: list[Entry] = []
-        for raw_stream, items in resp or []:
-            stream = text(raw_stream)
-            for raw_id, fields in items:
-                rid = text(raw_id)
-                entry = Entry(
-                    stream, rid, self.sid(stream, rid), self.channels[stream], fields or {}
+        self._progress = False
+        for item in resp[1]:
+            tag, k, rid = text(item[0]), int(item[1]), text(item[2])
+            stream = self._streams[k - 1]
+            self._progress = True
+            if tag == "dead":
+                self.dead_lettered += 1
+                log.warning(
+                    "entry.dead_lettered", stream_id=self.sid(stream, rid), reason=text(item[3])
                 )
-                (found if fields is not None else gone).append(entry)
+            elif tag == "gone":
+                log.info("entry.gone_while_pending", stream_id=self.sid(stream, rid))
+            else:
+                flat = item[3]
+                fields = {flat[j]: flat[j + 1] for j in range(0, len(flat), 2)}
+                found.append(
+                    Entry(stream, rid, self.sid(stream, rid), self.channels[stream], fields)
+                )
         found.sort(key=lambda e: _order(e.raw_id))
-        return found, gone
+        return found, last_of_full, delivered
 
     def trim(self, retention: float) -> None:
-        """Drop acked entries older than ``retention`` seconds; pending ones are never trimmed."""
-        now = time.time()
-        for stream in self.channels:
-            floor_ms = int((now - retention) * 1000)
+        """Drop read-and-acked entries older than ``retention`` seconds.
+
+        Never past what the worker has still to do: not past the group's last delivered id
+        (everything after it is unread, however old: messages queued while no worker ran wait
+        for one) nor past its oldest pending entry. A stream without the group is not trimmed."""
+        now_ms = int(time.time() * 1000)
+        for stream in self._streams:
+            floor = (max(0, now_ms - int(retention * 1000)), 0)
+            groups: Any = self.r.xinfo_groups(stream)
+            ours = [g for g in groups if text(g["name"]) == Keys.GROUP]
+            if not ours:
+                continue
+            ms, seq = _order(text(ours[0]["last-delivered-id"]))
+            floor = min(floor, (ms, seq + 1))  # MINID keeps ids >= floor: the unread stay
             summary: Any = self.r.xpending(stream, Keys.GROUP)
             if summary and summary.get("min"):
-                floor_ms = min(floor_ms, int(text(summary["min"]).split("-")[0]))
-            self.r.xtrim(stream, minid=f"{floor_ms}-0", approximate=True)
+                floor = min(floor, _order(text(summary["min"])))
+            self.r.xtrim(stream, minid=f"{floor[0]}-{floor[1]}", approximate=True)
+
+    def trim_dead(self) -> None:
+        """Keep the dead-letter stream within ``dead_max_len`` entries and ``dead_retention``
+        seconds (gateways' letters too: they add theirs without a cap). Exact, not ``~``: the
+        stream is small, and once a minute the cost is nothing."""
+        floor_ms = max(0, int((time.time() - self.limits.dead_retention) * 1000))
+        self.r.xtrim(self.keys.dead, minid=f"{floor_ms}-0", approximate=False)
+        self.r.xtrim(self.keys.dead, maxlen=self.limits.dead_max_len, approximate=False)

@@ -283,3 +283,21 @@ def test_recorded_but_not_answered(rig: Rig, extra: dict[str, object]) -> None:
     (row,) = rig.store.recent(10)
     assert row.stream_id == sid and row.direction == "in"
     assert json.loads(row.extra) == extra  # recorded with what the gateway said about it
+
+
+def test_a_dead_letter_written_by_the_commit_is_bounded(rig: Rig) -> None:
+    """An entry within the read bounds that is still no entry (60 unknown fields of 16 KB): its
+    dead letter keeps a bounded copy (issue 11), and the work goes on."""
+    c = rig.consumer()
+    junk = {f"junk{i}": "j" * 16_000 for i in range(60)}
+    rig.r.xadd(rig.keys.inbound, junk)  # type: ignore[arg-type]
+    ok = rig.add(msg("fine"))
+    rig.pump(c)
+    ((_id, letter),) = rig.r.xrange(rig.keys.dead)
+    assert letter[b"reason"].startswith(b"invalid entry: unknown field(s)")
+    kept = {k: v for k, v in letter.items() if k.startswith(b"orig.")}
+    assert 0 < len(kept) <= 64
+    assert sum(len(k) - len(b"orig.") + len(v) for k, v in kept.items()) <= 64 * 1024
+    assert letter[b"truncated"] == b"1" and letter[b"orig_fields"] == b"60"
+    assert [r.answers for r in rig.replies()] == [ok]
+    assert rig.pending() == 0
