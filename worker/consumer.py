@@ -23,6 +23,7 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
+from contract.outage import TRANSIENT, Outage, wait_until_reachable
 from worker.busy import BusySignal
 from worker.erasures import Erasures
 from worker.scrub import Scrubber
@@ -151,11 +152,10 @@ class Consumer:
         return False
 
     def run(self, *, wait_for_lease: bool = True) -> int:
-        if not self.acquire(wait=wait_for_lease):
-            if self.stopping:
-                return 0
-            log.error("worker.refused", reason="another worker holds the lease")
-            return 3
+        outage = Outage("worker")
+        refused = self._take_lease(outage, wait=wait_for_lease)
+        if refused is not None:
+            return refused
         # memory was opened before the lease was ours: another worker may have written since
         self.turns.memory.reload()
         hb = Heartbeat(self.r, self.keys, "worker")
@@ -164,22 +164,9 @@ class Consumer:
         if self.busy is not None:
             self.busy.start()
         try:
-            self.ensure_group()
-            self.recover()
-            while not self.stopping:
-                if self.lease.lost.is_set():
-                    raise LeaseLost("the worker lease was lost")
-                self._idle = True
-                try:
-                    entries = self.read(block_ms=1000)
-                finally:
-                    self._idle = False
-                self.handle_entries(entries)
-                hb.info = {"consumer": self.name, "processed": self.processed}
-                self.maybe_trim()
-                self.erasures.retry_wal()
+            code = self._serve(hb, outage, wait=wait_for_lease)
         except Interrupted:
-            pass
+            code = 0
         except LeaseLost as exc:
             log.error("worker.lease_lost", error=str(exc))
             return 4
@@ -189,7 +176,115 @@ class Consumer:
             hb.stop()
             self.lease.release()
         log.info("worker.stopped", processed=self.processed)
+        return code
+
+    def _take_lease(self, outage: Outage, *, wait: bool) -> int | None:
+        """None once the lease is held; else the exit code (0 stopped, 3 refused)."""
+        while True:
+            try:
+                if self.acquire(wait=wait):
+                    return None
+            except TRANSIENT as exc:  # Redis may be restarting as the worker starts
+                if not self._ride_out(outage, exc):
+                    return 0
+                continue
+            if self.stopping:
+                return 0
+            log.error("worker.refused", reason="another worker holds the lease")
+            return 3
+
+    def _serve(self, hb: Heartbeat, outage: Outage, *, wait: bool) -> int:
+        """The reading loop; a Redis that goes away is waited for, then :meth:`_resume`."""
+        first, resume = True, False  # resume: Redis went away; start over from what it holds
+        while not self.stopping:
+            try:
+                if first:
+                    self.ensure_group()
+                    self.recover()
+                    first = False
+                if resume:
+                    if not self._resume(wait=wait):
+                        return 0 if self.stopping else 3
+                    resume = False
+                if self._lease_gone(outage):
+                    resume = True
+                    continue
+                self._idle = True
+                try:
+                    entries = self.read(block_ms=1000)
+                finally:
+                    self._idle = False
+                self.handle_entries(entries)
+                hb.info = {"consumer": self.name, "processed": self.processed}
+                self.maybe_trim()
+                self.erasures.retry_wal()
+                outage.recovered(processed=self.processed)
+            except TRANSIENT as exc:
+                resume = not first  # at first, the start itself is done again
+                if not self._ride_out(outage, exc):
+                    break
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Redis came back without its data (no persistence, or a lost file)
+                log.warning("worker.groups_lost", error=str(exc))
+                resume = not first
         return 0
+
+    def _lease_gone(self, outage: Outage) -> bool:
+        """The lease was lost to Redis going away (its key gone with Redis's data, or expired
+        while it could not be renewed): True, to regain it. Lost otherwise: :class:`LeaseLost`,
+        as before."""
+        if not self.lease.lost.is_set():
+            return False
+        away = outage.since_away() < 2 * self.cfg.worker.lease_seconds
+        if not away and self.lease.holder() is not None:
+            raise LeaseLost("the worker lease was lost")
+        return True
+
+    # -- riding out a Redis restart --------------------------------------------------------
+
+    def _ride_out(self, outage: Outage, exc: BaseException) -> bool:
+        """Redis is away: log it, back off, PING until it answers. False when stopping (a
+        signal ends the wait at once)."""
+        if self.stopping:
+            return False
+        self._idle = True  # nothing in hand that is not pending in Redis: a signal may interrupt
+        try:
+            time.sleep(outage.failed(exc, consumer=self.name))
+            return wait_until_reachable(self.r, outage, self._nap)
+        except Interrupted:
+            return False
+        finally:
+            self._idle = False
+
+    def _nap(self, seconds: float) -> bool:
+        if not self.stopping:
+            time.sleep(seconds)
+        return not self.stopping
+
+    def _resume(self, *, wait: bool) -> bool:
+        """Redis answers again: hold the lease again (it may have expired, or gone with Redis's
+        data; another worker holding it is waited for, as at start), then start over from what
+        Redis holds, as at start: the groups (Redis may have lost them) and this consumer's
+        pending entries, re-read (memory dedupes their replays). Nothing is acked that was
+        not recorded: what was in hand when Redis went away is still pending."""
+        if self.lease.lost.is_set() or self.lease.holder() != self.name:
+            holder = self.lease.holder()
+            log.warning("worker.lease_regaining", holder=holder, key=self.keys.lease)
+            self.lease.release()  # stops the renewal thread; deletes the key only if ours
+            self.lease = Lease(self.r, self.keys.lease, self.name, self.cfg.worker.lease_seconds)
+            if not self.acquire(wait=wait):
+                if not self.stopping:
+                    log.error("worker.refused", reason="another worker holds the lease")
+                return False
+            self.turns.memory.reload()  # another worker may have written meanwhile
+        self.streams = InboundStreams(self.r, self.keys, self.name)  # forget held entries
+        self.ensure_group()
+        # a Redis outage is not a worker death: it does not count as a delivery attempt
+        self.deliveries = {sid: max(1, n - 1) for sid, n in self.streams.recover().items()}
+        log.info("worker.resumed", pending=len(self.deliveries), consumer=self.name)
+        return True
 
     # -- reading ---------------------------------------------------------------------------
 
