@@ -162,12 +162,41 @@ def exec_foreground(cfg: Config) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    prepare(cfg)
+    pidfile = supervisor_pidfile(cfg)
+    pidfile.write_text(f"{os.getpid()}\n", encoding="ascii")
+    try:
+        return _supervise(cfg, stopping, current)
+    finally:
+        pidfile.unlink(missing_ok=True)
+
+
+def supervisor_pidfile(cfg: Config) -> Path:
+    return cfg.redis_dir / "supervisor.pid"
+
+
+def supervised(cfg: Config) -> bool:
+    """Is a ``relaybot redis`` line running for this RELAYBOT_HOME (its server may be
+    restarting: then wait for it rather than start a second one)?"""
+    try:
+        pid = int(supervisor_pidfile(cfg).read_text(encoding="ascii").strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _supervise(
+    cfg: Config, stopping: threading.Event, current: list[subprocess.Popen[bytes]]
+) -> int:
     backoff = Backoff(RESTART_START, RESTART_CAP)
     answered = False
     while True:
         prepare(cfg)
         proc = subprocess.Popen(server_args(cfg, logfile=""), stdin=subprocess.DEVNULL)
         current[:] = [proc]
+        if stopping.is_set():  # a signal came before the server was known to the handler
+            proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         log.info("redis.embedded_started", pid=proc.pid, dir=str(cfg.redis_dir))
         answered = _until_it_answers(cfg, proc) or answered

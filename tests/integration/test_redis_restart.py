@@ -1,0 +1,206 @@
+"""Processes ride out a Redis restart (issue 11, item 8), as real processes against a real Redis.
+
+- The worker and the jobs process keep running through a Redis killed with SIGKILL and started
+  again without its data (no persistence: the lease, the groups and the stream are gone); the
+  worker logs ``redis.unreachable`` then ``redis.reconnected``, takes the lease again and answers
+  the next message; the jobs process runs the next job.
+- The worker, killed Redis mid-backlog (a persistent Redis, restarted with its data): every
+  message is answered, none twice, nothing left pending.
+- ``relaybot chat`` whose connection drops right after its XADD ran (a proxy throws Redis's answer
+  away): the message is in the stream once, and chat prints its reply (exit 0), not "cannot
+  reach Redis".
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Queue
+
+from contract.keys import Keys
+from tests.support.cutproxy import CutProxy
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import (
+    Procs,
+    chat,
+    lease_holder,
+    pending,
+    relaybot_env,
+    replies,
+    send,
+    wait_for_heartbeat,
+    wait_until,
+)
+from tests.support.servers import RedisServer
+from worker.jobs import ping_job
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own: it is killed and started again."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def kill_and_restart(server: RedisServer) -> None:
+    """SIGKILL (no persistence: its data is gone), then a new server on the same port."""
+    assert server.proc is not None
+    server.proc.kill()
+    server.proc.wait(10)
+    server.start()
+
+
+def test_worker_and_jobs_ride_out_a_redis_restart_that_lost_everything(
+    tmp_path: Path, own_redis: RedisServer, procs: Procs, model_server: FakeModelServer
+) -> None:
+    keys = Keys("rs:")
+    env = relaybot_env(
+        tmp_path / "home", redis_url=own_redis.url, prefix="rs:", model_url=model_server.base_url
+    )
+    r = own_redis.client()
+    worker = procs.worker(env, r=r, keys=keys)
+    jobs = procs.jobs(env)
+    wait_for_heartbeat(r, keys, "jobs", pid=jobs.pid)
+
+    first = chat(env, "before the restart", session="rs")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.endswith(": before the restart\n")
+
+    kill_and_restart(own_redis)
+
+    worker.wait_for_log("redis.unreachable", timeout=20)
+    worker.wait_for_log("redis.reconnected", timeout=30)
+    worker.wait_for_log("worker.resumed", timeout=30)
+    # the lease went with Redis's data: the worker holds it again, and beats again
+    wait_until(
+        lambda: (lease_holder(r, keys) or "").endswith(f":{worker.pid}"),
+        timeout=30,
+        message="the worker to hold the lease again",
+    )
+    wait_for_heartbeat(r, keys, "worker", pid=worker.pid, timeout=30)
+    wait_for_heartbeat(r, keys, "jobs", pid=jobs.pid, timeout=30)
+
+    second = chat(env, "after the restart", session="rs", deadline=60)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.endswith(": after the restart\n")
+    assert "cannot reach Redis" not in second.stderr
+
+    # the jobs process runs jobs again
+    job = Queue(keys.jobs_queue, connection=r).enqueue(ping_job)
+    wait_until(
+        lambda: job.get_status(refresh=True) == "finished",
+        timeout=60,
+        message=lambda: f"the ping job to finish; jobs log:\n{jobs.log_text()[-3000:]}",
+    )
+    assert job.return_value() == "pong"
+
+    assert worker.returncode is None, worker.log_text()[-3000:]
+    assert jobs.returncode is None, jobs.log_text()[-3000:]
+    assert not worker.events("worker.lease_lost")
+    assert worker.stop() == 0
+    assert jobs.stop() == 0
+    r.close()
+
+
+def test_worker_answers_a_backlog_once_across_a_restart_with_its_data(
+    tmp_path: Path, procs: Procs, model_server: FakeModelServer
+) -> None:
+    """A persistent Redis (append-only, fsync always) killed while the worker drains a backlog:
+    every message answered exactly once, nothing pending."""
+    server = PersistentRedis(tmp_path / "predis").start()
+    try:
+        keys = Keys("bk:")
+        env = relaybot_env(
+            tmp_path / "home", redis_url=server.url, prefix="bk:", model_url=model_server.base_url
+        )
+        r = server.client()
+        # each turn slow enough that the kill lands mid-backlog
+        sent = [send(r, keys, "bk", f"[[delay:0.05]] backlog {i}") for i in range(40)]
+        worker = procs.worker(env, r=r, keys=keys)
+        wait_until(lambda: model_server.calls >= 5, timeout=30, message="some turns")
+        server.kill()
+        worker.wait_for_log("redis.unreachable", timeout=30)  # it noticed, mid-backlog
+        server.start()
+        worker.wait_for_log("redis.reconnected", timeout=30)
+        r = server.client()
+        wait_until(
+            lambda: pending(r, keys) == 0 and len(replies(r, keys, "cli:bk")) >= len(sent),
+            timeout=60,
+            message=lambda: f"all answered; worker log:\n{worker.log_text()[-3000:]}",
+        )
+        answers = [reply.answers for reply in replies(r, keys, "cli:bk")]
+        assert sorted(answers) == sorted(sent), "each message answered exactly once"
+        assert worker.returncode is None
+        assert worker.stop() == 0
+    finally:
+        server.stop()
+
+
+class PersistentRedis(RedisServer):
+    """A RedisServer that keeps its data (append-only, fsync on every write) across a kill."""
+
+    def start(self) -> PersistentRedis:
+        from deploy.embedded import redis_binary
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.workdir), "--save", "", "--appendonly", "yes",
+                "--appendfsync", "always", "--logfile", str(self.workdir / "redis.log"),
+            ],
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = self.client()
+        wait_until(_pings(client), timeout=10, message="redis-server to answer")
+        client.close()
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def _pings(client: redis.Redis):  # type: ignore[no-untyped-def]
+    def ping() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    return ping
+
+
+def test_chat_prints_the_reply_when_the_connection_drops_after_its_xadd(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    real_redis: redis.Redis,
+    procs: Procs,
+    model_server: FakeModelServer,
+) -> None:
+    keys = Keys(prefix)
+    home = tmp_path / "home"
+    worker_env = relaybot_env(
+        home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
+    )
+    procs.worker(worker_env, r=real_redis, keys=keys)
+    with CutProxy(redis_server.port, command=b"XADD") as proxy:
+        chat_env = {**worker_env, "REDIS_URL": proxy.url}
+        result = chat(chat_env, "accepted, then cut", session="cut", timeout=30, deadline=60)
+        assert proxy.cuts == 1  # the XADD ran and its answer was thrown away
+    assert result.returncode == 0, result.stderr
+    assert "cannot reach Redis" not in result.stderr
+    assert result.stdout.endswith(": accepted, then cut\n"), result.stdout
+    assert result.stdout.count("accepted, then cut") == 1
+    entries = real_redis.xrange(keys.inbound_of("cli"))
+    assert len(entries) == 1, "the message was XADDed once"  # type: ignore[arg-type]
+    assert model_server.calls == 1
