@@ -74,7 +74,12 @@ def ping(cfg: Config) -> bool:
     sock = embedded_socket(cfg)
     if not Path(sock).exists():
         return False
-    client = redis.Redis(unix_socket_path=sock, socket_timeout=1, socket_connect_timeout=1)
+    client = redis.Redis(
+        unix_socket_path=sock,
+        socket_timeout=1,
+        socket_connect_timeout=1,
+        retry=Retry(NoBackoff(), 0),  # redis-py's own retries would take seconds to say no
+    )
     try:
         return bool(client.ping())
     except redis.RedisError:
