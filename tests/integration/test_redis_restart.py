@@ -24,6 +24,7 @@ from rq import Queue
 from contract.keys import Keys
 from tests.support.cutproxy import CutProxy
 from tests.support.fakemodel import FakeModelServer
+from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import (
     Procs,
     chat,
@@ -34,6 +35,7 @@ from tests.support.procs import (
     send,
     wait_for_heartbeat,
     wait_until,
+    write_config,
 )
 from tests.support.servers import RedisServer
 from worker.jobs import ping_job
@@ -204,3 +206,62 @@ def test_chat_prints_the_reply_when_the_connection_drops_after_its_xadd(
     entries = real_redis.xrange(keys.inbound_of("cli"))
     assert len(entries) == 1, "the message was XADDed once"  # type: ignore[arg-type]
     assert model_server.calls == 1
+
+
+def test_email_gateway_publishes_once_when_the_connection_drops_after_its_xadd(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    real_redis: redis.Redis,
+    procs: Procs,
+    model_server: FakeModelServer,
+    imap: ImapServer,
+    smtp: SmtpServer,
+) -> None:
+    """The gateway's publish (XADD and its seen mark, one MULTI) ran but its answer was lost:
+    the gateway waits Redis out (``redis.unreachable``, ``redis.reconnected``), has not moved
+    its UID cursor past the mail, fetches it again, finds it published, and the mail is in the
+    stream once and answered once."""
+    keys = Keys(prefix)
+    home = tmp_path / "home"
+    write_config(
+        home,
+        f"""
+[owner]
+aliases = [{{ address = "owner@example.org", channel = "email" }}]
+
+[email]
+imap_host = "127.0.0.1"
+imap_port = {imap.port}
+imap_tls = "plain"
+imap_user = "{imap.user}"
+imap_password = "{imap.password}"
+smtp_host = "127.0.0.1"
+smtp_port = {smtp.port}
+smtp_tls = "plain"
+addresses = ["bot@example.org"]
+trust_unauthenticated = true
+""",
+    )
+    env = relaybot_env(
+        home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
+    )
+    procs.worker(env, r=real_redis, keys=keys)
+    with CutProxy(redis_server.port, command=b"XADD") as proxy:
+        gw = procs.start("gateway-email", ["gateway", "email"], {**env, "REDIS_URL": proxy.url})
+        gw.wait_for_log("email.ready", timeout=20)
+        uid = imap.append(make_message(message_id="<cut.1@example.org>", subject="cut"))
+        wait_until(
+            lambda: [m for m in smtp.messages() if m["In-Reply-To"] == "<cut.1@example.org>"],
+            timeout=30,
+            message=lambda: f"the reply; gateway log:\n{gw.log_text()[-3000:]}",
+        )
+        assert proxy.cuts == 1
+        gw.wait_for_log("redis.unreachable")
+        gw.wait_for_log("redis.reconnected", timeout=20)
+        wait_until(lambda: "\\Seen" in imap.flags(uid), message="\\Seen on the answered mail")
+        assert len(real_redis.xrange(keys.inbound_of("email"))) == 1  # type: ignore[arg-type]
+        assert gw.events("email.duplicate")  # found published on the second look
+        assert len([m for m in smtp.messages() if m["In-Reply-To"] == "<cut.1@example.org>"]) == 1
+        assert gw.returncode is None
+        assert gw.stop() == 0
