@@ -9,6 +9,9 @@
 - ``relaybot chat`` whose connection drops right after its XADD ran (a proxy throws Redis's answer
   away): the message is in the stream once, and chat prints its reply (exit 0), not "cannot
   reach Redis".
+- The e-mail and the Matrix gateways whose publish ran but whose answer was lost: they wait Redis
+  out, have not moved their platform cursor past the event, find it published on the second
+  look; one entry, one reply.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from contract.keys import Keys
 from tests.support.cutproxy import CutProxy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
+from tests.support.matrix_world import World
 from tests.support.procs import (
     Procs,
     chat,
@@ -263,5 +267,32 @@ trust_unauthenticated = true
         assert len(real_redis.xrange(keys.inbound_of("email"))) == 1  # type: ignore[arg-type]
         assert gw.events("email.duplicate")  # found published on the second look
         assert len([m for m in smtp.messages() if m["In-Reply-To"] == "<cut.1@example.org>"]) == 1
+        assert gw.returncode is None
+        assert gw.stop() == 0
+
+
+def test_matrix_gateway_publishes_once_when_the_connection_drops_after_its_xadd(
+    world: World, redis_server: RedisServer
+) -> None:
+    """As for e-mail: the sync token is saved only after the batch was published, so the batch
+    is synced again after Redis answers; the event, already in the seen set, is not published
+    again. One entry, one reply."""
+    with CutProxy(redis_server.port, command=b"XADD") as proxy:
+        gw = world.procs.start(
+            "gateway-matrix", ["gateway", "matrix"], {**world.env, "REDIS_URL": proxy.url}
+        )
+        gw.wait_for_log("matrix.backlog_skipped", timeout=20)
+        room = world.hs.create_room(world.owner, [world.bot.user_id], direct=True)
+        wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+        asked = world.hs.send_text(world.owner, room, "cut after publishing")
+        reply = world.wait_bot_messages(world.owner, room, 1)[0]
+        assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == asked
+        assert proxy.cuts == 1
+        gw.wait_for_log("redis.unreachable")
+        gw.wait_for_log("redis.reconnected", timeout=20)
+        gw.wait_for_log("matrix.already_published", event_id=asked)
+        entries = world.r.xrange(world.keys.inbound_of("matrix"))
+        assert len(entries) == 1  # type: ignore[arg-type]
+        assert len(world.bot_messages(world.owner, room)) == 1
         assert gw.returncode is None
         assert gw.stop() == 0
