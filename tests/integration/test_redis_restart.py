@@ -9,6 +9,7 @@
 - ``relaybot chat`` whose connection drops right after its XADD ran (a proxy throws Redis's answer
   away): the message is in the stream once, and chat prints its reply (exit 0), not "cannot
   reach Redis".
+- ``relaybot chat`` waiting for a reply while Redis restarts: it waits too, and prints it.
 - The e-mail and the Matrix gateways whose publish ran but whose answer was lost: they wait Redis
   out, have not moved their platform cursor past the event, find it published on the second
   look; one entry, one reply.
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.matrix_world import World
 from tests.support.procs import (
+    REPO,
     Procs,
     chat,
     lease_holder,
@@ -296,3 +299,42 @@ def test_matrix_gateway_publishes_once_when_the_connection_drops_after_its_xadd(
         assert len(world.bot_messages(world.owner, room)) == 1
         assert gw.returncode is None
         assert gw.stop() == 0
+
+
+CHAT_ARGS = ("--session", "cw", "--timeout", "60")
+
+
+def test_chat_waiting_for_its_reply_rides_out_a_redis_restart(
+    tmp_path: Path, procs: Procs, model_server: FakeModelServer
+) -> None:
+    """Redis (persistent) is killed while the worker is on the turn and chat waits for the
+    reply; it comes back: chat prints the reply and exits 0."""
+    server = PersistentRedis(tmp_path / "predis").start()
+    try:
+        keys = Keys("cw:")
+        env = relaybot_env(
+            tmp_path / "home", redis_url=server.url, prefix="cw:", model_url=model_server.base_url
+        )
+        r = server.client()
+        worker = procs.worker(env, r=r, keys=keys)
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "relaybot", "chat", "-m", "[[delay:2]] slow one", *CHAT_ARGS],
+            env=env,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: model_server.calls >= 1, timeout=30, message="the turn to start")
+        server.kill()
+        worker.wait_for_log("redis.unreachable", timeout=30)
+        server.start()
+        out, err = waiting.communicate(timeout=90)
+        assert waiting.returncode == 0, err
+        assert out.endswith(": [[delay:2]] slow one\n"), out
+        assert "cannot reach Redis" not in err
+        assert model_server.calls == 1
+        assert worker.returncode is None
+    finally:
+        server.stop()
