@@ -10,6 +10,7 @@
   away): the message is in the stream once, and chat prints its reply (exit 0), not "cannot
   reach Redis".
 - ``relaybot chat`` waiting for a reply while Redis restarts: it waits too, and prints it.
+- ``relaybot redis`` (the Procfile's line) starts its killed server again, and stops with it.
 - The e-mail and the Matrix gateways whose publish ran but whose answer was lost: they wait Redis
   out, have not moved their platform cursor past the event, find it published on the second
   look; one entry, one reply.
@@ -17,11 +18,13 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from rq import Queue
@@ -338,3 +341,42 @@ def test_chat_waiting_for_its_reply_rides_out_a_redis_restart(
         assert worker.returncode is None
     finally:
         server.stop()
+
+
+def test_relaybot_redis_restarts_its_server_and_stops_with_it(tmp_path: Path, procs: Procs) -> None:
+    """The Procfile's redis line: a killed redis-server is started again (1 s, then 2 s), with
+    the data of its append-only file; SIGTERM stops the line and its server, cleanly."""
+    home = tmp_path / "home"
+    env = relaybot_env(home)
+    line = procs.start("redis", ["redis"], env)
+    sock = home / "redis" / "redis.sock"
+    client = redis.Redis(unix_socket_path=str(sock))
+
+    def server_pid() -> int | None:
+        try:
+            return int(client.info("server")["process_id"])
+        except (redis.RedisError, FileNotFoundError):
+            return None
+
+    first = wait_until(server_pid, timeout=20, message="the embedded Redis to answer")
+    client.set("kept", "yes")
+    # Redis writes its append-only file before it answers: a kill -9 (not a power cut) keeps it
+    seen = [first]
+    for delay in (1.0, 2.0):
+        psutil.Process(seen[-1]).kill()
+        line.wait_for_log("redis.embedded_died", restart_in=delay, timeout=20)
+        seen.append(
+            wait_until(
+                lambda: pid if (pid := server_pid()) not in (None, *seen) else None,
+                timeout=30,
+                message="a new redis-server",
+            )
+        )
+    assert client.get("kept") == b"yes"
+    assert line.returncode is None
+    line.signal(signal.SIGTERM)
+    assert line.wait(timeout=20) == 0
+    assert not psutil.pid_exists(seen[-1]) or psutil.Process(seen[-1]).status() == "zombie"
+    assert line.events("redis.embedded_stopped", requested=True)
+    assert not sock.exists()
+    assert not (home / "redis" / "supervisor.pid").exists()
