@@ -223,6 +223,11 @@ class Consumer:
                 resume = not first  # at first, the start itself is done again
                 if not self._ride_out(outage, exc):
                     break
+            except LeaseLost:  # a commit found the lease gone (checked in the script)
+                if not self._lost_to_redis(outage):
+                    raise
+                log.warning("worker.lease_vanished", detail="Redis lost it, or it expired")
+                resume = not first
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -232,15 +237,25 @@ class Consumer:
         return 0
 
     def _lease_gone(self, outage: Outage) -> bool:
-        """The lease was lost to Redis going away (its key gone with Redis's data, or expired
-        while it could not be renewed): True, to regain it. Lost otherwise: :class:`LeaseLost`,
-        as before."""
+        """The renewal thread lost the lease to Redis going away: True, to regain it. Lost
+        otherwise: :class:`LeaseLost`, as before."""
         if not self.lease.lost.is_set():
             return False
-        away = outage.since_away() < 2 * self.cfg.worker.lease_seconds
-        if not away and self.lease.holder() is not None:
+        if not self._lost_to_redis(outage):
             raise LeaseLost("the worker lease was lost")
         return True
+
+    def _lost_to_redis(self, outage: Outage) -> bool:
+        """Was the lease lost to Redis going away? Nobody holds it (its key went with Redis's
+        data, or expired while it could not be renewed), or Redis was away moments ago (then
+        another worker may have taken over meanwhile: wait for it, as at start). A lease taken
+        over otherwise is lost, as before. What was in hand stays pending either way."""
+        if outage.since_away() < 2 * self.cfg.worker.lease_seconds:
+            return True
+        try:
+            return self.lease.holder() is None
+        except TRANSIENT:  # away again: the resume waits for it
+            return True
 
     # -- riding out a Redis restart --------------------------------------------------------
 

@@ -380,3 +380,28 @@ def test_relaybot_redis_restarts_its_server_and_stops_with_it(tmp_path: Path, pr
     assert line.events("redis.embedded_stopped", requested=True)
     assert not sock.exists()
     assert not (home / "redis" / "supervisor.pid").exists()
+
+
+def test_worker_mid_turn_survives_a_restart_it_did_not_see(
+    tmp_path: Path, own_redis: RedisServer, procs: Procs, model_server: FakeModelServer
+) -> None:
+    """Redis restarts (without its data) while the worker waits for the model, so no command
+    of the worker fails: its commit, on a fresh connection, finds the lease gone. The worker
+    takes the lease again and goes on (it used to exit 4, and honcho with it)."""
+    keys = Keys("mt:")
+    env = relaybot_env(
+        tmp_path / "home", redis_url=own_redis.url, prefix="mt:", model_url=model_server.base_url
+    )
+    r = own_redis.client()
+    worker = procs.worker(env, r=r, keys=keys)
+    send(r, keys, "mt", "[[delay:3]] slow turn")
+    wait_until(lambda: model_server.calls >= 1, timeout=30, message="the turn to start")
+    kill_and_restart(own_redis)
+    worker.wait_for_log("worker.resumed", timeout=30)
+    after = chat(env, "after the restart", session="mt", deadline=60)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.endswith(": after the restart\n")
+    assert worker.returncode is None, worker.log_text()[-3000:]
+    assert not worker.events("worker.lease_lost")
+    assert worker.stop() == 0
+    r.close()
