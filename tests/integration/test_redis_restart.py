@@ -11,6 +11,8 @@
   reach Redis".
 - ``relaybot chat`` waiting for a reply while Redis restarts: it waits too, and prints it.
 - ``relaybot redis`` (the Procfile's line) starts its killed server again, and stops with it.
+- A zero-config ``relaybot chat`` waits for the server the redis line is restarting (no second one).
+- The worker whose commit finds the lease gone after a restart it did not see takes it again.
 - The e-mail and the Matrix gateways whose publish ran but whose answer was lost: they wait Redis
   out, have not moved their platform cursor past the event, find it published on the second
   look; one entry, one reply.
@@ -405,3 +407,44 @@ def test_worker_mid_turn_survives_a_restart_it_did_not_see(
     assert not worker.events("worker.lease_lost")
     assert worker.stop() == 0
     r.close()
+
+
+def test_zero_config_chat_waits_for_the_embedded_redis_the_redis_line_restarts(
+    tmp_path: Path, procs: Procs, model_server: FakeModelServer
+) -> None:
+    """While ``relaybot redis`` restarts its server, ``relaybot chat`` waits for it rather than
+    start a second server on the same files; then it is answered, and the line's server runs on."""
+    home = tmp_path / "home"
+    env = relaybot_env(home, model_url=model_server.base_url)
+    (home / "redis").mkdir(parents=True)
+    stand_in = subprocess.Popen(["sleep", "120"])  # a redis line whose server is restarting
+    try:
+        (home / "redis" / "supervisor.pid").write_text(f"{stand_in.pid}\n")
+        err_path = tmp_path / "chat.err"
+        with err_path.open("wb") as err:
+            waiting = subprocess.Popen(
+                [sys.executable, "-m", "relaybot", "chat", "-m", "hello", "--session", "zc"],
+                env=env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        wait_until(
+            lambda: "redis.waiting" in err_path.read_text(errors="replace"),
+            timeout=30,
+            message=lambda: f"chat to wait for the embedded Redis: {err_path.read_text()}",
+        )
+        line = procs.start("redis", ["redis"], env)
+        out, _ = waiting.communicate(timeout=90)
+        assert waiting.returncode == 0, err_path.read_text()
+        assert out.endswith(": hello\n")
+        assert line.returncode is None  # the line's server was not taken over, nor stopped
+        client = redis.Redis(unix_socket_path=str(home / "redis" / "redis.sock"))
+        assert client.ping()
+        client.close()
+        assert line.stop() == 0
+    finally:
+        stand_in.kill()
+        stand_in.wait()
