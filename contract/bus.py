@@ -7,10 +7,13 @@ import time
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from contract.config import Config
 from contract.keys import Keys
 from contract.messages import InboundMessage
+from contract.outage import Outage
 
 UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
 
@@ -33,28 +36,44 @@ def embedded_socket(cfg: Config) -> str:
 
 
 def connect(cfg: Config, *, timeout: float = 10.0) -> redis.Redis:
-    """A client returning bytes (fields are decoded and validated by the wire models)."""
+    """A client returning bytes (fields are decoded and validated by the wire models).
+
+    Without redis-py's own retries (it would resend a command whose reply was lost: an XADD
+    twice, the worker's commit script twice): a dropped connection is an error the caller sees,
+    and each process rides it out as :mod:`contract.outage` says. The pool still reconnects on
+    the next command."""
     return redis.Redis.from_url(
         redis_url(cfg),
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         health_check_interval=30,
         client_name=f"relaybot-{os.getpid()}",
+        retry=Retry(NoBackoff(), 0),
     )
 
 
-def wait_for_redis(cfg: Config, timeout: float = 30.0) -> redis.Redis:
-    """A client once Redis answers: processes started together (honcho) may come up before it."""
+QUIET_START = 3.0  # seconds of quick, silent retries at start (honcho starts Redis alongside)
+
+
+def wait_for_redis(cfg: Config, timeout: float | None = None) -> redis.Redis:
+    """A client once Redis answers: processes started together (honcho) may come up before it.
+
+    The first :data:`QUIET_START` seconds are polled quietly; after that each try logs
+    ``redis.unreachable`` and backs off (1 s doubling to 15 s). ``timeout`` None waits for as
+    long as it takes (a gateway on another host outlives its Redis being down)."""
     r = connect(cfg)
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    outage = Outage("start")
     while True:
         try:
             r.ping()
+            outage.recovered()
             return r
-        except (redis.ConnectionError, FileNotFoundError) as exc:
-            if time.monotonic() > deadline:
+        except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError) as exc:
+            waited = time.monotonic() - started
+            if timeout is not None and waited > timeout:
                 raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
-            time.sleep(0.1)
+            time.sleep(0.1 if waited < QUIET_START else outage.failed(exc))
 
 
 def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:

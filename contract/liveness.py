@@ -40,7 +40,8 @@ def heartbeats(r: redis.Redis, keys: Keys) -> dict[str, dict[str, Any]]:
 
 
 class Heartbeat:
-    """A daemon thread that beats every ``interval`` seconds until stopped."""
+    """A daemon thread that beats every ``interval`` seconds until stopped; a Redis error is
+    logged (once until it beats again) and the beating goes on: it outlives a Redis restart."""
 
     def __init__(self, r: redis.Redis, keys: Keys, name: str, interval: float = 1.0) -> None:
         self._r, self._keys, self.name, self._interval = r, keys, name, interval
@@ -53,11 +54,17 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
+        failing = False  # said once per outage, not every second while Redis restarts
         while not self._stop.is_set():
             try:
                 beat(self._r, self._keys, self.name, **self.info)
+                if failing:
+                    log.info("heartbeat.resumed", name=self.name)
+                failing = False
             except redis.RedisError as exc:
-                log.warning("heartbeat.failed", error=str(exc))
+                if not failing:
+                    log.warning("heartbeat.failed", name=self.name, error=str(exc))
+                failing = True
             self._stop.wait(self._interval)
 
     def stop(self, *, remove: bool = True) -> None:

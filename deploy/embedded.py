@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import redis
 import structlog
@@ -20,6 +23,7 @@ from redis.retry import Retry
 
 from contract.bus import embedded_socket
 from contract.config import Config
+from contract.outage import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -70,7 +74,12 @@ def ping(cfg: Config) -> bool:
     sock = embedded_socket(cfg)
     if not Path(sock).exists():
         return False
-    client = redis.Redis(unix_socket_path=sock, socket_timeout=1, socket_connect_timeout=1)
+    client = redis.Redis(
+        unix_socket_path=sock,
+        socket_timeout=1,
+        socket_connect_timeout=1,
+        retry=Retry(NoBackoff(), 0),  # redis-py's own retries would take seconds to say no
+    )
     try:
         return bool(client.ping())
     except redis.RedisError:
@@ -131,9 +140,90 @@ def stop(proc: subprocess.Popen[bytes], cfg: Config, *, timeout: float = 10.0) -
             proc.wait()
 
 
-def exec_foreground(cfg: Config) -> None:
-    """Replace this process with redis-server (for the Procfile's ``redis`` line)."""
+RESTART_START, RESTART_CAP = 1.0, 30.0  # seconds before restarting a server that died
+STABLE = 60.0  # a server that ran this long is restarted after RESTART_START again
+
+
+def exec_foreground(cfg: Config) -> int:
+    """The Procfile's ``redis`` line: redis-server as a child, in the foreground, restarted
+    when it dies unexpectedly.
+
+    ``honcho start`` stops every process when one exits, so this line must outlive its server:
+    a server killed (``kill -9``, the OOM killer) or crashed is started again after 1 s, doubling
+    up to 30 s (``redis.embedded_died`` with ``restart_in``); it reloads its append-only file and
+    the other processes reconnect. SIGTERM/SIGINT are passed on as SIGTERM (Redis flushes its
+    file and exits; a second SIGINT would make it exit without), and the line ends with the
+    server. A server that exits by itself with 0 (``SHUTDOWN``) was stopped on purpose: the line
+    ends too. One that never answered (a bad setting, the socket taken) is not restarted: a
+    person has to act, and the exit code says so. The server stays in this process group, so
+    honcho's signals reach it even if this process is gone."""
+    stopping = threading.Event()
+    current: list[subprocess.Popen[bytes]] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+        if current and current[0].poll() is None:
+            current[0].send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     prepare(cfg)
-    args = server_args(cfg, logfile="")
-    log.info("redis.embedded_exec", dir=str(cfg.redis_dir))
-    os.execv(args[0], args)
+    pidfile = supervisor_pidfile(cfg)
+    pidfile.write_text(f"{os.getpid()}\n", encoding="ascii")
+    try:
+        return _supervise(cfg, stopping, current)
+    finally:
+        pidfile.unlink(missing_ok=True)
+
+
+def supervisor_pidfile(cfg: Config) -> Path:
+    return cfg.redis_dir / "supervisor.pid"
+
+
+def supervised(cfg: Config) -> bool:
+    """Is a ``relaybot redis`` line running for this RELAYBOT_HOME (its server may be
+    restarting: then wait for it rather than start a second one)?"""
+    try:
+        pid = int(supervisor_pidfile(cfg).read_text(encoding="ascii").strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _supervise(
+    cfg: Config, stopping: threading.Event, current: list[subprocess.Popen[bytes]]
+) -> int:
+    backoff = Backoff(RESTART_START, RESTART_CAP)
+    answered = False
+    while True:
+        prepare(cfg)
+        proc = subprocess.Popen(server_args(cfg, logfile=""), stdin=subprocess.DEVNULL)
+        current[:] = [proc]
+        if stopping.is_set():  # a signal came before the server was known to the handler
+            proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        log.info("redis.embedded_started", pid=proc.pid, dir=str(cfg.redis_dir))
+        answered = _until_it_answers(cfg, proc) or answered
+        code = proc.wait()
+        if stopping.is_set() or code == 0:
+            log.info("redis.embedded_stopped", code=code, requested=stopping.is_set())
+            return 0
+        if not answered:
+            log.error("redis.embedded_failed", code=code, detail="it never answered; not retried")
+            return code if code > 0 else 1
+        if time.monotonic() - started > STABLE:
+            backoff.reset()
+        delay = backoff.next()
+        log.error("redis.embedded_died", code=code, pid=proc.pid, restart_in=delay)
+        if stopping.wait(delay):
+            return 0
+
+
+def _until_it_answers(cfg: Config, proc: subprocess.Popen[bytes]) -> bool:
+    """Wait until the server answers (True) or exits (False); loading a large file takes time."""
+    while proc.poll() is None:
+        if ping(cfg):
+            return True
+        time.sleep(0.05)
+    return False

@@ -12,21 +12,23 @@ import itertools
 import secrets
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 import redis
 import structlog
 
-from contract.bus import publish
+from contract.bus import publish, stream_id, text
 from contract.config import Config
 from contract.liveness import Heartbeat
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
+from contract.outage import TRANSIENT, Outage
 from gateways.deliver import ReplyQueue, deliver_next
 
 log = structlog.get_logger(__name__)
 
 CHANNEL = "cli"
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+LOOK_BACK = 1000  # newest entries searched for a message whose XADD's answer was lost
 
 
 def new_session_name() -> str:
@@ -74,12 +76,58 @@ class Terminal:
         self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False
+        self._printed: set[str] = set()  # reply ids shown by this process
 
-    def send(self, text: str) -> str:
+    def send(self, text: str, *, patience: float = 0.0) -> str:
+        """XADD one line; its stream id. Redis going away is waited out for ``patience``
+        seconds (then the last error is raised): :meth:`publish_once`."""
         msg = normalize(self.session, text)
-        sid = publish(self.r, self.keys, msg)
+        sid = self.publish_once(msg, patience=patience)
         log.info("cli.sent", stream_id=sid, session=msg.session)
         return sid
+
+    def publish_once(self, msg: InboundMessage, *, patience: float) -> str:
+        """XADD ``msg``, once, also when the connection drops around it.
+
+        A connection lost after the XADD was sent leaves it unknown whether Redis took it. Once
+        Redis answers again, the entry is looked for by its event id among the newest of the
+        channel's stream (:data:`LOOK_BACK`); it is XADDed again only when absent (the worker
+        also records one message per (channel, event id), so even a second copy is answered
+        once)."""
+        deadline = time.monotonic() + patience
+        outage = Outage("cli")
+        sent = False  # an XADD was sent, its answer lost
+        while True:
+            try:
+                if sent and (found := self._find(msg.event_id)) is not None:
+                    outage.recovered(found=found)
+                    return found
+                sent = True
+                sid = publish(self.r, self.keys, msg)
+                outage.recovered()
+                return sid
+            except TRANSIENT as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(outage.failed(exc, session=msg.session), left))
+
+    def _find(self, event_id: str) -> str | None:
+        """The stream id of this channel's entry with ``event_id``, among the newest ones."""
+        stream, newest, seen = self.keys.inbound_of(CHANNEL), "+", 0
+        try:
+            while seen < LOOK_BACK:
+                page: Any = self.r.xrevrange(stream, newest, "-", count=100)
+                for raw_id, fields in page:
+                    if fields.get(b"event_id") == event_id.encode():
+                        return stream_id(CHANNEL, raw_id)
+                seen += len(page)
+                if len(page) < 100:
+                    return None
+                newest = f"({text(page[-1][0])}"
+        except redis.ResponseError as exc:  # an ACL without XREVRANGE: send again
+            log.warning("cli.cannot_look_up", error=str(exc))
+        return None
 
     def drain(self) -> int:
         """Print replies that were queued while no terminal was attached."""
@@ -92,12 +140,16 @@ class Terminal:
         return count
 
     def wait_for(self, stream_id: str, timeout: float) -> Reply | None:
-        """Deliver this session's replies until the one answering ``stream_id`` arrives."""
+        """Deliver this session's replies until the one answering ``stream_id`` arrives.
+
+        The terminal is an idempotent sink within this process (:meth:`_print` shows a reply
+        id once), so a reply left in flight by a connection lost mid-delivery is still shown,
+        not dropped as "maybe delivered"."""
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 self._tick()
-                reply = deliver_next(self.queue, self._print, timeout=0.1)
+                reply = deliver_next(self.queue, self._print, timeout=0.1, idempotent_sink=True)
                 if reply is not None and reply.answers == stream_id:
                     return reply
             return None
@@ -105,6 +157,9 @@ class Terminal:
             self._clear()
 
     def _print(self, reply: Reply) -> None:
+        if reply.reply_id in self._printed:
+            return
+        self._printed.add(reply.reply_id)
         self._clear()
         prefix = "! " if reply.kind == "error" else ""
         self.out.write(f"{prefix}{reply.text}\n")

@@ -6,7 +6,10 @@ with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_par
 only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced. Mail that is
 not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that cannot be
 parsed at all goes to the dead-letter stream. Network errors reconnect with the runner's capped
-backoff; a refused login is fatal.
+backoff; a refused login is fatal. Redis going away (a restart) is waited out the same way
+(``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved
+the cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
+XADD's MULTI, keeps a publish whose reply was lost from happening twice).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import redis
 import structlog
 
 from contract.config import EmailConfig
+from contract.outage import TRANSIENT, Outage
 from gateways.email_parse import Accepted, Addresses, parse_email
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
@@ -44,6 +48,7 @@ class ImapReader:
         check_plain(ecfg.imap_tls, self.host, "imap")
         self.port = port_of(ecfg, "imap")
         self._lost = asyncio.Event()
+        self._redis = Outage("email.imap")
 
     async def run(self) -> None:
         backoff = Backoff()
@@ -53,6 +58,9 @@ class ImapReader:
                 backoff.reset()
             except FatalMailError:
                 raise
+            except TRANSIENT as exc:  # Redis away: nothing unpublished was passed by the cursor
+                self.rt.heartbeat.info = {"state": "redis unreachable"}
+                await self.rt.redis_away(self._redis, exc)
             except Exception as exc:  # network, Redis, or a bug: back off, never a dead loop
                 self.rt.heartbeat.info = {"state": "reconnecting", "error": repr(exc)[:200]}
                 await self.rt.retry_after(backoff, "email.imap_error", error=repr(exc))
@@ -102,6 +110,7 @@ class ImapReader:
             uidvalidity = _uidvalidity(resp.lines)
             idle = self.ecfg.idle and client.has_capability("IDLE")
             await self._start_cursor(client, uidvalidity)
+            self._redis.recovered()
             self.rt.heartbeat.info = {"state": "idle" if idle else "polling"}
             log.info("email.ready", folder=self.ecfg.folder, idle=idle, uidvalidity=uidvalidity)
             while not self.rt.stopping.is_set():

@@ -8,7 +8,9 @@ first start (no token) skips the backlog and says so. A timeline the homeserver 
 read back with ``/messages``. Invites are accepted from the owner and the allowlist only.
 
 Error responses (values, not exceptions) and network errors back off (:class:`Backoff`); a lost
-session is fatal.
+session is fatal. Redis going away (a restart) is waited out (``redis.unreachable``, then
+``redis.reconnected``); the batch is synced again from the saved token, whose events already
+published are in the seen set.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from nio import (
 
 from contract.bus import stream_id, text
 from contract.config import Config
+from contract.outage import TRANSIENT, Outage
 from gateways.matrix_events import (
     CHANNEL,
     Policy,
@@ -63,10 +66,13 @@ class MatrixSync:
         }
 
     async def run(self) -> None:
-        client, backoff = self.client, Backoff()
-        token = optional_text(self.r.get(self.keys.matrix_cursor))
+        client, backoff, outage = self.client, Backoff(), Outage("matrix.sync")
+        token: str | None = None
+        loaded = False  # the saved token was read
         while not self.rt.stopping.is_set():
             try:
+                if not loaded:
+                    token, loaded = optional_text(self.r.get(self.keys.matrix_cursor)), True
                 if token is None:
                     token = await self._first_sync()
                     continue
@@ -84,6 +90,9 @@ class MatrixSync:
                 await self._invites(resp)
                 await self._publish_batch(resp, since=token)
                 self.r.set(self.keys.matrix_cursor, resp.next_batch)  # after every XADD
+            except TRANSIENT as exc:  # Redis away: the token was not saved, sync it again
+                await self.rt.redis_away(outage, exc)
+                continue
             except ErrorValue as failed:  # an error response, returned as a value
                 check_fatal(failed.resp)
                 await self.rt.retry_after(backoff, "matrix.sync_error", error=str(failed))
@@ -92,6 +101,7 @@ class MatrixSync:
                 await self.rt.retry_after(backoff, "matrix.sync_failed", error=repr(exc))
                 continue
             backoff.reset()
+            outage.recovered()
             token = resp.next_batch
             self.rt.heartbeat.info = {"published": self.published, "rooms": len(client.rooms)}
 

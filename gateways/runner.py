@@ -12,6 +12,10 @@ rest is here, once:
   when a task crashed (``<channel>.crashed``), 0 when stopped; ``<channel>.stopped`` last.
 - :class:`Backoff` and :meth:`Runtime.sleep`: retries wait 1 s, doubling up to 60 s, back to 1 s
   after a success; every wait ends early when the gateway is stopping.
+- Redis going away (a restart) stops nothing: a loop that meets a transient Redis error
+  (:data:`contract.outage.TRANSIENT`) waits it out with :meth:`Runtime.redis_away` (logs
+  ``redis.unreachable`` with ``retry_in``, 1 s doubling to 15 s) and says
+  ``redis.reconnected`` on its first success after (:meth:`contract.outage.Outage.recovered`).
 - :class:`Delivery`: every ``tick`` seconds, the sessions the channel names (its own discovery)
   have their reply queues delivered through :func:`gateways.deliver.deliver_next`, in a worker
   thread, with the channel's ``send`` run on the event loop. A :class:`NotSent` (certainly not
@@ -38,6 +42,8 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat
 from contract.messages import Reply
+from contract.outage import Backoff as _Backoff
+from contract.outage import Outage
 from gateways.deliver import ReplyQueue, deliver_next
 
 log = structlog.get_logger(__name__)
@@ -60,18 +66,11 @@ class NotSent(RuntimeError):
     """The reply was certainly not handed to the platform: it may be sent again."""
 
 
-class Backoff:
+class Backoff(_Backoff):
     """Delays between retries: 1 s, doubling, capped at 60 s; :meth:`reset` after a success."""
 
     def __init__(self) -> None:
-        self.delay = BACKOFF_START
-
-    def next(self) -> float:
-        delay, self.delay = self.delay, min(self.delay * 2, BACKOFF_CAP)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = BACKOFF_START
+        super().__init__(BACKOFF_START, BACKOFF_CAP)
 
 
 class Runtime:
@@ -92,6 +91,12 @@ class Runtime:
         delay = backoff.next()
         log.warning(event, retry_in=delay, **info)
         await self.sleep(delay)
+
+    async def redis_away(self, outage: Outage, exc: BaseException) -> None:
+        """A transient Redis error in a loop: log ``redis.unreachable``, wait the backoff out
+        (less when stopping). The loop then retries what failed, and calls
+        ``outage.recovered()`` once it went through."""
+        await self.sleep(outage.failed(exc, gateway=self.name))
 
 
 class Channel(Protocol):

@@ -152,8 +152,7 @@ def _run_redis(cfg: Config) -> int:
             "relaybot: an embedded Redis is already running for this RELAYBOT_HOME", file=sys.stderr
         )
         return 1
-    embedded.exec_foreground(cfg)
-    return 0  # not reached
+    return embedded.exec_foreground(cfg)
 
 
 def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:

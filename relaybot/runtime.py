@@ -20,6 +20,8 @@ from deploy import embedded
 
 log = structlog.get_logger(__name__)
 
+SUPERVISED_WAIT = 30.0  # seconds to wait for the embedded Redis that `relaybot redis` restarts
+
 
 class RuntimeProblem(RuntimeError):
     pass
@@ -49,7 +51,10 @@ class Runtime:
         cfg = self.cfg
         cfg.home.mkdir(parents=True, exist_ok=True)
         if cfg.embedded_redis and not embedded.ping(cfg):
-            self.redis_proc = embedded.start(cfg)
+            if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
+                self._wait_for_embedded()
+            else:
+                self.redis_proc = embedded.start(cfg)
         self._r = connect(cfg)
         try:
             self._r.ping()
@@ -59,6 +64,17 @@ class Runtime:
         if self.start_worker and cfg.embedded_redis and not worker_alive(self._r, cfg):
             self.worker_proc = self._spawn_worker()
         return self
+
+    def _wait_for_embedded(self, timeout: float = SUPERVISED_WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        log.warning("redis.waiting", detail="the embedded Redis is restarting")
+        while not embedded.ping(self.cfg):
+            if time.monotonic() > deadline:
+                raise RuntimeProblem(
+                    f"the embedded Redis run by `relaybot redis` did not answer within "
+                    f"{timeout:.0f} s; see its output (honcho) or {self.cfg.log_dir}"
+                )
+            time.sleep(0.1)
 
     def _spawn_worker(self) -> subprocess.Popen[bytes]:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Reply, decode_lenient
+from contract.outage import TRANSIENT, Outage, wait_until_reachable
 from memory.facade import FencedOut, MemoryUnwritable
 from memory.fence import StaleToken
 from worker.busy import BusySignal
@@ -233,11 +234,10 @@ class Consumer:
             self.hb.info = info
 
     def run(self, *, wait_for_lease: bool = True) -> int:
-        if not self.acquire(wait=wait_for_lease):
-            if self.stopping:
-                return 0
-            log.error("worker.refused", reason="another worker holds the lease")
-            return 3
+        outage = Outage("worker")
+        refused = self._take_lease(outage, wait=wait_for_lease)
+        if refused is not None:
+            return refused
         # memory was opened before the lease was ours: another worker may have written since
         self.turns.memory.reload()
         hb = self.hb = Heartbeat(self.r, self.keys, "worker")
@@ -246,11 +246,51 @@ class Consumer:
         if self.busy is not None:
             self.busy.start()
         try:
-            self.ensure_group()
-            self.recover()
-            while not self.stopping:
-                if self.lease.lost.is_set():
-                    raise LeaseLost("the worker lease was lost")
+            code = self._serve(hb, outage, wait=wait_for_lease)
+        except Interrupted:
+            code = 0
+        except LeaseLost as exc:
+            log.error("worker.lease_lost", error=str(exc))
+            return 4
+        finally:
+            if self.busy is not None:
+                self.busy.stop()
+            hb.stop()
+            self.lease.release()
+        log.info("worker.stopped", processed=self.processed)
+        return code
+
+    def _take_lease(self, outage: Outage, *, wait: bool) -> int | None:
+        """None once the lease is held; else the exit code (0 stopped, 3 refused)."""
+        while True:
+            try:
+                if self.acquire(wait=wait):
+                    return None
+            except TRANSIENT as exc:  # Redis may be restarting as the worker starts
+                if not self._ride_out(outage, exc):
+                    return 0
+                continue
+            if self.stopping:
+                return 0
+            log.error("worker.refused", reason="another worker holds the lease")
+            return 3
+
+    def _serve(self, hb: Heartbeat, outage: Outage, *, wait: bool) -> int:
+        """The reading loop; a Redis that goes away is waited for, then :meth:`_resume`."""
+        first, resume = True, False  # resume: Redis went away; start over from what it holds
+        while not self.stopping:
+            try:
+                if first:
+                    self.ensure_group()
+                    self.recover()
+                    first = False
+                if resume:
+                    if not self._resume(wait=wait):
+                        return 0 if self.stopping else 3
+                    resume = False
+                if self._lease_gone(outage):
+                    resume = True
+                    continue
                 self._idle = True
                 try:
                     entries = self.read(block_ms=1000)
@@ -261,18 +301,90 @@ class Consumer:
                 self.maybe_trim()
                 self.maybe_sweep()
                 self.erasures.retry_wal()
-        except Interrupted:
-            pass
-        except LeaseLost as exc:
-            log.error("worker.lease_lost", error=str(exc))
-            return 4
-        finally:
-            if self.busy is not None:
-                self.busy.stop()
-            hb.stop()
-            self.lease.release()
-        log.info("worker.stopped", processed=self.processed)
+                outage.recovered(processed=self.processed)
+            except TRANSIENT as exc:
+                resume = not first  # at first, the start itself is done again
+                if not self._ride_out(outage, exc):
+                    break
+            except LeaseLost:  # a commit found the lease gone (checked in the script)
+                if not self._lost_to_redis(outage):
+                    raise
+                log.warning("worker.lease_vanished", detail="Redis lost it, or it expired")
+                resume = not first
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Redis came back without its data (no persistence, or a lost file)
+                log.warning("worker.groups_lost", error=str(exc))
+                resume = not first
         return 0
+
+    def _lease_gone(self, outage: Outage) -> bool:
+        """The renewal thread lost the lease to Redis going away: True, to regain it. Lost
+        otherwise: :class:`LeaseLost`, as before."""
+        if not self.lease.lost.is_set():
+            return False
+        if not self._lost_to_redis(outage):
+            raise LeaseLost("the worker lease was lost")
+        return True
+
+    def _lost_to_redis(self, outage: Outage) -> bool:
+        """Was the lease lost to Redis going away? Nobody holds it (its key went with Redis's
+        data, or expired while it could not be renewed), or Redis was away moments ago (then
+        another worker may have taken over meanwhile: wait for it, as at start). A lease taken
+        over otherwise is lost, as before. What was in hand stays pending either way."""
+        if outage.since_away() < 2 * self.cfg.worker.lease_seconds:
+            return True
+        try:
+            return self.lease.holder() is None
+        except TRANSIENT:  # away again: the resume waits for it
+            return True
+
+    # -- riding out a Redis restart --------------------------------------------------------
+
+    def _ride_out(self, outage: Outage, exc: BaseException) -> bool:
+        """Redis is away: log it, back off, PING until it answers. False when stopping (a
+        signal ends the wait at once)."""
+        if self.stopping:
+            return False
+        self._idle = True  # nothing in hand that is not pending in Redis: a signal may interrupt
+        try:
+            time.sleep(outage.failed(exc, consumer=self.name))
+            return wait_until_reachable(self.r, outage, self._nap)
+        except Interrupted:
+            return False
+        finally:
+            self._idle = False
+
+    def _nap(self, seconds: float) -> bool:
+        if not self.stopping:
+            time.sleep(seconds)
+        return not self.stopping
+
+    def _resume(self, *, wait: bool) -> bool:
+        """Redis answers again: hold the lease again (it may have expired, or gone with Redis's
+        data; another worker holding it is waited for, as at start), then start over from what
+        Redis holds, as at start: the groups (Redis may have lost them) and this consumer's
+        pending entries, re-read (memory dedupes their replays). Nothing is acked that was
+        not recorded: what was in hand when Redis went away is still pending."""
+        if self.lease.lost.is_set() or self.lease.holder() != self.name:
+            holder = self.lease.holder()
+            log.warning("worker.lease_regaining", holder=holder, key=self.keys.lease)
+            self.lease.release()  # stops the renewal thread; deletes the key only if ours
+            self.lease = Lease(self.r, self.keys.lease, self.name, self.cfg.worker.lease_seconds)
+            if not self.acquire(wait=wait):
+                if not self.stopping:
+                    log.error("worker.refused", reason="another worker holds the lease")
+                return False
+            self.turns.memory.reload()  # another worker may have written meanwhile
+        # forget held entries
+        self.streams = InboundStreams(self.r, self.keys, self.name, Limits.of(self.cfg.worker))
+        self._reconcile_due = True  # Redis may have lost replies memory recorded
+        self.ensure_group()
+        # a Redis outage is not a worker death: it does not count as a delivery attempt
+        self.deliveries = {sid: max(1, n - 1) for sid, n in self.streams.recover().items()}
+        log.info("worker.resumed", pending=len(self.deliveries), consumer=self.name)
+        return True
 
     # -- reading ---------------------------------------------------------------------------
 
