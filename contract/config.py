@@ -75,6 +75,10 @@ class WorkerConfig(_Section):
 
 class DeliveryConfig(_Section):
     max_age: float = Field(default=24 * 3600.0, gt=0)  # seconds; older replies are not delivered
+    # a session whose send failed (SMTP 4xx, greylisting, a server down) is tried again after
+    # retry_min seconds, doubling up to retry_max, until it is sent or older than max_age
+    retry_min: float = Field(default=5.0, gt=0)
+    retry_max: float = Field(default=300.0, gt=0)
 
 
 class MemoryConfig(_Section):

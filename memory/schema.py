@@ -295,6 +295,42 @@ BEGIN
 END;
 """
 
+_MIGRATION_8 = """
+-- A reply's final status may also be 'failed': the platform refused it for good (an SMTP 5xx),
+-- reported by the gateway like 'delivered' and 'expired'. SQLite cannot change a CHECK, so the
+-- table is rebuilt with its rows; DROP TABLE fires no DELETE trigger, and the triggers (dropped
+-- with the old table) are made again as they were.
+CREATE TABLE reply_status_new (
+    reply_id  TEXT NOT NULL,
+    status    TEXT NOT NULL CHECK (status IN ('expired', 'delivered', 'failed')),
+    at        REAL NOT NULL,
+    detail    TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (reply_id, status)
+);
+INSERT INTO reply_status_new (reply_id, status, at, detail)
+    SELECT reply_id, status, at, detail FROM reply_status;
+DROP TABLE reply_status;
+ALTER TABLE reply_status_new RENAME TO reply_status;
+
+CREATE TRIGGER reply_status_no_replace BEFORE INSERT ON reply_status
+WHEN EXISTS (SELECT 1 FROM reply_status WHERE reply_id = NEW.reply_id AND status = NEW.status)
+BEGIN
+    SELECT RAISE(IGNORE);
+END;
+
+CREATE TRIGGER reply_status_no_update BEFORE UPDATE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: UPDATE refused');
+END;
+
+CREATE TRIGGER reply_status_no_delete BEFORE DELETE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: DELETE refused');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -303,6 +339,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "audited erasure tombstones", _MIGRATION_5),
     Migration(6, "full-text indexing by the writer, one statement per batch", _MIGRATION_6),
     Migration(7, "full-text index watermark", _MIGRATION_7),
+    Migration(8, "reply status 'failed'", _MIGRATION_8),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 
 SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 BUSY_TIMEOUT_MS = 5000
-REPLY_STATUSES = frozenset({"expired", "delivered"})
+REPLY_STATUSES = frozenset({"expired", "delivered", "failed"})
 
 _SCAN = f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? ORDER BY id LIMIT ?"  # noqa: S608
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
