@@ -22,6 +22,7 @@ import structlog
 from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
+from gateways.email_compose import recipients
 from gateways.email_imap import ImapReader
 from gateways.email_parse import CHANNEL, Addresses
 from gateways.email_smtp import SmtpSender
@@ -68,6 +69,7 @@ class EmailGateway:
         self.state = MailState(r, self.keys, cfg.email.folder)
         self.imap = ImapReader(cfg.email, addresses_of(cfg), self.state, rt)
         self.smtp = SmtpSender(cfg.email)
+        self.window = cfg.email.reply_window
         self.show_typing: TypingHook | None = None
 
     async def start(self) -> None:
@@ -108,7 +110,14 @@ class EmailGateway:
             detail = "the message it answers is unknown (or older than 14 days); not sent"
             log.error("email.reply_unroutable", reply_id=reply.reply_id, detail=detail)
             raise Undeliverable(detail)
+        # the reply window: an answer to this reply from its recipients within [email]
+        # reply_window is recorded, not answered. It opens before the send (an answer may come
+        # back while a retry is pending) and again once sent, to run from when the mail went out
+        to, cc = recipients(original, self.smtp.own)
+        ids = [self.smtp.message_id(reply)]
+        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
         await self.smtp.send(reply, original)
+        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
 
     async def close(self) -> None:
         """Nothing stays open: the IMAP loop logs out when it ends."""

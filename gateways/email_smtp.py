@@ -29,7 +29,7 @@ import structlog
 
 from contract.config import EmailConfig
 from contract.messages import Reply
-from gateways.email_compose import compose_reply
+from gateways.email_compose import compose_reply, reply_message_id
 from gateways.email_parse import Headers
 from gateways.runner import FatalGatewayError, NotSent, Undeliverable
 
@@ -103,6 +103,12 @@ class SmtpSender:
         if "@" not in self.sender:
             raise FatalMailError("[email] addresses: relaybot's own address is not set")
         self.own = frozenset(a.lower() for a in cfg.addresses)
+
+    def message_id(self, reply: Reply) -> str:
+        """The Message-ID every attempt to send ``reply`` carries."""
+        return reply_message_id(
+            reply.reply_id, self.sender.rsplit("@", 1)[-1] or "relaybot.invalid"
+        )
 
     async def send(self, reply: Reply, original: Headers) -> None:
         msg = compose_reply(reply, original, sender=self.sender, own=self.own, now=time.time())
