@@ -65,6 +65,7 @@ class ReplyQueue:
         self.r, self.keys, self.session = r, keys, session
         self.max_age, self.gateway = max_age, gateway
         self.clock = clock if clock is not None else RedisClock(r)
+        self.last_error = ""  # why the last attempt failed, for the expiry's detail
         self.queue = keys.reply(session)
         self.inflight = keys.inflight(session)
         self.delivered = keys.delivered(session)
@@ -111,7 +112,10 @@ class ReplyQueue:
     def expire(self, claimed: Claimed) -> None:
         """Tell the worker that this reply expired, and drop it."""
         age = self.age(claimed)
-        self.finish(claimed, "expired", f"not delivered: older than {self.max_age:.0f} s")
+        detail = f"not delivered: older than {self.max_age:g} s"
+        if self.last_error:
+            detail += f"; the last attempt failed: {self.last_error}"
+        self.finish(claimed, "expired", detail)
         log.warning("reply.expired", reply_id=claimed.reply.reply_id, age=round(age))
 
     def finish(self, claimed: Claimed, status: str, detail: str = "") -> None:

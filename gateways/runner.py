@@ -154,6 +154,7 @@ class Delivery:
         self.report_delivered = bool(getattr(channel, "report_delivered", False))
         self.waiting: dict[str, float] = {}  # session -> when it may be tried again (monotonic)
         self.delay: dict[str, float] = {}  # session -> its next wait, while its sends fail
+        self.errors: dict[str, str] = {}  # session -> why its last send failed
 
     async def run(self) -> None:
         loop, backoff = asyncio.get_running_loop(), Backoff()
@@ -188,6 +189,7 @@ class Delivery:
                 self._wait(session, repr(exc.__cause__))
             else:
                 self.delay.pop(session, None)
+                self.errors.pop(session, None)
         if self.channel.show_typing is None:
             return frozenset()
         return frozenset(s for s in sessions if self.r.exists(self.keys.busy(s)))
@@ -201,6 +203,7 @@ class Delivery:
             gateway=f"gateway:{self.rt.name}",
             clock=self.clock,
         )
+        queue.last_error = self.errors.get(session, "")
         send = functools.partial(self._send, queue, loop)
         # deliver_next answers None for an expired (or possibly sent) reply too: go on until the
         # queue and the in-flight list are empty
@@ -232,6 +235,7 @@ class Delivery:
         self.delay[session] = min(delay * 2, self.retry_max)
         log.warning(f"{self.rt.name}.send_failed", session=session, error=error, retry_in=delay)
         self.waiting[session] = time.monotonic() + delay
+        self.errors[session] = error[:300]
 
 
 def run_gateway(

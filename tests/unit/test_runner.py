@@ -183,6 +183,27 @@ def test_a_session_that_keeps_failing_waits_longer_each_time_then_delivers(
     assert [e["retry_in"] for e in events(logs, "fake.send_failed")] == [0.2, 0.4, 0.4]
 
 
+def test_a_reply_retried_until_max_age_is_expired_with_the_last_error(
+    r: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    cfg = Config.model_validate(
+        {"home": tmp_path, "delivery": {"max_age": 0.5, "retry_min": 0.1, "retry_max": 0.1}}
+    )
+    channel = FakeChannel(idempotent=True)
+    channel.failures[A] = [NotSent("451 greylisted")] * 100
+    push(r, cfg, A, "a1")
+    with capture_logs() as logs:
+        deliver_until(r, cfg, channel, lambda: len(statuses(r, cfg)) == 1)
+    assert channel.sent == []
+    [status] = statuses(r, cfg)
+    assert (status["reply_id"], status["status"]) == ("a1", "expired")
+    assert status["detail"] == (
+        "not delivered: older than 0.5 s; the last attempt failed: 451 greylisted"
+    )
+    assert len(events(logs, "fake.send_failed")) >= 2  # retried until then
+    assert not r.exists(cfg.keys.inflight(A), cfg.keys.reply(A))
+
+
 def test_a_refusal_for_good_is_reported_failed_and_the_session_goes_on(
     r: fakeredis.FakeRedis, cfg: Config
 ) -> None:
