@@ -22,12 +22,13 @@ import structlog
 from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
+from gateways.deliver import Undeliverable
 from gateways.email_compose import recipients
 from gateways.email_imap import ImapReader
 from gateways.email_parse import CHANNEL, Addresses
 from gateways.email_smtp import SmtpSender
 from gateways.email_state import MailState
-from gateways.runner import Runtime, TypingHook, Undeliverable, run_gateway
+from gateways.runner import Runtime, TypingHook, run_gateway
 
 log = structlog.get_logger(__name__)
 

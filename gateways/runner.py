@@ -45,18 +45,6 @@ from contract.liveness import Heartbeat
 from contract.messages import Reply
 from gateways.deliver import ReplyQueue, Undeliverable, deliver_next
 
-__all__ = [
-    "Backoff",
-    "Channel",
-    "Delivery",
-    "FatalGatewayError",
-    "NotSent",
-    "Runtime",
-    "TypingHook",
-    "Undeliverable",
-    "run_gateway",
-]
-
 log = structlog.get_logger(__name__)
 
 EXIT_STOPPED, EXIT_CRASHED, EXIT_FATAL = 0, 1, 2

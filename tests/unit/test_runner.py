@@ -21,6 +21,7 @@ from contract.config import Config
 from contract.liveness import heartbeats
 from contract.messages import InboundMessage, Reply
 from gateways import runner
+from gateways.deliver import Undeliverable
 from gateways.runner import (
     Backoff,
     Delivery,
@@ -28,7 +29,6 @@ from gateways.runner import (
     NotSent,
     Runtime,
     TypingHook,
-    Undeliverable,
     run_gateway,
 )
 
