@@ -83,6 +83,10 @@ class WorkerConfig(_Section):
 
 class DeliveryConfig(_Section):
     max_age: float = Field(default=24 * 3600.0, gt=0)  # seconds; older replies are not delivered
+    # a session whose send failed (SMTP 4xx, greylisting, a server down) is tried again after
+    # retry_min seconds, doubling up to retry_max, until it is sent or older than max_age
+    retry_min: float = Field(default=5.0, gt=0)
+    retry_max: float = Field(default=300.0, gt=0)
 
 
 class MemoryConfig(_Section):
@@ -176,6 +180,10 @@ class EmailConfig(_Section):
     rate_window: float = Field(default=3600.0, gt=0)
     rate_per_thread: int = Field(default=10, ge=1)  # messages answered per thread per window
     rate_per_sender: int = Field(default=30, ge=1)  # and per sender
+    # mail answering one of relaybot's replies, from its recipients, within this many seconds
+    # of it is recorded, not answered (an auto-responder answering every mail: one reply per
+    # storm); the authenticated owner is exempt; 0 turns it off
+    reply_window: float = Field(default=300.0, ge=0)
 
     @field_validator("addresses", "allowlist", "trusted_authserv_ids", mode="before")
     @classmethod

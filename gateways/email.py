@@ -1,9 +1,12 @@
 """The e-mail gateway: ``relaybot gateway email``, a :class:`~gateways.runner.Channel`.
 
 IMAP in (:mod:`gateways.email_imap`), SMTP out (:mod:`gateways.email_smtp`): the runner delivers
-the replies of the ``email:*`` sessions that have a reply queued or in flight (found with SCAN),
-once: an SMTP server cannot drop a resent mail, so the sink is not idempotent. Without
-``[email] imap_host`` the process idles.
+the replies of the ``email:*`` sessions that have a reply queued or in flight (found with SCAN).
+A send that may have been interrupted (a crash between the delivery mark and the server's answer,
+a connection lost mid-DATA) is sent again with the same Message-ID, derived from the reply id, so
+the resend is recognisably the same mail: a reply is retried rather than dropped. Every reply's
+final status (delivered, failed, expired) is reported to the worker, which records it in memory.
+Without ``[email] imap_host`` the process idles.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import structlog
 from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
+from gateways.deliver import Undeliverable
+from gateways.email_compose import recipients
 from gateways.email_imap import ImapReader
 from gateways.email_parse import CHANNEL, Addresses
 from gateways.email_smtp import SmtpSender
@@ -56,7 +61,8 @@ def addresses_of(cfg: Config) -> Addresses:
 
 class EmailGateway:
     name = CHANNEL
-    idempotent_sink = False  # a mail handed to SMTP cannot be taken back
+    idempotent_sink = True  # a resend carries the same Message-ID (derived from the reply id)
+    report_delivered = True  # memory records each reply's final status
     tick = 0.3
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
@@ -64,6 +70,7 @@ class EmailGateway:
         self.state = MailState(r, self.keys, cfg.email.folder)
         self.imap = ImapReader(cfg.email, addresses_of(cfg), self.state, rt)
         self.smtp = SmtpSender(cfg.email)
+        self.window = cfg.email.reply_window
         self.show_typing: TypingHook | None = None
 
     async def start(self) -> None:
@@ -101,13 +108,17 @@ class EmailGateway:
     async def send(self, reply: Reply) -> None:
         original = await asyncio.to_thread(self.state.headers_for, reply.in_reply_to)
         if original is None:
-            log.error(
-                "email.reply_unroutable",
-                reply_id=reply.reply_id,
-                detail="the message it answers is unknown (or older than 14 days); not sent",
-            )
-            return
+            detail = "the message it answers is unknown (or older than 14 days); not sent"
+            log.error("email.reply_unroutable", reply_id=reply.reply_id, detail=detail)
+            raise Undeliverable(detail)
+        # the reply window: an answer to this reply from its recipients within [email]
+        # reply_window is recorded, not answered. It opens before the send (an answer may come
+        # back while a retry is pending) and again once sent, to run from when the mail went out
+        to, cc = recipients(original, self.smtp.own)
+        ids = [self.smtp.message_id(reply)]
+        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
         await self.smtp.send(reply, original)
+        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
 
     async def close(self) -> None:
         """Nothing stays open: the IMAP loop logs out when it ends."""

@@ -17,7 +17,8 @@ import markdown
 import nh3
 
 from contract.messages import Reply
-from gateways.email_parse import SENT_ID_PREFIX, Headers
+from gateways.email_loop import SENT_ID_PREFIX
+from gateways.email_parse import Headers
 
 _RE = re.compile(r"^\s*((re|aw|sv|antw)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
 MAX_REFERENCES = 20

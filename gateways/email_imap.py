@@ -5,11 +5,14 @@ polling every ``poll_interval`` seconds when the server has no IDLE. Each new me
 with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_parse`` and XADDed;
 only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced. Mail that is
 not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that cannot be
-parsed at all goes to the dead-letter stream. Network errors reconnect with the runner's capped
-backoff; a refused login is fatal. Redis going away (a restart) is waited out the same way
-(``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved
-the cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
-XADD's MULTI, keeps a publish whose reply was lost from happening twice).
+parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's replies, from
+one of that reply's recipients, less than ``[email] reply_window`` seconds after it was sent, is
+recorded, not answered: an auto-responder that sets no header the loop guard knows still gets one
+reply per storm. Network errors reconnect with the runner's capped backoff; a refused login is
+fatal. Redis going away (a restart) is waited out the same way (``redis.unreachable``, then
+``redis.reconnected``): a message whose XADD failed has not moved the cursor, so it is fetched and
+published again (its Message-ID in ``email:seen``, written in the XADD's MULTI, keeps a publish
+whose reply was lost from happening twice).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import structlog
 
 from contract.config import EmailConfig
 from contract.outage import TRANSIENT, Outage
-from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.email_parse import UNVERIFIED, Accepted, Addresses, parse_email
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
 from gateways.runner import Backoff, Runtime
@@ -192,6 +195,8 @@ class ImapReader:
             if self.state.already_published(msg.event_id):
                 log.info("email.duplicate", session=msg.session)
                 return True
+            result = self._reply_window(result)
+            msg = result.message
             capped = self.state.over_rate(
                 msg.session,
                 msg.sender,
@@ -215,6 +220,26 @@ class ImapReader:
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
             return False
+
+    def _reply_window(self, accepted: Accepted) -> Accepted:
+        """The mail as to be recorded only, when it answers a reply relaybot sent its sender
+        less than ``reply_window`` seconds ago (the authenticated owner aside: the owner's chat)."""
+        msg = accepted.message
+        if msg.extra.get("no_reply") or self.ecfg.reply_window <= 0:
+            return accepted
+        sender = msg.sender.removesuffix(f" {UNVERIFIED}")
+        if msg.extra.get("authenticated") and sender in self.addrs.owner:
+            return accepted
+        threads = [str(msg.extra.get("thread", "")), *accepted.headers.references]
+        if not self.state.recently_answered({sender, accepted.headers.sender}, threads):
+            return accepted
+        reason = (
+            f"it answers relaybot's reply of less than {self.ecfg.reply_window:.0f} s ago "
+            "(an auto-responder storm gets one reply)"
+        )
+        log.warning("email.reply_window", sender=sender, thread=msg.extra.get("thread"))
+        extra = {**msg.extra, "no_reply": reason}
+        return Accepted(msg.model_copy(update={"extra": extra}), accepted.headers)
 
     async def _idle(self, client: aioimaplib.IMAP4) -> None:
         idle = await client.idle_start(timeout=self.ecfg.idle_renew)

@@ -34,15 +34,13 @@ from typing import Any, ClassVar
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 from gateways.audience import audience_key
 from gateways.email_auth import authenticate
+from gateways.email_loop import loop_guard
 
 CHANNEL = "email"
 UNVERIFIED = "(unverified)"  # after the From address of a mail whose sender is not authenticated
 MAX_BODY_CHARS = 20_000
-SENT_ID_PREFIX = "relaybot."  # every Message-ID relaybot sends starts with this (email_compose)
 _ID_CHARS = re.compile(r"^[A-Za-z0-9_.:@+=/!#$-]{1,150}$")
 _MSGID = re.compile(r"<([^<>\s]+)>")
-_ROBOT_LOCALPARTS = ("mailer-daemon", "postmaster")
-_BULK = {"bulk", "list", "junk"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     from_name, sender = _first_address(_header(msg, "From"))
     if not sender:
         return Rejected("no From address", message_id=message_id, dead=True)
-    guard = loop_guard(msg, sender, message_id, addrs)
+    guard = loop_guard(msg, lambda name: _header(msg, name), sender, message_id, addrs.own)
     if guard:
         return Rejected(guard, message_id=message_id, sender=sender)
     authenticated = authenticate(
@@ -209,25 +207,6 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
         },
     )
     return Accepted(inbound, headers)
-
-
-def loop_guard(msg: Message, sender: str, message_id: str, addrs: Addresses) -> str:
-    """Why this message must not be answered (empty string: it may be)."""
-    auto = _header(msg, "Auto-Submitted").strip().lower()
-    if auto and auto.split(";")[0].strip() != "no":
-        return f"Auto-Submitted: {auto[:40]}"
-    precedence = _header(msg, "Precedence").strip().lower()
-    if precedence in _BULK:
-        return f"Precedence: {precedence}"
-    if _header(msg, "List-Id") or _header(msg, "List-Unsubscribe"):
-        return "mailing list (List-Id)"
-    if sender.split("@", 1)[0] in _ROBOT_LOCALPARTS:
-        return f"from {sender.split('@', 1)[0]}"
-    if sender in addrs.own:
-        return "from relaybot's own address"
-    if message_id.strip("<>").startswith(SENT_ID_PREFIX):
-        return "a message relaybot sent"
-    return ""
 
 
 def thread_key(message_id: str) -> str:

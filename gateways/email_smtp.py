@@ -2,9 +2,19 @@
 
 ``tls_context`` checks certificates (and host names) always; ``ca_file`` adds a CA. Plain
 connections are refused except to a loopback address. A reply is sent from its session's reply
-queue through ``gateways.deliver`` (once): a failure before the message was handed over (the
-connection, TLS, login) puts it back for a retry; a failure after that is not retried, because
-the mail may have gone out.
+queue through ``gateways.deliver``, and retried, not dropped (RFC 5321 4.5.4: a sender retries
+what was refused for now):
+
+- a transient failure is retried with the runner's backoff until ``delivery.max_age``: the
+  connection, TLS or the server lost, a 4xx reply at any step (``451`` greylisting at RCPT TO,
+  ``421`` shutting down, ``452`` out of storage);
+- a permanent refusal (5xx at MAIL FROM, RCPT TO of every recipient, or DATA) is
+  :class:`~gateways.deliver.Undeliverable`: the reply is reported ``failed``;
+- a refused login is fatal (a person has to act).
+
+Every attempt carries the same Message-ID, derived from the reply id (``email_compose``): a resend
+after a lost connection or a crash between the delivery mark and the server's answer is the same
+mail to the recipient's server and mail client, the e-mail counterpart of a Matrix transaction id.
 """
 
 from __future__ import annotations
@@ -19,11 +29,21 @@ import structlog
 
 from contract.config import EmailConfig
 from contract.messages import Reply
-from gateways.email_compose import compose_reply
+from gateways.deliver import Undeliverable
+from gateways.email_compose import compose_reply, reply_message_id
 from gateways.email_parse import Headers
 from gateways.runner import FatalGatewayError, NotSent
 
-__all__ = ["FatalMailError", "NotSent", "SmtpSender", "check_plain", "port_of", "tls_context"]
+__all__ = [
+    "FatalMailError",
+    "NotSent",
+    "SmtpSender",
+    "Undeliverable",
+    "check_plain",
+    "permanent",
+    "port_of",
+    "tls_context",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +85,15 @@ def port_of(cfg: EmailConfig, what: str) -> int:
     return port or DEFAULT_PORTS[what][mode]
 
 
+def permanent(exc: BaseException) -> bool:
+    """Whether an SMTP failure refuses the mail for good (5xx); anything else may pass later."""
+    if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):  # every recipient refused
+        return bool(exc.recipients) and all(r.code >= 500 for r in exc.recipients)
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return 500 <= exc.code < 600
+    return False
+
+
 class SmtpSender:
     def __init__(self, cfg: EmailConfig) -> None:
         self.cfg = cfg
@@ -75,6 +104,12 @@ class SmtpSender:
         if "@" not in self.sender:
             raise FatalMailError("[email] addresses: relaybot's own address is not set")
         self.own = frozenset(a.lower() for a in cfg.addresses)
+
+    def message_id(self, reply: Reply) -> str:
+        """The Message-ID every attempt to send ``reply`` carries."""
+        return reply_message_id(
+            reply.reply_id, self.sender.rsplit("@", 1)[-1] or "relaybot.invalid"
+        )
 
     async def send(self, reply: Reply, original: Headers) -> None:
         msg = compose_reply(reply, original, sender=self.sender, own=self.own, now=time.time())
@@ -99,10 +134,29 @@ class SmtpSender:
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise NotSent(f"SMTP {self.host}:{self.port}: {exc}") from exc
         try:
-            await client.send_message(msg, sender=self.sender, recipients=recipients)
+            refused, _response = await client.send_message(
+                msg, sender=self.sender, recipients=recipients
+            )
+        except aiosmtplib.SMTPResponseException as exc:  # 4xx/5xx at MAIL FROM or DATA
+            raise self._refused(exc, msg["Message-ID"]) from exc
+        except aiosmtplib.SMTPRecipientsRefused as exc:  # at RCPT TO, for every recipient
+            raise self._refused(exc, msg["Message-ID"]) from exc
         finally:
             try:
                 await client.quit()
             except (aiosmtplib.SMTPException, OSError):
                 client.close()
+        if refused:  # some recipients only: the others have it, so it is not sent again
+            log.warning(
+                "email.recipients_refused",
+                message_id=msg["Message-ID"],
+                refused={a: f"{r.code} {r.message}"[:200] for a, r in refused.items()},
+            )
         log.info("email.sent", message_id=msg["Message-ID"], to=recipients)
+
+    def _refused(self, exc: aiosmtplib.SMTPException, message_id: str) -> Exception:
+        """What a refusal by the server becomes: :class:`Undeliverable` (5xx) or NotSent."""
+        detail = f"SMTP {self.host}:{self.port} refused {message_id}: {exc}"
+        if permanent(exc):
+            return Undeliverable(detail)
+        return NotSent(detail)

@@ -7,12 +7,16 @@
 - ``email:orig:<digest>``: the headers a reply needs, keyed by the answered Message-ID (the
   worker's ``Reply.in_reply_to``), written in that same MULTI.
 - ``email:rate:<kind>:<who>`` (sorted sets): what was accepted recently, for the rate caps.
+- ``email:rate:replied:<digest>`` (string, TTL ``[email] reply_window``): relaybot sent this
+  address the reply with this Message-ID within the window; mail from it that answers that reply
+  meanwhile is recorded, not answered. The TTL runs on Redis's clock.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import redis
@@ -108,3 +112,30 @@ class MailState:
                 self.r.zadd(key, {event_id: now})
                 self.r.expire(key, int(window) + 60)
         return reason
+
+    # -- the reply window (one reply per auto-responder storm) -----------------------------------
+
+    def _replied_key(self, address: str, thread_id: str) -> str:
+        return self.keys.email_rate("replied", digest(f"{address.lower()}\n{thread_id}"))
+
+    def note_answered(
+        self, addresses: Iterable[str], thread_ids: Iterable[str], *, window: float
+    ) -> None:
+        """relaybot is sending ``addresses`` the mail(s) named by ``thread_ids`` (Message-IDs)."""
+        if window <= 0:
+            return
+        ids = list(dict.fromkeys(thread_ids))
+        pipe = self.r.pipeline(transaction=False)
+        for address in dict.fromkeys(addresses):
+            for thread_id in ids:
+                pipe.set(self._replied_key(address, thread_id), "1", ex=max(1, round(window)))
+        pipe.execute()
+
+    def recently_answered(self, addresses: Iterable[str], thread_ids: Iterable[str]) -> bool:
+        """Whether relaybot sent one of ``addresses`` one of these Message-IDs within the window."""
+        keys = [
+            self._replied_key(address, thread_id)
+            for address in dict.fromkeys(a for a in addresses if a)
+            for thread_id in dict.fromkeys(thread_ids)
+        ]
+        return bool(keys) and bool(self.r.exists(*keys))

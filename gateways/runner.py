@@ -20,9 +20,13 @@ rest is here, once:
   have their reply queues delivered through :func:`gateways.deliver.deliver_next`, in a worker
   thread, with the channel's ``send`` run on the event loop. A :class:`NotSent` (certainly not
   handed over) loses its ``delivered:<session>`` mark, so that the reply is sent again; any send
-  failure makes that session wait :data:`SESSION_RETRY` seconds without holding up the others; a
-  fatal error stops the gateway; anything else (Redis down) backs the whole loop off. The typing
-  hook, when the channel has one, gets the sessions the worker is busy on (``busy:<session>``).
+  failure makes that session wait without holding up the others, ``[delivery] retry_min``
+  seconds doubling up to ``retry_max`` while it keeps failing, until the reply is sent or older
+  than ``max_age`` (then expired); :class:`Undeliverable` (refused for good) reports the reply
+  ``failed``; a fatal error stops the gateway; anything else (Redis down) backs the whole loop
+  off. Ages are measured on Redis's clock. A channel with ``report_delivered = True`` has each
+  delivery reported to the worker too (``reply_status`` delivered). The typing hook, when the
+  channel has one, gets the sessions the worker is busy on (``busy:<session>``).
 """
 
 from __future__ import annotations
@@ -38,19 +42,19 @@ from typing import Any, Protocol
 import redis
 import structlog
 
+from contract.clock import RedisClock
 from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat
 from contract.messages import Reply
 from contract.outage import Backoff as _Backoff
 from contract.outage import Outage
-from gateways.deliver import ReplyQueue, deliver_next
+from gateways.deliver import ReplyQueue, Undeliverable, deliver_next
 
 log = structlog.get_logger(__name__)
 
 EXIT_STOPPED, EXIT_CRASHED, EXIT_FATAL = 0, 1, 2
 BACKOFF_START, BACKOFF_CAP = 1.0, 60.0
-SESSION_RETRY = 5.0  # seconds a session waits after its send failed
 SEND_TIMEOUT = 180.0  # seconds one send may take before it counts as failed
 
 TypingHook = Callable[[frozenset[str]], Awaitable[None]]
@@ -137,7 +141,13 @@ class Delivery:
     def __init__(self, rt: Runtime, channel: Channel, r: redis.Redis, cfg: Config) -> None:
         self.rt, self.channel, self.r, self.keys = rt, channel, r, cfg.keys
         self.max_age = cfg.delivery.max_age
+        self.retry_min, self.retry_max = cfg.delivery.retry_min, cfg.delivery.retry_max
+        self.clock = RedisClock(r)  # one clock for the whole loop: its offset is cached
+        # optional on a channel: report every delivery to the worker (memory records it)
+        self.report_delivered = bool(getattr(channel, "report_delivered", False))
         self.waiting: dict[str, float] = {}  # session -> when it may be tried again (monotonic)
+        self.delay: dict[str, float] = {}  # session -> its next wait, while its sends fail
+        self.errors: dict[str, str] = {}  # session -> why its last send failed
 
     async def run(self) -> None:
         loop, backoff = asyncio.get_running_loop(), Backoff()
@@ -170,19 +180,34 @@ class Delivery:
                 self._wait(session, str(exc))
             except _SendFailed as exc:
                 self._wait(session, repr(exc.__cause__))
+            else:
+                self.delay.pop(session, None)
+                self.errors.pop(session, None)
         if self.channel.show_typing is None:
             return frozenset()
         return frozenset(s for s in sessions if self.r.exists(self.keys.busy(s)))
 
     def _drain(self, session: str, loop: asyncio.AbstractEventLoop) -> None:
         queue = ReplyQueue(
-            self.r, self.keys, session, max_age=self.max_age, gateway=f"gateway:{self.rt.name}"
+            self.r,
+            self.keys,
+            session,
+            max_age=self.max_age,
+            gateway=f"gateway:{self.rt.name}",
+            clock=self.clock,
         )
+        queue.last_error = self.errors.get(session, "")
         send = functools.partial(self._send, queue, loop)
         # deliver_next answers None for an expired (or possibly sent) reply too: go on until the
         # queue and the in-flight list are empty
         while self.r.exists(queue.queue, queue.inflight) and not self.rt.stopping.is_set():
-            deliver_next(queue, send, timeout=0, idempotent_sink=self.channel.idempotent_sink)
+            deliver_next(
+                queue,
+                send,
+                timeout=0,
+                idempotent_sink=self.channel.idempotent_sink,
+                report_delivered=self.report_delivered,
+            )
 
     def _send(self, queue: ReplyQueue, loop: asyncio.AbstractEventLoop, reply: Reply) -> None:
         future = asyncio.run_coroutine_threadsafe(self.channel.send(reply), loop)
@@ -192,14 +217,18 @@ class Delivery:
             if not self.channel.idempotent_sink:  # an idempotent sink resends marked replies
                 self.r.zrem(queue.delivered, reply.reply_id)  # certainly not sent: send again
             raise
+        except Undeliverable:
+            raise  # deliver_next reports it failed
         except Exception as exc:  # it stays in flight, marked: deliver_next's rules apply
+            future.cancel()  # a send that timed out must not complete behind a resend
             raise _SendFailed from exc
 
     def _wait(self, session: str, error: str) -> None:
-        log.warning(
-            f"{self.rt.name}.send_failed", session=session, error=error, retry_in=SESSION_RETRY
-        )
-        self.waiting[session] = time.monotonic() + SESSION_RETRY
+        delay = self.delay.get(session, self.retry_min)
+        self.delay[session] = min(delay * 2, self.retry_max)
+        log.warning(f"{self.rt.name}.send_failed", session=session, error=error, retry_in=delay)
+        self.waiting[session] = time.monotonic() + delay
+        self.errors[session] = error[:300]
 
 
 def run_gateway(

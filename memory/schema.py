@@ -295,10 +295,46 @@ BEGIN
 END;
 """
 
+_MIGRATION_8 = """
+-- A reply's final status may also be 'failed': the platform refused it for good (an SMTP 5xx),
+-- reported by the gateway like 'delivered' and 'expired'. SQLite cannot change a CHECK, so the
+-- table is rebuilt with its rows; DROP TABLE fires no DELETE trigger, and the triggers (dropped
+-- with the old table) are made again as they were.
+CREATE TABLE reply_status_new (
+    reply_id  TEXT NOT NULL,
+    status    TEXT NOT NULL CHECK (status IN ('expired', 'delivered', 'failed')),
+    at        REAL NOT NULL,
+    detail    TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (reply_id, status)
+);
+INSERT INTO reply_status_new (reply_id, status, at, detail)
+    SELECT reply_id, status, at, detail FROM reply_status;
+DROP TABLE reply_status;
+ALTER TABLE reply_status_new RENAME TO reply_status;
+
+CREATE TRIGGER reply_status_no_replace BEFORE INSERT ON reply_status
+WHEN EXISTS (SELECT 1 FROM reply_status WHERE reply_id = NEW.reply_id AND status = NEW.status)
+BEGIN
+    SELECT RAISE(IGNORE);
+END;
+
+CREATE TRIGGER reply_status_no_update BEFORE UPDATE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: UPDATE refused');
+END;
+
+CREATE TRIGGER reply_status_no_delete BEFORE DELETE ON reply_status
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'reply_status is append-only: DELETE refused');
+END;
+"""
+
 # Fenced writes (memory/fence.py): the highest worker-lease token memory has seen. And replays
 # across a Redis data loss: an entry published twice (a gateway's cursor rolled back with the
 # stream) has a new stream id but the same platform event id, found through this index.
-_MIGRATION_8 = """
+_MIGRATION_9 = """
 CREATE TABLE writer_fence (
     id    INTEGER PRIMARY KEY CHECK (id = 1),
     epoch INTEGER NOT NULL
@@ -315,7 +351,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "audited erasure tombstones", _MIGRATION_5),
     Migration(6, "full-text indexing by the writer, one statement per batch", _MIGRATION_6),
     Migration(7, "full-text index watermark", _MIGRATION_7),
-    Migration(8, "fenced writes; inbound rows by platform event id", _MIGRATION_8),
+    Migration(8, "reply status 'failed'", _MIGRATION_8),
+    Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -7,9 +7,10 @@ import time
 import fakeredis
 import pytest
 
+from contract.clock import RedisClock
 from contract.keys import Keys
 from contract.messages import InboundMessage, Reply
-from gateways.deliver import ReplyQueue, deliver_next
+from gateways.deliver import ReplyQueue, Undeliverable, deliver_next
 
 
 def reply(n: int, *, created: float | None = None) -> Reply:
@@ -112,3 +113,53 @@ def test_unreadable_reply_goes_to_dead_letters(r: fakeredis.FakeRedis) -> None:
     assert got == ["r2"]
     ((_sid, fields),) = r.xrange(Keys("rb:").dead)
     assert fields[b"reason"].startswith(b"unreadable reply")
+
+
+def statuses(r: fakeredis.FakeRedis) -> list[dict[str, object]]:
+    return [
+        InboundMessage.from_fields(fields).extra
+        for _sid, fields in r.xrange(Keys("rb:").inbound_of("cli"))
+    ]
+
+
+def test_a_refusal_for_good_is_reported_failed_not_retried(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1), reply(2))
+
+    def refuses(rep: Reply) -> None:
+        raise Undeliverable("550 5.1.1 no such user")
+
+    q = queue(r)
+    assert deliver_next(q, refuses, timeout=0) is None
+    assert statuses(r) == [
+        {"type": "reply_status", "reply_id": "r1", "answers": "1-0", "status": "failed",
+         "detail": "550 5.1.1 no such user"},
+    ]  # fmt: skip
+    assert r.llen(q.inflight) == 0  # out of flight in the same MULTI as the report
+    got: list[str] = []
+    deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0)
+    assert got == ["r2"]
+
+
+def test_a_delivery_is_reported_when_asked(r: fakeredis.FakeRedis) -> None:
+    push(r, reply(1))
+    q = queue(r)
+    assert deliver_next(q, lambda rep: None, timeout=0, report_delivered=True) is not None
+    assert [(s["reply_id"], s["status"]) for s in statuses(r)] == [("r1", "delivered")]
+    assert r.llen(q.inflight) == 0
+
+
+@pytest.mark.parametrize("skew", [-25 * 3600.0, 25 * 3600.0])
+def test_ages_are_measured_on_redis_clock_not_the_gateways(
+    r: fakeredis.FakeRedis, skew: float
+) -> None:
+    """A gateway whose own clock is 25 h off still delivers a fresh reply and expires an old
+    one: both are stamped on Redis's clock by the worker and measured on it here."""
+    redis_now = RedisClock(r).now()
+    push(r, reply(1, created=redis_now - 7200), reply(2, created=redis_now))
+    skewed = RedisClock(r, local=lambda: time.time() + skew)
+    q = ReplyQueue(r, Keys("rb:"), "cli:s", max_age=3600, gateway="gateway:test", clock=skewed)
+    got: list[str] = []
+    while deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0) or r.llen(q.queue):
+        pass
+    assert got == ["r2"]
+    assert [(s["reply_id"], s["status"]) for s in statuses(r)] == [("r1", "expired")]

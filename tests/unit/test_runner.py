@@ -19,8 +19,9 @@ from structlog.testing import capture_logs
 
 from contract.config import Config
 from contract.liveness import heartbeats
-from contract.messages import Reply
+from contract.messages import InboundMessage, Reply
 from gateways import runner
+from gateways.deliver import Undeliverable
 from gateways.runner import (
     Backoff,
     Delivery,
@@ -81,12 +82,9 @@ def r() -> fakeredis.FakeRedis:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> Config:
-    return Config.model_validate({"home": tmp_path})
-
-
-@pytest.fixture(autouse=True)
-def short_delays(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "SESSION_RETRY", 0.2)
+    return Config.model_validate(
+        {"home": tmp_path, "delivery": {"retry_min": 0.2, "retry_max": 0.4}}
+    )
 
 
 def push(r: redis.Redis, cfg: Config, session: str, reply_id: str) -> None:
@@ -165,6 +163,75 @@ def test_another_send_error_retries_that_session_without_holding_up_the_others(
     else:  # it may have gone out: it stayed in flight, marked, and is not sent again
         assert channel.sent == ["b1"]
         assert events(logs, "reply.maybe_delivered")[0]["reply_id"] == "a1"
+
+
+def statuses(r: redis.Redis, cfg: Config) -> list[dict[str, Any]]:
+    """The reply_status entries the gateway put on its own stream for the worker."""
+    entries: Any = r.xrange(cfg.keys.inbound_of("fake"))
+    return [InboundMessage.from_fields(fields).extra for _sid, fields in entries]
+
+
+def test_a_session_that_keeps_failing_waits_longer_each_time_then_delivers(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    channel = FakeChannel(idempotent=True)
+    channel.failures[A] = [NotSent("451 greylisted")] * 3
+    push(r, cfg, A, "a1")
+    with capture_logs() as logs:
+        deliver_until(r, cfg, channel, lambda: "a1" in channel.sent)
+    assert channel.sent == ["a1"]  # retried, not dropped; once
+    assert [e["retry_in"] for e in events(logs, "fake.send_failed")] == [0.2, 0.4, 0.4]
+
+
+def test_a_reply_retried_until_max_age_is_expired_with_the_last_error(
+    r: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    cfg = Config.model_validate(
+        {"home": tmp_path, "delivery": {"max_age": 0.5, "retry_min": 0.1, "retry_max": 0.1}}
+    )
+    channel = FakeChannel(idempotent=True)
+    channel.failures[A] = [NotSent("451 greylisted")] * 100
+    push(r, cfg, A, "a1")
+    with capture_logs() as logs:
+        deliver_until(r, cfg, channel, lambda: len(statuses(r, cfg)) == 1)
+    assert channel.sent == []
+    [status] = statuses(r, cfg)
+    assert (status["reply_id"], status["status"]) == ("a1", "expired")
+    assert status["detail"] == (
+        "not delivered: older than 0.5 s; the last attempt failed: 451 greylisted"
+    )
+    assert len(events(logs, "fake.send_failed")) >= 2  # retried until then
+    assert not r.exists(cfg.keys.inflight(A), cfg.keys.reply(A))
+
+
+def test_a_refusal_for_good_is_reported_failed_and_the_session_goes_on(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    channel = FakeChannel(idempotent=True)
+    channel.failures[A] = [Undeliverable("550 no such user")]
+    push(r, cfg, A, "a1")
+    push(r, cfg, A, "a2")
+    with capture_logs() as logs:
+        deliver_until(r, cfg, channel, lambda: "a2" in channel.sent)
+    assert channel.sent == ["a2"]
+    assert not events(logs, "fake.send_failed")  # not retried
+    assert events(logs, "reply.failed")[0]["reply_id"] == "a1"
+    [status] = statuses(r, cfg)
+    assert status["status"] == "failed" and status["reply_id"] == "a1"
+    assert status["detail"] == "550 no such user"
+    assert r.llen(cfg.keys.inflight(A)) == 0
+
+
+def test_a_channel_that_asks_has_every_delivery_reported(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    channel = FakeChannel(idempotent=True)
+    channel.report_delivered = True  # type: ignore[attr-defined]
+    push(r, cfg, A, "a1")
+    deliver_until(r, cfg, channel, lambda: len(statuses(r, cfg)) == 1)
+    [status] = statuses(r, cfg)
+    assert (status["reply_id"], status["status"]) == ("a1", "delivered")
+    assert r.llen(cfg.keys.inflight(A)) == 0
 
 
 def test_a_redis_error_backs_the_whole_loop_off(
