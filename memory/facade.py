@@ -4,13 +4,16 @@ The worker's turn records the message and its reply, asks for the context of the
 history window, MEMORY.md, the relevant notes, each a section), applies owner commands and marks
 replies here, instead of driving the memory modules itself. The parts stay where they are
 (memory/window.py, memory/notes/, memory/curated.py, memory/identity.py, memory/commands.py);
-this module only joins them and keeps one rule for all of them:
+this module only joins them and keeps two rules for all of them:
 
-**Degraded mode** (DESIGN.md). Memory may be unavailable (the database could not be opened:
-``store`` is None) or fail in the middle of a turn (a query raises ``sqlite3.Error``). Then the
-worker still answers with what it has; the failure is logged (``memory.degraded``) and counted
-(:attr:`Memory.failures`), and the turn goes on. Every method here keeps that rule, so the turn
-never has to.
+**Reads degrade** (DESIGN.md). A read that fails in the middle of a turn (a query raises
+``sqlite3.Error``) is logged (``memory.degraded``) and counted (:attr:`Memory.failures`), and the
+turn goes on with what it has.
+
+**Writes do not** (issue 11: never answered-but-unrecorded). Writes go through :meth:`Memory.write`
+(group commit, :meth:`Memory.settle` before every model call and before the worker acks): a write
+memory refuses raises :class:`MemoryUnwritable`, and the worker keeps the entry pending and tries
+again; one refused by the fencing token (memory/fence.py) raises :class:`FencedOut`.
 
 Memory takes plain parameters (:class:`MemorySettings`), not the application's configuration.
 """
