@@ -71,19 +71,14 @@ def producer(url: str, rate: float, duration: float, go: Any, sent: Any) -> None
     r.ping()
     go.wait()
     t0 = time.monotonic()
-    i = 0
-    while True:
-        due = t0 + i / rate
-        now = time.monotonic()
-        if due - t0 >= duration:
-            break
-        if due > now:
-            time.sleep(due - now)
+    for i in range(round(rate * duration)):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
         fields = make_fields(i)
         fields["event_id"] = f"soak-{i}-{time.monotonic_ns()}"
         r.xadd(KEYS.inbound_of(fields["channel"]), fields)  # type: ignore[arg-type]
-        i += 1
-        sent.value = i
+        sent.value = i + 1
 
 
 @dataclass
