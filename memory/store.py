@@ -27,6 +27,7 @@ import structlog
 from contract.messages import InboundMessage, Privacy, Reply
 from memory import fence, fts
 from memory.caches import RecentRows
+from memory.checkpoint import WAL_SIZE_LIMIT
 from memory.rows import BY_KEY, INSERT, LOG_COLUMNS, LogRow, RowReader, build, dump_extra, scrub
 from memory.schema import SchemaError, check_version, migrate, schema_version
 from memory.transactions import Transactions
@@ -103,6 +104,8 @@ class MemoryStore:
                     )
             else:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                # a restarted WAL is truncated back to this at the next commit (memory.checkpoint)
+                conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
                 if str(mode).lower() != "wal":
                     log.warning("memory.not_wal", journal_mode=mode, path=str(self.path))
                 migrate(conn)
