@@ -19,6 +19,7 @@ import structlog
 
 from contract.bus import publish
 from contract.config import Config
+from contract.durable import Durable
 from contract.liveness import Heartbeat
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from gateways.deliver import ReplyQueue, deliver_next
@@ -72,12 +73,13 @@ class Terminal:
             r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )
         self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
+        self.durable = Durable(r)  # "sent" is printed only for a message that is on disk
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False
 
     def send(self, text: str) -> str:
         msg = normalize(self.session, text)
-        sid = publish(self.r, self.keys, msg)
+        sid = publish(self.r, self.keys, msg, durable=self.durable)
         log.info("cli.sent", stream_id=sid, session=msg.session)
         return sid
 

@@ -2,11 +2,12 @@
 
 IDLE, re-issued every ``idle_renew`` seconds (servers drop an IDLE after about 30 minutes), or
 polling every ``poll_interval`` seconds when the server has no IDLE. Each new message is fetched
-with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_parse`` and XADDed;
-only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced. Mail that is
-not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that cannot be
-parsed at all goes to the dead-letter stream. Network errors reconnect with the runner's capped
-backoff; a refused login is fatal.
+with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_parse`` and XADDed
+durably (:mod:`contract.durable`: fsynced, so a power cut of the Redis host cannot lose it behind
+the cursor); only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced.
+Mail that is not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that
+cannot be parsed at all goes to the dead-letter stream. Network errors reconnect with the runner's
+capped backoff; a refused login is fatal.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import redis
 import structlog
 
 from contract.config import EmailConfig
+from contract.durable import NotDurable
 from gateways.email_parse import Accepted, Addresses, parse_email
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
@@ -100,6 +102,10 @@ class ImapReader:
             if resp.result != "OK":
                 raise FatalMailError(f"cannot select folder {self.ecfg.folder!r}: {resp.lines}")
             uidvalidity = _uidvalidity(resp.lines)
+            try:
+                self.state.durable.check()  # before the cursor can move: refuse a lossy Redis
+            except NotDurable as exc:
+                raise FatalMailError(str(exc)) from None
             idle = self.ecfg.idle and client.has_capability("IDLE")
             await self._start_cursor(client, uidvalidity)
             self.rt.heartbeat.info = {"state": "idle" if idle else "polling"}
@@ -181,6 +187,7 @@ class ImapReader:
             msg = result.message
             structlog.contextvars.bind_contextvars(message_id=msg.event_id)
             if self.state.already_published(msg.event_id):
+                self.state.confirm(msg.event_id)  # durable before the cursor passes it
                 log.info("email.duplicate", session=msg.session)
                 return True
             capped = self.state.over_rate(
@@ -200,8 +207,8 @@ class ImapReader:
                 log.info("email.recorded_only", reason=msg.extra["no_reply"], sender=msg.sender)
                 return False
             return True
-        except redis.RedisError:
-            raise
+        except (redis.RedisError, NotDurable):
+            raise  # the cursor stays: this mail is read again after the backoff
         except Exception as exc:  # a bug on one message must not stop the mailbox
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
