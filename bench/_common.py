@@ -32,11 +32,11 @@ class BenchRedis:
     what the zero-config embedded Redis uses. The directory is short so the socket path fits.
     """
 
-    def __init__(self, *, aof: bool = False) -> None:
+    def __init__(self, *, aof: bool = False, fsync: str = "everysec") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rbb-", dir="/tmp"))
         self.sock = str(self.dir / "r.sock")
         self.port = free_port()
-        self.aof = aof
+        self.aof, self.fsync = aof, fsync  # fsync: the AOF's appendfsync policy
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, transport: str) -> str:
@@ -46,7 +46,7 @@ class BenchRedis:
 
     def start(self) -> BenchRedis:
         persistence = (
-            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            ["--appendonly", "yes", "--appendfsync", self.fsync]
             if self.aof
             else ["--appendonly", "no"]
         )
