@@ -28,8 +28,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 class BenchRedis:
     """A redis-server for one benchmark run, on a unix socket *and* a TCP port.
 
-    Like tests/support/servers.py (no persistence unless ``aof``), plus a unix socket, which is
-    what the zero-config embedded Redis uses. The directory is short so the socket path fits.
+    No persistence unless ``aof`` (then AOF with ``appendfsync`` ``fsync``), plus a unix socket,
+    which is what the zero-config embedded Redis uses. The directory is short so the socket path
+    fits.
     """
 
     def __init__(self, *, aof: bool = False, fsync: str = "everysec") -> None:

@@ -12,6 +12,7 @@ Redis and redis-py alone cost.
     .venv/bin/python -m bench.pipeline            # full run (~5 minutes on 2 cores)
     .venv/bin/python -m bench.pipeline --quick    # smoke run (~30 s)
     .venv/bin/python -m bench.pipeline --profile  # cProfile of the real worker (unix socket)
+    .venv/bin/python -m bench.pipeline --durable  # durable acceptance beside AOF everysec
 """
 
 from __future__ import annotations
