@@ -682,22 +682,67 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.log_level}, redis persistence: {' | '.join(m[0] for m in modes)}, "
         f"sessions: {args.mix} ({len(MIXES[args.mix])}), notes in memory: {args.notes}"
     )
-    summary: list[list[Any]] = []
-    for label, fsync, durable in modes:
-        mode_opts = dataclasses.replace(opts, durable=durable)
-        with BenchRedis(aof=bool(fsync), fsync=fsync or "everysec") as server:
+    with contextlib.ExitStack() as stack:
+        servers = {
+            label: stack.enter_context(BenchRedis(aof=bool(fsync), fsync=fsync or "everysec"))
+            for label, fsync, _durable in modes
+        }
+        for label, server in servers.items():
             print(
-                f"\n== persistence {label}: redis-server "
+                f"persistence {label}: redis-server "
                 f"{server.client().info('server')['redis_version']}, "
-                f"unix {server.sock}, tcp 127.0.0.1:{server.port}\n"
+                f"unix {server.sock}, tcp 127.0.0.1:{server.port}"
             )
-            if args.profile:
-                profile_worker(server, n, mode_opts)
-                return 0
-            tp, lat = run_mode(server, transports, systems, rounds, n_warm, n, n_lat, lat_warm,
-                               args, mode_opts)  # fmt: skip
-        summary.extend(mode_summary(label, transports, tp, lat))
+        print()
+        mode_opts = {label: dataclasses.replace(opts, durable=d) for label, _f, d in modes}
+        if args.profile:
+            label = modes[-1][0]
+            profile_worker(servers[label], n, mode_opts[label])
+            return 0
+        tp: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+        lat: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+        if not args.skip_throughput:
+            # rounds interleave the persistence modes too, so that the load of a shared machine
+            # drifting during the run falls on both alike
+            for rnd in range(1, rounds + 1):
+                labels = list(servers) if rnd % 2 else list(reversed(servers))
+                for label in labels:
+                    for t in transports:
+                        order = ["bare bus", "relaybot"] if rnd % 2 else ["relaybot", "bare bus"]
+                        for system in [s for s in order if s in systems]:
+                            res = throughput(servers[label], t, system, n_warm, n, mode_opts[label])
+                            res["round"] = rnd
+                            tp[label].append(res)
+                            print(
+                                f"  round {rnd} {label:20} {t:4} {system:8}: "
+                                f"{res['rate']:9,.0f} msg/s ({res['secs']:.2f} s, "
+                                f"check {res['status']})",
+                                flush=True,
+                            )
+            for label in servers:
+                print(f"\n== persistence {label}\n")
+                print(throughput_report(tp[label], transports, systems))
+            print()
+        if not args.skip_latency:
+            for t in transports:
+                for label, server in servers.items():
+                    for system in [s for s in ("bare bus", "relaybot") if s in systems]:
+                        res = latency(
+                            server, t, system, lat_warm, n_lat, args.rate, mode_opts[label]
+                        )
+                        lat[label].append(res)
+                        print(
+                            f"  latency {label:20} {t:4} {system:8}: p50 {res['p50']:.3f} ms, "
+                            f"p99 {res['p99']:.3f} ms ({res['status']})",
+                            flush=True,
+                        )
+            for label in servers:
+                print(f"\n== persistence {label}\n")
+                print(latency_report(lat[label], args.rate, systems))
     if len(modes) > 1:
+        summary = [
+            row for label in tp for row in mode_summary(label, transports, tp[label], lat[label])
+        ]
         print()
         print(
             table(
@@ -708,52 +753,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 0
-
-
-def run_mode(
-    server: BenchRedis,
-    transports: list[str],
-    systems: list[str],
-    rounds: int,
-    n_warm: int,
-    n: int,
-    n_lat: int,
-    lat_warm: int,
-    args: argparse.Namespace,
-    opts: Opts,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Throughput rounds and latency runs against one server; both reports printed."""
-    results: list[dict[str, Any]] = []
-    lat: list[dict[str, Any]] = []
-    if not args.skip_throughput:
-        for rnd in range(1, rounds + 1):
-            for t in transports:
-                order = ["bare bus", "relaybot"] if rnd % 2 else ["relaybot", "bare bus"]
-                for system in [s for s in order if s in systems]:
-                    res = throughput(server, t, system, n_warm, n, opts)
-                    res["round"] = rnd
-                    results.append(res)
-                    print(
-                        f"  round {rnd} {t:4} {system:8}: {res['rate']:9,.0f} msg/s "
-                        f"({res['secs']:.2f} s, check {res['status']})",
-                        flush=True,
-                    )
-        print()
-        print(throughput_report(results, transports, systems))
-        print()
-    if not args.skip_latency:
-        for t in transports:
-            for system in [s for s in ("bare bus", "relaybot") if s in systems]:
-                res = latency(server, t, system, lat_warm, n_lat, args.rate, opts)
-                lat.append(res)
-                print(
-                    f"  latency {t:4} {system:8}: p50 {res['p50']:.3f} ms, "
-                    f"p99 {res['p99']:.3f} ms ({res['status']})",
-                    flush=True,
-                )
-        print()
-        print(latency_report(lat, args.rate, systems))
-    return results, lat
 
 
 def mode_summary(
