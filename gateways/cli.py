@@ -19,6 +19,7 @@ import structlog
 
 from contract.bus import publish, stream_id, text
 from contract.config import Config
+from contract.durable import Durable
 from contract.liveness import Heartbeat
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from contract.outage import TRANSIENT, Outage
@@ -74,6 +75,7 @@ class Terminal:
             r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )
         self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
+        self.durable = Durable(r)  # "sent" is printed only for a message that is on disk
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False
         self._printed: set[str] = set()  # reply ids shown by this process
@@ -103,7 +105,7 @@ class Terminal:
                     outage.recovered(found=found)
                     return found
                 sent = True
-                sid = publish(self.r, self.keys, msg)
+                sid = publish(self.r, self.keys, msg, durable=self.durable)
                 outage.recovered()
                 return sid
             except TRANSIENT as exc:

@@ -2,17 +2,18 @@
 
 IDLE, re-issued every ``idle_renew`` seconds (servers drop an IDLE after about 30 minutes), or
 polling every ``poll_interval`` seconds when the server has no IDLE. Each new message is fetched
-with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_parse`` and XADDed;
-only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced. Mail that is
-not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that cannot be
-parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's replies, from
-one of that reply's recipients, less than ``[email] reply_window`` seconds after it was sent, is
-recorded, not answered: an auto-responder that sets no header the loop guard knows still gets one
-reply per storm. Network errors reconnect with the runner's capped backoff; a refused login is
-fatal. Redis going away (a restart) is waited out the same way (``redis.unreachable``, then
-``redis.reconnected``): a message whose XADD failed has not moved the cursor, so it is fetched and
-published again (its Message-ID in ``email:seen``, written in the XADD's MULTI, keeps a publish
-whose reply was lost from happening twice).
+with ``BODY.PEEK[]`` (fetching does not mark it read), normalized by ``email_parse`` and XADDed
+durably (:mod:`contract.durable`: fsynced, so a power cut of the Redis host cannot lose it behind
+the cursor); only then is it flagged ``\\Seen`` and the cursor (UIDVALIDITY, last UID) advanced.
+Mail that is not answered (loop guard, allowlist, rate cap) is logged and left unread; mail that
+cannot be parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's
+replies, from one of that reply's recipients, less than ``[email] reply_window`` seconds after it
+was sent, is recorded, not answered: an auto-responder that sets no header the loop guard knows
+still gets one reply per storm. Network errors reconnect with the runner's capped backoff; a
+refused login is fatal. Redis going away (a restart) is waited out the same way
+(``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved the
+cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
+XADD's MULTI, keeps a publish whose reply was lost from happening twice).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import redis
 import structlog
 
 from contract.config import EmailConfig
+from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.email_parse import UNVERIFIED, Accepted, Addresses, parse_email
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
@@ -111,6 +113,10 @@ class ImapReader:
             if resp.result != "OK":
                 raise FatalMailError(f"cannot select folder {self.ecfg.folder!r}: {resp.lines}")
             uidvalidity = _uidvalidity(resp.lines)
+            try:
+                self.state.durable.check()  # before the cursor can move: refuse a lossy Redis
+            except NotDurable as exc:
+                raise FatalMailError(str(exc)) from None
             idle = self.ecfg.idle and client.has_capability("IDLE")
             await self._start_cursor(client, uidvalidity)
             self._redis.recovered()
@@ -193,6 +199,7 @@ class ImapReader:
             msg = result.message
             structlog.contextvars.bind_contextvars(message_id=msg.event_id)
             if self.state.already_published(msg.event_id):
+                self.state.confirm(msg.event_id)  # durable before the cursor passes it
                 log.info("email.duplicate", session=msg.session)
                 return True
             result = self._reply_window(result)
@@ -214,8 +221,8 @@ class ImapReader:
                 log.info("email.recorded_only", reason=msg.extra["no_reply"], sender=msg.sender)
                 return False
             return True
-        except redis.RedisError:
-            raise
+        except (redis.RedisError, NotDurable):
+            raise  # the cursor stays: this mail is read again after the backoff
         except Exception as exc:  # a bug on one message must not stop the mailbox
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)

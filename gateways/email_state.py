@@ -4,6 +4,8 @@
   the message was XADDed (or deliberately skipped).
 - ``email:seen`` (sorted set): the Message-IDs already published, written in the same MULTI as
   the XADD, so a crash between XADD and cursor, or a UIDVALIDITY change, never publishes twice.
+  That MULTI is durable (fsynced) before :meth:`MailState.publish` returns: a power cut of the
+  Redis host cannot roll the entry back behind a cursor that already moved past its UID.
 - ``email:orig:<digest>``: the headers a reply needs, keyed by the answered Message-ID (the
   worker's ``Reply.in_reply_to``), written in that same MULTI.
 - ``email:rate:<kind>:<who>`` (sorted sets): what was accepted recently, for the rate caps.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from contract.bus import stream_id
+from contract.durable import Durable
 from contract.keys import Keys, digest
 from gateways.email_parse import Accepted, Headers
 
@@ -40,6 +43,7 @@ class MailState:
         self.r, self.keys = r, keys
         self.cursor_key = keys.email_cursor(folder)
         self.seen_key = keys.email_seen
+        self.durable = Durable(r)
 
     # -- the cursor --------------------------------------------------------------------------
 
@@ -58,15 +62,26 @@ class MailState:
         return self.r.zscore(self.seen_key, message_id) is not None
 
     def publish(self, accepted: Accepted) -> str:
-        """XADD the message, remember its Message-ID and its reply headers, atomically."""
+        """XADD the message, remember its Message-ID and its reply headers, atomically; returns
+        only once all of it is durable (:mod:`contract.durable`), so the cursor may move on."""
         msg = accepted.message
         now = time.time()
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
-        pipe.zadd(self.seen_key, {msg.event_id: now})
-        pipe.zremrangebyscore(self.seen_key, "-inf", now - SEEN_KEEP)
-        pipe.set(self.orig_key(msg.event_id), json.dumps(accepted.headers.to_dict()), ex=ORIG_KEEP)
-        return stream_id(msg.channel, pipe.execute()[0])
+        fields = [x for kv in msg.to_fields().items() for x in kv]
+        orig = json.dumps(accepted.headers.to_dict())
+        results = self.durable.transaction(
+            [
+                ("XADD", self.keys.inbound_of(msg.channel), "*", *fields),
+                ("ZADD", self.seen_key, now, msg.event_id),
+                ("ZREMRANGEBYSCORE", self.seen_key, "-inf", now - SEEN_KEEP),
+                ("SET", self.orig_key(msg.event_id), orig, "EX", ORIG_KEEP),
+            ]
+        )
+        return stream_id(msg.channel, results[0])
+
+    def confirm(self, message_id: str) -> None:
+        """A message found already published may not be durable yet (its publish failed waiting
+        for the fsync): a durable write after it makes it so, as the AOF is fsynced in order."""
+        self.durable.transaction([("ZADD", self.seen_key, "XX", time.time(), message_id)])
 
     def orig_key(self, message_id: str) -> str:
         return self.keys.email_orig(message_id)

@@ -1,11 +1,12 @@
 """The Matrix gateway's inbound loop: ``/sync``, normalize, XADD, then save the token.
 
 ``/sync`` runs from the token saved in Redis (``<prefix>cursor:matrix``); each room event is
-normalized by :mod:`gateways.matrix_events` and XADDed together with its event id in a "seen"
-set (one MULTI), and the token is saved only after the whole batch was published. A gateway
-killed between the XADD and the token finds the events in the seen set and skips them. The very
-first start (no token) skips the backlog and says so. A timeline the homeserver cut short is
-read back with ``/messages``. Invites are accepted from the owner and the allowlist only.
+normalized by :mod:`gateways.matrix_events` and XADDed together with its event id in a "seen" set
+(one MULTI, durable before it returns: :mod:`contract.durable`), and the token is saved only after
+the whole batch was published. A gateway killed between the XADD and the token finds the events in
+the seen set and skips them. The very first start (no token) skips the backlog and says so. A
+timeline the homeserver cut short is read back with ``/messages``. Invites are accepted from the
+owner and the allowlist only.
 
 Error responses (values, not exceptions) and network errors back off (:class:`Backoff`); a lost
 session is fatal. Redis going away (a restart) is waited out (``redis.unreachable``, then
@@ -32,6 +33,7 @@ from nio import (
 
 from contract.bus import stream_id, text
 from contract.config import Config
+from contract.durable import Durable, NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.matrix_events import (
     CHANNEL,
@@ -43,7 +45,7 @@ from gateways.matrix_events import (
     room_facts,
 )
 from gateways.matrix_login import ErrorValue, check_fatal
-from gateways.runner import Backoff, Runtime
+from gateways.runner import Backoff, FatalGatewayError, Runtime
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +62,7 @@ class MatrixSync:
         self.m, self.r, self.rt, self.keys = cfg.matrix, r, rt, cfg.keys
         self.client, self.policy = client, policy
         self.published = 0
+        self.durable = Durable(r)
         self._filter: dict[str, Any] = {
             "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
             "presence": {"types": []},
@@ -72,6 +75,10 @@ class MatrixSync:
         while not self.rt.stopping.is_set():
             try:
                 if not loaded:
+                    try:
+                        self.durable.check()  # before the token can move: refuse a lossy Redis
+                    except NotDurable as exc:
+                        raise FatalGatewayError(str(exc)) from None
                     token, loaded = optional_text(self.r.get(self.keys.matrix_cursor)), True
                 if token is None:
                     token = await self._first_sync()
@@ -97,7 +104,13 @@ class MatrixSync:
                 check_fatal(failed.resp)
                 await self.rt.retry_after(backoff, "matrix.sync_error", error=str(failed))
                 continue
-            except (OSError, TimeoutError, aiohttp.ClientError, redis.RedisError) as exc:
+            except (
+                OSError,
+                TimeoutError,
+                aiohttp.ClientError,
+                redis.RedisError,
+                NotDurable,
+            ) as exc:
                 await self.rt.retry_after(backoff, "matrix.sync_failed", error=repr(exc))
                 continue
             backoff.reset()
@@ -187,17 +200,24 @@ class MatrixSync:
             return
         seen = self.keys.matrix_seen
         if self.r.zscore(seen, out.event_id) is not None:
+            # its publish may have failed waiting for the fsync: a durable write after it makes
+            # it durable too (the AOF is fsynced in order), before the token passes it
+            self.durable.transaction([("ZADD", seen, "XX", time.time(), out.event_id)])
             log.info("matrix.already_published", event_id=out.event_id)
             return
         now = time.time()
-        pipe = self.r.pipeline(transaction=True)
-        pipe.xadd(self.keys.inbound_of(CHANNEL), out.to_fields())
-        pipe.zadd(seen, {out.event_id: now})
-        pipe.zremrangebyscore(seen, "-inf", now - SEEN_KEEP)
+        fields = [x for kv in out.to_fields().items() for x in kv]
+        commands: list[tuple[Any, ...]] = [
+            ("XADD", self.keys.inbound_of(CHANNEL), "*", *fields),
+            ("ZADD", seen, now, out.event_id),
+            ("ZREMRANGEBYSCORE", seen, "-inf", now - SEEN_KEEP),
+        ]
         thread = out.extra.get("thread_root")
         if isinstance(thread, str):
-            pipe.set(self.keys.matrix_thread(out.event_id), thread, ex=THREAD_KEEP)
-        sid = pipe.execute()[0]
+            commands.append(
+                ("SET", self.keys.matrix_thread(out.event_id), thread, "EX", THREAD_KEEP)
+            )
+        sid = self.durable.transaction(commands)[0]  # durable before the token moves past it
         self.published += 1
         log.info(
             "matrix.published",

