@@ -83,7 +83,8 @@ class Interrupted(Exception):
 
 @dataclass
 class Batch:
-    """Outcomes handled but not yet committed: memory first, then one fenced Redis script."""
+    """What one fenced Redis script does, once memory committed it: queue the replies, write the
+    dead letters, ack the entries."""
 
     acks: list[Entry] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
@@ -91,7 +92,6 @@ class Batch:
     erasures: list[tuple[int, int]] = field(default_factory=list)  # (reply index, erasure id)
     forget: list[Entry] = field(default_factory=list)  # imports: deleted once acked
     rewrite: bool = False  # Redis rewrites its files after that
-    started: float = 0.0
 
     def __len__(self) -> int:
         return len(self.acks)
@@ -549,8 +549,10 @@ class Consumer:
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
         reply = outcome.reply
-        if reply is not None and outcome.only_if_missing and self.replies.held(reply):
-            reply = None  # queued before, and Redis still has it
+        if reply is not None and outcome.only_if_missing:
+            queued = any(r.reply_id == reply.reply_id for r in batch.replies)
+            if queued or self.replies.held(reply):
+                reply = None  # queued before (in this batch, or Redis still has it)
         if reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))

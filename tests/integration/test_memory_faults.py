@@ -298,3 +298,16 @@ def test_a_worker_clock_25_h_behind_stamps_replies_on_redis_clock(world: World) 
     (reply,) = world.replies()
     seconds, micros = world.r.time()
     assert abs(seconds + micros / 1e6 - reply.created) < 60
+
+
+def test_an_event_published_twice_in_one_batch_is_answered_once(world: World) -> None:
+    """The terminal could not tell whether its XADD was taken (the connection dropped) and sent
+    it again: both copies are read in one batch; the second is not queued beside the first."""
+    c = world.consumer(HookModel("A"))
+    m = msg("are you there")
+    world.add(m)
+    world.add(m)
+    world.pump(c)
+    assert [r.text for r in world.replies()] == ["A: are you there"]
+    assert world.rows() == [("in", "are you there"), ("out", "A: are you there")]
+    assert world.pending() == 0

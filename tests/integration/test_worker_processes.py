@@ -203,7 +203,8 @@ def test_sigterm_finishes_the_turn_and_a_second_sigterm_abandons_it(
     assert lease_holder(real_redis, keys) is None  # released at once, not left to expire
     assert heartbeat(real_redis, keys, "worker") is None
 
-    # a second SIGTERM during a turn: exit 0 at once, the entry stays pending, nothing recorded
+    # a second SIGTERM during a turn: exit 0 at once, the entry stays pending, no reply recorded
+    # (the message itself was committed before the model call: no write spans a model call)
     worker = procs.worker(env, r=real_redis, keys=keys)
     sid2 = send(real_redis, keys, "term", "abandon me [[delay:2]]")
     wait_until(lambda: model_server.calls == 2, message="the second turn to reach the model")
@@ -216,7 +217,8 @@ def test_sigterm_finishes_the_turn_and_a_second_sigterm_abandons_it(
     assert worker.events("worker.abandoning_turn")
     assert pending(real_redis, keys) == 1
     assert len(replies(real_redis, keys, "cli:term")) == 1
-    assert memory_rows(memory, "SELECT * FROM log WHERE stream_id = ?", sid2) == []
+    rows = memory_rows(memory, "SELECT * FROM log WHERE stream_id = ?", sid2)
+    assert [r["direction"] for r in rows] == ["in"]
 
     # the next worker answers it exactly once (the model is asked again: no reply was recorded)
     worker = procs.worker(env, r=real_redis, keys=keys)
