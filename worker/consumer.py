@@ -249,7 +249,7 @@ class Consumer:
             code = self._serve(hb, outage, wait=wait_for_lease)
         except Interrupted:
             code = 0
-        except LeaseLost as exc:
+        except (LeaseLost, FencedOut) as exc:  # FencedOut: memory refused a write outside a turn
             log.error("worker.lease_lost", error=str(exc))
             return 4
         finally:
