@@ -76,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "redis-cli" in argv:  # what follows is redis-cli's, options too (--scan, --pattern ...)
+        at = argv.index("redis-cli")
+        args = _parser().parse_args(argv[: at + 1])
+        args.args = argv[at + 1 :]
+    else:
+        args = _parser().parse_args(argv)
     interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
