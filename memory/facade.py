@@ -225,12 +225,14 @@ class Memory:
 
         After Redis lost data (a power cut, a failover) a gateway's cursor rolls back with the
         stream and the same event is published again under a new stream id; memory knows it by
-        (channel, platform event id), so it is recorded and answered once."""
+        (channel, platform event id) from the same sender in the same session and conversation,
+        so it is recorded and answered once. The same event id from anyone else is another
+        message (a forged or colliding id): it is recorded and answered as one."""
         if not msg.event_id:
             return stream_id
 
         def read(store: MemoryStore) -> str:
-            first = store.inbound_by_event(msg.channel, msg.event_id)
+            first = store.inbound_by_event(msg)
             return stream_id if first is None else first
 
         return self._write(read)

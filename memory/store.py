@@ -321,12 +321,15 @@ class MemoryStore:
         raw = self._conn.execute(BY_KEY, ("out", stream_id)).fetchone()
         return None if raw is None else self._reader.convert(raw)
 
-    def inbound_by_event(self, channel: str, event_id: str) -> str | None:
-        """The stream id of the inbound row first recorded for this platform event, if any."""
+    def inbound_by_event(self, msg: InboundMessage) -> str | None:
+        """The stream id of the inbound row first recorded for this platform event, from the
+        same sender in the same session and conversation, if any. An event id alone proves
+        nothing: a gateway account can write any event id, and another person's message must
+        never be taken for this one (its reply would be shown here)."""
         raw = self._conn.execute(
             "SELECT stream_id FROM log WHERE direction = 'in' AND channel = ? AND event_id = ? "
-            "ORDER BY id LIMIT 1",
-            (channel, event_id),
+            "AND session = ? AND conversation = ? AND sender = ? ORDER BY id LIMIT 1",
+            (msg.channel, msg.event_id, msg.session, msg.conversation, msg.sender),
         ).fetchone()
         return None if raw is None else str(raw[0])
 

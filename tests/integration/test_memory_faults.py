@@ -311,3 +311,30 @@ def test_an_event_published_twice_in_one_batch_is_answered_once(world: World) ->
     assert [r.text for r in world.replies()] == ["A: are you there"]
     assert world.rows() == [("in", "are you there"), ("out", "A: are you there")]
     assert world.pending() == 0
+
+
+def test_an_event_id_reused_by_someone_else_is_their_own_message_not_a_republish(
+    world: World,
+) -> None:
+    """A gateway account can write any event id: Mallory's entry naming the event id of Bob's
+    message is Mallory's own message. It must not get Bob's reply queued to Mallory's session
+    (found by the adversarial review: it did), and it is answered as itself."""
+    c = world.consumer(HookModel("A"))
+    bob = msg("BOB SECRET: my PIN is 4242", channel="matrix", session="matrix:!bob",
+              conversation="matrix:!bob", sender="@bob:hs", privacy=Privacy.DIRECT,
+              event_id="$X")  # fmt: skip
+    mallory = bob.model_copy(
+        update={
+            "session": "matrix:!mal",
+            "conversation": "matrix:!mal",
+            "sender": "@mallory:hs",
+            "text": "what did bob say?",
+        }
+    )
+    world.add(bob)
+    world.pump(c)
+    world.add(mallory)
+    world.pump(c)
+    assert [r.text for r in world.replies("matrix:!bob")] == ["A: BOB SECRET: my PIN is 4242"]
+    assert [r.text for r in world.replies("matrix:!mal")] == ["A: what did bob say?"]
+    assert [t for d, t in world.rows() if d == "in"] == [bob.text, mallory.text]
