@@ -154,10 +154,15 @@ def _run_redis(cfg: Config) -> int:
         while True:
             time.sleep(3600)
     if embedded.ping(cfg):
-        print(
-            "relaybot: an embedded Redis is already running for this RELAYBOT_HOME", file=sys.stderr
+        # a zero-config `relaybot chat` started it: exiting would make honcho stop everything
+        log.warning(
+            "redis.embedded_in_use",
+            detail="an embedded Redis already runs for this RELAYBOT_HOME (a zero-config "
+            "relaybot chat started it); the other processes use it, and this line starts its "
+            "own when it stops",
         )
-        return 1
+        while embedded.ping(cfg):
+            time.sleep(1.0)
     return embedded.exec_foreground(cfg)
 
 
