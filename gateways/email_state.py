@@ -38,6 +38,9 @@ class Cursor:
     last_uid: int
 
 
+ANYONE = "*"  # the reply-window key of a reply, whoever answers it (no address is "*")
+
+
 class MailState:
     def __init__(self, r: redis.Redis, keys: Keys, folder: str) -> None:
         self.r, self.keys = r, keys
@@ -141,16 +144,18 @@ class MailState:
             return
         ids = list(dict.fromkeys(thread_ids))
         pipe = self.r.pipeline(transaction=False)
-        for address in dict.fromkeys(addresses):
+        for address in dict.fromkeys([*addresses, ANYONE]):
             for thread_id in ids:
                 pipe.set(self._replied_key(address, thread_id), "1", ex=max(1, round(window)))
         pipe.execute()
 
     def recently_answered(self, addresses: Iterable[str], thread_ids: Iterable[str]) -> bool:
-        """Whether relaybot sent one of ``addresses`` one of these Message-IDs within the window."""
+        """Whether relaybot sent one of ``addresses`` one of these Message-IDs within the window,
+        or sent it at all: an answer to relaybot's reply that comes from another address than
+        the reply went to (an auto-responder answering from an alias) is held the same way."""
         keys = [
             self._replied_key(address, thread_id)
-            for address in dict.fromkeys(a for a in addresses if a)
+            for address in dict.fromkeys([*(a for a in addresses if a), ANYONE])
             for thread_id in dict.fromkeys(thread_ids)
         ]
         return bool(keys) and bool(self.r.exists(*keys))
