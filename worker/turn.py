@@ -164,7 +164,7 @@ class Turns:
 
     def _message(self, stream_id: str, msg: InboundMessage) -> Outcome:
         """A message: recorded (once per platform event), then answered unless it asks not to
-        be. The inbound row is written in a short transaction of its own, before the model."""
+        be. The inbound row joins memory's open transaction, committed before the model call."""
         memory = self.memory
         with memory.write():
             first = memory.first_of_event(msg, stream_id)
@@ -262,10 +262,10 @@ class Turns:
     def _answer(
         self, stream_id: str, msg: InboundMessage, row: LogRow | None, is_owner: bool
     ) -> Reply:
-        """Ask the model about the recorded message ``row``, record the reply in a short write
-        transaction of its own (none is held across the model call). A reply that memory could
-        not record is kept here and recorded when the entry is tried again, so the model is not
-        asked twice for it."""
+        """Ask the model about the recorded message ``row`` (memory committed first: no write
+        transaction is held across the model call), then record the reply in memory's open
+        transaction. A reply that memory could not record is kept here and recorded when the
+        entry is tried again, so the model is not asked twice for it."""
         memory = self.memory
         recorded = memory.recorded_reply(stream_id)
         if recorded is not None:
