@@ -175,6 +175,12 @@ class Turns:
         if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
             self._recorded_only(msg)
             return Outcome()
+        recorded = memory.recorded_reply(stream_id)
+        if recorded is not None:  # a replay: the reply recorded before, not a second model call
+            log.info("turn.replayed", reply_id=recorded.reply_id)
+            # queued unless Redis holds it already (the reconciliation after a Redis data loss
+            # may have queued it before this entry, which the loss made unread, came again)
+            return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
         return Outcome(reply=self._answer(stream_id, msg, row, is_owner))
 
     def _published_again(self, stream_id: str, first: str, msg: InboundMessage) -> Outcome:
@@ -267,10 +273,6 @@ class Turns:
         transaction. A reply that memory could not record is kept here and recorded when the
         entry is tried again, so the model is not asked twice for it."""
         memory = self.memory
-        recorded = memory.recorded_reply(stream_id)
-        if recorded is not None:
-            log.info("turn.replayed", reply_id=recorded.reply_id)
-            return _reply_from_row(recorded, msg)
         held = self._unrecorded.pop(stream_id, None)
         if held is not None:
             self._record(held[0], msg, held[1])

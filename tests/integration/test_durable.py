@@ -28,7 +28,7 @@ from contract.keys import Keys
 from deploy import embedded
 from gateways.cli import normalize
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, make_message
+from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.procs import Procs, relaybot_env, wait_until, write_config
 from tests.support.servers import RedisServer
 
@@ -183,23 +183,5 @@ def _mail_env(
     smtp: SmtpServer,
 ) -> dict[str, str]:
     home = tmp_path / "home"
-    write_config(
-        home,
-        f"""
-[owner]
-aliases = [{{ address = "{OWNER}", channel = "email" }}]
-
-[email]
-imap_host = "127.0.0.1"
-imap_port = {imap.port}
-imap_tls = "plain"
-imap_user = "{imap.user}"
-imap_password = "{imap.password}"
-smtp_host = "127.0.0.1"
-smtp_port = {smtp.port}
-smtp_tls = "plain"
-addresses = ["{BOT}"]
-trust_unauthenticated = true  # only the test's pymap delivers to this mailbox
-""",
-    )
+    write_config(home, email_config(imap, smtp, bot=BOT, owner=OWNER))
     return relaybot_env(home, redis_url=redis_url, prefix=prefix, model_url=model.base_url)

@@ -338,3 +338,21 @@ def test_an_event_id_reused_by_someone_else_is_their_own_message_not_a_republish
     assert [r.text for r in world.replies("matrix:!bob")] == ["A: BOB SECRET: my PIN is 4242"]
     assert [r.text for r in world.replies("matrix:!mal")] == ["A: what did bob say?"]
     assert [t for d, t in world.rows() if d == "in"] == [bob.text, mallory.text]
+
+
+def test_an_entry_a_redis_loss_made_unread_again_is_not_queued_twice(world: World) -> None:
+    """Redis lost the worker's last writes: the reply it queued and the entry's delivery and ack.
+    The next worker's reconciliation queues the reply again (memory has it), and then reads the
+    entry again, unread: the replay must not queue it a second time (the power-cut test caught
+    it doing so)."""
+    c = world.consumer(HookModel("A"))
+    world.add(msg("only once"))
+    world.pump(c)
+    (reply,) = world.replies()
+    c.lease.release()
+    world.r.delete(world.keys.reply("cli:t"))  # the cut took the queued reply ...
+    world.r.xgroup_setid(world.keys.inbound_of("cli"), Keys.GROUP, "0")  # ... and the read + ack
+    again = world.consumer(HookModel("B"))
+    world.pump(again)
+    assert [r.reply_id for r in world.replies()] == [reply.reply_id]
+    assert world.pending() == 0

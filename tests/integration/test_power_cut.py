@@ -52,7 +52,7 @@ from contract.messages import InboundMessage, Reply
 from deploy.embedded import server_args
 from gateways.cli import normalize
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, make_message
+from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.procs import Proc, Procs, relaybot_env, wait_until, write_config
 from tests.support.servers import RedisServer
 
@@ -370,23 +370,8 @@ def _env(
     home = tmp_path / "home"
     write_config(
         home,
-        f"""
-[owner]
-aliases = [{{ address = "{OWNER}", channel = "email" }}]
-
-[email]
-imap_host = "127.0.0.1"
-imap_port = {imap.port}
-imap_tls = "plain"
-imap_user = "{imap.user}"
-imap_password = "{imap.password}"
-smtp_host = "127.0.0.1"
-smtp_port = {smtp.port}
-smtp_tls = "plain"
-addresses = ["{BOT}"]
-rate_per_thread = 100
-rate_per_sender = 1000
-trust_unauthenticated = true  # only the test's pymap delivers to this mailbox
-""",
+        email_config(
+            imap, smtp, bot=BOT, owner=OWNER, more="rate_per_thread = 100\nrate_per_sender = 1000"
+        ),
     )
     return relaybot_env(home, redis_url=redis_url, prefix=prefix, model_url=model.base_url)

@@ -228,3 +228,28 @@ class TlsProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         self.loop.close()
+
+
+def email_config(
+    imap: ImapServer, smtp: SmtpServer, *, bot: str, owner: str, more: str = ""
+) -> str:
+    """config.toml for the e-mail gateway against these servers: plain IMAP and SMTP, ``bot``
+    the assistant's address, ``owner`` the owner's alias, senders trusted as the test's pymap is
+    the only server that delivers to the mailbox; ``more`` lines go on in ``[email]``."""
+    return f"""
+[owner]
+aliases = [{{ address = "{owner}", channel = "email" }}]
+
+[email]
+imap_host = "127.0.0.1"
+imap_port = {imap.port}
+imap_tls = "plain"
+imap_user = "{imap.user}"
+imap_password = "{imap.password}"
+smtp_host = "127.0.0.1"
+smtp_port = {smtp.port}
+smtp_tls = "plain"
+addresses = ["{bot}"]
+trust_unauthenticated = true  # only the test's pymap delivers to this mailbox
+{more}
+"""
