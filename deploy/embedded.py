@@ -157,9 +157,10 @@ def exec_foreground(cfg: Config) -> int:
     the other processes reconnect. SIGTERM/SIGINT are passed on as SIGTERM (Redis flushes its
     file and exits; a second SIGINT would make it exit without), and the line ends with the
     server. A server that exits by itself with 0 (``SHUTDOWN``) was stopped on purpose: the line
-    ends too. One that never answered (a bad setting, the socket taken) is not restarted: a
-    person has to act, and the exit code says so. The server stays in this process group, so
-    honcho's signals reach it even if this process is gone."""
+    ends too. One that exited with an error before it ever answered (a bad setting, the socket
+    taken) is not restarted: a person has to act, and the exit code says so; one killed by a
+    signal is, answered or not. The server stays in this process group, so honcho's signals
+    reach it even if this process is gone."""
     stopping = threading.Event()
     current: list[subprocess.Popen[bytes]] = []
 
@@ -212,9 +213,11 @@ def _supervise(
         if stopping.is_set() or code == 0:
             log.info("redis.embedded_stopped", code=code, requested=stopping.is_set())
             return 0
-        if not answered:
+        if not answered and code > 0:  # it could not start (a bad setting, the socket taken)
             log.error("redis.embedded_failed", code=code, detail="it never answered; not retried")
-            return code if code > 0 else 1
+            return code
+        # killed by a signal (code < 0) is a death to restart, even before this line saw it
+        # answer: the kill may come within the 50 ms between two pings
         if time.monotonic() - started > STABLE:
             backoff.reset()
         delay = backoff.next()
