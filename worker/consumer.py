@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import redis
 import structlog
@@ -71,6 +73,15 @@ return acked
 
 SWEEP_EVERY = 60.0  # seconds between two sweeps of the reply queues
 MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while memory refuses
+
+
+def _log_from_handler(method: Callable[..., Any], event: str, **info: Any) -> None:
+    """Log from a signal handler, on a thread of its own: the handler runs on the main thread
+    between two bytecodes, possibly inside a log call of its own, and structlog's PrintLogger
+    writes under a lock that is not reentrant: logging in the handler itself deadlocked the
+    worker (a SIGTERM during its start-up logs; seen in CI: it never exited). The thread is not
+    a daemon, so the line is written before the process exits."""
+    threading.Thread(target=method, args=(event,), kwargs=info, name="signal-log").start()
 
 
 class LeaseLost(RuntimeError):
@@ -175,12 +186,13 @@ class Consumer:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals += 1
         self.stopping = True
+        name = signal.Signals(signum).name
         if self._signals == 1:
-            log.info("worker.stopping", signal=signal.Signals(signum).name)
+            _log_from_handler(log.info, "worker.stopping", signal=name)
             if self._idle:  # nothing in hand: leave the blocking read at once
                 raise Interrupted
         else:  # second signal: abandon the current turn; it is not acked and will be replayed
-            log.warning("worker.abandoning_turn", signal=signal.Signals(signum).name)
+            _log_from_handler(log.warning, "worker.abandoning_turn", signal=name)
             raise SystemExit(0)
 
     def acquire(self, *, wait: bool = True, poll: float = 1.0) -> bool:

@@ -301,3 +301,19 @@ def test_a_dead_letter_written_by_the_commit_is_bounded(rig: Rig) -> None:
     assert letter[b"truncated"] == b"1" and letter[b"orig_fields"] == b"60"
     assert [r.answers for r in rig.replies()] == [ok]
     assert rig.pending() == 0
+
+
+@pytest.mark.timeout(10)
+def test_a_signal_landing_inside_a_log_write_does_not_deadlock(rig: Rig) -> None:
+    """The signal handler runs on the main thread between two bytecodes, possibly inside a log
+    call, whose writer holds a lock that is not reentrant: the handler logging there blocked the
+    worker for good (a SIGTERM during start-up in CI: the worker never exited)."""
+    import signal as signals
+
+    import worker.consumer as consumer_module
+
+    c = rig.consumer()
+    lock = consumer_module.log.bind()._logger._lock
+    with lock:  # the main thread is inside a log write when SIGTERM lands
+        c._on_signal(signals.SIGTERM, None)
+    assert c.stopping
