@@ -183,7 +183,12 @@ def test_a_write_failing_mid_run_holds_then_catches_up(
     assert texts[2::2] == ["during the failure", "and more", "after the repair"]  # no gap
     assert worker.returncode is None
     # the index still works after the repair
-    assert memory_rows(path, "SELECT rowid FROM log_fts WHERE log_fts MATCH 'repair'")
+    # (the worker indexes its commits within 0.25 s, or when idle: memory.store)
+    wait_until(
+        lambda: memory_rows(path, "SELECT rowid FROM log_fts WHERE log_fts MATCH 'repair'"),
+        timeout=10,
+        message="the repaired rows to be indexed",
+    )
 
 
 def test_a_database_locked_by_another_program(

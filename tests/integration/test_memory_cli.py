@@ -30,6 +30,7 @@ from tests.support.procs import (
     relaybot_env,
     run_relaybot,
     wait_for_replies,
+    wait_until,
 )
 from tests.support.servers import RedisServer
 
@@ -245,7 +246,8 @@ def test_erase_a_conversation_end_to_end(
     assert chat(env, "what did bob say?", session="mine").returncode == 0
     assert SECRET in json.dumps(model_server.requests[-1])  # the owner sees everything
     path = db(env)
-    assert fts(path, SECRET)
+    # (the worker indexes its commits within 0.25 s, or when idle: memory.store)
+    wait_until(lambda: fts(path, SECRET), timeout=10, message="the secret to be indexed")
 
     # no terminal and no --yes: refused, nothing sent
     refused = relaybot(
