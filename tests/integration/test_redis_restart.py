@@ -35,7 +35,7 @@ from rq import Queue
 from contract.keys import Keys
 from tests.support.cutproxy import CutProxy
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, make_message
+from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.matrix_world import World
 from tests.support.procs import (
     REPO,
@@ -241,25 +241,7 @@ def test_email_gateway_publishes_once_when_the_connection_drops_after_its_xadd(
     stream once and answered once."""
     keys = Keys(prefix)
     home = tmp_path / "home"
-    write_config(
-        home,
-        f"""
-[owner]
-aliases = [{{ address = "owner@example.org", channel = "email" }}]
-
-[email]
-imap_host = "127.0.0.1"
-imap_port = {imap.port}
-imap_tls = "plain"
-imap_user = "{imap.user}"
-imap_password = "{imap.password}"
-smtp_host = "127.0.0.1"
-smtp_port = {smtp.port}
-smtp_tls = "plain"
-addresses = ["bot@example.org"]
-trust_unauthenticated = true
-""",
-    )
+    write_config(home, email_config(imap, smtp, bot="bot@example.org", owner="owner@example.org"))
     env = relaybot_env(
         home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
     )
