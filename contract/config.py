@@ -10,7 +10,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -57,6 +57,9 @@ class ModelConfig(_Section):
     backoff: float = Field(default=1.0, ge=0)
     max_tool_rounds: int = Field(default=5, ge=1, le=20)
     temperature: float | None = None
+    # turns that may ask this endpoint at once (a local llama.cpp: 1; a hosted API: many); with
+    # 2 or more, one of them is kept for the owner's own conversations
+    concurrency: int = Field(default=4, ge=1, le=256)
 
     @property
     def configured(self) -> bool:
@@ -79,6 +82,23 @@ class WorkerConfig(_Section):
     # The dead-letter stream keeps at most about this many entries, none older than this.
     dead_max_len: int = Field(default=10_000, ge=1)
     dead_retention: float = Field(default=30 * 24 * 3600.0, gt=0)  # seconds
+
+
+TurnMode = Literal["collect", "followup"]
+
+
+class TurnsConfig(_Section):
+    """How messages that arrive while their session's turn runs are answered: ``collect`` (one
+    turn answers all of them, in order, with one reply) or ``followup`` (one turn per message).
+    ``mode`` is the default; ``channels`` and ``conversations`` set it per channel or per
+    conversation id (the conversation wins)."""
+
+    mode: TurnMode = "collect"
+    channels: dict[str, TurnMode] = Field(default_factory=dict)
+    conversations: dict[str, TurnMode] = Field(default_factory=dict)
+
+    def mode_of(self, channel: str, conversation: str) -> TurnMode:
+        return self.conversations.get(conversation) or self.channels.get(channel) or self.mode
 
 
 class DeliveryConfig(_Section):
@@ -203,6 +223,7 @@ class Config(_Section):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    turns: TurnsConfig = Field(default_factory=TurnsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
