@@ -249,11 +249,24 @@ class Memory:
         """The reply recorded for this entry before (a replay), if any."""
         return self.use(lambda s: s.recorded_reply(stream_id))
 
-    def record_reply(self, reply: Reply, privacy: Privacy, drew: DrewOn | None = None) -> None:
-        """The reply row, with what its model input drew on (memory.provenance)."""
+    def record_reply(
+        self,
+        reply: Reply,
+        privacy: Privacy,
+        drew: DrewOn | None = None,
+        covers: Sequence[str] = (),
+    ) -> None:
+        """The reply row, with what its model input drew on (memory.provenance); ``covers``:
+        the other entries a collected reply answers (all recorded in the same write)."""
         name = self.settings.assistant_name
         extra = drew.as_extra() if drew is not None else {}
-        self._write(lambda s: s.append_reply(reply, sender=name, privacy=privacy, extra=extra))
+
+        def write(store: MemoryStore) -> None:
+            store.append_reply(reply, sender=name, privacy=privacy, extra=extra)
+            if covers:
+                store.add_covers(reply.answers, covers)
+
+        self._write(write)
 
     def reply_of(self, answers: str) -> tuple[str, str] | None:
         """The (reply id, channel) of the reply to entry ``answers`` (one read of the log's

@@ -343,6 +343,17 @@ INSERT INTO writer_fence (id, epoch) VALUES (1, 0);
 CREATE INDEX log_inbound_event ON log (channel, event_id) WHERE direction = 'in';
 """
 
+# Collected turns (worker/consumer.py, [turns] mode = "collect"): one reply answers several
+# messages of a session. The reply row is keyed by the last of them (its stream id); each other
+# one it answers is listed here, so a replay of any of them finds the reply already recorded.
+_MIGRATION_10 = """
+CREATE TABLE reply_covers (
+    stream_id   TEXT PRIMARY KEY,  -- an inbound entry the reply answers besides its own key
+    answered_by TEXT NOT NULL      -- the stream id the reply row is keyed by
+) WITHOUT ROWID;
+CREATE INDEX reply_covers_by ON reply_covers (answered_by);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -353,6 +364,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "full-text index watermark", _MIGRATION_7),
     Migration(8, "reply status 'failed'", _MIGRATION_8),
     Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
+    Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

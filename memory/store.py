@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -317,9 +317,31 @@ class MemoryStore:
     # -- reading ---------------------------------------------------------------------------
 
     def recorded_reply(self, stream_id: str) -> LogRow | None:
-        """The outbound row answering the stream entry ``stream_id``, if one was recorded."""
+        """The outbound row answering the stream entry ``stream_id``, if one was recorded: the
+        reply keyed by it, or the collected reply that answered it with later messages."""
         raw = self._conn.execute(BY_KEY, ("out", stream_id)).fetchone()
+        if raw is None:
+            by = self._conn.execute(
+                "SELECT answered_by FROM reply_covers WHERE stream_id = ?", (stream_id,)
+            ).fetchone()
+            if by is not None:
+                raw = self._conn.execute(BY_KEY, ("out", str(by[0]))).fetchone()
         return None if raw is None else self._reader.convert(raw)
+
+    def add_covers(self, answered_by: str, stream_ids: Sequence[str]) -> None:
+        """Record that the reply keyed by ``answered_by`` also answers ``stream_ids`` (a
+        collected turn); a replay adds nothing twice."""
+        self._conn.executemany(
+            "INSERT OR IGNORE INTO reply_covers (stream_id, answered_by) VALUES (?, ?)",
+            [(sid, answered_by) for sid in stream_ids if sid != answered_by],
+        )
+
+    def covers_of(self, answered_by: str) -> list[str]:
+        """The entries the reply keyed by ``answered_by`` answers besides its own key."""
+        rows = self._conn.execute(
+            "SELECT stream_id FROM reply_covers WHERE answered_by = ?", (answered_by,)
+        ).fetchall()
+        return [str(r[0]) for r in rows]
 
     def inbound_by_event(self, msg: InboundMessage) -> str | None:
         """The stream id of the inbound row first recorded for this platform event, from the

@@ -1,4 +1,4 @@
-"""The "busy" mark of a session while the worker is on a slow turn of it.
+"""The "busy" mark of a session while the worker has a slow turn of it running or waiting.
 
 Gateways read ``busy:<session>`` to show that the assistant is working (the terminal's
 "thinking…", a Matrix typing notice). Marking every turn would cost a Redis round trip per
@@ -23,14 +23,15 @@ log = structlog.get_logger(__name__)
 
 
 class BusySignal:
+    """Marks the sessions that have a turn running or waiting (several at once: turns of
+    different sessions run side by side), each once it has been busy ``after`` seconds."""
+
     def __init__(
         self, r: redis.Redis, keys: Keys, *, after: float = 0.05, ttl: float = 3.0
     ) -> None:
         self._r, self._keys, self.after, self.ttl = r, keys, after, ttl
         self._lock = threading.Lock()
-        self._session: str | None = None
-        self._started = 0.0
-        self._marked_at = 0.0
+        self._sessions: dict[str, list[float]] = {}  # session -> [busy since, marked at]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy", daemon=True)
 
@@ -42,28 +43,44 @@ class BusySignal:
         self._stop.set()
         self._thread.join(timeout=2)
 
+    def begin(self, session: str) -> None:
+        """The session has a turn running or waiting (again: no change if it had)."""
+        with self._lock:
+            self._sessions.setdefault(session, [time.monotonic(), 0.0])
+
+    def end(self, session: str) -> None:
+        """The session is idle: no mark lands after this returns (the lock waits for a mark
+        being written)."""
+        with self._lock:
+            self._sessions.pop(session, None)
+
     @contextmanager
     def turn(self, session: str) -> Iterator[None]:
-        with self._lock:
-            self._session, self._started, self._marked_at = session, time.monotonic(), 0.0
+        self.begin(session)
         try:
             yield
         finally:
-            with self._lock:  # waits for a mark being written, so none lands after the reply
-                self._session = None
+            self.end(session)
 
     def _run(self) -> None:
         period = min(self.after, self.ttl / 3)
         while not self._stop.wait(period):
             with self._lock:
-                session = self._session
                 now = time.monotonic()
-                if session is None or now - self._started < self.after:
-                    continue
-                if self._marked_at and now - self._marked_at < self.ttl / 3:
+                due = [
+                    (session, times)
+                    for session, times in self._sessions.items()
+                    if now - times[0] >= self.after
+                    and not (times[1] and now - times[1] < self.ttl / 3)
+                ]
+                if not due:
                     continue
                 try:
-                    self._r.set(self._keys.busy(session), "1", px=int(self.ttl * 1000))
-                    self._marked_at = now
+                    with self._r.pipeline(transaction=False) as pipe:
+                        for session, _ in due:
+                            pipe.set(self._keys.busy(session), "1", px=int(self.ttl * 1000))
+                        pipe.execute()
+                    for _, times in due:
+                        times[1] = now
                 except redis.RedisError as exc:
                     log.warning("busy.mark_failed", error=str(exc))

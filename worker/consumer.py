@@ -15,9 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import structlog
@@ -25,54 +25,29 @@ import structlog
 from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
-from contract.messages import Reply, decode_lenient
+from contract.messages import Kind, decode_lenient
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
 from memory.facade import FencedOut, MemoryUnwritable
 from memory.fence import StaleToken
+from worker.agent import TurnResult
+from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Blocked, Handled, Read
 from worker.busy import BusySignal
 from worker.deadletter import Limits, dead_letter
 from worker.erasures import Erasures
+from worker.pool import TurnPool
 from worker.replies import ReplyKeeper
 from worker.scrub import Scrubber
+from worker.sessions import Item, Sessions
 from worker.streams import Entry, InboundStreams
-from worker.turn import Outcome, Turns
+from worker.tools import OnWriter
+from worker.turn import Job, Outcome, Turns
 
 log = structlog.get_logger(__name__)
 
-# KEYS: lease, dead, streams (m), reply keys (n), busy keys (n)
-# ARGV: token, group, m, n, reply json (n), n_dead, dead letters as JSON arrays of XADD
-#       arguments after the key (worker/deadletter.py: bounded, whatever the entry was),
-#       then per stream: how many ids, the ids to ack
-_COMMIT = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('LEASE this worker no longer holds the worker lease')
-end
-local m = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
-local i = 5
-for k = 1, n do
-  redis.call('rpush', KEYS[2 + m + k], ARGV[i])
-  redis.call('del', KEYS[2 + m + n + k])
-  i = i + 1
-end
-local ndead = tonumber(ARGV[i]); i = i + 1
-for k = 1, ndead do
-  redis.call('xadd', KEYS[2], unpack(cjson.decode(ARGV[i])))  -- MAXLEN ~ n * fields
-  i = i + 1
-end
-local acked = 0
-for s = 1, m do
-  local c = tonumber(ARGV[i]); i = i + 1
-  local ids = {}
-  for k = 1, c do ids[k] = ARGV[i]; i = i + 1 end
-  acked = acked + redis.call('xack', KEYS[2 + s], ARGV[2], unpack(ids))
-end
-return acked
-"""
-
+T = TypeVar("T")
 
 SWEEP_EVERY = 60.0  # seconds between two sweeps of the reply queues
-MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while memory refuses
+IN_HAND_BYTES = 64 << 20  # read entries held at most (and at most 10 * [worker] batch of them)
 
 
 def _log_from_handler(method: Callable[..., Any], event: str, **info: Any) -> None:
@@ -92,47 +67,13 @@ class Interrupted(Exception):
     """Raised by the signal handler while the worker is idle (blocked reading the stream)."""
 
 
-@dataclass
-class Batch:
-    """What one fenced Redis script does, once memory committed it: queue the replies, write the
-    dead letters, ack the entries."""
+@dataclass(eq=False)
+class Running:
+    """A turn whose model call runs: its job, the entries its reply answers, since when."""
 
-    acks: list[Entry] = field(default_factory=list)
-    replies: list[Reply] = field(default_factory=list)
-    dead: list[list[str]] = field(default_factory=list)
-    erasures: list[tuple[int, int]] = field(default_factory=list)  # (reply index, erasure id)
-    forget: list[Entry] = field(default_factory=list)  # imports: deleted once acked
-    rewrite: bool = False  # Redis rewrites its files after that
-
-    def __len__(self) -> int:
-        return len(self.acks)
-
-
-@dataclass
-class Handled:
-    """Entries handled since the last flush, each with the number of memory commits when it was
-    handled: an entry is durable once a commit followed it (memory's group commit)."""
-
+    job: Job
+    items: list[Item]
     started: float
-    items: list[tuple[Entry, Outcome, int]] = field(default_factory=list)
-
-    def add(self, entry: Entry, outcome: Outcome, commits: int) -> None:
-        self.items.append((entry, outcome, commits))
-
-    def undurable(self, commits: int) -> list[Entry]:
-        """Drop and return the entries no commit followed (a failed commit took them)."""
-        keep = [item for item in self.items if item[2] < commits]
-        lost = [item[0] for item in self.items[len(keep) :]]
-        self.items = keep
-        return lost
-
-
-@dataclass
-class Blocked:
-    """Memory refuses writes: since when, and the wait before the next try."""
-
-    since: float
-    delay: float = MEMORY_RETRY_START
 
 
 class Consumer:
@@ -165,7 +106,20 @@ class Consumer:
         )
         self._reconcile_due = True  # once what was left pending is replayed
         self._last_sweep = 0.0
-        self._commit = r.register_script(_COMMIT)
+        self._commit = r.register_script(COMMIT)
+        # concurrent turns (module docstring): what is in hand between reading and acking
+        self.sessions = Sessions(
+            limit=cfg.model.concurrency,
+            collect=lambda m: cfg.turns.mode_of(m.channel, m.conversation) == "collect",
+        )
+        self.pool: TurnPool[Job, TurnResult] = TurnPool(
+            cfg.model.concurrency, run=self._run_job, failed=turns.failed
+        )
+        self.todo: deque[Read] = deque()  # read, not yet taken in (in read order)
+        self.jobs: dict[int, Running] = {}  # turns whose model call runs, by id(job)
+        self.handled = Handled()  # done, to be acked once memory committed them
+        self.blocked: Blocked | None = None  # memory refuses writes
+        self._seq = 0
         self.stopping = False
         self._signals = 0
         self.processed = 0
@@ -188,10 +142,11 @@ class Consumer:
         self.stopping = True
         name = signal.Signals(signum).name
         if self._signals == 1:
-            _log_from_handler(log.info, "worker.stopping", signal=name)
+            _log_from_handler(log.info, "worker.stopping", signal=name, turns=len(self.jobs))
             if self._idle:  # nothing in hand: leave the blocking read at once
                 raise Interrupted
-        else:  # second signal: abandon the current turn; it is not acked and will be replayed
+            self.pool.wake()  # waiting for turns: look at once (they are finished, not new ones)
+        else:  # second signal: abandon the turns in hand; not acked, they will be replayed
             _log_from_handler(log.warning, "worker.abandoning_turn", signal=name)
             raise SystemExit(0)
 
@@ -257,6 +212,7 @@ class Consumer:
         hb.start()
         if self.busy is not None:
             self.busy.start()
+        self.pool.start()
         try:
             code = self._serve(hb, outage, wait=wait_for_lease)
         except Interrupted:
@@ -265,6 +221,7 @@ class Consumer:
             log.error("worker.lease_lost", error=str(exc))
             return 4
         finally:
+            self.pool.stop()
             if self.busy is not None:
                 self.busy.stop()
             hb.stop()
@@ -303,16 +260,7 @@ class Consumer:
                 if self._lease_gone(outage):
                     resume = True
                     continue
-                self._idle = True
-                try:
-                    entries = self.read(block_ms=1000)
-                finally:
-                    self._idle = False
-                self.handle_entries(entries)
-                self._beat()
-                self.maybe_trim()
-                self.maybe_sweep()
-                self.erasures.retry_wal()
+                self._serve_once()
                 outage.recovered(processed=self.processed)
             except TRANSIENT as exc:
                 resume = not first  # at first, the start itself is done again
@@ -329,7 +277,36 @@ class Consumer:
                 # Redis came back without its data (no persistence, or a lost file)
                 log.warning("worker.groups_lost", error=str(exc))
                 resume = not first
+        self._finish_in_flight()
         return 0
+
+    def _serve_once(self) -> None:
+        """Read what came (waiting at most a second, less when a turn finishes), then do what
+        can be done now; the periodic duties."""
+        self._idle = not self.in_hand()  # a signal may interrupt the read
+        try:
+            entries = self.read(block_ms=1000)
+        finally:
+            self._idle = False
+        self.take(entries)
+        self.advance()
+        if not entries and not self.in_hand():
+            self.turns.memory.idle()
+        self._beat()
+        self.maybe_trim()
+        self.maybe_sweep()
+        self.erasures.retry_wal()
+
+    def _finish_in_flight(self) -> None:
+        """Stopping: the turns in flight are finished, recorded and acked (a second signal
+        abandons them: they stay pending and are replayed); nothing new starts."""
+        if not self.jobs and not self.handled.items:
+            return
+        log.info("worker.finishing_turns", turns=len(self.jobs))
+        try:
+            self.drain()
+        except TRANSIENT as exc:  # what is not acked stays pending: replayed by the next one
+            log.warning("worker.stopped_unacked", error=str(exc), in_hand=self.in_hand())
 
     def _lease_gone(self, outage: Outage) -> bool:
         """The renewal thread lost the lease to Redis going away: True, to regain it. Lost
@@ -378,7 +355,9 @@ class Consumer:
         data; another worker holding it is waited for, as at start), then start over from what
         Redis holds, as at start: the groups (Redis may have lost them) and this consumer's
         pending entries, re-read (memory dedupes their replays). Nothing is acked that was
-        not recorded: what was in hand when Redis went away is still pending."""
+        not recorded: what was in hand when Redis went away is still pending (forgotten here,
+        the replies of the turns in flight kept for it: :meth:`abandon`)."""
+        self.abandon()
         if self.lease.lost.is_set() or self.lease.holder() != self.name:
             holder = self.lease.holder()
             log.warning("worker.lease_regaining", holder=holder, key=self.keys.lease)
@@ -407,9 +386,39 @@ class Consumer:
         """Claim what dead consumers left pending, then note how often each was delivered."""
         self.deliveries = self.streams.recover()
 
+    def in_hand(self) -> int:
+        """Entries read and not yet acked."""
+        running = sum(len(run.items) for run in self.jobs.values())
+        return len(self.todo) + self.sessions.count() + running + len(self.handled.items)
+
+    def _room(self) -> int:
+        """How many more entries may be read now: the worker holds at most ten reads' worth
+        (waiting entries cost nothing but memory; reading on is what lets the owner's message
+        overtake a flood), and at most :data:`IN_HAND_BYTES`."""
+        batch = self.cfg.worker.batch
+        n = self.in_hand()
+        if n > batch:  # only then can they be large: each read is bounded in bytes
+            held = [r.size for r in self.todo] + [i.size for i in self.sessions.waiting_items()]
+            if sum(held) >= IN_HAND_BYTES:
+                return 0
+        return max(0, 10 * batch - n)
+
+    def _busy_now(self) -> bool:
+        """Work that can be done without waiting: read without blocking."""
+        if self.pool.pending():
+            return True
+        if self.blocked is not None and time.monotonic() < self.blocked.until:
+            return False
+        return bool(self.todo) or bool(self.handled.items)
+
     def read(self, *, block_ms: int) -> list[Entry]:
-        """Own pending entries first (one at a time: worker/streams.py), then new ones."""
+        """Own pending entries first, one at a time and only with nothing else in hand (each
+        read counts as a delivery: worker/streams.py), then new ones. Blocks at most
+        ``block_ms`` (less when a turn finishes meanwhile), not at all while there is work."""
         while self.deliveries:
+            if self.in_hand():  # a replayed entry is in hand: finish it first
+                self.pool.wait((block_ms or 0) / 1000)
+                return []
             found, gone = self.streams.read_pending()
             if gone:  # deleted from their stream while pending: nothing to answer
                 self.flush(Batch(acks=gone))
@@ -420,143 +429,318 @@ class Consumer:
         if self._reconcile_due:  # the replay queued its replies: what Redis lost is left
             self._reconcile_due = False
             self.replies.reconcile()
-        found, gone = self.streams.read_new(block_ms=block_ms, count=self.cfg.worker.batch)
+        room = self._room()
+        wait = 0 if self._busy_now() else block_ms
+        if self.blocked is not None:
+            wait = min(wait, max(0, int((self.blocked.until - time.monotonic()) * 1000)))
+        if room == 0:
+            self.pool.wait(wait / 1000)
+            return []
+        count = min(self.cfg.worker.batch, room)
+        found, gone = self.streams.read_new(block_ms=wait, count=count, wake=self.pool.wake_fd)
         if gone:
             self.flush(Batch(acks=gone))
         return found
 
     # -- handling ----------------------------------------------------------------------------
 
-    def handle_entries(self, entries: Sequence[Entry]) -> None:
-        """Handle entries in order; queue their replies and ack them every ``flush_after``
-        seconds of work (one Redis round trip for many turns under load; a lone message, or a
-        slow model turn, is answered at once).
+    def take(self, entries: Sequence[Entry]) -> None:
+        """Entries read, in order: handled as soon as they can be (:meth:`advance`)."""
+        for entry in entries:
+            self._seq += 1
+            self.todo.append(Read(self._seq, entry))
 
-        Memory is written by *group commit*: a turn's writes join one open transaction, which
-        is committed before every model call and before every flush (worker/turn.py), so no
-        write transaction spans a model call and nothing is acked before its inbound message and
-        its reply are durably in memory. When a commit or a write fails (disk full, locked), the
-        entries it covered are not durable: the ones before them are flushed, they and the rest
-        stay pending, and the worker tries them again, backing off, until memory takes them."""
-        if not entries:
+    def handle_entries(self, entries: Sequence[Entry]) -> None:
+        """Handle entries to the end: every turn finished, recorded, queued and acked (what the
+        reading loop does piece by piece while it reads on). Stopping, no new turn starts: the
+        entries not started stay pending."""
+        if not entries and not self.in_hand():
             self.turns.memory.idle()
             return
-        todo = deque(entries)
-        handled = Handled(started=time.perf_counter())
-        blocked: Blocked | None = None
+        self.take(entries)
+        self.drain()
+
+    def drain(self) -> None:
+        """Advance until nothing is in hand (stopping: until no turn runs and what is done is
+        acked; the rest stays pending)."""
         while not (self.stopping and self._signals > 1):
-            if not todo:
-                if not handled.items or self._settle_and_finish(handled, todo):
+            self.advance()
+            if self.stopping:
+                if not self.jobs and not self.handled.items:
                     return
-                handled = Handled(started=time.perf_counter())
-                blocked = self._blocked(blocked, todo[0], self._last_unwritable)
-                if self.stopping:
-                    return
-                continue
-            entry = todo[0]
-            try:
-                outcome = self._handle_one(entry)
-                if blocked is not None:  # recovering: prove it durable before going on
-                    self.turns.settle()
-            except MemoryUnwritable as exc:
-                todo.extendleft(reversed(handled.undurable(self.turns.memory.commits)))
-                self._finish(handled)
-                handled = Handled(started=time.perf_counter())
-                blocked = self._blocked(blocked, todo[0], exc)
-                if self.stopping:
-                    return
-                continue
-            todo.popleft()
-            if blocked is not None:
-                self._resumed(blocked, entry)
-                blocked = None
-            handled.add(entry, outcome, self.turns.memory.commits)
-            if self.stopping or time.perf_counter() - handled.started > self.flush_after:
-                settled = self._settle_and_finish(handled, todo)
-                handled = Handled(started=time.perf_counter())
-                if self.stopping:
-                    return
-                if not settled:
-                    blocked = self._blocked(blocked, todo[0], self._last_unwritable)
-
-    def _settle_and_finish(self, handled: Handled, todo: deque[Entry]) -> bool:
-        """Commit memory, then queue and ack what is durable; False when the commit failed (the
-        entries it covered are put back at the front of ``todo``)."""
-        try:
-            self.turns.settle()
-        except MemoryUnwritable as exc:
-            self._last_unwritable = exc
-            todo.extendleft(reversed(handled.undurable(self.turns.memory.commits)))
-            self._finish(handled)
-            return False
-        self._finish(handled)
-        return True
-
-    def _finish(self, handled: Handled) -> None:
-        batch = Batch()
-        for entry, outcome, _ in handled.items:
-            self._add(batch, entry, outcome)
-        self.erasures.finish(batch.replies, batch.erasures)
-        self.flush(batch)
-        self.erasures.forget(batch.forget, rewrite=batch.rewrite)
-
-    def _blocked(self, blocked: Blocked | None, entry: Entry, exc: Exception | None) -> Blocked:
-        """Memory refused a write: say so (log, heartbeat: ``relaybot status``, ``doctor``), then
-        wait before the next try, backing off."""
-        error = str(exc)
-        self.memory_blocked = error
-        if blocked is None:
-            blocked = Blocked(since=time.monotonic())
-            log.error("memory.write_blocked", stream_id=entry.sid, error=error,
-                      detail="entries stay pending until memory can be written")  # fmt: skip
-        else:
-            blocked.delay = min(blocked.delay * 2, MEMORY_RETRY_CAP)
-            log.warning("memory.write_retry", stream_id=entry.sid, error=error,
-                        retry_in=blocked.delay)  # fmt: skip
-        self._beat()
-        deadline = time.monotonic() + blocked.delay
-        while not self.stopping and time.monotonic() < deadline:
-            time.sleep(min(0.1, blocked.delay))
+            elif not self.in_hand():
+                return
+            wait = 0.5
+            if self.blocked is not None:
+                wait = max(0.0, min(wait, self.blocked.until - time.monotonic()))
+            if self.jobs or wait > 0:
+                self.pool.wait(wait)
             if self.lease.lost.is_set():
                 raise LeaseLost("the worker lease was lost")
-        return blocked
 
-    def _resumed(self, blocked: Blocked, entry: Entry) -> None:
-        log.info("memory.write_resumed", stream_id=entry.sid,
-                 blocked_s=round(time.monotonic() - blocked.since, 1))  # fmt: skip
-        self.memory_blocked = ""
-        self._beat()
+    def advance(self) -> None:
+        """Do what can be done now, without waiting: the writer's side of the turns in flight
+        (their tool calls, their replies), then the entries read, then new turns, then the
+        flush (memory commit, then queue and ack).
 
-    def _handle_one(self, entry: Entry) -> Outcome:
-        sid, fields = entry.sid, entry.fields
-        delivered = self.deliveries.get(sid, 1)
-        if delivered > self.cfg.worker.max_attempts:
-            return Outcome(
-                dead_reason=(
-                    f"delivered {delivered} times without completing "
-                    "(it may be crashing the worker)"
-                ),
-                fields=decode_lenient(fields),
-            )
-        attempt = delivered
+        Memory is written by *group commit*: writes join one open transaction, committed before
+        turns' model calls start and before every flush, so what is acked is durably in memory.
+        When memory refuses a write or a commit (disk full, locked), the entries it covered are
+        given back, the durable ones before them are flushed, and the worker tries again,
+        backing off, until memory takes them (:meth:`_refused`)."""
+        self.pool.drain()  # before looking: a wake after this is for something not seen yet
+        self.pool.serve_calls()
+        for job, result in self.pool.completed():
+            self._complete(job, result)
+        unblocked = self.blocked is None or time.monotonic() >= self.blocked.until
+        if unblocked and not self.stopping:
+            self._take_todo()
+            self._dispatch()
+        self._maybe_flush()
+
+    def _take_todo(self) -> None:
+        """Parse what was read: dead letters and reports are done at once, the rest waits in
+        its session (worker/sessions.py)."""
+        while self.todo and (self.blocked is None or time.monotonic() >= self.blocked.until):
+            read = self.todo[0]
+            try:
+                taken = self._take_in(read)
+            except MemoryUnwritable as exc:
+                self._refused(exc, [])
+                return
+            self.todo.popleft()
+            if isinstance(taken, Outcome):
+                self._done(read, taken)
+            else:
+                self.sessions.add(taken)
+                if self.busy is not None:
+                    self.busy.begin(taken.msg.session)
+
+    def _take_in(self, read: Read) -> Outcome | Item:
+        entry = read.entry
+        delivered = self.deliveries.get(entry.sid, 1)
+        if delivered > self.cfg.worker.max_attempts:  # the read script buries these first
+            reason = f"delivered {delivered} times without completing"
+            return Outcome(dead_reason=reason, fields=decode_lenient(entry.fields))
+        parsed = self._guarded(entry, lambda: self.turns.parse(entry.sid, entry.fields,
+                                                               entry.channel))  # fmt: skip
+        if isinstance(parsed, Outcome):
+            return parsed
+        if parsed.kind is Kind.DERIVED:
+            return self._guarded(entry, lambda: self.turns.apply(entry.sid, parsed))
+        return Item(read.seq, entry, parsed)
+
+    def _guarded(self, entry: Entry, step: Callable[[], T]) -> T | Outcome:
+        """A step of an entry on the writer; a bug or an unexpected input is retried, then the
+        entry is dead-lettered (memory refusing, Redis and the lease are the caller's)."""
+        attempt = self.deliveries.get(entry.sid, 1)
         while True:
             try:
-                return self.turns.handle(sid, fields, channel=entry.channel)
+                return step()
             except FencedOut as exc:
                 raise LeaseLost(str(exc)) from None
             except (redis.RedisError, LeaseLost, MemoryUnwritable):
                 raise
-            except Exception as exc:  # a bug or an unexpected input: retry, then dead-letter
-                log.exception("turn.failed", attempt=attempt)
+            except Exception as exc:
+                log.exception("turn.failed", stream_id=entry.sid, attempt=attempt)
                 if attempt >= self.cfg.worker.max_attempts:
                     return Outcome(
                         dead_reason=f"failed {attempt} times: {type(exc).__name__}: {exc}",
-                        fields=decode_lenient(fields),
+                        fields=decode_lenient(entry.fields),
                     )
                 attempt += 1
                 time.sleep(min(0.05 * 2**attempt, 2.0))
-            finally:
-                structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
+
+    def _dispatch(self) -> None:
+        """Start what may start (worker/sessions.py): commands once no turn runs, then a turn
+        per idle session while the model endpoint has a free slot. The started turns' messages
+        are committed to memory before their model calls begin."""
+        started: list[Running] = []
+        try:
+            for session in self.sessions.runnable():
+                if not self._start_session(session, started):
+                    break
+            if started:
+                self._settle()
+        except MemoryUnwritable as exc:
+            for run in started:
+                self.sessions.done(run.job.msg.session)
+            self._refused(exc, [item for run in started for item in run.items])
+            return
+        for run in started:
+            self.jobs[id(run.job)] = run
+            self.pool.submit(run.job)
+
+    def _start_session(self, session: str, started: list[Running]) -> bool:
+        """Take the session's next entries: False when nothing more may start now."""
+        sessions = self.sessions
+        while session in sessions.waiting and session not in sessions.running:
+            head = sessions.waiting[session][0]
+            if head.barrier:
+                if self.jobs or started:
+                    return False  # a command waits for the turns in flight; none starts
+                [item] = sessions.next_group(session)
+                self._begin_group([item], started)
+                continue
+            if sessions.barrier_waiting():
+                return False
+            if not sessions.has_slot(head.owner):
+                return not head.owner  # no slot for others: the owner's may still start
+            self._begin_group(sessions.next_group(session), started)
+        return True
+
+    def _begin_group(self, group: list[Item], started: list[Running]) -> None:
+        """Record the group's messages and prepare its turn (a command: apply it now)."""
+        first = group[0]
+        try:
+            if first.barrier:
+                outcome = self._guarded(
+                    first.entry, lambda: self.turns.apply(first.entry.sid, first.msg)
+                )
+                self._done(first, outcome)
+                self._idle_session(first.msg.session)
+                return
+            pairs = [(item.entry.sid, item.msg) for item in group]
+            begun = self._guarded(first.entry, lambda: self.turns.begin(pairs))
+        except MemoryUnwritable:
+            self.sessions.put_back(group)
+            raise
+        if isinstance(begun, Outcome):  # failed every time: every message is dead-lettered
+            for item in group:
+                self._done(item, begun)
+            self._idle_session(first.msg.session)
+            return
+        outcomes, job = begun
+        asked = [item for item, o in zip(group, outcomes, strict=True) if o is None]
+        for item, done in zip(group, outcomes, strict=True):
+            if done is not None:
+                self._done(item, done)
+        if job is None:
+            self._idle_session(first.msg.session)
+            return
+        self.sessions.start(first.msg.session, first.owner)
+        started.append(Running(job, asked, time.perf_counter()))
+
+    def _run_job(self, job: Job) -> TurnResult:
+        """On a pool thread: the model call, its tool calls run on the writer."""
+        return self.turns.run(job, OnWriter(job.tools, self.pool.on_writer))
+
+    def _complete(self, job: Job, result: TurnResult) -> None:
+        """A turn finished: record its reply; its messages are done (acked with it)."""
+        run = self.jobs.pop(id(job))
+        session = job.msg.session
+        self.sessions.done(session)
+        ms = round((time.perf_counter() - run.started) * 1000, 2)
+        try:
+            outcome = self.turns.finish(job, result, ms=ms)
+        except FencedOut as exc:
+            raise LeaseLost(str(exc)) from None
+        except MemoryUnwritable as exc:
+            self._refused(exc, run.items)
+            return
+        for item in run.items[:-1]:
+            self._done(item, Outcome())  # answered by the reply of the last one
+        self._done(run.items[-1], outcome)
+        self._idle_session(session)
+
+    def _idle_session(self, session: str) -> None:
+        if self.busy is not None and not self.sessions.active(session):
+            self.busy.end(session)
+
+    def _done(self, read: Read, outcome: Outcome) -> None:
+        self.handled.add(read, outcome, self.turns.memory.commits)
+
+    def _maybe_flush(self) -> None:
+        """Commit memory, then queue and ack what it made durable: every ``flush_after``
+        seconds of work (one Redis round trip for many entries under load), and at once when
+        there is nothing else to do now (a lone message is answered at once)."""
+        if not self.handled.items:
+            return
+        work = bool(self.todo) and not self.stopping and self.blocked is None
+        if work and time.perf_counter() - self.handled.started < self.flush_after:
+            return
+        try:
+            self._settle()
+        except MemoryUnwritable as exc:
+            self._refused(exc, [])
+            return
+        self._finish(self.handled.take())
+
+    def _settle(self) -> None:
+        """Commit memory's open transaction (raises :class:`MemoryUnwritable`)."""
+        try:
+            self.turns.settle()
+        except FencedOut as exc:
+            raise LeaseLost(str(exc)) from None
+        if self.blocked is not None:
+            self._resumed(self.blocked)
+
+    def _refused(self, exc: MemoryUnwritable, back: list[Item]) -> None:
+        """Memory refused a write or a commit: what no commit made durable is given back (to be
+        taken again, in order), what is durable is flushed, and the worker waits before the
+        next try, backing off (:attr:`blocked`), saying so (log, heartbeat: ``relaybot
+        status``, ``doctor``). The turns in flight go on; their replies wait for memory."""
+        lost = self.handled.undurable(self.turns.memory.commits)
+        self._finish(self.handled.take())
+        items = [r for r in lost if isinstance(r, Item)] + back
+        self.sessions.put_back(items)
+        rest = sorted([r for r in lost if not isinstance(r, Item)] + list(self.todo),
+                      key=lambda r: r.seq)  # fmt: skip
+        self.todo = deque(rest)
+        first = min((r.seq, r.entry.sid) for r in [*items, *rest]) if items or rest else (0, "")
+        self._block(exc, first[1])
+
+    def _block(self, exc: Exception, stream_id: str) -> None:
+        error = str(exc)
+        self.memory_blocked = error
+        now = time.monotonic()
+        blocked = self.blocked
+        if blocked is None:
+            blocked = self.blocked = Blocked(since=now)
+            log.error("memory.write_blocked", stream_id=stream_id, error=error,
+                      detail="entries stay pending until memory can be written")  # fmt: skip
+        else:
+            blocked.delay = min(blocked.delay * 2, MEMORY_RETRY_CAP)
+            log.warning("memory.write_retry", stream_id=stream_id, error=error,
+                        retry_in=blocked.delay)  # fmt: skip
+        blocked.until = now + blocked.delay
+        self._beat()
+
+    def _resumed(self, blocked: Blocked) -> None:
+        log.info("memory.write_resumed", blocked_s=round(time.monotonic() - blocked.since, 1))
+        self.blocked = None
+        self.memory_blocked = ""
+        self._beat()
+
+    def abandon(self) -> None:
+        """Forget what is in hand (Redis went away: it is pending there, and is read again).
+        The turns in flight are waited for; their replies are kept for when their entries come
+        again, so the model is not asked twice."""
+        deadline = time.monotonic() + self.cfg.model.timeout * (self.cfg.model.retries + 1)
+        while self.jobs and time.monotonic() < deadline and not self._signals > 1:
+            self.pool.serve_calls()
+            for job, result in self.pool.completed():
+                self.jobs.pop(id(job), None)
+                self.turns.hold(job, result)
+            if self.jobs:
+                self.pool.wait(0.5)
+        self.jobs.clear()
+        for session in list(self.sessions.running):
+            self.sessions.done(session)
+        for item in self.sessions.clear():
+            self._idle_session(item.msg.session)
+        self.todo.clear()
+        self.handled = Handled()
+
+    def _finish(self, items: list[tuple[Read, Outcome, int]]) -> None:
+        if not items:
+            return
+        batch = Batch()
+        for read, outcome, _ in items:
+            self._add(batch, read.entry, outcome)
+        self.erasures.finish(batch.replies, batch.erasures)
+        self.flush(batch)
+        self.erasures.forget(batch.forget, rewrite=batch.rewrite)
 
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
@@ -590,16 +774,19 @@ class Consumer:
         )
 
     def flush(self, batch: Batch) -> None:
-        """Queue the replies and ack the entries in one atomic, lease-fenced script."""
+        """Queue the replies and ack the entries in one atomic, lease-fenced script. The busy
+        mark of a reply's session goes with it, unless another turn of it runs or waits."""
         if not batch.acks and not batch.replies:
             return
         by_stream: dict[str, list[str]] = {}
         for entry in batch.acks:
             by_stream.setdefault(entry.stream, []).append(entry.raw_id)
+        idle = {rep.session for rep in batch.replies if not self.sessions.active(rep.session)}
         keys = [self.keys.lease, self.keys.dead, *by_stream]
         keys += [self.keys.reply(rep.session) for rep in batch.replies]
-        keys += [self.keys.busy(rep.session) for rep in batch.replies]
+        keys += [self.keys.busy(session) for session in idle]
         args: list[str | int] = [self.name, Keys.GROUP, len(by_stream), len(batch.replies)]
+        args.append(len(idle))
         args += [rep.to_json() for rep in batch.replies]
         args.append(len(batch.dead))
         args += [json.dumps(d, ensure_ascii=False) for d in batch.dead]

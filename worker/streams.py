@@ -14,6 +14,8 @@ Everything is read with one consumer group per stream, oldest first across the s
 
 from __future__ import annotations
 
+import contextlib
+import select
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -231,7 +233,9 @@ class InboundStreams:
                 return claimed
             start = "(" + text(page[-1]["message_id"])
 
-    def read_new(self, *, block_ms: int | None, count: int) -> tuple[list[Entry], list[Entry]]:
+    def read_new(
+        self, *, block_ms: int | None, count: int, wake: int | None = None
+    ) -> tuple[list[Entry], list[Entry]]:
         """New entries of every stream, oldest first across them, and the ones deleted from
         their stream meanwhile (nothing to answer: to be acked; always none since entries are
         read by the script, which acks such entries itself).
@@ -244,7 +248,10 @@ class InboundStreams:
         are large), so a stream that gave less than it holds may hold more, older than what a
         quieter stream gave. Only entries up to the last one read from such a stream are
         returned; the newer ones are held for the next read (they are this consumer's pending
-        entries, so a crash loses none of them)."""
+        entries, so a crash loses none of them).
+
+        ``wake``: a file descriptor that ends the wait when it becomes readable (a turn
+        finished: worker/pool.py)."""
         held, self._held = self._held, []
         deadline = None if block_ms is None or held else time.monotonic() + block_ms / 1000
         while True:
@@ -254,9 +261,8 @@ class InboundStreams:
             if self._progress:  # all it took was dead-lettered: read on at once
                 continue
             left = 0.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or not self._wait(delivered, left, wake):
                 break
-            self._wait(delivered, left)
         merged = sorted(held + found, key=lambda e: _order(e.raw_id))
         cut = min((_order(last) for last in last_of_full), default=None)
         if cut is not None:
@@ -278,19 +284,28 @@ class InboundStreams:
             if not self._progress:
                 return [], []
 
-    def _wait(self, after: list[str], seconds: float) -> None:
+    def _wait(self, after: list[str], seconds: float, wake: int | None = None) -> bool:
         """Block until an entry comes after ``after`` (per stream, the group's last delivered
         id) or ``seconds`` pass, without reading it: XREAD returns whole entries, and one may be
         huge, so its reply is left unread (at most one socket read of it is buffered) and the
         connection dropped. The connection is the waiter's own, so it reconnects at the start of
-        the next wait, not on the way to the entry that ended this one."""
+        the next wait, not on the way to the entry that ended this one. False when ``wake``
+        ended it (the caller has other work)."""
         if self._waiter is None:
             self._waiter = self.r.connection_pool.make_connection()
         conn = self._waiter
         try:
             ms = max(1, int(seconds * 1000))
             conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *self._streams, *after)
-            conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK times out
+            if wake is None:
+                conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK ends
+                return True
+            sock = conn._sock
+            waits: list[Any] = [wake] if sock is None else [sock, wake]
+            with contextlib.suppress(InterruptedError):
+                ready, _, _ = select.select(waits, [], [], seconds + 1.0)
+                return wake not in ready
+            return True
         finally:
             conn.disconnect()
 

@@ -245,6 +245,24 @@ class LazyTools(ToolRegistry):
         return super().call(name, arguments)
 
 
+class OnWriter(ToolRegistry):
+    """A turn's tools as seen from a pool thread (worker/pool.py): every call, and the specs,
+    run on the worker's writer thread through ``on_writer``, so tools that read memory use
+    the writer's connection and see what it has written."""
+
+    def __init__(self, inner: ToolRegistry, on_writer: Callable[[Callable[[], Any]], Any]) -> None:
+        super().__init__()
+        self._inner, self._on_writer = inner, on_writer
+
+    def specs(self) -> list[dict[str, Any]]:
+        specs: list[dict[str, Any]] = self._on_writer(self._inner.specs)
+        return specs
+
+    def call(self, name: str, arguments: object) -> str:
+        result: str = self._on_writer(lambda: self._inner.call(name, arguments))
+        return result
+
+
 # -- built-in tools ----------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -31,7 +31,7 @@ from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
-from worker.agent import run_turn
+from worker.agent import TurnResult, run_turn
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
@@ -50,6 +50,29 @@ class Outcome:
     forget_entry: bool = False  # an import: its entry (the imported text) goes once acked
     rewrite_files: bool = False  # ... and Redis rewrites its files (it held erased text)
     only_if_missing: bool = False  # a reply queued before: queue it only if Redis lost it
+
+
+@dataclass(eq=False)
+class Job:
+    """A turn whose model call is to run (off the writer: worker/pool.py). It answers the
+    messages recorded under ``keys`` (stream ids, in order); its reply is keyed by the last one
+    and covers the others (a collected turn). ``messages`` is the model's input, built from
+    memory as it was when the turn started."""
+
+    keys: list[str]
+    msg: InboundMessage  # the last message: the reply is routed by it
+    messages: list[dict[str, str]]
+    tools: ToolRegistry
+    drew: DrewOn
+
+
+@dataclass
+class Held:
+    """A reply the model gave that memory has not durably recorded yet, and what it answers."""
+
+    reply: Reply
+    drew: DrewOn
+    keys: list[str]
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -85,9 +108,9 @@ class Turns:
         self.model = model
         self.tools = tools
         self.thinking = thinking
-        # replies the model gave that memory could not record yet, by the entry they answer
-        self._unrecorded: dict[str, tuple[Reply, DrewOn]] = {}
-        self._lingering: list[tuple[Reply, DrewOn]] = []  # recorded, not committed yet
+        # replies the model gave that memory could not record yet, by each entry they answer
+        self._unrecorded: dict[str, Held] = {}
+        self._lingering: list[Held] = []  # recorded, not committed yet
 
     @property
     def memory_failures(self) -> int:
@@ -101,17 +124,135 @@ class Turns:
         *,
         channel: str | None = None,
     ) -> Outcome:
-        """One entry; ``channel`` is the channel of the stream it came on (None: the stream
+        """One entry, start to end on this thread (the worker runs the model call of a message
+        on a pool thread instead: :meth:`parse`, :meth:`apply`, :meth:`begin`, :meth:`run`,
+        :meth:`finish`); ``channel`` is the channel of the stream it came on (None: the stream
         without a channel, whose entries are taken as they say: worker/streams.py).
 
         Its writes join memory's open transaction (group commit): durable once :meth:`settle`
         (or the next model call) committed them. :class:`MemoryUnwritable` when memory refused:
         every entry since the last commit is to be handled again."""
+        parsed = self.parse(stream_id, raw, channel)
+        if isinstance(parsed, Outcome):
+            return parsed
+        if parsed.kind is not Kind.MESSAGE:
+            return self.apply(stream_id, parsed)
+        outcomes, job = self.begin([(stream_id, parsed)])
+        if job is None:
+            return outcomes[0] or Outcome()
+        self.settle()  # no write transaction is held across the model call
+        with self.thinking(parsed.session):
+            result = self.run(job)
+        return self.finish(job, result)
+
+    def parse(
+        self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str], channel: str | None
+    ) -> InboundMessage | Outcome:
+        """The entry's message, or the outcome that dead-letters it (invalid, or not what its
+        stream may say)."""
         try:
-            return self._handle(stream_id, raw, channel)
+            msg = InboundMessage.from_fields(raw)
+        except WireError as exc:
+            return Outcome(dead_reason=f"invalid entry: {exc}", fields=decode_lenient(raw))
+        refused = self._refused(msg, channel)
+        if refused:
+            log.warning("entry.refused", stream_id=stream_id, reason=refused)
+            return Outcome(dead_reason=refused, fields=decode_lenient(raw))
+        if msg.kind is Kind.DERIVED:
+            foreign = self._foreign_reply(msg, channel)
+            if foreign:
+                log.warning("entry.refused", stream_id=stream_id, reason=foreign)
+                return Outcome(dead_reason=foreign, fields=decode_lenient(raw))
+        return msg
+
+    def apply(self, stream_id: str, msg: InboundMessage) -> Outcome:
+        """A derived entry or an owner command: applied to memory at once, no model call."""
+        structlog.contextvars.bind_contextvars(
+            channel=msg.channel, session=msg.session, stream_id=stream_id
+        )
+        try:
+            if msg.kind is Kind.DERIVED:
+                with self.memory.write():
+                    self._apply_derived(msg)
+                return Outcome()
+            if not self.memory.available():  # answered: memory is unavailable
+                return self._command(stream_id, msg)
+            with self.memory.write():
+                return self._command(stream_id, msg)
         except MemoryUnwritable:
             self._lost()
             raise
+        finally:
+            structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
+
+    def begin(
+        self, group: Sequence[tuple[str, InboundMessage]]
+    ) -> tuple[list[Outcome | None], Job | None]:
+        """Record the messages of a group (one session, in order) and start their turn.
+
+        Per message: its outcome when it is done now (recorded only, a replay whose reply was
+        recorded before, published again), or None when the returned job's reply answers it.
+        The job's model input is built now, from memory as it is when the turn starts (the
+        group's messages included, in order, the last one as the current message)."""
+        try:
+            return self._begin(group)
+        except MemoryUnwritable:
+            self._lost()
+            raise
+        finally:
+            structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
+
+    def run(self, job: Job, tools: ToolRegistry | None = None) -> TurnResult:
+        """The model call and its tool rounds (``tools``: the job's, as a pool thread sees
+        them): no memory write, safe off the writer."""
+        structlog.contextvars.bind_contextvars(
+            channel=job.msg.channel, session=job.msg.session, stream_id=job.keys[-1]
+        )
+        try:
+            return run_turn(
+                self.model,
+                job.messages,
+                tools or job.tools,
+                max_rounds=self.cfg.model.max_tool_rounds,
+            )
+        finally:
+            structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
+
+    def failed(self, job: Job, exc: BaseException) -> TurnResult:
+        """The result of a turn whose run raised (a bug): an error reply."""
+        return TurnResult(
+            text=f"Sorry — something went wrong while answering ({type(exc).__name__}).",
+            error=True,
+            rounds=0,
+            tool_calls=0,
+        )
+
+    def finish(self, job: Job, result: TurnResult, *, ms: float | None = None) -> Outcome:
+        """Record the reply of a finished turn (in memory's open transaction) and return its
+        outcome: the reply, to be queued when the transaction is committed."""
+        msg = job.msg
+        kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
+        reply = _reply(msg, job.keys[-1], result.text, kind, created=self.clock())
+        log.info(
+            "turn.done", channel=msg.channel, session=msg.session, stream_id=job.keys[-1],
+            answers=len(job.keys), ms=ms, error=result.error, rounds=result.rounds,
+            tool_calls=result.tool_calls, reply_chars=len(result.text),
+        )  # fmt: skip
+        try:
+            self._record(Held(reply, job.drew, list(job.keys)), msg)
+        except MemoryUnwritable:
+            self._lost()
+            raise
+        return Outcome(reply=reply)
+
+    def hold(self, job: Job, result: TurnResult) -> None:
+        """Keep a finished turn's reply for when its entries come again (they were given back
+        unrecorded: Redis went away meanwhile), so the model is not asked twice."""
+        kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
+        reply = _reply(job.msg, job.keys[-1], result.text, kind, created=self.clock())
+        held = Held(reply, job.drew, list(job.keys))
+        for key in job.keys:
+            self._unrecorded[key] = held
 
     def settle(self) -> None:
         """Commit what the turns since the last commit wrote (before a model call, and before
@@ -126,79 +267,109 @@ class Turns:
     def _lost(self) -> None:
         """A commit failed: the replies it held are kept, to be recorded when their entries are
         handled again (the model is not asked twice)."""
-        for reply, drew in self._lingering:
-            self._unrecorded[reply.answers] = (reply, drew)
+        for held in self._lingering:
+            for key in held.keys:
+                self._unrecorded[key] = held
         self._lingering.clear()
 
-    def _handle(
-        self,
-        stream_id: str,
-        raw: Mapping[bytes, bytes] | Mapping[str, str],
-        channel: str | None,
-    ) -> Outcome:
-        try:
-            msg = InboundMessage.from_fields(raw)
-        except WireError as exc:
-            return Outcome(dead_reason=f"invalid entry: {exc}", fields=decode_lenient(raw))
-        refused = self._refused(msg, channel)
-        if refused:
-            log.warning("entry.refused", stream_id=stream_id, reason=refused)
-            return Outcome(dead_reason=refused, fields=decode_lenient(raw))
-        structlog.contextvars.bind_contextvars(
-            channel=msg.channel, session=msg.session, stream_id=stream_id
-        )
-        if msg.kind is Kind.DERIVED:
-            foreign = self._foreign_reply(msg, channel)
-            if foreign:
-                log.warning("entry.refused", stream_id=stream_id, reason=foreign)
-                return Outcome(dead_reason=foreign, fields=decode_lenient(raw))
-            with self.memory.write():
-                self._apply_derived(msg)
-            return Outcome()
-        if msg.kind is Kind.COMMAND:
-            if not self.memory.available():  # answered: memory is unavailable
-                return self._command(stream_id, msg)
-            with self.memory.write():
-                return self._command(stream_id, msg)
-        return self._message(stream_id, msg)
-
-    def _message(self, stream_id: str, msg: InboundMessage) -> Outcome:
-        """A message: recorded (once per platform event), then answered unless it asks not to
-        be. The inbound row joins memory's open transaction, committed before the model call."""
+    def _begin(
+        self, group: Sequence[tuple[str, InboundMessage]]
+    ) -> tuple[list[Outcome | None], Job | None]:
         memory = self.memory
-        with memory.write():
-            first = memory.first_of_event(msg, stream_id)
-            if first == stream_id:
-                row, is_owner = memory.record_inbound(msg, stream_id)
-        if first != stream_id:
-            return self._published_again(stream_id, first, msg)
-        if msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
-            self._recorded_only(msg)
-            return Outcome()
-        recorded = memory.recorded_reply(stream_id)
-        if recorded is not None:  # a replay: the reply recorded before, not a second model call
-            log.info("turn.replayed", reply_id=recorded.reply_id)
-            # queued unless Redis holds it already (the reconciliation after a Redis data loss
-            # may have queued it before this entry, which the loss made unread, came again)
-            return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
-        return Outcome(reply=self._answer(stream_id, msg, row, is_owner))
+        outcomes: list[Outcome | None] = []
+        asks: list[tuple[str, InboundMessage, LogRow | None, bool]] = []
+        for stream_id, msg in group:
+            structlog.contextvars.bind_contextvars(
+                channel=msg.channel, session=msg.session, stream_id=stream_id
+            )
+            with memory.write():
+                first = memory.first_of_event(msg, stream_id)
+                if first == stream_id:
+                    row, is_owner = memory.record_inbound(msg, stream_id)
+            if first != stream_id:
+                done, ask = self._published_again(stream_id, first, msg)
+            elif msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
+                self._recorded_only(msg)
+                done, ask = Outcome(), None
+            elif (recorded := memory.recorded_reply(stream_id)) is not None:
+                # a replay: the reply recorded before, not a second model call; queued unless
+                # Redis holds it already (the reconciliation after a Redis data loss may have
+                # queued it before this entry, which the loss made unread, came again)
+                log.info("turn.replayed", reply_id=recorded.reply_id)
+                done = Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
+                ask = None
+            else:
+                done, ask = None, (stream_id, msg, row, is_owner)
+            outcomes.append(done)
+            if ask is not None:
+                asks.append(ask)
+        if not asks:
+            return outcomes, None
+        asks = self._record_held(asks, outcomes)
+        if not asks:
+            return outcomes, None
+        return outcomes, self._job(asks)
 
-    def _published_again(self, stream_id: str, first: str, msg: InboundMessage) -> Outcome:
+    def _record_held(
+        self,
+        asks: list[tuple[str, InboundMessage, LogRow | None, bool]],
+        outcomes: list[Outcome | None],
+    ) -> list[tuple[str, InboundMessage, LogRow | None, bool]]:
+        """Replies the model gave before memory refused them are recorded now (the model is not
+        asked twice); the messages they answer are done. What is left to ask the model."""
+        left = []
+        slots = [i for i, o in enumerate(outcomes) if o is None]
+        for slot, ask in zip(slots, asks, strict=True):
+            held = self._unrecorded.get(ask[0])
+            if held is None:
+                left.append(ask)
+                continue
+            if self._unrecorded.get(held.reply.answers) is held:  # not recorded yet
+                self._record(held, ask[1])
+                for key in held.keys:
+                    self._unrecorded.pop(key, None)
+            mine = ask[0] == held.reply.answers
+            outcomes[slot] = Outcome(reply=held.reply) if mine else Outcome()
+        return left
+
+    def _job(self, asks: list[tuple[str, InboundMessage, LogRow | None, bool]]) -> Job:
+        """The turn answering ``asks`` (recorded, in order): its model input, from memory now."""
+        memory = self.memory
+        key, msg, row, is_owner = asks[-1]
+        scope = memory.scope_of(msg, row)
+        drew = DrewOn()
+        current = row or _transient_row(msg, key, is_owner)
+        messages = memory.context(msg, current, scope, drew)
+        ctx = TurnContext(
+            stream_id=key,
+            msg=msg,
+            scope=scope,
+            memory=memory,
+            role=memory.role_of(msg).role,
+            drew=drew,
+        )
+        tools = self.tools(ctx) if callable(self.tools) else self.tools
+        return Job(keys=[a[0] for a in asks], msg=msg, messages=messages, tools=tools, drew=drew)
+
+    def _published_again(
+        self, stream_id: str, first: str, msg: InboundMessage
+    ) -> tuple[Outcome | None, tuple[str, InboundMessage, LogRow | None, bool] | None]:
         """The platform event of this entry was recorded before under the entry ``first`` (a
         gateway's cursor rolled back with Redis's data): nothing is recorded twice and the model
         is not asked again. Its reply, when memory does not know it reached its platform, is
-        queued again (the consumer first looks whether Redis still holds it)."""
+        queued again (the consumer first looks whether Redis still holds it). Recorded but not
+        answered: answered now, as ``first``."""
         recorded = self.memory.recorded_reply(first)
-        if recorded is None:  # the first entry was recorded but not answered: answer it now
+        if recorded is None:
             log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
             with self.memory.write():
                 row, is_owner = self.memory.record_inbound(msg, first)  # the row it has
-            return Outcome(reply=self._answer(first, msg, row, is_owner))
+            return None, (first, msg, row, is_owner)
         status = self.memory.final_status(recorded.reply_id or recorded.event_id)
         log.info("turn.published_again", stream_id=stream_id, first=first, status=status)
         if status is not None:
-            return Outcome()
-        return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
+            return Outcome(), None
+        return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True), None
 
     def _refused(self, msg: InboundMessage, channel: str | None) -> str:
         """Why an entry cannot be what it says (a gateway speaks only for its own channel, and
@@ -265,59 +436,17 @@ class Turns:
             return Outcome(reply=reply, forget_entry=True, rewrite_files=erased)
         return Outcome(reply=reply)
 
-    def _answer(
-        self, stream_id: str, msg: InboundMessage, row: LogRow | None, is_owner: bool
-    ) -> Reply:
-        """Ask the model about the recorded message ``row`` (memory committed first: no write
-        transaction is held across the model call), then record the reply in memory's open
-        transaction. A reply that memory could not record is kept here and recorded when the
-        entry is tried again, so the model is not asked twice for it."""
-        memory = self.memory
-        held = self._unrecorded.pop(stream_id, None)
-        if held is not None:
-            self._record(held[0], msg, held[1])
-            return held[0]
-
-        scope = memory.scope_of(msg, row)
-        drew = DrewOn()
-        current = row or _transient_row(msg, stream_id, is_owner)
-        messages = memory.context(msg, current, scope, drew)
-        ctx = TurnContext(
-            stream_id=stream_id,
-            msg=msg,
-            scope=scope,
-            memory=memory,
-            role=memory.role_of(msg).role,
-            drew=drew,
-        )
-        tools = self.tools(ctx) if callable(self.tools) else self.tools
-        self.settle()  # no write transaction is held across the model call
-        started = time.perf_counter()
-        with self.thinking(msg.session):
-            result = run_turn(
-                self.model, messages, tools, max_rounds=self.cfg.model.max_tool_rounds
-            )
-        kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
-        reply = _reply(msg, stream_id, result.text, kind, created=self.clock())
-        log.info(
-            "turn.done",
-            ms=round((time.perf_counter() - started) * 1000, 2),
-            error=result.error,
-            rounds=result.rounds,
-            tool_calls=result.tool_calls,
-            reply_chars=len(result.text),
-        )
-        self._record(reply, msg, drew)
-        return reply
-
-    def _record(self, reply: Reply, msg: InboundMessage, drew: DrewOn) -> None:
+    def _record(self, held: Held, msg: InboundMessage) -> None:
+        """Record a reply and the entries it answers; kept (:class:`Held`) if memory refuses, so
+        the model is not asked again when the entries come again."""
         try:
             with self.memory.write():
-                self.memory.record_reply(reply, msg.privacy, drew)
+                self.memory.record_reply(held.reply, msg.privacy, held.drew, held.keys[:-1])
         except MemoryUnwritable:
-            self._unrecorded[reply.answers] = (reply, drew)
+            for key in held.keys:
+                self._unrecorded[key] = held
             raise
-        self._lingering.append((reply, drew))
+        self._lingering.append(held)
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")

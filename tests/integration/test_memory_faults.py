@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from contract.config import Config, RedisConfig, WorkerConfig
+from contract.config import Config, RedisConfig, TurnsConfig, WorkerConfig
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy, Reply
 from memory.store import MemoryStore
@@ -62,6 +62,7 @@ class World:
             home=tmp_path,
             redis=RedisConfig(prefix=prefix),
             worker=WorkerConfig.model_validate({"max_attempts": 3, "lease_seconds": 2}),
+            turns=TurnsConfig(mode="followup"),  # a reply per message: the count is the check
         )
         self.r, self.keys = r, self.cfg.keys
         self.path = tmp_path / "memory.sqlite3"

@@ -9,7 +9,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from contract.config import Config, RedisConfig, WorkerConfig
+from contract.config import Config, RedisConfig, TurnsConfig, WorkerConfig
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy, Reply
 from memory.store import MemoryStore
@@ -34,6 +34,7 @@ class Rig:
             home=tmp_path,
             redis=RedisConfig(prefix="rb:"),
             worker=WorkerConfig.model_validate({"max_attempts": 3, **worker}),
+            turns=TurnsConfig(mode="followup"),  # one reply per message (collect: test_collect)
         )
         self.r = r
         self.keys = self.cfg.keys
@@ -160,16 +161,16 @@ def test_entry_that_keeps_failing_is_dead_lettered_after_max_attempts(
 ) -> None:
     c = rig.consumer()
     monkeypatch.setattr("worker.consumer.time.sleep", lambda _s: None)
-    real = c.turns.handle
+    real = c.turns.begin
     calls = {"n": 0}
 
-    def boom(sid: str, fields: object, **kw: object) -> object:
-        if b"poison" in fields[b"text"]:  # type: ignore[index]
+    def boom(group: list[tuple[str, InboundMessage]]) -> object:
+        if any("poison" in m.text for _sid, m in group):
             calls["n"] += 1
             raise ValueError("cannot digest this")
-        return real(sid, fields, **kw)  # type: ignore[arg-type]
+        return real(group)
 
-    monkeypatch.setattr(c.turns, "handle", boom)
+    monkeypatch.setattr(c.turns, "begin", boom)
     rig.add(msg("poison"))
     ok = rig.add(msg("fine"))
     rig.pump(c)
@@ -243,8 +244,11 @@ def test_stopping_finishes_current_turn_and_leaves_the_rest_pending(rig: Rig) ->
     first = rig.add(msg("a"))
     rig.add(msg("b"))
     entries = c.read(block_ms=None)  # type: ignore[arg-type]
-    c.stopping = True  # SIGTERM arrived
-    c.handle_entries(entries)
+    c.take(entries)
+    c.advance()  # the turn of "a" starts ("b" of the same session waits: followup)
+    assert len(c.jobs) == 1
+    c.stopping = True  # SIGTERM arrived: no new turn; the one in flight is finished
+    c.drain()
     assert [r.answers for r in rig.replies()] == [first]
     assert rig.pending() == 1  # replayed by the next worker
     c.lease.release()

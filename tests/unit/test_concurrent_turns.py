@@ -1,0 +1,350 @@
+"""Concurrent turns with one writer (issue 12), against fakeredis and the real memory store.
+
+The model here is a gate: each call blocks until the test opens it, so the test sees which turns
+are in flight at once, and in which order they started."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+
+from contract.config import Config, ModelConfig, RedisConfig, TurnsConfig, WorkerConfig
+from contract.messages import InboundMessage, Kind, Privacy, Reply
+from memory.facade import MemoryUnwritable
+from memory.store import MemoryStore
+from worker.consumer import Consumer
+from worker.main import TurnTools
+from worker.model import Completion, ToolCall
+from worker.turn import Turns
+
+
+class GateModel:
+    """Every call waits until :meth:`open` lets calls whose last message contains a word
+    through (``"*"``: all); records what each call saw and which calls overlapped."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.opened: set[str] = set()
+        self.started: list[str] = []  # the last user message of each call, in start order
+        self.seen: list[list[dict[str, Any]]] = []
+        self.in_flight = 0
+        self.most = 0
+        self.tool_first: set[str] = set()  # words whose first call asks for search_history
+        self.tool_results: list[str] = []
+
+    def open(self, word: str = "*") -> None:
+        with self.cond:
+            self.opened.add(word)
+            self.cond.notify_all()
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        last = str(messages[-1]["content"])
+        if messages[-1]["role"] == "tool":
+            self.tool_results.append(last)
+            return Completion(content="searched", finish_reason="stop")
+        with self.cond:
+            self.started.append(last)
+            self.seen.append(messages)
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                ok = self.cond.wait_for(
+                    lambda: "*" in self.opened or any(w in last for w in self.opened), timeout=10
+                )
+                assert ok, f"the test never let {last!r} through"
+            finally:
+                self.in_flight -= 1
+        word = next((w for w in self.tool_first if w in last), None)
+        if word is not None:
+            self.tool_first.discard(word)
+            call = ToolCall(id="t1", name="search_history", arguments={"query": "needle"})
+            return Completion(content="", tool_calls=[call], finish_reason="tool_calls")
+        return Completion(content=f"echo: {last.split(': ', 1)[-1]}", finish_reason="stop")
+
+    def close(self) -> None:
+        pass
+
+
+def msg(text: str, session: str, **kw: object) -> InboundMessage:
+    privacy = kw.pop("privacy", Privacy.OWNER)
+    base: dict[str, object] = dict(
+        channel="cli", session=session, conversation=session, sender="ada",
+        privacy=privacy, text=text, ts=1.0, event_id=f"ev-{text}",
+    )  # fmt: skip
+    base.update(kw)
+    return InboundMessage.model_validate(base)
+
+
+def group_msg(text: str, room: str) -> InboundMessage:
+    return msg(
+        text, f"matrix:{room}", channel="matrix", sender="@bob:example.org", privacy=Privacy.GROUP
+    )
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, *, limit: int = 4, mode: str = "followup") -> None:
+        self.cfg = Config(
+            home=tmp_path,
+            redis=RedisConfig(prefix="rb:"),
+            model=ModelConfig(concurrency=limit),
+            worker=WorkerConfig(max_attempts=3),
+            turns=TurnsConfig.model_validate({"mode": mode}),
+        )
+        self.r = fakeredis.FakeRedis()
+        self.keys = self.cfg.keys
+        self.store = MemoryStore(tmp_path / "memory.sqlite3")
+        self.model = GateModel()
+        turns = Turns(self.cfg, self.store, self.model, TurnTools())
+        self.c = Consumer(self.cfg, self.r, turns)
+        assert self.c.acquire(wait=False)
+        self.c.ensure_group()
+        self.c.recover()
+        self.c.pool.start()
+
+    def add(self, m: InboundMessage) -> str:
+        stream = self.keys.inbound_of(m.channel)
+        raw = self.r.xadd(stream, m.to_fields()).decode()  # type: ignore[union-attr]
+        return f"{m.channel}/{raw}"
+
+    def step(self) -> None:
+        """Read what is there and do what can be done now (no waiting for turns)."""
+        self.c.take(self.c.read(block_ms=0))
+        self.c.advance()
+
+    def until(self, cond: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.c.pool.wait(0.02)
+            self.step()
+
+    def replies(self, session: str) -> list[Reply]:
+        return [Reply.from_json(x) for x in self.r.lrange(self.keys.reply(session), 0, -1)]
+
+    def close(self) -> None:
+        self.model.open()
+        self.c.pool.stop()
+        self.c.lease.release()
+        self.store.close()
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
+    rigs: list[Rig] = []
+
+    def build(**kw: Any) -> Rig:
+        rig = Rig(tmp_path / f"r{len(rigs)}", **kw)
+        rigs.append(rig)
+        return rig
+
+    yield build
+    for rig in rigs:
+        rig.close()
+
+
+def test_turns_of_different_sessions_run_side_by_side_up_to_the_limit(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(limit=3)
+    for n in range(5):
+        rig.add(msg(f"hello {n}", f"cli:s{n}"))
+    rig.until(lambda: rig.model.in_flight == 3, "three turns in flight")
+    time.sleep(0.1)
+    rig.step()
+    assert rig.model.in_flight == 3  # the limit holds: two wait for a slot
+    rig.model.open()
+    rig.until(lambda: all(rig.replies(f"cli:s{n}") for n in range(5)), "every reply")
+    assert rig.model.most == 3
+    assert rig.c.in_hand() == 0
+    assert int(rig.r.xpending(rig.keys.inbound_of("cli"), "worker")["pending"]) == 0
+
+
+def test_one_session_stays_in_order_and_others_overtake_a_slow_turn(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(limit=4, mode="followup")
+    first = rig.add(msg("slow one", "cli:a"))
+    second = rig.add(msg("then this", "cli:a"))
+    rig.add(msg("quick other", "cli:b"))
+    rig.until(lambda: len(rig.model.started) == 2, "two turns started")
+    assert not any("then this" in s for s in rig.model.started)  # waits for its own session
+    rig.model.open("quick")
+    rig.until(lambda: bool(rig.replies("cli:b")), "the other session's reply")
+    assert rig.replies("cli:a") == []
+    rig.model.open("slow")
+    rig.until(lambda: len(rig.model.started) == 3, "the second turn of cli:a")
+    rig.model.open("then")
+    rig.until(lambda: len(rig.replies("cli:a")) == 2, "both replies of cli:a")
+    assert [r.answers for r in rig.replies("cli:a")] == [first, second]
+    # the second turn saw the first reply: its context was built after it was recorded
+    texts = [str(m["content"]) for m in rig.model.seen[-1]]
+    assert any("echo: slow one" in t for t in texts)
+
+
+def test_messages_that_pile_up_during_a_turn_are_answered_together(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(mode="collect")
+    first = rig.add(msg("first", "cli:a"))
+    rig.until(lambda: len(rig.model.started) == 1, "the first turn")
+    later = [rig.add(msg(f"more {n}", "cli:a")) for n in range(3)]
+    rig.step()
+    time.sleep(0.05)
+    rig.step()
+    assert len(rig.model.started) == 1  # they wait for the turn of their session
+    rig.model.open()
+    rig.until(lambda: len(rig.replies("cli:a")) == 2, "two replies")
+    assert len(rig.model.started) == 2  # one model call for the three that piled up
+    texts = [str(m["content"]) for m in rig.model.seen[1]]
+    joined = "\n".join(texts)
+    positions = [joined.index(f"more {n}") for n in range(3)]
+    assert positions == sorted(positions)  # all of them, in order
+    assert "echo: first" in joined  # after the first reply
+    replies = rig.replies("cli:a")
+    assert [r.answers for r in replies] == [first, later[-1]]
+    # each message is recorded; the collected reply records which messages it answers
+    store = rig.store
+    assert store.conn.execute("SELECT COUNT(*) FROM log WHERE direction = 'in'").fetchone()[0] == 4
+    assert sorted(store.covers_of(later[-1])) == sorted(later[:2])
+    for sid in later:
+        found = store.recorded_reply(sid)
+        assert found is not None and found.reply_id == replies[1].reply_id
+    assert rig.c.in_hand() == 0
+
+
+def test_a_replay_of_collected_messages_adds_nothing_and_asks_nothing(
+    make: Callable[..., Rig], tmp_path: Path
+) -> None:
+    rig = make(mode="collect")
+    for n in range(3):
+        rig.add(msg(f"burst {n}", "cli:a"))
+    rig.model.open()
+    rig.until(lambda: bool(rig.replies("cli:a")), "the reply")
+    assert len(rig.model.started) == 1
+    # the worker died after memory committed and before the ack: the entries come again
+    stream = rig.keys.inbound_of("cli")
+    rig.r.xgroup_setid(stream, "worker", "0")
+    rig.r.delete(rig.keys.reply("cli:a"))  # Redis lost the queued reply too
+    rig.until(lambda: bool(rig.replies("cli:a")), "the reply queued again")
+    rig.until(lambda: rig.c.in_hand() == 0, "the replay done")
+    assert len(rig.model.started) == 1  # not asked again
+    assert len(rig.replies("cli:a")) == 1  # queued once, not once per message
+    n_in = rig.store.conn.execute("SELECT COUNT(*) FROM log WHERE direction = 'in'").fetchone()
+    n_out = rig.store.conn.execute("SELECT COUNT(*) FROM log WHERE direction = 'out'").fetchone()
+    assert (n_in[0], n_out[0]) == (3, 1)
+
+
+def test_the_owner_is_not_queued_behind_other_peoples_turns(make: Callable[..., Rig]) -> None:
+    rig = make(limit=3)
+    for n in range(6):  # a flood in six group rooms
+        rig.add(group_msg(f"group {n}", f"room{n}"))
+    rig.until(lambda: rig.model.in_flight == 2, "two group turns (one slot is the owner's)")
+    rig.step()
+    assert rig.model.in_flight == 2
+    rig.add(msg("owner asks", "cli:me"))
+    rig.until(lambda: rig.model.in_flight == 3, "the owner's turn, in the reserved slot")
+    rig.model.open("owner")
+    rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply")
+    assert not any(rig.replies(f"matrix:room{n}") for n in range(6))
+    rig.model.open()
+    rig.until(lambda: all(rig.replies(f"matrix:room{n}") for n in range(6)), "all replies")
+
+
+def test_the_owner_goes_first_when_every_slot_is_taken(make: Callable[..., Rig]) -> None:
+    rig = make(limit=1)
+    for n in range(3):
+        rig.add(group_msg(f"group {n}", f"room{n}"))
+    rig.until(lambda: rig.model.in_flight == 1, "one group turn")
+    rig.add(msg("owner asks", "cli:me"))
+    rig.step()
+    rig.model.open("group 0")
+    rig.until(lambda: len(rig.model.started) == 2, "the next turn")
+    assert "owner asks" in rig.model.started[1]  # before the waiting group messages
+
+
+def test_a_tool_call_runs_on_the_writer_and_sees_what_it_committed(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make()
+    rig.add(msg("the needle is in the haystack", "cli:a"))
+    rig.model.open()
+    rig.until(lambda: bool(rig.replies("cli:a")), "the first reply")
+    rig.model.tool_first.add("search now")
+    rig.add(msg("search now", "cli:a"))
+    rig.until(lambda: len(rig.replies("cli:a")) == 2, "the reply after the tool call")
+    assert rig.model.tool_results and "needle" in rig.model.tool_results[0]
+
+
+def test_a_memory_command_waits_for_the_turns_in_flight_and_none_starts_before_it(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make()
+    rig.add(msg("running", "cli:a"))
+    rig.until(lambda: rig.model.in_flight == 1, "a turn in flight")
+    command = msg(
+        "", "cli:admin", kind=Kind.COMMAND, extra={"op": "notes.list", "args": {}}, event_id="cmd-1"
+    )
+    rig.add(command)
+    rig.add(msg("after the command", "cli:b"))
+    for _ in range(5):
+        rig.step()
+        time.sleep(0.02)
+    assert rig.replies("cli:admin") == []  # waits for the turn in flight
+    assert len(rig.model.started) == 1  # and no turn starts before it
+    rig.model.open("running")
+    rig.until(lambda: bool(rig.replies("cli:admin")), "the command's answer")
+    rig.model.open()
+    rig.until(lambda: bool(rig.replies("cli:b")), "the turn after it")
+
+
+def test_memory_refusing_a_reply_keeps_it_and_asks_the_model_once(
+    make: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = make()
+    rig.add(msg("hello", "cli:a"))
+    rig.until(lambda: rig.model.in_flight == 1, "the turn")
+    memory = rig.c.turns.memory
+    real = memory.record_reply
+    refusals = {"n": 0}
+
+    def refuse(*a: Any, **kw: Any) -> None:
+        if refusals["n"] < 2:
+            refusals["n"] += 1
+            raise MemoryUnwritable("database or disk is full")
+        real(*a, **kw)
+
+    monkeypatch.setattr(memory, "record_reply", refuse)
+    monkeypatch.setattr("worker.batch.MEMORY_RETRY_START", 0.01)
+    rig.c.blocked = None
+    rig.model.open()
+    rig.until(lambda: rig.c.blocked is not None, "memory blocked")
+    assert rig.c.memory_blocked
+    assert rig.replies("cli:a") == []
+    rig.until(lambda: bool(rig.replies("cli:a")), "the reply once memory takes it")
+    assert len(rig.model.started) == 1
+    assert rig.c.blocked is None and rig.c.memory_blocked == ""
+    assert len(rig.replies("cli:a")) == 1
+
+
+def test_stopping_finishes_the_turns_in_flight_and_leaves_the_rest_pending(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(limit=2, mode="followup")
+    rig.add(msg("one", "cli:a"))
+    rig.add(msg("two", "cli:a"))
+    rig.add(msg("other", "cli:b"))
+    rig.until(lambda: rig.model.in_flight == 2, "two turns")
+    rig.c.stopping = True
+    rig.model.open()
+    rig.c.drain()
+    assert [len(rig.replies(s)) for s in ("cli:a", "cli:b")] == [1, 1]
+    pending = rig.r.xpending(rig.keys.inbound_of("cli"), "worker")["pending"]
+    assert pending == 1  # "two" never started: it waits for the next worker
