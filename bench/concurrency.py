@@ -327,7 +327,7 @@ def settled(r: redis.Redis, channels: set[str]) -> bool:
 
 
 def run_round(
-    r: redis.Redis,
+    worker: Worker,
     model: DelayModel,
     delay: float,
     msgs: Sequence[InboundMessage],
@@ -337,6 +337,7 @@ def run_round(
 ) -> Outcome:
     """Publish ``msgs`` at once (and ``later[1]`` ``later[0]`` seconds after), pop every reply
     until the worker has acked them all and the model is idle."""
+    r = worker.r
     model.reset(delay)
     sessions = {m.session for m in msgs} | {m.session for m in (later[1] if later else ())}
     channels = {m.channel for m in msgs} | {m.channel for m in (later[1] if later else ())}
@@ -364,6 +365,9 @@ def run_round(
         if time.monotonic() > deadline:
             status = f"timed out after {timeout:g} s"
             break
+        if worker.proc.poll() is not None:
+            status = f"the worker exited with {worker.proc.returncode}; see {worker.log}"
+            break
     per_session: dict[str, float] = {}
     for secs, reply in pops:
         per_session[reply.session] = max(per_session.get(reply.session, 0.0), secs)
@@ -383,7 +387,7 @@ def run_round(
 
 def warm_up(worker: Worker, model: DelayModel) -> None:
     """A first turn at D = 0: imports, memory, the model client's connection."""
-    out = run_round(worker.r, model, 0.0, sessions_msgs(1, "owner"), timeout=60)
+    out = run_round(worker, model, 0.0, sessions_msgs(1, "owner"), timeout=60)
     if out.status != "ok" or out.replies != 1:
         raise RuntimeError(f"warm-up: {out.status}, {out.replies} replies; see {worker.log}")
 
@@ -407,7 +411,7 @@ def at_once(
             for delay in delays:
                 for n in ns:
                     out = run_round(
-                        worker.r, model, delay, sessions_msgs(n, kind), timeout=n * delay * 3 + 30
+                        worker, model, delay, sessions_msgs(n, kind), timeout=n * delay * 3 + 30
                     )
                     row = {"D": delay, "N": n, "limit": limit, **asdict(out)}
                     del row["per_session"]
@@ -483,7 +487,7 @@ def collect(
                         msgs = [owner_msg(session, f"part {i + 1} of {k}") for i in range(k)]
                         split = 1 if pattern == "in a turn" else k
                         out = run_round(
-                            worker.r,
+                            worker,
                             model,
                             delay,
                             msgs[:split],
@@ -552,7 +556,7 @@ def priority(
             owner = owner_msg(f"cli:owner{rnd}", "the owner asks")
             after = delay / 4  # the flood's first turns are at the model by then
             out = run_round(
-                worker.r,
+                worker,
                 model,
                 delay,
                 group,
