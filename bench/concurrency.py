@@ -14,7 +14,7 @@ seconds on every chat completion and counts the calls and how many were out at o
 - *Owner priority*: with concurrency L, a flood of group-room messages, then one owner terminal
   message: the time until the owner's reply, against D.
 
-    .venv/bin/python -m bench.concurrency            # full run (~8 min serial, ~3 concurrent)
+    .venv/bin/python -m bench.concurrency            # full run (~9 min serial, ~3 concurrent)
     .venv/bin/python -m bench.concurrency --quick    # smoke run (~30 s)
 """
 
