@@ -295,6 +295,8 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_MODEL_RETRIES", "model", "retries"),
     ("RELAYBOT_OWNER_NAME", "owner", "name"),
     ("RELAYBOT_CONTEXT_TOKENS", "worker", "context_tokens"),
+    ("RELAYBOT_MODEL_CONCURRENCY", "model", "concurrency"),
+    ("RELAYBOT_TURNS_MODE", "turns", "mode"),
     ("RELAYBOT_REPLY_MAX_AGE", "delivery", "max_age"),
     ("RELAYBOT_MEMORY_PATH", "memory", "path"),
     ("RELAYBOT_MEMORY_SYNCHRONOUS", "memory", "synchronous"),

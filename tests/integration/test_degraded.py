@@ -117,6 +117,7 @@ def test_unopenable_memory_holds_messages_until_it_opens(
         prefix=prefix,
         model_url=model_server.base_url,
         RELAYBOT_MEMORY_PATH=str(memory),
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
     )
     keys = Keys(prefix)
     worker = procs.worker(env, r=real_redis, keys=keys)
@@ -157,6 +158,7 @@ def test_a_write_failing_mid_run_holds_then_catches_up(
         redis_url=redis_server.url,
         prefix=prefix,
         model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
     )
     keys = Keys(prefix)
     worker = procs.worker(env, r=real_redis, keys=keys)
@@ -206,6 +208,7 @@ def test_a_database_locked_by_another_program(
         redis_url=redis_server.url,
         prefix=prefix,
         model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
     )
     keys = Keys(prefix)
     worker = procs.worker(env, r=real_redis, keys=keys)

@@ -135,8 +135,9 @@ def test_an_erasure_leaves_the_text_in_no_store(
 ) -> None:
     home = tmp_path / "home"
     worker_env = relaybot_env(
-        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url
-    )
+        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
+    )  # fmt: skip
     cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
     keys = Keys()
     admin = acl_redis.client("worker")

@@ -318,6 +318,7 @@ def test_the_gateway_runs_as_its_own_redis_acl_user(
     env = relaybot_env(
         tmp_path / "home", redis_url=url("worker"), prefix="relaybot:",
         model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
     )  # fmt: skip
     admin = redis.Redis.from_url(url("worker"))
     world = World(synapse_server, env, admin, Keys("relaybot:"), procs)

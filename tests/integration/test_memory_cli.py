@@ -45,8 +45,9 @@ def make_env(
 ) -> tuple[dict[str, str], Keys]:
     prefix = f"t{uuid.uuid4().hex[:10]}:"
     env = relaybot_env(
-        tmp_path / name, redis_url=redis_server.url, prefix=prefix, model_url=model.base_url
-    )
+        tmp_path / name, redis_url=redis_server.url, prefix=prefix, model_url=model.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
+    )  # fmt: skip
     return env, Keys(prefix)
 
 

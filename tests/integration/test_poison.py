@@ -49,7 +49,10 @@ def setup(
     home = tmp_path / "home"
     if worker:
         write_config(home, f"[worker]\n{worker}")
-    return relaybot_env(home, redis_url=redis_server.url, prefix=prefix, model_url=model.base_url)
+    return relaybot_env(
+        home, redis_url=redis_server.url, prefix=prefix, model_url=model.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the counts are the checks
+    )  # fmt: skip
 
 
 def peak_rss_kib(pid: int) -> int:

@@ -137,8 +137,9 @@ def test_worker_answers_a_backlog_once_across_a_restart_with_its_data(
     try:
         keys = Keys("bk:")
         env = relaybot_env(
-            tmp_path / "home", redis_url=server.url, prefix="bk:", model_url=model_server.base_url
-        )
+            tmp_path / "home", redis_url=server.url, prefix="bk:", model_url=model_server.base_url,
+            RELAYBOT_TURNS_MODE="followup",  # a turn per message, so the kill lands mid-backlog
+        )  # fmt: skip
         r = server.client()
         # each turn slow enough that the kill lands mid-backlog
         sent = [send(r, keys, "bk", f"[[delay:0.05]] backlog {i}") for i in range(40)]
