@@ -5,6 +5,9 @@ prefix would both read the platform and both deliver replies. The runner therefo
 :class:`contract.liveness.Lease` — the worker's — on ``Keys.gateway_lease(channel, account)``
 before it starts the channel (logs in, reads, delivers):
 
+- a gateway restarted on the same host after a crash does not wait for its dead predecessor's
+  lease to run out: a holder whose process is gone (same host name and PID namespace, no such
+  PID) is freed at once (``gateway.lease_freed``);
 - a second gateway of the same account is a **standby**: it logs ``gateway.waiting_for_lease``
   once, with the holder, beats ``gateway:<channel>:standby`` (``state: standby``) instead of
   ``gateway:<channel>``, touches nothing on the platform, and takes over when the holder's lease
@@ -23,6 +26,9 @@ The terminal (``relaybot chat``) is not a single-account gateway: it takes no le
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
 from typing import TYPE_CHECKING
 
 import redis
@@ -38,10 +44,47 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 WATCH_EVERY = 0.2  # seconds between two looks at the renewal thread's verdict
+# KEYS: lease; ARGV: the holder seen. Frees the lease of a holder known to be dead, if it still
+# holds it (nobody else took it meanwhile).
+_FREE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
 
 
 class LeaseLost(RuntimeError):
     """Another gateway of the same account holds the lease: this one must stop acting."""
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (Linux), so that a PID is compared only with PIDs of the
+    same namespace (two containers may share a host name); "" where there is none to read."""
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    return ""
+
+
+def identity(channel: str) -> str:
+    """A gateway's lease token: ``gateway:<channel>@<host>:<pid>#<pid namespace>``."""
+    return f"{process_identity(f'gateway:{channel}')}#{_pid_namespace()}"
+
+
+def died_here(holder: str) -> bool:
+    """Is ``holder`` (a lease token) a gateway process of this host (and PID namespace) that is
+    gone? Then its lease need not run out: a gateway restarted after a crash takes over at once.
+    False whenever in doubt (another host, a PID in use, a token of another form)."""
+    ident, _, namespace = holder.rpartition("#")
+    where, _, pid = ident.rpartition(":")
+    host = where.rpartition("@")[2]
+    if host != socket.gethostname() or namespace != _pid_namespace() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def account_of(cfg: Config, channel: str) -> str:
@@ -65,7 +108,8 @@ class GatewayLease:
         self.account = account_of(cfg, rt.name)
         self.key = cfg.keys.gateway_lease(rt.name, self.account)
         self.ttl = cfg.worker.lease_seconds
-        self.lease = Lease(r, self.key, process_identity(f"gateway:{rt.name}"), self.ttl)
+        self.lease = Lease(r, self.key, identity(rt.name), self.ttl)
+        self._free = r.register_script(_FREE)
         self.poll = min(1.0, self.ttl / 5)  # a standby's look at a free lease
         self.standby = Heartbeat(r, cfg.keys, f"gateway:{rt.name}:standby")
         self.held = False
@@ -86,6 +130,10 @@ class GatewayLease:
                         self._hold("gateway.lease_acquired")
                         return True
                     holder = await asyncio.to_thread(self.lease.holder)
+                    if holder is not None and died_here(holder):
+                        await asyncio.to_thread(self._free, keys=[self.key], args=[holder])
+                        log.info("gateway.lease_freed", holder=holder, detail="its process is gone")
+                        continue
                     outage.recovered()
                 except TRANSIENT as exc:  # Redis restarting as the gateway starts
                     await self.rt.redis_away(outage, exc)

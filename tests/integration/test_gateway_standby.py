@@ -1,20 +1,30 @@
 """One gateway per channel account (issue 12), with real processes: two ``relaybot gateway email``
 for the same mailbox and Redis prefix, against a real Redis, pymap (IMAP), aiosmtpd (SMTP) and a
 real worker with the fake model. The second waits as a standby and answers nothing; it takes
-over when the first is killed; a paused holder that lost its lease stops acting and exits 4."""
+over when the first is killed (at once: same host) or paused past its lease (when the lease ran
+out); the paused holder, resumed, stops acting and exits 4."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
+from tests.support.mailservers import (
+    ImapServer,
+    SmtpServer,
+    _Collect,
+    email_config,
+    make_message,
+)
 from tests.support.procs import Proc, Procs, heartbeat, relaybot_env, wait_until, write_config
 from tests.support.servers import RedisServer
 
@@ -23,6 +33,23 @@ pytestmark = pytest.mark.integration
 OWNER = "owner@example.org"
 BOT = "bot@example.org"
 LEASE = 2.0  # [worker] lease_seconds: the gateways' lease too
+SMTP_TAKES = 1.0  # seconds the slow SMTP server takes to accept a mail
+
+
+class _SlowCollect(_Collect):
+    """Takes its time over DATA: a reply stays in flight that long, and a second gateway
+    delivering the same reply queues (before issue 12) found it there and sent it again."""
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        await asyncio.sleep(SMTP_TAKES)
+        return await super().handle_DATA(server, session, envelope)
+
+
+@pytest.fixture
+def slow_smtp(smtp: SmtpServer) -> SmtpServer:
+    """The test's SMTP server, slowed down (the handler is swapped on the running server)."""
+    smtp.controller.handler = _SlowCollect(smtp)  # each connection gets the controller's
+    return smtp
 
 
 @pytest.fixture
@@ -69,7 +96,7 @@ def answered_once(smtp: SmtpServer, message_id: str) -> None:
     wait_until(
         lambda: answers(smtp, message_id) > 0, timeout=20, message=f"a reply to {message_id}"
     )
-    time.sleep(1.5)  # a second gateway's duplicate would be sent by now
+    time.sleep(2 * SMTP_TAKES)  # a second gateway's duplicate would be sent by now
     assert answers(smtp, message_id) == 1
 
 
@@ -77,7 +104,7 @@ def test_a_second_gateway_of_the_same_account_waits_then_takes_over_a_killed_one
     env: dict[str, str],
     procs: Procs,
     imap: ImapServer,
-    smtp: SmtpServer,
+    slow_smtp: SmtpServer,
     real_redis: redis.Redis,
     keys: Keys,
 ) -> None:
@@ -88,11 +115,11 @@ def test_a_second_gateway_of_the_same_account_waits_then_takes_over_a_killed_one
     assert wait_until(lambda: running(second), timeout=20, message="the second gateway to settle")
 
     imap.append(make_message(message_id="<one@example.org>", subject="One"))
-    answered_once(smtp, "<one@example.org>")
+    answered_once(slow_smtp, "<one@example.org>")
 
     waiting = second.events("gateway.waiting_for_lease")
     assert len(waiting) == 1, second.log_text()[-4000:]  # said once, not every poll
-    assert waiting[0]["holder"].endswith(f":{first.pid}")
+    assert f"@{socket.gethostname()}:{first.pid}#" in waiting[0]["holder"]
     assert not second.events("email.ready") and not second.events("email.published")
     standby = heartbeat(real_redis, keys, "gateway:email:standby")
     assert standby is not None and standby["state"] == "standby"
@@ -103,11 +130,14 @@ def test_a_second_gateway_of_the_same_account_waits_then_takes_over_a_killed_one
     first.wait(5)
     killed = time.monotonic()
     second.wait_for_log("gateway.lease_acquired", timeout=LEASE + 5)
-    assert time.monotonic() - killed < LEASE + 2  # the lease's time, and a poll
+    # on the same host, a holder whose process is gone is freed at its next poll; from another
+    # host, the lease runs out first (the paused holder's test below)
+    assert time.monotonic() - killed < LEASE
+    assert second.events("gateway.lease_freed")[0]["holder"] == waiting[0]["holder"]
     second.wait_for_log("email.ready", timeout=20)
     imap.append(make_message(message_id="<two@example.org>", subject="Two"))
-    answered_once(smtp, "<two@example.org>")
-    assert answers(smtp, "<one@example.org>") == 1
+    answered_once(slow_smtp, "<two@example.org>")
+    assert answers(slow_smtp, "<one@example.org>") == 1
     assert second.stop() == 0
     assert heartbeat(real_redis, keys, "gateway:email:standby") is None
 
@@ -142,8 +172,11 @@ def test_a_paused_holder_that_lost_its_lease_stops_acting_and_exits_4(
     second.wait_for_log("gateway.waiting_for_lease", timeout=20)
 
     first.signal(signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
         second.wait_for_log("gateway.lease_acquired", timeout=LEASE + 5)
+        assert time.monotonic() - stopped > LEASE * 0.5  # it waited for the lease to run out
+        assert not second.events("gateway.lease_freed")  # the holder is alive: not freed
         second.wait_for_log("email.ready", timeout=20)
         imap.append(make_message(message_id="<paused@example.org>", subject="Paused"))
         wait_until(lambda: answers(smtp, "<paused@example.org>") > 0, timeout=20, message="reply")
