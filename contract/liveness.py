@@ -1,4 +1,5 @@
-"""Liveness on the bus: heartbeats every process publishes, and the worker lease."""
+"""Liveness on the bus: heartbeats every process publishes, and the leases: the worker's, and
+each gateway's (one gateway per channel account: gateways/lease.py)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from tests.support.mailservers import (
     email_config,
     make_message,
 )
+from tests.support.matrix_world import World
 from tests.support.procs import Proc, Procs, heartbeat, relaybot_env, wait_until, write_config
 from tests.support.servers import RedisServer
 
@@ -213,3 +214,30 @@ def test_a_lease_that_vanished_with_redis_data_is_taken_again(
     answered_once(smtp, "<again@example.org>")
     assert gw.returncode is None
     assert gw.stop() == 0
+
+
+def test_a_second_matrix_gateway_of_the_same_bot_waits_and_takes_over_when_it_stops(
+    world: World,
+) -> None:
+    hs, owner = world.hs, world.owner
+    first = world.gateway()
+    first.wait_for_log("matrix.backlog_skipped")
+    second = world.procs.start("gateway-matrix", ["gateway", "matrix"], world.env)
+    said = second.wait_for_log("gateway.waiting_for_lease", timeout=20)
+    assert f":{first.pid}#" in said["holder"]
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    hs.send_text(owner, room, "one")
+    world.wait_bot_messages(owner, room, 1)
+    time.sleep(1.5)  # a second gateway's answer would be there by now
+    assert len(world.bot_messages(owner, room)) == 1
+    assert not second.events("matrix.logged_in")  # it left the account alone
+
+    assert first.stop() == 0  # lets its lease go: the standby takes over at once
+    second.wait_for_log("gateway.lease_acquired", timeout=5)
+    second.wait_for_log("matrix.logged_in", timeout=20)
+    hs.send_text(owner, room, "two")
+    world.wait_bot_messages(owner, room, 2)
+    time.sleep(1.5)
+    assert len(world.bot_messages(owner, room)) == 2
+    assert second.stop() == 0
