@@ -10,6 +10,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``inbound`` | stream | worker, jobs | their own entries, and those from before the split |
 | ``dead`` | stream | worker, gateways | dead letters, with the reason |
 | ``worker:lease`` | string | worker | the one worker's lease token |
+| ``lease:gateway:<channel>:<digest>`` | string | gateways | one gateway per account |
 | ``heartbeats`` | hash | every process | liveness, one field per process |
 | ``jobs`` | rq queue | worker | background jobs |
 | ``reply:<session>`` | list | worker | replies waiting for their gateway |
@@ -97,6 +98,11 @@ class Keys:
 
     def email_rate(self, kind: str, who: str) -> str:
         return f"{self.prefix}email:rate:{kind}:{who}"
+
+    def gateway_lease(self, channel: str, account: str) -> str:
+        """The lease of the one gateway of a channel account (``account`` names it on its
+        platform, e.g. a Matrix user id; keyed by a digest of it). Its epoch is ``<key>:epoch``."""
+        return f"{self.prefix}lease:gateway:{channel}:{digest(account)}"
 
 
 def digest(text: str) -> str:

@@ -1,4 +1,5 @@
-"""Liveness on the bus: heartbeats every process publishes, and the worker lease."""
+"""Liveness on the bus: heartbeats every process publishes, and the leases: the worker's, and
+each gateway's (one gateway per channel account: gateways/lease.py)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,9 @@ class Lease:
         self._r, self.key, self.token, self.ttl = r, key, token, ttl
         self.epoch_key = f"{key}:epoch"
         self.epoch = 0  # the fencing token of the current holding (0: not held)
+        # monotonic time just before the last acquisition or renewal that went through: the
+        # lease is certainly held until ``renewed + ttl`` (Redis started its TTL later)
+        self.renewed = 0.0
         self._acquire = r.register_script(_ACQUIRE)
         self._raise = r.register_script(_RAISE)
         self._renew = r.register_script(_RENEW)
@@ -133,11 +137,13 @@ class Lease:
 
     def try_acquire(self) -> bool:
         """Take the lease if it is free; :attr:`epoch` is then its fencing token."""
+        asked = time.monotonic()
         epoch = self._acquire(
             keys=[self.key, self.epoch_key], args=[self.token, int(self.ttl * 1000)]
         )
         self.epoch = int(epoch)
         if self.epoch:
+            self.renewed = asked
             self.lost.clear()
         return self.epoch > 0
 
@@ -159,6 +165,7 @@ class Lease:
     def _run(self) -> None:
         period = self.ttl / 3
         while not self._stop.wait(period):
+            asked = time.monotonic()
             try:
                 ok = self._renew(keys=[self.key], args=[self.token, int(self.ttl * 1000)])
             except redis.RedisError as exc:
@@ -168,6 +175,15 @@ class Lease:
                 log.error("lease.lost", key=self.key)
                 self.lost.set()
                 return
+            self.renewed = asked
+
+    def surely_held(self, margin: float = 0.8) -> bool:
+        """Held for certain, by this process's own clock: not lost, and renewed less than
+        ``margin * ttl`` ago (a process that was paused, or cut off from Redis, stops acting
+        before another could have taken over)."""
+        if self.lost.is_set() or not self.epoch:
+            return False
+        return time.monotonic() < self.renewed + margin * self.ttl
 
     def release(self) -> None:
         self._stop.set()

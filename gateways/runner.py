@@ -9,7 +9,12 @@ rest is here, once:
   config section is not configured logs ``<channel>.not_configured`` and idles, beating
   ``{"state": "not configured"}``, until signalled (``honcho start`` stops every process when one
   exits). Exit 2 on a :class:`FatalGatewayError` (``<channel>.fatal``: a person has to act), 1
-  when a task crashed (``<channel>.crashed``), 0 when stopped; ``<channel>.stopped`` last.
+  when a task crashed (``<channel>.crashed``), 4 when another gateway of the same account took
+  its lease (``gateway.lease_lost``), 0 when stopped; ``<channel>.stopped`` last.
+- One gateway per channel account (:mod:`gateways.lease`): a configured gateway takes the
+  account's lease before it starts the channel; a second one waits as a standby
+  (``gateway.waiting_for_lease``) and takes over when the first dies. The delivery loop sends
+  nothing while the lease is not surely held.
 - :class:`Backoff` and :meth:`Runtime.sleep`: retries wait 1 s, doubling up to 60 s, back to 1 s
   after a success; every wait ends early when the gateway is stopping.
 - Redis going away (a restart) stops nothing: a loop that meets a transient Redis error
@@ -50,10 +55,11 @@ from contract.messages import Reply
 from contract.outage import Backoff as _Backoff
 from contract.outage import Outage
 from gateways.deliver import ReplyQueue, Undeliverable, deliver_next
+from gateways.lease import GatewayLease, LeaseLost
 
 log = structlog.get_logger(__name__)
 
-EXIT_STOPPED, EXIT_CRASHED, EXIT_FATAL = 0, 1, 2
+EXIT_STOPPED, EXIT_CRASHED, EXIT_FATAL, EXIT_LEASE_LOST = 0, 1, 2, 4
 BACKOFF_START, BACKOFF_CAP = 1.0, 60.0
 SEND_TIMEOUT = 180.0  # seconds one send may take before it counts as failed
 
@@ -84,6 +90,8 @@ class Runtime:
         self.name = name
         self.stopping = asyncio.Event()
         self.heartbeat = Heartbeat(r, keys, f"gateway:{name}")
+        # may the gateway act on the platform now? (the account's lease is surely its own)
+        self.acting: Callable[[], bool] = lambda: True
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less when the gateway is stopping."""
@@ -171,6 +179,8 @@ class Delivery:
         """(In a worker thread.) Deliver these sessions' replies; returns the busy sessions."""
         now = time.monotonic()
         for session in sessions:
+            if not self.rt.acting():  # the lease may be another gateway's by now: send nothing
+                break
             if self.waiting.get(session, 0.0) > now:
                 continue
             self.waiting.pop(session, None)
@@ -273,21 +283,32 @@ async def _serve(
         channel = make(rt)
     except FatalGatewayError as exc:
         return _exit_code(rt.name, exc, "setup")
-    rt.heartbeat.info = {"state": "starting"}
-    rt.heartbeat.start()
+    lease, beating = GatewayLease(rt, r, cfg), False
     try:
+        if not await lease.acquire():  # a standby until then: the platform is left alone
+            return EXIT_STOPPED
+        rt.acting = lease.acting
+        rt.heartbeat.info = {"state": "starting"}
+        rt.heartbeat.start()
+        beating = True
         try:
             await channel.start()
         except Exception as exc:  # a fatal error, or a bug: the same exits as a loop's
             return _exit_code(rt.name, exc, f"{rt.name}-start")
         if rt.stopping.is_set():
             return EXIT_STOPPED
-        loops = {**channel.inbound(), "delivery": Delivery(rt, channel, r, cfg).run()}
+        loops = {
+            **channel.inbound(),
+            "delivery": Delivery(rt, channel, r, cfg).run(),
+            "lease": lease.watch(),
+        }
         return await _until_first_ends(rt, loops)
     finally:
         rt.stopping.set()
-        rt.heartbeat.stop()
+        if beating:
+            rt.heartbeat.stop()
         await channel.close()
+        await lease.release()
 
 
 async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, None]]) -> int:
@@ -309,6 +330,8 @@ async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, No
 
 
 def _exit_code(name: str, error: BaseException | None, task: str) -> int:
+    if isinstance(error, LeaseLost):  # logged as gateway.lease_lost
+        return EXIT_LEASE_LOST
     if isinstance(error, FatalGatewayError):
         log.error(f"{name}.fatal", error=str(error))
         return EXIT_FATAL
