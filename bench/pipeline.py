@@ -44,7 +44,12 @@ from worker.model import Completion
 PREFIX = "relaybot:"
 KEYS = Keys(PREFIX)
 STREAMS = [KEYS.inbound_of(c) for c in CHANNELS]
-OWNER_CONFIG = '[owner]\naliases = [{ address = "@owner:example.org", channel = "matrix" }]\n'
+# one turn and one reply per message (the collector counts replies; "collect" would answer a
+# flood of one session with a few replies: fewer turns, and no longer the per-message figure)
+OWNER_CONFIG = (
+    '[owner]\naliases = [{ address = "@owner:example.org", channel = "matrix" }]\n'
+    '[turns]\nmode = "followup"\n'
+)
 SEND_CHUNK = 500  # XADDs per pipelined round trip in the throughput producer
 
 # (channel, session, conversation, sender, privacy): owner terminals, direct chats and a group,

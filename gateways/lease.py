@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 import structlog
@@ -38,8 +38,17 @@ from contract.config import Config
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.outage import TRANSIENT, Outage
 
-if TYPE_CHECKING:
-    from gateways.runner import Runtime
+
+
+class Runtime(Protocol):
+    """What the lease needs of the gateway's runtime (gateways/runner.py)."""
+
+    name: str
+    stopping: asyncio.Event
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def redis_away(self, outage: Outage, exc: BaseException) -> None: ...
 
 log = structlog.get_logger(__name__)
 

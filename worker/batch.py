@@ -52,14 +52,15 @@ MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while 
 
 @dataclass(frozen=True, eq=False)
 class Read:
-    """An entry as read, with its place in the worker's read order."""
+    """An entry as read, with its place in the worker's read order and its size in bytes."""
 
     seq: int
     entry: Entry
+    size: int
 
-    @property
-    def size(self) -> int:
-        return sum(len(k) + len(v) for k, v in self.entry.fields.items())
+    @classmethod
+    def of(cls, seq: int, entry: Entry) -> Read:
+        return cls(seq, entry, sum(len(k) + len(v) for k, v in entry.fields.items()))
 
 
 @dataclass

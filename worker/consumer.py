@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 SWEEP_EVERY = 60.0  # seconds between two sweeps of the reply queues
 IN_HAND_BYTES = 64 << 20  # read entries held at most (and at most 10 * [worker] batch of them)
+READ_EVERY = 0.01  # seconds between reads while a batch or more is in hand and work goes on
 
 
 def _log_from_handler(method: Callable[..., Any], event: str, **info: Any) -> None:
@@ -120,6 +121,8 @@ class Consumer:
         self.handled = Handled()  # done, to be acked once memory committed them
         self.blocked: Blocked | None = None  # memory refuses writes
         self._seq = 0
+        self._held_bytes = 0  # the sizes of the entries in hand
+        self._last_read = 0.0
         self.stopping = False
         self._signals = 0
         self.processed = 0
@@ -395,21 +398,26 @@ class Consumer:
         """How many more entries may be read now: the worker holds at most ten reads' worth
         (waiting entries cost nothing but memory; reading on is what lets the owner's message
         overtake a flood), and at most :data:`IN_HAND_BYTES`."""
-        batch = self.cfg.worker.batch
-        n = self.in_hand()
-        if n > batch:  # only then can they be large: each read is bounded in bytes
-            held = [r.size for r in self.todo] + [i.size for i in self.sessions.waiting_items()]
-            if sum(held) >= IN_HAND_BYTES:
-                return 0
-        return max(0, 10 * batch - n)
+        if self._held_bytes >= IN_HAND_BYTES:
+            return 0
+        return max(0, 10 * self.cfg.worker.batch - self.in_hand())
 
-    def _busy_now(self) -> bool:
-        """Work that can be done without waiting: read without blocking."""
+    def _wait_s(self, most: float) -> float:
+        """How long the writer may wait for news (a read, a turn finishing): not at all with
+        work at hand, else until the next flush or the next try of a blocked memory."""
         if self.pool.pending():
-            return True
-        if self.blocked is not None and time.monotonic() < self.blocked.until:
-            return False
-        return bool(self.todo) or bool(self.handled.items)
+            return 0.0
+        now = time.monotonic()
+        blocked = self.blocked is not None and now < self.blocked.until
+        if self.todo and not blocked:
+            return 0.0
+        wait = most
+        if self.handled.items:
+            due = self.flush_after - (time.perf_counter() - self.handled.started)
+            wait = min(wait, max(0.0, due))
+        if self.blocked is not None:
+            wait = min(wait, max(0.0, self.blocked.until - now))
+        return wait
 
     def read(self, *, block_ms: int) -> list[Entry]:
         """Own pending entries first, one at a time and only with nothing else in hand (each
@@ -430,14 +438,18 @@ class Consumer:
             self._reconcile_due = False
             self.replies.reconcile()
         room = self._room()
-        wait = 0 if self._busy_now() else block_ms
-        if self.blocked is not None:
-            wait = min(wait, max(0, int((self.blocked.until - time.monotonic()) * 1000)))
-        if room == 0:
-            self.pool.wait(wait / 1000)
+        wait = self._wait_s((block_ms or 0) / 1000)
+        # a batch or more in hand: reading on is not urgent (every READ_EVERY, whole batches)
+        batch = self.cfg.worker.batch
+        full = self.in_hand() >= batch
+        if full and (room < batch or time.monotonic() - self._last_read < READ_EVERY):
+            self.pool.wait(wait)  # enough in hand: read again when it runs low, or soon
             return []
-        count = min(self.cfg.worker.batch, room)
-        found, gone = self.streams.read_new(block_ms=wait, count=count, wake=self.pool.wake_fd)
+        self._last_read = time.monotonic()
+        count = min(batch, room)
+        found, gone = self.streams.read_new(
+            block_ms=int(wait * 1000), count=count, wake=self.pool.wake_fd
+        )
         if gone:
             self.flush(Batch(acks=gone))
         return found
@@ -448,7 +460,9 @@ class Consumer:
         """Entries read, in order: handled as soon as they can be (:meth:`advance`)."""
         for entry in entries:
             self._seq += 1
-            self.todo.append(Read(self._seq, entry))
+            read = Read.of(self._seq, entry)
+            self._held_bytes += read.size
+            self.todo.append(read)
 
     def handle_entries(self, entries: Sequence[Entry]) -> None:
         """Handle entries to the end: every turn finished, recorded, queued and acked (what the
@@ -470,10 +484,8 @@ class Consumer:
                     return
             elif not self.in_hand():
                 return
-            wait = 0.5
-            if self.blocked is not None:
-                wait = max(0.0, min(wait, self.blocked.until - time.monotonic()))
-            if self.jobs or wait > 0:
+            wait = self._wait_s(0.5)
+            if wait > 0:
                 self.pool.wait(wait)
             if self.lease.lost.is_set():
                 raise LeaseLost("the worker lease was lost")
@@ -528,7 +540,7 @@ class Consumer:
             return parsed
         if parsed.kind is Kind.DERIVED:
             return self._guarded(entry, lambda: self.turns.apply(entry.sid, parsed))
-        return Item(read.seq, entry, parsed)
+        return Item(read.seq, entry, read.size, parsed)
 
     def _guarded(self, entry: Entry, step: Callable[[], T]) -> T | Outcome:
         """A step of an entry on the writer; a bug or an unexpected input is retried, then the
@@ -623,7 +635,7 @@ class Consumer:
 
     def _run_job(self, job: Job) -> TurnResult:
         """On a pool thread: the model call, its tool calls run on the writer."""
-        return self.turns.run(job, OnWriter(job.tools, self.pool.on_writer))
+        return self.turns.run(job, OnWriter(job.tools, self.pool.on_writer, job.specs))
 
     def _complete(self, job: Job, result: TurnResult) -> None:
         """A turn finished: record its reply; its messages are done (acked with it)."""
@@ -656,8 +668,9 @@ class Consumer:
         there is nothing else to do now (a lone message is answered at once)."""
         if not self.handled.items:
             return
-        work = bool(self.todo) and not self.stopping and self.blocked is None
-        if work and time.perf_counter() - self.handled.started < self.flush_after:
+        work = (self.todo or self.sessions.waiting or self.jobs) and not self.stopping
+        due = time.perf_counter() - self.handled.started >= self.flush_after
+        if work and self.blocked is None and not due:
             return
         try:
             self._settle()
@@ -731,6 +744,7 @@ class Consumer:
             self._idle_session(item.msg.session)
         self.todo.clear()
         self.handled = Handled()
+        self._held_bytes = 0
 
     def _finish(self, items: list[tuple[Read, Outcome, int]]) -> None:
         if not items:
@@ -738,6 +752,7 @@ class Consumer:
         batch = Batch()
         for read, outcome, _ in items:
             self._add(batch, read.entry, outcome)
+            self._held_bytes -= read.size
         self.erasures.finish(batch.replies, batch.erasures)
         self.flush(batch)
         self.erasures.forget(batch.forget, rewrite=batch.rewrite)

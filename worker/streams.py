@@ -164,6 +164,11 @@ class Entry:
     channel: str | None  # the channel of its stream (None: the stream without a channel)
     fields: dict[bytes, bytes]
 
+    @property
+    def order(self) -> tuple[int, int]:
+        """Its place in the one order across the streams (its id's time, then sequence)."""
+        return _order(self.raw_id)
+
 
 def _order(raw_id: str) -> tuple[int, int]:
     ms, _, seq = raw_id.partition("-")
@@ -263,11 +268,11 @@ class InboundStreams:
             left = 0.0 if deadline is None else deadline - time.monotonic()
             if left <= 0 or not self._wait(delivered, left, wake):
                 break
-        merged = sorted(held + found, key=lambda e: _order(e.raw_id))
+        merged = sorted(held + found, key=lambda e: e.order) if held else found
         cut = min((_order(last) for last in last_of_full), default=None)
         if cut is not None:
-            self._held = [e for e in merged if _order(e.raw_id) > cut]
-            merged = [e for e in merged if _order(e.raw_id) <= cut]
+            self._held = [e for e in merged if e.order > cut]
+            merged = [e for e in merged if e.order <= cut]
         return merged, []
 
     def read_pending(self) -> tuple[list[Entry], list[Entry]]:
@@ -341,7 +346,7 @@ class InboundStreams:
                 found.append(
                     Entry(stream, rid, self.sid(stream, rid), self.channels[stream], fields)
                 )
-        found.sort(key=lambda e: _order(e.raw_id))
+        found.sort(key=lambda e: e.order)
         return found, last_of_full, delivered
 
     def trim(self, retention: float) -> None:

@@ -250,13 +250,18 @@ class OnWriter(ToolRegistry):
     run on the worker's writer thread through ``on_writer``, so tools that read memory use
     the writer's connection and see what it has written."""
 
-    def __init__(self, inner: ToolRegistry, on_writer: Callable[[Callable[[], Any]], Any]) -> None:
+    def __init__(
+        self,
+        inner: ToolRegistry,
+        on_writer: Callable[[Callable[[], Any]], Any],
+        specs: list[dict[str, Any]],
+    ) -> None:
         super().__init__()
-        self._inner, self._on_writer = inner, on_writer
+        self._inner, self._on_writer, self._specs = inner, on_writer, specs
 
     def specs(self) -> list[dict[str, Any]]:
-        specs: list[dict[str, Any]] = self._on_writer(self._inner.specs)
-        return specs
+        """Taken on the writer when the turn started (most turns call no tool: no hand-over)."""
+        return list(self._specs)
 
     def call(self, name: str, arguments: object) -> str:
         result: str = self._on_writer(lambda: self._inner.call(name, arguments))

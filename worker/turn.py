@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -64,6 +65,7 @@ class Job:
     messages: list[dict[str, str]]
     tools: ToolRegistry
     drew: DrewOn
+    specs: list[dict[str, Any]]  # the tools' specs, taken on the writer
 
 
 @dataclass
@@ -349,7 +351,9 @@ class Turns:
             drew=drew,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
-        return Job(keys=[a[0] for a in asks], msg=msg, messages=messages, tools=tools, drew=drew)
+        keys = [a[0] for a in asks]
+        specs = tools.specs()
+        return Job(keys=keys, msg=msg, messages=messages, tools=tools, drew=drew, specs=specs)
 
     def _published_again(
         self, stream_id: str, first: str, msg: InboundMessage
