@@ -39,7 +39,6 @@ from contract.liveness import Heartbeat, Lease, process_identity
 from contract.outage import TRANSIENT, Outage
 
 
-
 class Runtime(Protocol):
     """What the lease needs of the gateway's runtime (gateways/runner.py)."""
 
@@ -49,6 +48,7 @@ class Runtime(Protocol):
     async def sleep(self, seconds: float) -> None: ...
 
     async def redis_away(self, outage: Outage, exc: BaseException) -> None: ...
+
 
 log = structlog.get_logger(__name__)
 

@@ -17,14 +17,26 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+import structlog
 from structlog.testing import capture_logs
 
+import gateways.lease
+import gateways.runner
 from contract.config import Config
 from contract.keys import Keys, digest
 from contract.liveness import heartbeats
 from gateways.lease import GatewayLease, LeaseLost, _pid_namespace, account_of, died_here, identity
 from gateways.runner import Delivery, Runtime, run_gateway
 from tests.unit.test_runner import A, FakeChannel, push
+
+
+@pytest.fixture(autouse=True)
+def fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_logs cannot see a module logger that an earlier test's logging setup cached
+    (``cache_logger_on_first_use``): give the modules under test fresh ones."""
+    structlog.reset_defaults()
+    for module in (gateways.lease, gateways.runner):
+        monkeypatch.setattr(module, "log", structlog.get_logger(module.__name__))
 
 
 @pytest.fixture
