@@ -124,6 +124,8 @@ def render(status: dict[str, Any]) -> str:
     for name, beat in beats.items():
         flag = "  STALE" if beat["stale"] else ""
         lines.append(f"  {name}: {beat['age_s']:.1f} s ago (pid {beat.get('pid')}){flag}")
+        if beat.get("turns"):  # the worker's turns side by side (issue 12)
+            lines.append(f"    turns {beat['turns']}")
         if beat.get("memory"):  # the worker cannot write memory: entries wait (issue 11)
             lines.append(f"    memory {beat['memory']} (messages wait, pending, until it can)")
     return "\n".join(lines)

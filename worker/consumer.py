@@ -198,6 +198,9 @@ class Consumer:
     def _beat(self) -> None:
         """What the heartbeat says: ``relaybot status`` and ``doctor`` read it."""
         info: dict[str, object] = {"consumer": self.name, "processed": self.processed}
+        info["turns"] = (
+            f"{len(self.jobs)} of {self.sessions.limit} running, {self.sessions.count()} waiting"
+        )
         if self.memory_blocked:
             info["memory"] = f"blocked: {self.memory_blocked}"
         if self.hb is not None:
