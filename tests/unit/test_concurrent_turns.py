@@ -348,3 +348,27 @@ def test_stopping_finishes_the_turns_in_flight_and_leaves_the_rest_pending(
     assert [len(rig.replies(s)) for s in ("cli:a", "cli:b")] == [1, 1]
     pending = rig.r.xpending(rig.keys.inbound_of("cli"), "worker")["pending"]
     assert pending == 1  # "two" never started: it waits for the next worker
+
+
+def test_a_session_waiting_for_a_slot_shows_as_busy(make: Callable[..., Rig]) -> None:
+    """The "thinking" mark is on while a session has a turn running or waiting, and goes with
+    its reply."""
+    from worker.busy import BusySignal
+
+    rig = make(limit=1)
+    busy = BusySignal(rig.r, rig.keys, after=0.05, ttl=1.0).start()
+    rig.c.busy = busy
+    try:
+        rig.add(msg("running", "cli:a"))
+        rig.until(lambda: rig.model.in_flight == 1, "the first turn")
+        rig.add(msg("waiting", "cli:b"))  # no slot: it waits
+        rig.until(lambda: bool(rig.r.exists(rig.keys.busy("cli:b"))), "cli:b marked busy")
+        assert rig.r.exists(rig.keys.busy("cli:a"))
+        rig.model.open()
+        rig.until(lambda: len(rig.replies("cli:a")) + len(rig.replies("cli:b")) == 2, "replies")
+        rig.until(lambda: rig.c.in_hand() == 0, "all acked")
+        time.sleep(0.15)  # a late mark would land now
+        assert not rig.r.exists(rig.keys.busy("cli:a"))
+        assert not rig.r.exists(rig.keys.busy("cli:b"))
+    finally:
+        busy.stop()
