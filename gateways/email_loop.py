@@ -7,7 +7,8 @@ forever. ``loop_guard`` names the reason a mail is not to be answered (empty: it
   auto-replies), ``Content-Type: multipart/report`` (DSN, MDN read receipts, ARF);
 - automatic mail: ``Auto-Submitted`` other than ``no`` (RFC 3834 5), ``Precedence: bulk``,
   ``junk``, ``list`` or ``auto_reply``, the ``X-Autoreply`` / ``X-Autorespond`` family
-  (Exchange, cPanel, vacation programs);
+  (Exchange, cPanel, vacation programs), and ``X-Auto-Response-Suppress: All``, ``AutoReply``
+  or ``OOF`` (the sender, often itself automatic, asks responders not to answer);
 - lists: ``List-Id`` or ``List-Unsubscribe`` (RFC 2919/2369);
 - robots by address: ``mailer-daemon``, ``postmaster``, and no-reply senders (``noreply``,
   ``no-reply``, ``donotreply``, ... with or without a ``+tag``);
@@ -44,6 +45,9 @@ ROBOT_LOCALPARTS = frozenset(
 )
 AUTO_PRECEDENCE = frozenset({"bulk", "list", "junk", "auto_reply"})
 AUTOREPLY_HEADERS = ("X-Autoreply", "X-Autorespond", "X-Autoresponder", "X-AutoReply-From")
+# Microsoft's X-Auto-Response-Suppress values that ask responders like relaybot not to answer
+# (DR, NDR, RN, NRN concern delivery and read receipts, which relaybot never sends)
+SUPPRESS_REPLIES = frozenset({"all", "autoreply", "oof"})
 _COMMENT = re.compile(r"\([^()]*\)")
 
 Header = Callable[[str], str]  # a header's value, "" when absent or unreadable
@@ -68,6 +72,9 @@ def loop_guard(
     for name in AUTOREPLY_HEADERS:
         if header(name):
             return f"{name} (an automatic reply)"
+    suppress = {v.strip().lower() for v in header("X-Auto-Response-Suppress").split(",")}
+    if suppress & SUPPRESS_REPLIES:
+        return "X-Auto-Response-Suppress (the sender asks automatic responders not to answer)"
     if header("List-Id") or header("List-Unsubscribe"):
         return "mailing list (List-Id)"
     local = sender.split("@", 1)[0].split("+", 1)[0]

@@ -78,6 +78,10 @@ GUARDED = {
     "X-Autoreply": mail("X-Autoreply: yes"),
     "X-Autorespond": mail("X-Autorespond: Out of office"),
     "X-Auto-Response (some MTAs)": mail("X-AutoReply-From: peer@example.com", "X-Autoreply: 1"),
+    "X-Auto-Response-Suppress: All": mail("X-Auto-Response-Suppress: All"),
+    "X-Auto-Response-Suppress: DR, OOF, AutoReply": mail(
+        "X-Auto-Response-Suppress: DR, OOF, AutoReply"
+    ),
     "List-Id": mail("List-Id: Friends <friends.lists.example.com>"),
     "List-Unsubscribe": mail("List-Unsubscribe: <mailto:leave@lists.example.com>"),
     "from MAILER-DAEMON": mail(sender="MAILER-DAEMON@mx.example.com"),
@@ -109,6 +113,7 @@ ANSWERED = {
     "Auto-Submitted: no": mail("Auto-Submitted: no"),
     "Auto-Submitted: no with a comment": mail("Auto-Submitted: no (a person wrote this)"),
     "Precedence: first-class": mail("Precedence: first-class"),
+    "X-Auto-Response-Suppress: DR, RN (receipts only)": mail("X-Auto-Response-Suppress: DR, RN"),
     "a normal Return-Path": mail("Return-Path: <peer@example.com>"),
     "a sender whose name merely contains noreply": mail(sender="noreplyingfan@example.com"),
     "multipart/mixed with an attachment": (
