@@ -6,7 +6,9 @@ clocks can disagree by hours (a host without NTP, a wrong time zone set as UTC);
 server they all share, so its ``TIME`` is the clock of record.
 
 :class:`RedisClock` asks Redis once and keeps the offset from the local clock, asking again every
-``refresh`` seconds: ``now()`` costs no round trip per call. When Redis cannot be asked, the last
+``refresh`` seconds, and at once when the local clock steps (it moved more than a second apart
+from the monotonic clock: an NTP correction, a manual change): ``now()`` costs no round trip per
+call. When Redis cannot be asked, the last
 offset is kept (logged); before the first answer, the Redis error is raised.
 """
 
@@ -22,6 +24,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 REFRESH = 30.0  # seconds between two TIME requests
+STEP = 1.0  # seconds the local clock may drift from the monotonic one before Redis is asked again
 
 
 class RedisClock:
@@ -38,14 +41,20 @@ class RedisClock:
         self.r, self.local, self.refresh, self.monotonic = r, local, refresh, monotonic
         self.offset: float | None = None  # Redis time minus local time, seconds
         self._synced_at = 0.0  # monotonic time of the last TIME answer
+        self._local_at = 0.0  # local time then (a step of the local clock shows against it)
         self._lock = threading.Lock()
 
     def now(self) -> float:
         """Redis's time now (unix seconds)."""
-        if self.offset is None or self.monotonic() - self._synced_at >= self.refresh:
+        local, mono = self.local(), self.monotonic()
+        stepped = abs((local - self._local_at) - (mono - self._synced_at)) > STEP
+        if self.offset is None or mono - self._synced_at >= self.refresh or stepped:
+            if stepped and self.offset is not None:
+                log.info("clock.stepped", detail="the local clock jumped: asking Redis again")
             self.sync()
+            local = self.local()
         assert self.offset is not None  # sync() set it or raised
-        return self.local() + self.offset
+        return local + self.offset
 
     def sync(self) -> None:
         """Ask Redis for its time and keep the offset; the round trip's middle is the moment."""
@@ -57,10 +66,11 @@ class RedisClock:
                 if self.offset is None:
                     raise
                 self._synced_at = self.monotonic()  # try again after another ``refresh``
+                self._local_at = self.local()
                 log.warning("clock.sync_failed", error=repr(exc), offset=round(self.offset, 3))
                 return
             after = self.local()
             offset = seconds + micros / 1e6 - (before + after) / 2
             if self.offset is None or abs(offset - self.offset) > 1.0:
                 log.info("clock.offset", offset=round(offset, 3), detail="Redis time - local time")
-            self.offset, self._synced_at = offset, self.monotonic()
+            self.offset, self._synced_at, self._local_at = offset, self.monotonic(), after

@@ -28,3 +28,20 @@ def test_no_answer_yet_is_an_error_not_a_guess() -> None:
     server.connected = False
     with pytest.raises(redis.ConnectionError):
         RedisClock(fakeredis.FakeRedis(server=server)).now()
+
+
+def test_a_step_of_the_local_clock_is_followed_at_once() -> None:
+    """An NTP correction or a manual change moves the local clock: the cached offset would be
+    off by the step until the next refresh (30 s); the step is seen against the monotonic clock
+    and Redis is asked again at once."""
+    r = fakeredis.FakeRedis()
+    step = [0.0]
+    ticks = [0.0]
+    clock = RedisClock(r, local=lambda: time.time() + step[0], monotonic=lambda: ticks[0])
+    assert abs(clock.now() - time.time()) < 1
+    step[0] = -25 * 3600.0  # the host's clock is set back a day and an hour
+    ticks[0] = 0.5  # well within the refresh
+    assert abs(clock.now() - time.time()) < 1
+    step[0] = 7200.0
+    ticks[0] = 1.0
+    assert abs(clock.now() - time.time()) < 1
