@@ -17,6 +17,9 @@ a worker holds the lease, then SIGKILLs it at a moment chosen by one of five aim
   pending one entry at a time, so the other aims mostly land while it runs one turn);
 - ``after-model``: 0-4 ms after an answer went out (appending the reply, the SQLite commit, the
   fenced Redis commit that queues the reply and acks, the next read);
+- ``collected-commit``: as ``at-commit``, after the answer to a collected turn (one whose last
+  message's predecessor in its session shows in its history with no reply after it: answered by
+  this turn too), so that a reply covering several messages is replayed from memory;
 - ``at-commit``: as soon as the SQLite commit after a model answer is seen (``PRAGMA
   data_version``; the worker commits before every model call and before it acks), which is mostly
   before the Redis script has queued the reply and acked the entry: the replay must then reuse the
@@ -55,11 +58,12 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from contract.bus import publish, stream_id
+from contract.bus import publish, stream_id, text
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy, Reply
 from tests.support.crashrig import (
@@ -73,17 +77,26 @@ from tests.support.crashrig import (
     token,
 )
 from tests.support.procs import inbound_streams
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
 MIN_KILLS = 50
-KILLS = 55  # 9 or 10 per aim; at least MIN_KILLS must happen
+KILLS = 55  # 7 or 8 per aim; at least MIN_KILLS must happen
 STANDBYS = 2  # workers waiting for the lease besides the one holding it
 BACKLOG = 24  # the producer waits while this many messages are unanswered
 EXTRA_KILLS = 20  # at-commit kills added (at most) while none has landed in the commit-ack window
 KILL_PHASE_LIMIT = 150.0  # seconds; the test fails rather than run on when kills are this slow
 DRAIN_TIMEOUT = 60.0
-AIMS = ("early", "anytime", "in-model", "side-by-side", "after-model", "at-commit")
+AIMS = (
+    "early",
+    "anytime",
+    "in-model",
+    "side-by-side",
+    "after-model",
+    "collected-commit",
+    "at-commit",
+)
 CONCURRENCY = 4  # [model] concurrency: model calls one worker makes at once
 MIN_COLLECTED = 5  # collect mode: at least this many replies answer several messages
 MIN_IN_FLIGHT = 3  # at least once, one worker had this many model calls in flight
@@ -147,6 +160,8 @@ class Producer(threading.Thread):
         self.stop = threading.Event()
         self.sent: list[Sent] = []
         self.place: dict[str, int] = {}  # stream id -> how many of its session's came before +1
+        self.before: dict[str, str] = {}  # token -> the token of its session's message before it
+        self.last: dict[str, str] = {}  # session -> the token of its newest message
         self.per_session: Counter[str] = Counter()
         self.bursts = 0
         self.error: BaseException | None = None
@@ -202,6 +217,9 @@ class Producer(threading.Thread):
             ts=time.time(),
             event_id=f"evt-{n}",
         )
+        if session in self.last:
+            self.before[token(n)] = self.last[session]
+        self.last[session] = token(n)
         sid = publish(self.r, self.keys, msg)
         self.per_session[session] += 1
         self.place[sid] = self.per_session[session]
@@ -243,6 +261,7 @@ def aim_and_kill(
     commits: CommitWatch,
     aim: str,
     rng: random.Random,
+    before: dict[str, str],
 ) -> Kill:
     """Wait for the moment ``aim`` asks for, then SIGKILL ``holder``; returns what happened."""
     requests, responses = model.marks()
@@ -268,6 +287,16 @@ def aim_and_kill(
             time.sleep(rng.uniform(0, 0.004))
         else:
             landed = "after-model (no answer came: idle)"
+    elif aim == "collected-commit":
+
+        def collected(q: Request) -> bool:
+            prev = before.get(q.message or "")
+            return q.life == holder.life and prev in q.history and prev not in q.echoed
+
+        req = model.next_request_where(requests, collected, timeout=3.0)
+        answered = req is not None and model.wait_answered(req, timeout=1.0)
+        if not answered or not commits.next_commit(timeout=0.6):
+            landed = "collected-commit (no collected turn answered: idle)"
     elif aim == "at-commit":
         # the commit that holds a reply comes after the model's answer (the worker also commits
         # the inbound messages before model calls: such a commit may hold no reply)
@@ -291,8 +320,7 @@ def pending_ids(r: redis.Redis, keys: Keys) -> list[str]:
                 raise
             continue  # the first worker was killed before it created the group
         found += [
-            stream_id(channel, p["message_id"]) if channel else p["message_id"].decode()
-            for p in rows
+            stream_id(channel, p["message_id"]) if channel else text(p["message_id"]) for p in rows
         ]
     return found
 
@@ -336,8 +364,8 @@ def turns_mode() -> str:
 
 
 def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
-    redis_server, prefix, tmp_path, request
-):
+    redis_server: RedisServer, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     started = time.monotonic()
     seed = int(os.environ.get("RELAYBOT_CRASH_SEED", time.time_ns() % 1_000_000))
     mode = turns_mode()
@@ -391,7 +419,7 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
                     pool.spawn()
                 holder = pool.wait_for_holder(timeout=20)
                 aim = AIMS[len(kills) % len(AIMS)] if len(kills) < KILLS else "at-commit"
-                kill = aim_and_kill(pool, holder, model, commits, aim, rng)
+                kill = aim_and_kill(pool, holder, model, commits, aim, rng, producer.before)
                 assert holder.proc.returncode == -9
                 window = committed_but_unacked(db, pending_ids(r, keys))
                 kills.append(dataclasses.replace(kill, window=window))
@@ -411,8 +439,7 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
                 if pool.holder() is None and not pool.waiting():
                     pool.spawn()
                 time.sleep(0.05)
-            holder = pool.holder()
-            assert holder is not None, "no worker holds the lease at the end"
+            assert pool.holder() is not None, "no worker holds the lease at the end"
         finally:
             producer.stop.set()
             stopped = pool.stop_all()
@@ -463,10 +490,10 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
     for stream in inbound_streams(keys):
         if not r.xlen(stream):
             continue
-        group = next(g for g in r.xinfo_groups(stream) if g["name"] == b"worker")
-        assert group["pending"] == 0
-        last = r.xrevrange(stream, count=1)[0][0]
-        assert group["last-delivered-id"] == last, group  # every entry was read
+        info = next(g for g in r.xinfo_groups(stream) if g["name"] == b"worker")
+        assert info["pending"] == 0
+        newest: Any = r.xrevrange(stream, count=1)
+        assert info["last-delivered-id"] == newest[0][0], info  # every entry was read
     assert r.xlen(keys.dead) == 0, r.xrange(keys.dead, count=3)
     by_sid = {s.sid: s for s in sent}
     replies = all_replies(r, keys)
@@ -482,7 +509,9 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
         assert rep.session == s.session
         assert rep.kind == "reply", rep
         assert rep.text.startswith("echo: ") and s.text in rep.text, (s.token, rep.text)
-        assert rep.in_reply_to == f"evt-{s.n}", (s.token, s.sid, rep)
+        assert rep.in_reply_to == f"evt-{s.n}", (
+            f"the reply to {s.token} ({s.sid}) replies to event {rep.in_reply_to}, not evt-{s.n}"
+        )
 
     # -- memory: one inbound row per message, one outbound row per reply, the covers ----------
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
@@ -499,14 +528,14 @@ def test_kill_9_at_any_point_of_a_turn_loses_and_repeats_nothing(
     assert {sid for d, sid in per_key if d == "out"} == set(per_answer)
     assert len(rows) == len(sent) + len(replies), (len(rows), len(sent), len(replies))
     recorded_at: dict[str, float] = {}  # reply key -> when its row was recorded
-    for direction, sid, text, reply_id, session, recorded_ts in rows:
+    for direction, sid, body, reply_id, session, recorded_ts in rows:
         s = by_sid[sid]
         assert session == s.session
         if direction == "in":
-            assert text == s.text
+            assert body == s.text
         else:
             assert reply_id == reply_of[sid].reply_id, "the queued reply is not the recorded one"
-            assert text == reply_of[sid].text
+            assert body == reply_of[sid].text
             recorded_at[sid] = recorded_ts
 
     # -- every message answered exactly once: by its own reply, or covered by a later one ------

@@ -24,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from contract.bus import text
 from tests.support.fakemodel import FakeModelServer, _Handler, _last_user
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +55,7 @@ class Request:
     life: str  # the worker process that sent it (its API key)
     message: str | None  # the token of the message being answered (last user message)
     history: frozenset[str]  # the tokens visible in the system message (the history)
+    echoed: frozenset[str]  # those on a line of the history that holds a reply ("echo: ")
     delay: float  # the [[delay:...]] the server will sleep before answering
 
 
@@ -106,6 +108,12 @@ class ProbeModel(FakeModelServer):
                 life=auth.removeprefix("Bearer "),
                 message=f"msg-{found.group(1)}" if found else None,
                 history=frozenset(f"msg-{d}" for d in TOKEN.findall(system)),
+                echoed=frozenset(
+                    f"msg-{d}"
+                    for line in system.splitlines()
+                    if "echo: " in line
+                    for d in TOKEN.findall(line)
+                ),
                 delay=float(delay.group(1)) if delay else 0.0,
             )
             self.seen_requests.append(req)
@@ -133,6 +141,25 @@ class ProbeModel(FakeModelServer):
             if self._cond.wait_for(lambda: len(self.seen_requests) > after, timeout):
                 return self.seen_requests[after]
         return None
+
+    def next_request_where(
+        self, after: int, where: Callable[[Request], bool], timeout: float
+    ) -> Request | None:
+        """The first request beyond the first ``after`` ones for which ``where`` holds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = next((q for q in self.seen_requests[after:] if where(q)), None)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0:
+                    return found
+                after = len(self.seen_requests)
+                self._cond.wait(left)
+
+    def wait_answered(self, req: Request, timeout: float) -> bool:
+        """Wait until the answer to ``req`` went out."""
+        with self._cond:
+            return self._cond.wait_for(lambda: req.seq in self.answered_at, timeout)
 
     def next_response(self, after: int, timeout: float) -> bool:
         with self._cond:
@@ -237,7 +264,7 @@ class WorkerPool:
         raw = self.r.get(self.lease_key)
         if raw is None:
             return None
-        pid = int(raw.decode().rsplit(":", 1)[1])
+        pid = int(text(raw).rsplit(":", 1)[1])
         for p in self.procs:
             if p.pid == pid and p.killed is None:
                 if p.acquired is None:
