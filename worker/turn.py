@@ -298,7 +298,8 @@ class Turns:
                 # Redis holds it already (the reconciliation after a Redis data loss may have
                 # queued it before this entry, which the loss made unread, came again)
                 log.info("turn.replayed", reply_id=recorded.reply_id)
-                done = Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True)
+                reply = self._reply_again(recorded, msg, stream_id)
+                done = Outcome(reply=reply, only_if_missing=True)
                 ask = None
             else:
                 done, ask = None, (stream_id, msg, row, is_owner)
@@ -373,7 +374,16 @@ class Turns:
         log.info("turn.published_again", stream_id=stream_id, first=first, status=status)
         if status is not None:
             return Outcome(), None
-        return Outcome(reply=_reply_from_row(recorded, msg), only_if_missing=True), None
+        return Outcome(reply=self._reply_again(recorded, msg, first), only_if_missing=True), None
+
+    def _reply_again(self, row: LogRow, msg: InboundMessage, stream_id: str) -> Reply:
+        """The reply recorded for the entry ``stream_id`` (``msg``), queued again as it was: a
+        collected reply is keyed by a later entry than this one, and replies to that entry's
+        event, not to this one's."""
+        event: str | None = None
+        if row.stream_id != stream_id:  # memory failing: this entry's event, as before
+            event = self.memory.use(lambda s: _event_of(s, row.stream_id))
+        return _reply_from_row(row, msg, in_reply_to=event or msg.event_id)
 
     def _refused(self, msg: InboundMessage, channel: str | None) -> str:
         """Why an entry cannot be what it says (a gateway speaks only for its own channel, and
@@ -471,6 +481,7 @@ def _reply(
     *,
     reply_id: str | None = None,
     created: float | None = None,
+    in_reply_to: str | None = None,
 ) -> Reply:
     """The reply to ``msg`` (the stream entry ``stream_id``), routed back to its session."""
     return Reply(
@@ -480,13 +491,13 @@ def _reply(
         channel=msg.channel,
         session=msg.session,
         conversation=msg.conversation,
-        in_reply_to=msg.event_id,
+        in_reply_to=msg.event_id if in_reply_to is None else in_reply_to,
         text=text,
         created=created if created is not None else time.time(),
     )
 
 
-def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:
+def _reply_from_row(row: LogRow, msg: InboundMessage, *, in_reply_to: str) -> Reply:
     """The reply recorded before a crash, queued again as it was (same id, same text)."""
     kind = ReplyKind(row.kind) if row.kind in ReplyKind._value2member_map_ else ReplyKind.REPLY
     return _reply(
@@ -496,7 +507,16 @@ def _reply_from_row(row: LogRow, msg: InboundMessage) -> Reply:
         kind,
         reply_id=row.reply_id or row.event_id,
         created=row.platform_ts or row.recorded_ts,
+        in_reply_to=in_reply_to,
     )
+
+
+def _event_of(store: MemoryStore, stream_id: str) -> str | None:
+    """The platform event id of the inbound entry ``stream_id`` as memory recorded it."""
+    found = store.conn.execute(
+        "SELECT event_id FROM log WHERE direction = 'in' AND stream_id = ?", (stream_id,)
+    ).fetchone()
+    return None if found is None or found[0] is None else str(found[0])
 
 
 def _transient_row(msg: InboundMessage, stream_id: str, is_owner: bool) -> LogRow:

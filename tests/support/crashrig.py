@@ -3,9 +3,11 @@
 Used by ``tests/integration/test_crash.py``. The pieces:
 
 - :class:`ProbeModel` — the fake OpenAI-compatible server (in-process) that also records, for each
-  chat request, when it arrived, which worker process sent it (each worker gets its own API key,
-  ``life-N``), which test message it is about and which test messages its history shows; and lets
-  the killer wait for the next request to arrive or the next response to go out.
+  chat request, when it arrived and when its answer went out, which worker process sent it (each
+  worker gets its own API key, ``life-N``), which test message it is about (the last user
+  message: with collected turns, the last message of the turn) and which test messages its
+  history shows; and lets the killer wait for the next request to arrive or the next response to
+  go out. :func:`overlap` tells how many calls of one worker were in flight at once.
 - :class:`WorkerPool` — ``python -m relaybot worker`` processes, each with its own log file. It
   keeps standbys waiting for the worker lease, tells which process holds the lease, kills it with
   SIGKILL and stops the rest at the end. Only processes it started are ever signalled.
@@ -22,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from contract.bus import text
 from tests.support.fakemodel import FakeModelServer, _Handler, _last_user
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,10 +50,12 @@ def token(n: int) -> str:
 class Request:
     """One chat request as the probe saw it arrive."""
 
+    seq: int  # its place among the requests the probe saw (0, 1, ...)
     at: float  # time.time() on arrival
     life: str  # the worker process that sent it (its API key)
     message: str | None  # the token of the message being answered (last user message)
     history: frozenset[str]  # the tokens visible in the system message (the history)
+    echoed: frozenset[str]  # those on a line of the history that holds a reply ("echo: ")
     delay: float  # the [[delay:...]] the server will sleep before answering
 
 
@@ -67,11 +72,16 @@ class _ProbeHandler(_Handler):
 class ProbeModel(FakeModelServer):
     """A :class:`FakeModelServer` that records :class:`Request` s and signals arrivals/responses."""
 
+    def __enter__(self) -> ProbeModel:
+        return self.start()
+
     def __init__(self) -> None:
         super().__init__()
         self.seen_requests: list[Request] = []
+        self.answered_at: dict[int, float] = {}  # Request.seq -> when its answer went out
         self.responses = 0
         self._cond = threading.Condition()
+        self._current = threading.local()  # the request this handler thread answers
 
     def start(self) -> ProbeModel:
         super().start()
@@ -91,19 +101,32 @@ class ProbeModel(FakeModelServer):
         auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
         found = TOKEN.search(text)
         delay = _DELAY.search(text)
-        req = Request(
-            at=time.time(),
-            life=auth.removeprefix("Bearer "),
-            message=f"msg-{found.group(1)}" if found else None,
-            history=frozenset(f"msg-{d}" for d in TOKEN.findall(system)),
-            delay=float(delay.group(1)) if delay else 0.0,
-        )
-        with self._cond:
+        with self._cond:  # one at a time: seq is the request's place in seen_requests
+            req = Request(
+                seq=len(self.seen_requests),
+                at=time.time(),
+                life=auth.removeprefix("Bearer "),
+                message=f"msg-{found.group(1)}" if found else None,
+                history=frozenset(f"msg-{d}" for d in TOKEN.findall(system)),
+                echoed=frozenset(
+                    f"msg-{d}"
+                    for line in system.splitlines()
+                    if "echo: " in line
+                    for d in TOKEN.findall(line)
+                ),
+                delay=float(delay.group(1)) if delay else 0.0,
+            )
             self.seen_requests.append(req)
+            self._current.req = req  # this handler thread answers it next (_ProbeHandler)
             self._cond.notify_all()
 
     def responded(self) -> None:
+        """The handler thread's answer went out (or failed: the worker is gone)."""
+        req = getattr(self._current, "req", None)
+        self._current.req = None
         with self._cond:
+            if req is not None:
+                self.answered_at[req.seq] = time.time()
             self.responses += 1
             self._cond.notify_all()
 
@@ -119,13 +142,62 @@ class ProbeModel(FakeModelServer):
                 return self.seen_requests[after]
         return None
 
+    def next_request_where(
+        self, after: int, where: Callable[[Request], bool], timeout: float
+    ) -> Request | None:
+        """The first request beyond the first ``after`` ones for which ``where`` holds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = next((q for q in self.seen_requests[after:] if where(q)), None)
+                left = deadline - time.monotonic()
+                if found is not None or left <= 0:
+                    return found
+                after = len(self.seen_requests)
+                self._cond.wait(left)
+
+    def wait_answered(self, req: Request, timeout: float) -> bool:
+        """Wait until the answer to ``req`` went out."""
+        with self._cond:
+            return self._cond.wait_for(lambda: req.seq in self.answered_at, timeout)
+
     def next_response(self, after: int, timeout: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.responses > after, timeout)
 
+    def _open(self, life: str) -> list[Request]:
+        return [q for q in self.seen_requests if q.life == life and q.seq not in self.answered_at]
+
+    def in_flight(self, life: str) -> list[Request]:
+        """The calls of worker ``life`` not answered yet."""
+        with self._cond:
+            return self._open(life)
+
+    def wait_in_flight(self, life: str, n: int, timeout: float) -> list[Request]:
+        """Wait until worker ``life`` has ``n`` calls in flight at once (at most ``timeout``);
+        those in flight then (fewer when it timed out)."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._open(life)) >= n, timeout)
+            return self._open(life)
+
     def snapshot(self) -> list[Request]:
         with self._cond:
             return list(self.seen_requests)
+
+    def answers(self) -> dict[int, float]:
+        """When each request's answer went out, by :attr:`Request.seq` (absent: never)."""
+        with self._cond:
+            return dict(self.answered_at)
+
+
+def overlap(spans: list[tuple[float, float]]) -> int:
+    """The most of these (start, end) spans that were open at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = now = 0
+    for _t, step in edges:  # at a tie an end (-1) sorts first: touching spans do not overlap
+        now += step
+        most = max(most, now)
+    return most
 
 
 # -- worker processes ---------------------------------------------------------------------------
@@ -192,7 +264,7 @@ class WorkerPool:
         raw = self.r.get(self.lease_key)
         if raw is None:
             return None
-        pid = int(raw.decode().rsplit(":", 1)[1])
+        pid = int(text(raw).rsplit(":", 1)[1])
         for p in self.procs:
             if p.pid == pid and p.killed is None:
                 if p.acquired is None:
