@@ -172,6 +172,9 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class ReplyKind(StrEnum):
     REPLY = "reply"
     ERROR = "error"
@@ -194,6 +197,13 @@ class Reply(BaseModel):
     text: str
     created: float
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("text", "in_reply_to")
+    @classmethod
+    def _encodable(cls, value: str) -> str:
+        """A lone surrogate (a broken tokenizer's half emoji) becomes U+FFFD, as in memory: a
+        reply that cannot be encoded as UTF-8 could not be queued (it stopped the worker)."""
+        return _SURROGATE.sub("\ufffd", value)
 
     def to_json(self) -> str:
         return self.model_dump_json()

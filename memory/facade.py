@@ -255,18 +255,26 @@ class Memory:
         privacy: Privacy,
         drew: DrewOn | None = None,
         covers: Sequence[str] = (),
-    ) -> None:
-        """The reply row, with what its model input drew on (memory.provenance); ``covers``:
-        the other entries a collected reply answers (all recorded in the same write)."""
+    ) -> LogRow:
+        """The reply row (the one recorded before, for a replay), with what its model input
+        drew on (memory.provenance); ``covers``: the other entries a collected reply answers
+        (all recorded in the same write)."""
         name = self.settings.assistant_name
         extra = drew.as_extra() if drew is not None else {}
 
-        def write(store: MemoryStore) -> None:
-            store.append_reply(reply, sender=name, privacy=privacy, extra=extra)
+        def write(store: MemoryStore) -> LogRow:
+            row = store.append_reply(reply, sender=name, privacy=privacy, extra=extra)
             if covers:
                 store.add_covers(reply.answers, covers)
+            return row
 
-        self._write(write)
+        return self._write(write)
+
+    def erasure_mark(self) -> int:
+        """The newest erasure's id (0: none, or memory failing): a turn that started under an
+        older mark may have read what was erased since."""
+        found = self.use(lambda s: s.conn.execute("SELECT MAX(id) FROM erasure").fetchone()[0])
+        return int(found or 0)
 
     def reply_of(self, answers: str) -> tuple[str, str] | None:
         """The (reply id, channel) of the reply to entry ``answers`` (one read of the log's

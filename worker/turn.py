@@ -66,6 +66,7 @@ class Job:
     tools: ToolRegistry
     drew: DrewOn
     specs: list[dict[str, Any]]  # the tools' specs, taken on the writer
+    erasures: int  # memory's erasure mark when it started
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Held:
     reply: Reply
     drew: DrewOn
     keys: list[str]
+    erasures: int  # memory's erasure mark when its turn started (an erasure since: dropped)
 
 
 def memory_settings(cfg: Config) -> MemorySettings:
@@ -241,7 +243,7 @@ class Turns:
             tool_calls=result.tool_calls, reply_chars=len(result.text),
         )  # fmt: skip
         try:
-            self._record(Held(reply, job.drew, list(job.keys)), msg)
+            reply = self._record(Held(reply, job.drew, list(job.keys), job.erasures), msg)
         except MemoryUnwritable:
             self._lost()
             raise
@@ -252,7 +254,7 @@ class Turns:
         unrecorded: Redis went away meanwhile), so the model is not asked twice."""
         kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
         reply = _reply(job.msg, job.keys[-1], result.text, kind, created=self.clock())
-        held = Held(reply, job.drew, list(job.keys))
+        held = Held(reply, job.drew, list(job.keys), job.erasures)
         for key in job.keys:
             self._unrecorded[key] = held
 
@@ -322,18 +324,32 @@ class Turns:
         asked twice); the messages they answer are done. What is left to ask the model."""
         left = []
         slots = [i for i, o in enumerate(outcomes) if o is None]
+        taken: dict[str, Held] = {}  # recorded now: the group's other messages it answers
         for slot, ask in zip(slots, asks, strict=True):
-            held = self._unrecorded.get(ask[0])
+            held = taken.get(ask[0]) or self._held_for(ask[0])
             if held is None:
                 left.append(ask)
                 continue
-            if self._unrecorded.get(held.reply.answers) is held:  # not recorded yet
-                self._record(held, ask[1])
+            if not any(key in taken for key in held.keys):
                 for key in held.keys:
                     self._unrecorded.pop(key, None)
+                    taken[key] = held
+                held.reply = self._record(held, ask[1])
             mine = ask[0] == held.reply.answers
             outcomes[slot] = Outcome(reply=held.reply) if mine else Outcome()
         return left
+
+    def _held_for(self, key: str) -> Held | None:
+        """The reply kept for this entry, unless an erasure was applied since its turn started
+        (it may repeat what was erased: the model is asked again, from what memory holds now)."""
+        held = self._unrecorded.get(key)
+        if held is not None and held.erasures != self.memory.erasure_mark():
+            log.info("turn.held_reply_dropped", reply_id=held.reply.reply_id,
+                     reason="an erasure was applied since its turn started")  # fmt: skip
+            for other in held.keys:
+                self._unrecorded.pop(other, None)
+            return None
+        return held
 
     def _job(self, asks: list[tuple[str, InboundMessage, LogRow | None, bool]]) -> Job:
         """The turn answering ``asks`` (recorded, in order): its model input, from memory now."""
@@ -353,8 +369,8 @@ class Turns:
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         keys = [a[0] for a in asks]
-        specs = tools.specs()
-        return Job(keys=keys, msg=msg, messages=messages, tools=tools, drew=drew, specs=specs)
+        specs, erasures = tools.specs(), memory.erasure_mark()
+        return Job(keys, msg, messages, tools, drew, specs, erasures)
 
     def _published_again(
         self, stream_id: str, first: str, msg: InboundMessage
@@ -450,17 +466,23 @@ class Turns:
             return Outcome(reply=reply, forget_entry=True, rewrite_files=erased)
         return Outcome(reply=reply)
 
-    def _record(self, held: Held, msg: InboundMessage) -> None:
+    def _record(self, held: Held, msg: InboundMessage) -> Reply:
         """Record a reply and the entries it answers; kept (:class:`Held`) if memory refuses, so
-        the model is not asked again when the entries come again."""
+        the model is not asked again when the entries come again. The reply to queue: memory's,
+        should it hold one for this entry already (the user gets the answer memory keeps)."""
         try:
             with self.memory.write():
-                self.memory.record_reply(held.reply, msg.privacy, held.drew, held.keys[:-1])
+                row = self.memory.record_reply(held.reply, msg.privacy, held.drew, held.keys[:-1])
         except MemoryUnwritable:
             for key in held.keys:
                 self._unrecorded[key] = held
             raise
         self._lingering.append(held)
+        if row.reply_id and row.reply_id != held.reply.reply_id:
+            log.warning("turn.reply_recorded_before", reply_id=row.reply_id,
+                        dropped=held.reply.reply_id)  # fmt: skip
+            return _reply_from_row(row, msg, in_reply_to=held.reply.in_reply_to)
+        return held.reply
 
     def _apply_derived(self, msg: InboundMessage) -> None:
         kind = msg.extra.get("type")

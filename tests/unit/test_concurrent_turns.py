@@ -374,3 +374,59 @@ def test_a_session_waiting_for_a_slot_shows_as_busy(make: Callable[..., Rig]) ->
         assert not rig.r.exists(rig.keys.busy("cli:b"))
     finally:
         busy.stop()
+
+
+def test_a_collected_reply_memory_refused_answers_all_its_messages_once(
+    make: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory refuses the collected reply (disk full): once it takes writes, that reply is
+    recorded and queued once for all the messages it answers; the model is not asked again
+    (the adversarial review found the group's later messages sent to the model a second time,
+    and the user given a reply memory did not hold)."""
+    rig = make(mode="collect")
+    first = rig.add(msg("first", "cli:a"))
+    rig.until(lambda: rig.model.in_flight == 1, "the first turn")
+    later = [rig.add(msg(f"more {n}", "cli:a")) for n in range(3)]
+    rig.step()
+    memory = rig.c.turns.memory
+    real = memory.record_reply
+    refusals = {"n": 0}
+
+    def refuse(reply: Reply, *a: Any, **kw: Any) -> Any:
+        if reply.answers == later[-1] and refusals["n"] < 2:
+            refusals["n"] += 1
+            raise MemoryUnwritable("database or disk is full")
+        return real(reply, *a, **kw)
+
+    monkeypatch.setattr(memory, "record_reply", refuse)
+    monkeypatch.setattr("worker.batch.MEMORY_RETRY_START", 0.01)
+    rig.model.open()
+    rig.until(lambda: len(rig.replies("cli:a")) == 2 and rig.c.in_hand() == 0, "both replies")
+    assert refusals["n"] == 2
+    assert len(rig.model.started) == 2  # the collected turn was not asked again
+    replies = rig.replies("cli:a")
+    assert [r.answers for r in replies] == [first, later[-1]]
+    recorded = rig.store.recorded_reply(later[0])
+    assert recorded is not None and recorded.reply_id == replies[1].reply_id
+    time.sleep(0.05)
+    rig.step()
+    assert len(rig.replies("cli:a")) == 2
+
+
+def test_a_reply_with_a_lone_surrogate_is_queued_not_fatal(make: Callable[..., Rig]) -> None:
+    """A broken tokenizer's half emoji: the reply is queued with U+FFFD (it stopped the worker:
+    the reply could not be encoded for the queue)."""
+    rig = make()
+    real = rig.model.complete
+
+    def broken(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        done = real(messages, tools)
+        return Completion(content=f"{done.content} \ud83d", finish_reason="stop")
+
+    rig.model.complete = broken  # type: ignore[method-assign]
+    rig.add(msg("emoji please", "cli:a"))
+    rig.add(msg("and me", "cli:b"))
+    rig.model.open()
+    rig.until(lambda: bool(rig.replies("cli:a")) and bool(rig.replies("cli:b")), "replies")
+    assert rig.replies("cli:a")[0].text.endswith("\ufffd")
+    assert rig.c.in_hand() == 0
