@@ -442,16 +442,23 @@ class Consumer:
             self.replies.reconcile()
         room = self._room()
         wait = self._wait_s((block_ms or 0) / 1000)
-        # a batch or more in hand: reading on is not urgent (every READ_EVERY, whole batches)
+        # a batch or more in hand: reading on is not urgent (every READ_EVERY, whole batches);
+        # near the cap only the owner's terminal is read on (its messages go first)
         batch = self.cfg.worker.batch
-        full = self.in_hand() >= batch
-        if full and (room < batch or time.monotonic() - self._last_read < READ_EVERY):
-            self.pool.wait(wait)  # enough in hand: read again when it runs low, or soon
-            return []
+        n = self.in_hand()
+        only = None
+        if n >= batch:
+            if time.monotonic() - self._last_read < READ_EVERY:
+                self.pool.wait(min(wait, READ_EVERY))
+                return []
+            if room < batch:
+                if n >= 2 * 10 * batch:  # the hard cap, the terminal's entries included
+                    self.pool.wait(min(wait, READ_EVERY))
+                    return []
+                only, room, wait = [self.keys.inbound_of("cli")], batch, 0.0
         self._last_read = time.monotonic()
-        count = min(batch, room)
         found, gone = self.streams.read_new(
-            block_ms=int(wait * 1000), count=count, wake=self.pool.wake_fd
+            block_ms=int(wait * 1000), count=min(batch, room), wake=self.pool.wake_fd, only=only
         )
         if gone:
             self.flush(Batch(acks=gone))

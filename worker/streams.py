@@ -9,7 +9,8 @@ its entries are taken as they say.
 
 An entry is known by its *stream id*: ``<channel>/<id in its stream>`` (the bare id on the stream
 without a channel), unique across the streams; memory deduplicates and replies answer by it.
-Everything is read with one consumer group per stream, oldest first across the streams.
+Everything is read with one consumer group per stream, each stream in order (a session lives on
+one stream: its order is the stream's; there is none across streams).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import select
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +188,6 @@ class InboundStreams:
         self.channels: dict[str, str | None] = {keys.inbound: None}
         self.channels.update({keys.inbound_of(c): c for c in CHANNELS})
         self._streams = list(self.channels)
-        self._held: list[Entry] = []  # read, newer than what a fuller stream may still hold
         self._read_script = r.register_script(_READ)
         self._progress = False  # the last read script did something (read, buried or acked)
         self.dead_lettered = 0  # by the read script, since this process started
@@ -239,41 +240,40 @@ class InboundStreams:
             start = "(" + text(page[-1]["message_id"])
 
     def read_new(
-        self, *, block_ms: int | None, count: int, wake: int | None = None
+        self,
+        *,
+        block_ms: int | None,
+        count: int,
+        wake: int | None = None,
+        only: Sequence[str] | None = None,
     ) -> tuple[list[Entry], list[Entry]]:
-        """New entries of every stream, oldest first across them, and the ones deleted from
-        their stream meanwhile (nothing to answer: to be acked; always none since entries are
-        read by the script, which acks such entries itself).
+        """New entries of every stream (``only``: of these streams), each stream in order, and
+        the ones deleted from their stream meanwhile (nothing to answer: to be acked; always
+        none since entries are read by the script, which acks such entries itself).
 
         Entries are read by a script that dead-letters, inside Redis, what the worker must not
         hold (worker/deadletter.py). A script cannot block, so with ``block_ms`` an idle worker
         waits with :meth:`_wait` and then runs the script again.
 
-        One order across the streams: a read takes at most ``count`` of each (fewer when they
-        are large), so a stream that gave less than it holds may hold more, older than what a
-        quieter stream gave. Only entries up to the last one read from such a stream are
-        returned; the newer ones are held for the next read (they are this consumer's pending
-        entries, so a crash loses none of them).
+        A read takes at most ``count`` of each stream (fewer when they are large). There is no
+        order across the streams: a session lives on one stream (its channel's), and the worker
+        keeps each session in order (worker/sessions.py), so a flood on one stream does not hold
+        back what another brings (the owner's terminal). The entries returned are sorted by id.
 
         ``wake``: a file descriptor that ends the wait when it becomes readable (a turn
         finished: worker/pool.py)."""
-        held, self._held = self._held, []
-        deadline = None if block_ms is None or held else time.monotonic() + block_ms / 1000
+        streams = list(only) if only is not None else self._streams
+        deadline = None if block_ms is None else time.monotonic() + block_ms / 1000
         while True:
-            found, last_of_full, delivered = self._run(">", count)
-            if found or held:
+            found, delivered = self._run(">", count, streams)
+            if found:
                 break
             if self._progress:  # all it took was dead-lettered: read on at once
                 continue
             left = 0.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0 or not self._wait(delivered, left, wake):
+            if left <= 0 or not self._wait(streams, delivered, left, wake):
                 break
-        merged = sorted(held + found, key=lambda e: e.order) if held else found
-        cut = min((_order(last) for last in last_of_full), default=None)
-        if cut is not None:
-            self._held = [e for e in merged if e.order > cut]
-            merged = [e for e in merged if e.order <= cut]
-        return merged, []
+        return found, []
 
     def read_pending(self) -> tuple[list[Entry], list[Entry]]:
         """Our oldest pending entry of the first stream that has one (at most one entry: each
@@ -283,13 +283,15 @@ class InboundStreams:
         from its stream meanwhile is acked by it; the next one is read then. Nothing found:
         nothing is pending (the second list, entries to ack, is always empty)."""
         while True:
-            found, _, _ = self._run("0", 1)
+            found, _ = self._run("0", 1, self._streams)
             if found:
                 return found, []
             if not self._progress:
                 return [], []
 
-    def _wait(self, after: list[str], seconds: float, wake: int | None = None) -> bool:
+    def _wait(
+        self, streams: list[str], after: list[str], seconds: float, wake: int | None = None
+    ) -> bool:
         """Block until an entry comes after ``after`` (per stream, the group's last delivered
         id) or ``seconds`` pass, without reading it: XREAD returns whole entries, and one may be
         huge, so its reply is left unread (at most one socket read of it is buffered) and the
@@ -301,7 +303,7 @@ class InboundStreams:
         conn = self._waiter
         try:
             ms = max(1, int(seconds * 1000))
-            conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *self._streams, *after)
+            conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *streams, *after)
             if wake is None:
                 conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK ends
                 return True
@@ -314,24 +316,23 @@ class InboundStreams:
         finally:
             conn.disconnect()
 
-    def _run(self, mode: str, count: int) -> tuple[list[Entry], list[str], list[str]]:
-        """One run of the read script: the entries fit to handle; for each stream that may hold
-        more than this read took, the id of the last entry it took; and per stream the group's
-        last delivered id after the read ("$" for a stream without the group)."""
+    def _run(self, mode: str, count: int, streams: list[str]) -> tuple[list[Entry], list[str]]:
+        """One run of the read script over ``streams``: the entries fit to handle, and per
+        stream the group's last delivered id after the read ("$" for a stream without the
+        group)."""
         lim = self.limits
         args: list[str | int] = [
             self.consumer, Keys.GROUP, mode, count, lim.max_fields, lim.max_field_bytes,
             lim.max_entry_bytes, lim.max_attempts, lim.dead_max_len, f"{time.time():.3f}",
-            ",".join(CHANNELS), *(self.channels[s] or "" for s in self._streams),
+            ",".join(CHANNELS), *(self.channels[s] or "" for s in streams),
         ]  # fmt: skip
-        resp: Any = self._read_script(keys=[self.keys.dead, *self._streams], args=args)
-        last_of_full = [text(x) for x in resp[0] if x]
+        resp: Any = self._read_script(keys=[self.keys.dead, *streams], args=args)
         delivered = [text(x) for x in resp[2]] if len(resp) > 2 else []
         found: list[Entry] = []
         self._progress = False
         for item in resp[1]:
             tag, k, rid = text(item[0]), int(item[1]), text(item[2])
-            stream = self._streams[k - 1]
+            stream = streams[k - 1]
             self._progress = True
             if tag == "dead":
                 self.dead_lettered += 1
@@ -347,7 +348,7 @@ class InboundStreams:
                     Entry(stream, rid, self.sid(stream, rid), self.channels[stream], fields)
                 )
         found.sort(key=lambda e: e.order)
-        return found, last_of_full, delivered
+        return found, delivered
 
     def trim(self, retention: float) -> None:
         """Drop read-and-acked entries older than ``retention`` seconds.

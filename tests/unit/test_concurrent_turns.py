@@ -90,12 +90,14 @@ def group_msg(text: str, room: str) -> InboundMessage:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, *, limit: int = 4, mode: str = "followup") -> None:
+    def __init__(
+        self, tmp_path: Path, *, limit: int = 4, mode: str = "followup", batch: int = 100
+    ) -> None:
         self.cfg = Config(
             home=tmp_path,
             redis=RedisConfig(prefix="rb:"),
             model=ModelConfig(concurrency=limit),
-            worker=WorkerConfig(max_attempts=3),
+            worker=WorkerConfig(max_attempts=3, batch=batch),
             turns=TurnsConfig.model_validate({"mode": mode}),
         )
         self.r = fakeredis.FakeRedis()
@@ -430,3 +432,23 @@ def test_a_reply_with_a_lone_surrogate_is_queued_not_fatal(make: Callable[..., R
     rig.until(lambda: bool(rig.replies("cli:a")) and bool(rig.replies("cli:b")), "replies")
     assert rig.replies("cli:a")[0].text.endswith("\ufffd")
     assert rig.c.in_hand() == 0
+
+
+def test_the_owner_overtakes_a_flood_larger_than_what_the_worker_holds(
+    make: Callable[..., Rig],
+) -> None:
+    """More group messages than the worker holds in hand (10 reads' worth): the owner's
+    terminal is still read on and answered in the reserved slot (the adversarial review: a
+    flood of 2,000 kept the owner unanswered for 90 s)."""
+    rig = make(limit=2, batch=5)  # at most 50 in hand, then only the terminal is read on
+    for n in range(120):
+        rig.add(group_msg(f"flood {n}", f"room{n}"))
+    rig.until(lambda: rig.model.in_flight == 1, "one group turn (the other slot is the owner's)")
+    for _ in range(30):
+        rig.step()
+    assert rig.c.in_hand() <= 60
+    rig.add(msg("owner asks", "cli:me"))
+    rig.until(lambda: rig.model.in_flight == 2, "the owner's turn")
+    rig.model.open("owner")
+    rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply")
+    assert sum(bool(rig.replies(f"matrix:room{n}")) for n in range(120)) == 0
