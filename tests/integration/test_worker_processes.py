@@ -51,6 +51,7 @@ def env(
         redis_url=redis_server.url,
         prefix=prefix,
         model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",  # a reply per message: the counts are the checks
     )
 
 
