@@ -123,6 +123,7 @@ class Consumer:
         self._seq = 0
         self._held_bytes = 0  # the sizes of the entries in hand
         self._last_read = 0.0
+        self._barrier = False  # a command waits at the head of a session (this dispatch round)
         self.stopping = False
         self._signals = 0
         self.processed = 0
@@ -579,6 +580,7 @@ class Consumer:
         are committed to memory before their model calls begin."""
         started: list[Running] = []
         try:
+            self._barrier = self.sessions.barrier_waiting()
             for session in self.sessions.runnable():
                 if not self._start_session(session, started):
                     break
@@ -603,8 +605,9 @@ class Consumer:
                     return False  # a command waits for the turns in flight; none starts
                 [item] = sessions.next_group(session)
                 self._begin_group([item], started)
+                self._barrier = sessions.barrier_waiting()
                 continue
-            if sessions.barrier_waiting():
+            if self._barrier:
                 return False
             if not sessions.has_slot(head.owner):
                 return not head.owner  # no slot for others: the owner's may still start

@@ -64,15 +64,18 @@ class Sessions:
         """Slots kept for the owner's own conversations."""
         return 1 if self.limit > 1 else 0
 
+    n: int = 0  # entries waiting
+
     def add(self, item: Item) -> None:
         self.waiting.setdefault(item.msg.session, deque()).append(item)
+        self.n += 1
 
     def waiting_items(self) -> Iterator[Item]:
         for queue in self.waiting.values():
             yield from queue
 
     def count(self) -> int:
-        return sum(len(q) for q in self.waiting.values())
+        return self.n
 
     def active(self, session: str) -> bool:
         """A turn of the session runs or waits (its "thinking" mark stays on)."""
@@ -101,6 +104,7 @@ class Sessions:
                 group.append(queue.popleft())
         if not queue:
             del self.waiting[session]
+        self.n -= len(group)
         return group
 
     def put_back(self, items: list[Item]) -> None:
@@ -120,4 +124,5 @@ class Sessions:
         """Forget everything waiting (it stays pending in Redis); what was waiting."""
         items = sorted(self.waiting_items(), key=lambda i: i.seq)
         self.waiting.clear()
+        self.n = 0
         return items
