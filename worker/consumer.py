@@ -441,26 +441,31 @@ class Consumer:
         if self._reconcile_due:  # the replay queued its replies: what Redis lost is left
             self._reconcile_due = False
             self.replies.reconcile()
-        room = self._room()
-        wait = self._wait_s((block_ms or 0) / 1000)
-        # a batch or more in hand: reading on is not urgent (every READ_EVERY, whole batches);
-        # near the cap only the owner's terminal is read on (its messages go first)
-        batch = self.cfg.worker.batch
-        n = self.in_hand()
+        return self._read_new(self._wait_s((block_ms or 0) / 1000))
+
+    def _read_new(self, wait: float) -> list[Entry]:
+        """New entries, waiting at most ``wait`` seconds. With a batch or more in hand reading
+        on is not urgent (every READ_EVERY, whole batches); near the cap only the owner's
+        terminal is read on (its messages go first)."""
+        batch, room, n = self.cfg.worker.batch, self._room(), self.in_hand()
         only = None
         if n >= batch:
-            if time.monotonic() - self._last_read < READ_EVERY:
+            hard_cap = n >= 2 * 10 * batch  # the terminal's entries included
+            if time.monotonic() - self._last_read < READ_EVERY or (room < batch and hard_cap):
                 self.pool.wait(min(wait, READ_EVERY))
                 return []
             if room < batch:
-                if n >= 2 * 10 * batch:  # the hard cap, the terminal's entries included
-                    self.pool.wait(min(wait, READ_EVERY))
-                    return []
                 only, room, wait = [self.keys.inbound_of("cli")], batch, 0.0
         self._last_read = time.monotonic()
-        found, gone = self.streams.read_new(
-            block_ms=int(wait * 1000), count=min(batch, room), wake=self.pool.wake_fd, only=only
-        )
+        if wait > 0 and not self.pool.arm():  # a turn finished meanwhile: do not block
+            wait = 0.0
+        try:
+            found, gone = self.streams.read_new(
+                block_ms=int(wait * 1000), count=min(batch, room), wake=self.pool.wake_fd,
+                only=only,
+            )  # fmt: skip
+        finally:
+            self.pool.disarm()
         if gone:
             self.flush(Batch(acks=gone))
         return found

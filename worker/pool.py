@@ -6,9 +6,10 @@ wait for the model side by side. Everything that touches memory stays on the wri
 call is handed to it (:meth:`TurnPool.on_writer`) and its result handed back, so a tool that
 searches memory sees what the writer has written, and memory's connection is never shared.
 
-A finished turn is put on a queue and the writer is woken through a pipe (:attr:`wake_fd`):
-the writer waits on the pipe and on Redis at once (worker/streams.py), so a reply is recorded
-as soon as the model gave it, and a new message is read as soon as it arrives.
+A finished turn is put on a queue and, when the writer waits (:meth:`TurnPool.arm`), it is woken
+through a pipe (:attr:`wake_fd`): the writer waits on the pipe and on Redis at once
+(worker/streams.py), so a reply is recorded as soon as the model gave it, and a new message is
+read as soon as it arrives. A busy writer finds finished turns without a wake-up.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class TurnPool(Generic[J, R]):
         os.set_blocking(self._write_fd, False)
         self._writer = threading.get_ident()
         self._threads: list[threading.Thread] = []
+        self._waiting = False  # the writer blocks (or is about to): wake it through the pipe
         self.running = 0  # submitted, not yet taken back by completed()
 
     @property
@@ -116,7 +118,8 @@ class TurnPool(Generic[J, R]):
                 log.exception("turn.crashed")
                 result = self._failed(job, exc)
             self._done.put((job, result))
-            self.wake()
+            if self._waiting:  # a busy writer finds it without a wake-up (one syscall less)
+                self.wake()
 
     # -- the writer ------------------------------------------------------------------------
 
@@ -127,7 +130,8 @@ class TurnPool(Generic[J, R]):
             return fn()
         call = _Call(fn)
         self._calls.put(call)
-        self.wake()
+        if self._waiting:
+            self.wake()
         call.done.wait()
         if call.error is not None:
             raise call.error
@@ -161,9 +165,22 @@ class TurnPool(Generic[J, R]):
             while os.read(self._read_fd, 4096):
                 pass
 
+    def arm(self) -> bool:
+        """The writer is about to block: from now on a finished turn wakes it. False when
+        something waits for it already (then it must not block). Set before looking, so a
+        result put meanwhile is either seen here or wakes the writer."""
+        self._waiting = True
+        return not self.pending()
+
+    def disarm(self) -> None:
+        self._waiting = False
+
     def wait(self, timeout: float) -> None:
         """Block until woken or ``timeout`` seconds pass (nothing to read from Redis now)."""
-        if not self.pending():
-            with contextlib.suppress(InterruptedError):
-                select.select([self._read_fd], [], [], max(0.0, timeout))
+        try:
+            if self.arm() and timeout > 0:
+                with contextlib.suppress(InterruptedError):
+                    select.select([self._read_fd], [], [], timeout)
+        finally:
+            self.disarm()
         self.drain()
