@@ -124,6 +124,7 @@ class Consumer:
         self._held_bytes = 0  # the sizes of the entries in hand
         self._last_read = 0.0
         self._barrier = False  # a command waits at the head of a session (this dispatch round)
+        self._cli = self.keys.inbound_of("cli")  # the owner's terminal: read on, whatever
         self.stopping = False
         self._signals = 0
         self.processed = 0
@@ -429,8 +430,12 @@ class Consumer:
         ``block_ms`` (less when a turn finishes meanwhile), not at all while there is work."""
         while self.deliveries:
             if self.in_hand():  # a replayed entry is in hand: finish it first
-                self.pool.wait((block_ms or 0) / 1000)
-                return []
+                wait = self._wait_s((block_ms or 0) / 1000)
+                if any(sid.startswith("cli/") for sid in self.deliveries):
+                    self.pool.wait(wait)
+                    return []
+                # none of the terminal's is left to replay: the owner's new ones go on meanwhile
+                return self._read_streams(wait, self.cfg.worker.batch, [self._cli])
             found, gone = self.streams.read_pending()
             if gone:  # deleted from their stream while pending: nothing to answer
                 self.flush(Batch(acks=gone))
@@ -455,15 +460,19 @@ class Consumer:
                 self.pool.wait(min(wait, READ_EVERY))
                 return []
             if room < batch:
-                only, room, wait = [self.keys.inbound_of("cli")], batch, 0.0
+                only, room, wait = [self._cli], batch, 0.0
         self._last_read = time.monotonic()
+        return self._read_streams(wait, min(batch, room), only)
+
+    def _read_streams(self, wait: float, count: int, only: list[str] | None) -> list[Entry]:
+        """Read new entries (of ``only``'s streams), blocking at most ``wait`` seconds, less when
+        a turn finishes meanwhile."""
         if wait > 0 and not self.pool.arm():  # a turn finished meanwhile: do not block
             wait = 0.0
         try:
             found, gone = self.streams.read_new(
-                block_ms=int(wait * 1000), count=min(batch, room), wake=self.pool.wake_fd,
-                only=only,
-            )  # fmt: skip
+                block_ms=int(wait * 1000), count=count, wake=self.pool.wake_fd, only=only
+            )
         finally:
             self.pool.disarm()
         if gone:

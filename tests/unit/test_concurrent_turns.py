@@ -452,3 +452,27 @@ def test_the_owner_overtakes_a_flood_larger_than_what_the_worker_holds(
     rig.model.open("owner")
     rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply")
     assert sum(bool(rig.replies(f"matrix:room{n}")) for n in range(120)) == 0
+
+
+def test_the_owners_terminal_goes_on_while_a_restart_replays_what_was_left(
+    make: Callable[..., Rig],
+) -> None:
+    """A restart replays the entries the last worker left pending one at a time (each read
+    counts as a delivery); the owner's new terminal messages are read and answered meanwhile
+    when none of the terminal's own is left to replay (the adversarial review: the owner waited
+    54 s behind a replay of 179 entries)."""
+    rig = make(limit=2)
+    for n in range(4):
+        rig.add(group_msg(f"left {n}", f"room{n}"))
+    rig.c.streams.read_new(block_ms=None, count=100)  # read, never handled: the worker died
+    rig.c.recover()
+    assert len(rig.c.deliveries) == 4
+    rig.until(lambda: rig.model.in_flight == 1, "the first replayed turn")
+    rig.add(msg("owner asks", "cli:me"))
+    rig.until(lambda: rig.model.in_flight == 2, "the owner's turn beside the replay")
+    rig.model.open("owner")
+    rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply")
+    assert not any(rig.replies(f"matrix:room{n}") for n in range(4))
+    rig.model.open()
+    rig.until(lambda: all(rig.replies(f"matrix:room{n}") for n in range(4)), "the replay")
+    assert rig.model.most == 2  # the replay itself stayed one at a time
