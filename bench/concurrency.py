@@ -300,6 +300,7 @@ class Outcome:
     peak: int  # model calls out at once, at most
     status: str
     per_session: dict[str, float] = field(default_factory=dict)  # session -> its last reply
+    later_secs: float = float("nan")  # publish -> when the later messages were published
 
 
 def publish_all(r: redis.Redis, msgs: Sequence[InboundMessage]) -> None:
@@ -347,13 +348,16 @@ def run_round(
     t0 = time.monotonic()
     publish_all(r, msgs)
     pending_later = later
+    later_secs = float("nan")
     deadline = t0 + timeout
     status = "ok"
     while True:
         if pending_later is not None and time.monotonic() - t0 >= pending_later[0]:
+            later_secs = time.monotonic() - t0
             publish_all(r, pending_later[1])
             pending_later = None
-        item: Any = r.blpop(keys, timeout=0.02)
+        wait = 0.02 if pending_later is None else min(0.02, pending_later[0] / 10)
+        item: Any = r.blpop(keys, timeout=wait)
         if item is not None:
             pops.append((time.monotonic() - t0, Reply.from_json(item[1])))
             continue
@@ -382,6 +386,7 @@ def run_round(
         peak=model.peak,
         status=status,
         per_session=per_session,
+        later_secs=later_secs,
     )
 
 
@@ -563,7 +568,8 @@ def priority(
                 later=(after, [owner]),
                 timeout=(flood + 1) * delay * 3 + 30,
             )
-            owner_secs = out.per_session.get(owner.session, float("nan")) - after
+            # from when it was published (the loop may publish it a little after ``after``)
+            owner_secs = out.per_session.get(owner.session, float("nan")) - out.later_secs
             row = {
                 "D": delay,
                 "limit": limit,
