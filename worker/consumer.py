@@ -229,7 +229,7 @@ class Consumer:
             log.error("worker.lease_lost", error=str(exc))
             return 4
         finally:
-            self.pool.stop()
+            self.pool.stop()  # its threads end once idle (a late wake-up is harmless)
             if self.busy is not None:
                 self.busy.stop()
             hb.stop()

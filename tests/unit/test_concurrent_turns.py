@@ -133,7 +133,7 @@ class Rig:
 
     def close(self) -> None:
         self.model.open()
-        self.c.pool.stop()
+        self.c.pool.close()
         self.c.lease.release()
         self.store.close()
 
