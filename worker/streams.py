@@ -38,8 +38,7 @@ log = structlog.get_logger(__name__)
 # ARGV: consumer, group, mode (">": new entries, "0": our oldest pending one), count, max
 #       fields, max field bytes, max entry bytes, max attempts, dead-letter maxlen, now, the
 #       channels (comma-separated), then per stream its channel ("": the stream without one).
-# Returns {per stream: the id of the last entry taken when it may hold more, else "";
-#          items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
+# Returns {items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
 #                 | {"gone", index, id} (deleted while pending: acked);
 #          per stream (mode ">" only): the group's last delivered id after the read, or "$"}.
 # An entry is judged on XRANGE's copy and then delivered with XREADGROUP (same entries: the
@@ -85,10 +84,9 @@ local function judge(fields, k)
   return total, why
 end
 
-local items, more, delivered = {}, {}, {}
+local items, delivered = {}, {}
 for k = 1, #KEYS - 1 do
   local s = KEYS[k + 1]
-  more[k] = ''
   delivered[k] = '$'
   if MODE == '0' then
     local p = redis.call('xpending', s, GROUP, '-', '+', 1, TOKEN)
@@ -98,7 +96,7 @@ for k = 1, #KEYS - 1 do
       local e = redis.call('xrange', s, id, id)
       if #e == 0 then
         redis.call('xack', s, GROUP, id)
-        return {more, {{'gone', k, id}}}
+        return {{{'gone', k, id}}}
       end
       local fields = e[1][2]
       local nbytes, why = judge(fields, k)
@@ -107,9 +105,9 @@ for k = 1, #KEYS - 1 do
       end
       if why then
         bury(s, id, fields, why, #fields / 2, nbytes)
-        return {more, {{'dead', k, id, why}}}
+        return {{{'dead', k, id, why}}}
       end
-      return {more, {{'ok', k, id, fields}}}
+      return {{{'ok', k, id, fields}}}
     end
   else
     local last = nil
@@ -145,13 +143,12 @@ for k = 1, #KEYS - 1 do
             items[#items + 1] = {'ok', k, e[1], e[2]}
           end
         end
-        if take < #range or #range >= COUNT then more[k] = range[take][1] end
         delivered[k] = range[take][1]
       end
     end
   end
 end
-return {more, items, delivered}
+return {items, delivered}
 """
 )
 
@@ -327,10 +324,10 @@ class InboundStreams:
             ",".join(CHANNELS), *(self.channels[s] or "" for s in streams),
         ]  # fmt: skip
         resp: Any = self._read_script(keys=[self.keys.dead, *streams], args=args)
-        delivered = [text(x) for x in resp[2]] if len(resp) > 2 else []
+        delivered = [text(x) for x in resp[1]] if len(resp) > 1 else []
         found: list[Entry] = []
         self._progress = False
-        for item in resp[1]:
+        for item in resp[0]:
             tag, k, rid = text(item[0]), int(item[1]), text(item[2])
             stream = streams[k - 1]
             self._progress = True
