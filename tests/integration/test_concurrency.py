@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
+    Proc,
     Procs,
     memory_rows,
     pending,
@@ -36,12 +38,27 @@ def keys(prefix: str) -> Keys:
     return Keys(prefix)
 
 
-def _env(
-    tmp_path: Path, redis_server: RedisServer, prefix: str, model: FakeModelServer, config: str
-) -> dict[str, str]:
-    home = tmp_path / "home"
-    write_config(home, config)
-    return relaybot_env(home, redis_url=redis_server.url, prefix=prefix, model_url=model.base_url)
+@pytest.fixture
+def start_worker(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> Callable[[str], tuple[dict[str, str], Proc]]:
+    """A real worker with this config.toml against the test's Redis and model; its env."""
+
+    def start(config: str) -> tuple[dict[str, str], Proc]:
+        home = tmp_path / "home"
+        write_config(home, config)
+        env = relaybot_env(
+            home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
+        )
+        return env, procs.worker(env, r=real_redis, keys=keys)
+
+    return start
 
 
 def _group(r: redis.Redis, keys: Keys, room: str, text: str) -> str:
@@ -54,17 +71,12 @@ def _group(r: redis.Redis, keys: Keys, room: str, text: str) -> str:
 
 
 def test_sessions_at_once_finish_in_about_one_model_latency_in_order(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
+    start_worker: Callable[[str], tuple[dict[str, str], Proc]],
     model_server: FakeModelServer,
-    procs: Procs,
     real_redis: redis.Redis,
     keys: Keys,
 ) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server,
-               '[model]\nconcurrency = 8\n[turns]\nmode = "followup"\n')  # fmt: skip
-    procs.worker(env, r=real_redis, keys=keys)
+    start_worker('[model]\nconcurrency = 8\n[turns]\nmode = "followup"\n')
     started = time.monotonic()
     sent = {f"s{n}": send(real_redis, keys, f"s{n}", f"hi [[delay:{DELAY}]]") for n in range(6)}
     # and a second message in one session: answered after its first, by its own turn
@@ -82,17 +94,12 @@ def test_sessions_at_once_finish_in_about_one_model_latency_in_order(
 
 
 def test_the_owner_is_answered_while_a_flood_of_group_messages_waits(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
+    start_worker: Callable[[str], tuple[dict[str, str], Proc]],
     model_server: FakeModelServer,
-    procs: Procs,
     real_redis: redis.Redis,
     keys: Keys,
 ) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server,
-               '[model]\nconcurrency = 2\n[turns]\nmode = "followup"\n')  # fmt: skip
-    procs.worker(env, r=real_redis, keys=keys)
+    start_worker('[model]\nconcurrency = 2\n[turns]\nmode = "followup"\n')
     for n in range(12):  # twelve rooms, each turn a model latency: 12 s for the one slot
         _group(real_redis, keys, f"room{n}", f"flood {n} [[delay:{DELAY}]]")
     time.sleep(0.3)
@@ -106,16 +113,12 @@ def test_the_owner_is_answered_while_a_flood_of_group_messages_waits(
 
 
 def test_a_burst_in_one_session_is_answered_by_one_collected_turn(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
+    start_worker: Callable[[str], tuple[dict[str, str], Proc]],
     model_server: FakeModelServer,
-    procs: Procs,
     real_redis: redis.Redis,
     keys: Keys,
 ) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server, "")  # collect: the default
-    procs.worker(env, r=real_redis, keys=keys)
+    env, _ = start_worker("")  # collect: the default
     first = send(real_redis, keys, "b", f"first [[delay:{DELAY}]]")
     time.sleep(0.3)  # its turn runs; the rest piles up behind it
     burst = [send(real_redis, keys, "b", f"part {n}") for n in range(5)]
@@ -134,17 +137,13 @@ def test_a_burst_in_one_session_is_answered_by_one_collected_turn(
 
 
 def test_sigterm_finishes_the_turns_in_flight_and_exits_0(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
+    start_worker: Callable[[str], tuple[dict[str, str], Proc]],
     model_server: FakeModelServer,
     procs: Procs,
     real_redis: redis.Redis,
     keys: Keys,
 ) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server,
-               '[model]\nconcurrency = 4\n[turns]\nmode = "followup"\n')  # fmt: skip
-    worker = procs.worker(env, r=real_redis, keys=keys)
+    env, worker = start_worker('[model]\nconcurrency = 4\n[turns]\nmode = "followup"\n')
     sent = [send(real_redis, keys, f"t{n}", f"slow {n} [[delay:{DELAY}]]") for n in range(3)]
     waiting = send(real_redis, keys, "t0", "behind the first")
     deadline = time.monotonic() + 10
