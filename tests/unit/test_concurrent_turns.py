@@ -91,14 +91,20 @@ def group_msg(text: str, room: str) -> InboundMessage:
 
 class Rig:
     def __init__(
-        self, tmp_path: Path, *, limit: int = 4, mode: str = "followup", batch: int = 100
+        self,
+        tmp_path: Path,
+        *,
+        limit: int = 4,
+        mode: str = "followup",
+        batch: int = 100,
+        turns: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = Config(
             home=tmp_path,
             redis=RedisConfig(prefix="rb:"),
             model=ModelConfig(concurrency=limit),
             worker=WorkerConfig(max_attempts=3, batch=batch),
-            turns=TurnsConfig.model_validate({"mode": mode}),
+            turns=TurnsConfig.model_validate({"mode": mode, **(turns or {})}),
         )
         self.r = fakeredis.FakeRedis()
         self.keys = self.cfg.keys
@@ -476,3 +482,19 @@ def test_the_owners_terminal_goes_on_while_a_restart_replays_what_was_left(
     rig.model.open()
     rig.until(lambda: all(rig.replies(f"matrix:room{n}") for n in range(4)), "the replay")
     assert rig.model.most == 2  # the replay itself stayed one at a time
+
+
+def test_collect_or_followup_per_channel_and_per_conversation(make: Callable[..., Rig]) -> None:
+    """``[turns] conversations`` wins over ``channels``, which wins over ``mode``."""
+    rig = make(
+        mode="followup",
+        turns={"channels": {"cli": "collect"}, "conversations": {"cli:one-by-one": "followup"}},
+    )
+    for session in ("cli:together", "cli:one-by-one"):
+        for n in range(3):
+            rig.add(msg(f"{session} {n}", session))
+    rig.model.open()
+    rig.until(lambda: len(rig.replies("cli:one-by-one")) == 3, "a reply each")
+    rig.until(lambda: bool(rig.replies("cli:together")), "the collected reply")
+    rig.until(lambda: rig.c.in_hand() == 0, "all acked")
+    assert len(rig.replies("cli:together")) == 1
