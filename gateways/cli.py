@@ -12,6 +12,7 @@ import itertools
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import redis
@@ -67,8 +68,10 @@ class Terminal:
         *,
         out: TextIO = sys.stdout,
         err: TextIO = sys.stderr,
+        show: Callable[[Reply], None] | None = None,
     ) -> None:
         self.cfg, self.r, self.session = cfg, r, session
+        self.show = show  # how a reply is shown (relaybot chat renders Markdown on a terminal)
         self.keys = cfg.keys
         self.out, self.err = out, err
         self.queue = ReplyQueue(
@@ -163,6 +166,9 @@ class Terminal:
             return
         self._printed.add(reply.reply_id)
         self._clear()
+        if self.show is not None:
+            self.show(reply)
+            return
         prefix = "! " if reply.kind == "error" else ""
         self.out.write(f"{prefix}{reply.text}\n")
         self.out.flush()

@@ -1,15 +1,23 @@
-"""``relaybot chat``: the terminal gateway's command loop (one message, or interactive)."""
+"""``relaybot chat``: the terminal gateway's command loop (one message, or interactive).
+
+Interactively, a line that starts with ``/`` is a command of the chat (``/help``): a new session,
+another session, a short status. ``//`` sends a line that starts with ``/``.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import structlog
 
 from contract.config import Config
 from contract.outage import TRANSIENT, Outage
 from gateways.cli import Terminal, new_session_name
+from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
 
 log = structlog.get_logger(__name__)
@@ -19,32 +27,44 @@ EXIT_NO_WORKER = 4
 EXIT_NO_REDIS = 1  # as for any command that cannot reach Redis
 GRACE = 3.0  # seconds to wait for a worker that a zero-config run has just started
 
+HELP = """\
+/help           this list
+/new            a new session (a fresh conversation; the old one can be resumed by its name)
+/session NAME   switch to session NAME (its replies that arrived meanwhile are shown first)
+/status         the worker, the queue and the model, in short (relaybot status has it all)
+//text          sends "/text" (a line that starts with /)
+Ctrl-D          quits"""
+
 
 def _err(text: str) -> None:
     sys.stderr.write(f"relaybot: {text}\n")
     sys.stderr.flush()
 
 
+@contextmanager
+def _attached(cfg: Config, rt: Runtime, name: str, view: ReplyView) -> Iterator[Terminal]:
+    """A terminal on session ``name``, beating while attached."""
+    term = Terminal(cfg, rt.r, name, show=view.show)
+    term.heartbeat.start()
+    try:
+        yield term
+    finally:
+        term.heartbeat.stop()
+
+
 def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: float) -> int:
     name = session or new_session_name()
+    view = ReplyView(sys.stdout, cfg.worker.assistant_name)
     try:
         with Runtime(cfg) as rt:
-            term = Terminal(cfg, rt.r, name)
-            term.heartbeat.start()
-            try:
-                term.drain()
-                if message is not None:
-                    return _one(rt, term, message, timeout)
-                return _interactive(rt, term, name, timeout)
-            finally:
-                term.heartbeat.stop()
+            if message is not None:
+                with _attached(cfg, rt, name, view) as term:
+                    term.drain()
+                    return _send_and_await(rt, term, message, timeout)
+            return Chat(cfg, rt, view, timeout).run(name)
     except RuntimeProblem as exc:
         _err(str(exc))
         return 1
-
-
-def _one(rt: Runtime, term: Terminal, text: str, timeout: float) -> int:
-    return _send_and_await(rt, term, text, timeout)
 
 
 def _send_and_await(rt: Runtime, term: Terminal, text: str, timeout: float) -> int:
@@ -90,16 +110,86 @@ def _await(rt: Runtime, term: Terminal, sid: str, timeout: float) -> int:
     return EXIT_TIMEOUT
 
 
-def _interactive(rt: Runtime, term: Terminal, name: str, timeout: float) -> int:
-    _err(f"session {name} — type a message, Ctrl-D to quit (resume with --session {name})")
-    while True:
-        try:
-            line = input("you> ")
-        except EOFError:
-            sys.stderr.write("\n")
-            return 0
-        if not line.strip():
-            continue
-        code = _send_and_await(rt, term, line, timeout)
-        if code in (EXIT_NO_WORKER, EXIT_NO_REDIS):
-            return code
+def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
+    """``relaybot status`` in a few lines, for ``/status``."""
+    lease = status["worker_lease"]
+    group = status["group"] or {}
+    beats = status["heartbeats"]
+    stale = sorted(name for name, beat in beats.items() if beat["stale"])
+    model = (
+        f"{cfg.model.model} at {cfg.model.base_url}"
+        if cfg.model.configured
+        else "not configured (see `relaybot onboard`)"
+    )
+    lines = [
+        f"session:  {session}",
+        f"worker:   {'running (' + lease['holder'] + ')' if lease else 'none running'}",
+        f"queue:    {group.get('pending', 0)} pending, {status['dead_letters']} dead letters",
+        f"model:    {model}",
+        f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
+        + (f" (stale: {', '.join(stale)})" if stale else ""),
+    ]
+    return "\n".join(lines)
+
+
+class Chat:
+    """The interactive loop: lines to the worker, ``/`` commands to the chat itself."""
+
+    def __init__(self, cfg: Config, rt: Runtime, view: ReplyView, timeout: float) -> None:
+        self.cfg, self.rt, self.view, self.timeout = cfg, rt, view, timeout
+
+    def run(self, name: str) -> int:
+        while True:
+            _err(f"session {name} — type a message, /help for commands, Ctrl-D to quit")
+            with _attached(self.cfg, self.rt, name, self.view) as term:
+                term.drain()
+                outcome = self._session(term)
+            if isinstance(outcome, int):
+                return outcome
+            name = outcome
+
+    def _session(self, term: Terminal) -> int | str:
+        """Lines of one session until Ctrl-D (an exit code) or a switch (the next session)."""
+        while True:
+            try:
+                line = input("you> ")
+            except EOFError:
+                sys.stderr.write("\n")
+                return 0
+            if not line.strip():
+                continue
+            if line.startswith("/") and not line.startswith("//"):
+                switch = self._command(line, term)
+                if switch is not None:
+                    return switch
+                continue
+            text = line[1:] if line.startswith("//") else line
+            code = _send_and_await(self.rt, term, text, self.timeout)
+            if code in (EXIT_NO_WORKER, EXIT_NO_REDIS):
+                return code
+
+    def _command(self, line: str, term: Terminal) -> str | None:
+        """Run a chat command; the session to switch to, if it asks for one."""
+        word, _, rest = line[1:].strip().partition(" ")
+        rest = rest.strip()
+        if word == "help":
+            self.view.note(HELP)
+        elif word == "new":
+            return new_session_name()
+        elif word == "session":
+            if not rest or " " in rest:
+                self.view.note(f"usage: /session NAME (this one is {term.session})")
+            else:
+                return rest
+        elif word == "status":
+            from relaybot.status import collect
+
+            try:
+                status = collect(self.rt.r, self.cfg.keys)
+            except TRANSIENT as exc:
+                self.view.note(f"cannot reach Redis: {exc}")
+            else:
+                self.view.note(short_status(status, self.cfg, term.session))
+        else:
+            self.view.note(f"unknown command /{word}: /help lists them; //text sends /text")
+        return None

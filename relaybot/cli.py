@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -15,12 +17,14 @@ import structlog
 from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
+from relaybot import envfile, private
 
 log = structlog.get_logger(__name__)
 
 EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
 EXIT_CONFIG = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a command killed by SIGPIPE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         description="A self-hosted personal assistant: terminal, Matrix and e-mail, one memory.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    p.add_argument("-V", "--version", action="version", version=f"relaybot {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     chat = sub.add_parser("chat", help="chat in this terminal (starts what is missing)")
@@ -75,14 +80,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "redis-cli" in argv:  # what follows is redis-cli's, options too (--scan, --pattern ...)
-        at = argv.index("redis-cli")
+def version() -> str:
+    try:
+        return importlib.metadata.version("relaybot")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        return "unknown"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """relaybot's options, its command and the command's arguments. Everything after
+    ``redis-cli`` is redis-cli's, options too (``--scan --pattern ...``): the command is the
+    first word that is not one of relaybot's own options (which take no value)."""
+    argv = list(argv)
+    at = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if at is not None and argv[at] == "redis-cli":
         args = _parser().parse_args(argv[: at + 1])
         args.args = argv[at + 1 :]
-    else:
-        args = _parser().parse_args(argv)
+        return args
+    return _parser().parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The entry point. A closed pipe (``relaybot memory export | head``) ends the command
+    quietly, as it ends ``cat``: no traceback, exit status 141 (128 + SIGPIPE)."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # a pipe closed after the last write shows here
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that says nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: Sequence[str]) -> int:
+    private.restrict_new_files()  # before anything is created: files 0600, directories 0700
+    envfile.load_dotenv_here()  # the .env honcho reads, for the commands of a second terminal
+    args = parse_args(argv)
     interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
@@ -93,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "onboard":  # onboarding is how a broken config gets rewritten
             return EXIT_CONFIG
         cfg = Config(home=default_home())
+    _tighten_home(cfg)
     try:
         return _dispatch(args, cfg)
     except redis.RedisError as exc:
@@ -102,6 +139,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _tighten_home(cfg: Config) -> None:
+    """Files from before (an older relaybot, a copy) others could read: made private, and said."""
+    try:
+        done, failed = private.tighten(cfg)
+    except OSError as exc:
+        log.warning("home.permissions_unchecked", home=str(cfg.home), error=str(exc))
+        return
+    if done:
+        log.warning(
+            "home.permissions_tightened",
+            detail="others could read these; they are now the owner's alone (0600/0700)",
+            count=len(done),
+            paths=[f"{x.path} {x.mode:04o}->{x.tightened:04o}" for x in done[:20]],
+        )
+    for loose, error in failed:
+        log.warning(
+            "home.permissions_loose",
+            path=str(loose.path),
+            mode=f"{loose.mode:04o}",
+            error=str(error),
+            fix=f"chmod go= {loose.path}",
+        )
 
 
 def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
@@ -167,6 +228,9 @@ def _run_redis(cfg: Config) -> int:
 
 
 def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
+    """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
+    ``honcho start``), is started for this command and stopped after it: the stream, the
+    queues and the dead letters are on disk, and the README's recipes work at any time."""
     from deploy import embedded
 
     binary = embedded.redis_binary("redis-cli")
@@ -174,7 +238,13 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
         target = ["-s", str(cfg.redis_dir / "redis.sock")]
     else:
         target = ["-u", redis_url(cfg)]
-    os.execv(binary, [binary, *target, *extra])
+    argv = [binary, *target, *extra]
+    if cfg.embedded_redis and not embedded.ping(cfg) and not embedded.supervised(cfg):
+        from relaybot.runtime import Runtime
+
+        with Runtime(cfg, start_worker=False):
+            return subprocess.run(argv, check=False).returncode
+    os.execv(binary, argv)
     return 0  # not reached
 
 

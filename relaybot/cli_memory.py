@@ -188,6 +188,8 @@ def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
                     tmp.unlink(missing_ok=True)
     except sqlite3.Error as exc:
         return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
+    except BrokenPipeError:
+        raise  # `relaybot memory export | head`: the entry point ends quietly
     except OSError as exc:
         return _fail(f"cannot write the export: {exc}")
     where = "standard output" if args.out is None else str(args.out)

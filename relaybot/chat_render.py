@@ -1,0 +1,57 @@
+"""How ``relaybot chat`` shows a reply: Markdown with who answered and when on a terminal, the
+plain text otherwise (so that pipes, scripts and tests read exactly what the model wrote)."""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.text import Text
+
+from contract.messages import Reply, ReplyKind
+
+
+def stamp(created: float, now: float | None = None) -> str:
+    """``14:32`` today, ``2026-11-23 14:32`` on another day (local time)."""
+    when = time.localtime(created)
+    today = time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M", when)
+    return time.strftime("%Y-%m-%d %H:%M", when)
+
+
+def header(reply: Reply, assistant: str, now: float | None = None) -> str:
+    """Who answered and when: ``relaybot · 14:32`` (``relaybot (error) · 14:32``)."""
+    who = assistant if reply.kind == ReplyKind.REPLY else f"{assistant} ({reply.kind.value})"
+    return f"{who} · {stamp(reply.created, now)}"
+
+
+class ReplyView:
+    """Shows replies on ``out``: rendered when ``out`` is a terminal, plain text otherwise."""
+
+    def __init__(self, out: TextIO, assistant: str) -> None:
+        self.out = out
+        self.assistant = assistant
+        self.rich = out.isatty()
+        self.console = Console(file=out, highlight=False, soft_wrap=False) if self.rich else None
+
+    def show(self, reply: Reply) -> None:
+        if self.console is None:
+            prefix = "! " if reply.kind == ReplyKind.ERROR else ""
+            self.out.write(f"{prefix}{reply.text}\n")
+            self.out.flush()
+            return
+        style = "bold red" if reply.kind == ReplyKind.ERROR else "bold cyan"
+        self.console.print(Text(header(reply, self.assistant), style=style))
+        self.console.print(Markdown(reply.text))
+        self.console.print()
+
+    def note(self, text: str) -> None:
+        """A line of the chat itself (a command's answer), never mistaken for a reply."""
+        if self.console is None:
+            self.out.write(f"{text}\n")
+            self.out.flush()
+        else:
+            self.console.print(Text(text, style="dim"))
