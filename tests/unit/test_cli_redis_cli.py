@@ -5,11 +5,22 @@ The README's recipes (``relaybot redis-cli --scan --pattern 'relaybot:reply:*'``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from deploy import embedded
 from relaybot import cli
+
+
+@pytest.fixture(autouse=True)
+def _umask() -> object:
+    """cli.main sets the process's umask (077): give the other tests theirs back."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
 
 
 @pytest.mark.parametrize(
@@ -25,6 +36,7 @@ def test_every_argument_after_redis_cli_goes_to_redis_cli(
 ) -> None:
     monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path))
     monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setattr(embedded, "ping", lambda _cfg: True)  # as when chat or honcho runs it
     ran: list[list[str]] = []
     monkeypatch.setattr(cli.os, "execv", lambda _binary, argv: ran.append(list(argv)))
     assert cli.main(["redis-cli", *extra]) == 0

@@ -1,0 +1,242 @@
+"""The ``relaybot`` entry point: --version, the command word, ``.env``, private files, and how
+the terminal chat shows a reply (issue 13)."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from contract.config import Config, load_config
+from contract.messages import Reply
+from relaybot import chat, chat_render, cli, envfile, private
+
+
+@pytest.fixture(autouse=True)
+def _umask() -> object:
+    """cli.main sets the process's umask (077): give the other tests theirs back."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
+
+
+def test_version_is_printed_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as done:
+            cli.main([flag])
+        assert done.value.code == 0
+        assert capsys.readouterr().out == f"relaybot {cli.version()}\n"
+    assert cli.version()[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [
+        (["redis-cli", "--scan", "--pattern", "relaybot:reply:*"], ["--scan", "--pattern", "relaybot:reply:*"]),
+        (["-v", "redis-cli", "-n", "0", "--raw", "TIME"], ["-n", "0", "--raw", "TIME"]),
+        (["redis-cli"], []),
+    ],
+)  # fmt: skip
+def test_everything_after_the_redis_cli_word_is_redis_clis(
+    argv: list[str], extra: list[str]
+) -> None:
+    args = cli.parse_args(argv)
+    assert (args.command, args.args) == ("redis-cli", extra)
+
+
+def test_redis_cli_as_a_word_of_another_command_is_just_a_word() -> None:
+    args = cli.parse_args(["memory", "search", "redis-cli", "--limit", "3"])
+    assert args.command == "memory"
+    assert (args.query, args.limit) == (["redis-cli"], 3)
+
+
+def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("RELAYBOT_HOME", "REDIS_URL", "RELAYBOT_REDIS_PREFIX", "RELAYBOT_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / ".env").write_text(
+        "RELAYBOT_HOME=./data\n"
+        "REDIS_URL=redis://:pa${x}ss@127.0.0.1:6390/0\n"  # taken literally, as honcho does
+        "export RELAYBOT_REDIS_PREFIX=app:\n"
+        "RELAYBOT_MODEL=from-dotenv\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("RELAYBOT_MODEL", "from-shell")  # the process environment wins
+    monkeypatch.chdir(tmp_path)
+    assert envfile.load_dotenv_here() == tmp_path / ".env"
+    cfg = load_config()
+    assert cfg.home == tmp_path / "data"
+    assert cfg.redis.url is not None
+    assert cfg.redis.url.get_secret_value() == "redis://:pa${x}ss@127.0.0.1:6390/0"
+    assert cfg.redis.prefix == "app:"
+    assert cfg.model.model == "from-shell"
+
+
+def test_no_dotenv_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = dict(os.environ)
+    assert envfile.load_dotenv_here() is None
+    assert dict(os.environ) == before
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_loose_files_under_the_home_are_made_private(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "redis").mkdir(parents=True)
+    (home / "logs").mkdir()
+    for name in ("memory.sqlite3", "memory.sqlite3-wal", "config.toml", "logs/worker.log"):
+        (home / name).write_text("x")
+        os.chmod(home / name, 0o644)
+    os.chmod(home / "redis", 0o755)
+    os.chmod(home, 0o755)
+    (home / "private.txt").write_text("x")
+    os.chmod(home / "private.txt", 0o600)
+    outside = tmp_path / "shared.txt"
+    outside.write_text("x")
+    os.chmod(outside, 0o644)
+    (home / "link").symlink_to(outside)  # a link is left alone, and so is its target
+    cfg = Config(home=home)
+
+    loose = {x.path: x.mode for x in private.loose_paths(cfg)}
+    assert loose == {
+        home: 0o755,
+        home / "redis": 0o755,
+        home / "memory.sqlite3": 0o644,
+        home / "memory.sqlite3-wal": 0o644,
+        home / "config.toml": 0o644,
+        home / "logs/worker.log": 0o644,
+    } | ({home / "logs": mode(home / "logs")} if mode(home / "logs") & 0o077 else {})
+    done, failed = private.tighten(cfg)
+    assert failed == []
+    assert {x.path for x in done} == set(loose)
+    assert mode(home) == 0o700
+    assert mode(home / "redis") == 0o700
+    assert mode(home / "memory.sqlite3") == 0o600
+    assert mode(home / "logs/worker.log") == 0o600
+    assert mode(outside) == 0o644
+    assert private.loose_paths(cfg) == []  # said once: nothing left to tighten
+
+
+def test_memory_and_matrix_store_outside_the_home_are_private_too(tmp_path: Path) -> None:
+    home, elsewhere = tmp_path / "home", tmp_path / "var"
+    home.mkdir(mode=0o700)
+    (elsewhere / "matrix").mkdir(parents=True)
+    db = elsewhere / "memory.sqlite3"
+    for path in (db, elsewhere / "memory.sqlite3-shm", elsewhere / "matrix" / "session.json"):
+        path.write_text("x")
+        os.chmod(path, 0o644)
+    os.chmod(elsewhere / "matrix", 0o755)
+    os.chmod(elsewhere, 0o755)
+    cfg = Config.model_validate(
+        {"home": home, "memory": {"path": db}, "matrix": {"store_path": elsewhere / "matrix"}}
+    )
+    private.tighten(cfg)
+    assert mode(db) == mode(elsewhere / "memory.sqlite3-shm") == 0o600
+    assert mode(elsewhere / "matrix") == 0o700
+    assert mode(elsewhere / "matrix" / "session.json") == 0o600
+    assert mode(elsewhere) != 0o700  # the directory it was put in is the owner's business
+
+
+def test_a_command_tightens_the_home_and_creates_private_files(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.chmod(home, 0o755)
+    db = home / "memory.sqlite3"
+    db.write_bytes(b"")
+    os.chmod(db, 0o644)
+    os.umask(0o022)
+    assert cli.main(["memory", "status"]) in (0, 1)
+    assert mode(home) == 0o700
+    assert mode(db) == 0o600
+    new = home / "new-file"
+    new.write_text("x")
+    new.parent.joinpath("new-dir").mkdir()
+    assert mode(new) == 0o600
+    assert mode(home / "new-dir") == 0o700
+    assert "home.permissions_tightened" in capsys.readouterr().err
+
+
+# -- the chat ------------------------------------------------------------------------------------
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def reply(text: str, kind: str = "reply", created: float | None = None) -> Reply:
+    return Reply.model_validate(
+        {
+            "reply_id": "r1",
+            "answers": "cli:1-0",
+            "kind": kind,
+            "channel": "cli",
+            "session": "cli:s",
+            "conversation": "cli:s",
+            "text": text,
+            "created": time.time() if created is None else created,
+        }
+    )
+
+
+def test_a_reply_in_a_pipe_is_exactly_its_text() -> None:
+    out = io.StringIO()
+    view = chat_render.ReplyView(out, "relaybot")
+    view.show(reply("**bold** and `code`"))
+    view.show(reply("it failed", kind="error"))
+    assert out.getvalue() == "**bold** and `code`\n! it failed\n"
+
+
+def test_a_reply_on_a_terminal_is_rendered_with_who_and_when() -> None:
+    out = Tty()
+    created = time.mktime((2026, 11, 24, 14, 32, 0, 0, 0, -1))
+    view = chat_render.ReplyView(out, "Robin")
+    view.show(reply("# Plan\n\n- **bold** item\n- `code`", created=created))
+    shown = out.getvalue()
+    assert "Robin · " in shown and "14:32" in shown
+    assert "**" not in shown and "# Plan" not in shown  # Markdown rendered, not echoed
+    assert "bold" in shown and "item" in shown and "Plan" in shown
+    assert "\x1b[" in shown  # styled
+
+
+def test_the_time_says_the_day_only_when_it_is_not_today() -> None:
+    now = time.mktime((2026, 11, 24, 18, 0, 0, 0, 0, -1))
+    assert chat_render.stamp(now - 3600, now) == "17:00"
+    assert chat_render.stamp(now - 86400, now) == "2026-11-23 18:00"
+    assert chat_render.header(reply("x", kind="error", created=now), "relaybot", now) == (
+        "relaybot (error) · 18:00"
+    )
+
+
+def test_status_in_short() -> None:
+    status = {
+        "worker_lease": {"holder": "worker@host:12"},
+        "group": {"pending": 2},
+        "dead_letters": 1,
+        "heartbeats": {"worker": {"stale": False}, "jobs": {"stale": True}},
+    }
+    cfg = Config.model_validate(
+        {"home": "/tmp/x", "model": {"base_url": "http://m/v1", "model": "llama"}}
+    )
+    text = chat.short_status(status, cfg, "ada-1")
+    assert "session:  ada-1" in text
+    assert "worker:   running (worker@host:12)" in text
+    assert "2 pending, 1 dead letters" in text
+    assert "llama at http://m/v1" in text
+    assert "alive:    worker (stale: jobs)" in text
+    none = chat.short_status(
+        {"worker_lease": None, "group": None, "dead_letters": 0, "heartbeats": {}},
+        Config(home=Path("/tmp/x")),
+        "s",
+    )
+    assert "worker:   none running" in none
+    assert "not configured" in none
