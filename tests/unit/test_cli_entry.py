@@ -37,7 +37,7 @@ def test_version_is_printed_and_exits_0(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("argv", "extra"),
     [
-        (["redis-cli", "--scan", "--pattern", "relaybot:reply:*"], ["--scan", "--pattern", "relaybot:reply:*"]),
+        (["redis-cli", "--scan", "--pattern", "rb:*"], ["--scan", "--pattern", "rb:*"]),
         (["-v", "redis-cli", "-n", "0", "--raw", "TIME"], ["-n", "0", "--raw", "TIME"]),
         (["redis-cli"], []),
     ],
