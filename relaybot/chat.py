@@ -29,9 +29,9 @@ GRACE = 3.0  # seconds to wait for a worker that a zero-config run has just star
 
 HELP = """\
 /help           this list
-/new            a new session (a fresh conversation; the old one can be resumed by its name)
-/session NAME   switch to session NAME (its replies that arrived meanwhile are shown first)
-/status         the worker, the queue and the model, in short (relaybot status has it all)
+/new            a new session (the old one can be resumed by its name)
+/session NAME   switch to session NAME (what it was sent meanwhile comes first)
+/status         the worker, the queue and the model, in short
 //text          sends "/text" (a line that starts with /)
 Ctrl-D          quits"""
 

@@ -54,4 +54,4 @@ class ReplyView:
             self.out.write(f"{text}\n")
             self.out.flush()
         else:
-            self.console.print(Text(text, style="dim"))
+            self.console.print(Text(text, style="dim"), soft_wrap=True)
