@@ -16,6 +16,10 @@ from tests.support.procs import Procs, relaybot_env
 from tests.support.servers import RedisServer
 from tests.support.synapse import SynapseServer
 
+# a developer's own .env in the clone (the README suggests one) never reaches the tests: every
+# relaybot command would read it (relaybot/envfile.py); tests that mean .env set their own up
+os.environ["RELAYBOT_DOTENV"] = ""
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:

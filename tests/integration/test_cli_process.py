@@ -89,7 +89,7 @@ def test_dotenv_in_the_current_directory_is_read_and_the_environment_wins(
     )
     real_redis.xadd(Keys(prefix).inbound_of("cli"), {"v": "1"})
     env = relaybot_env(tmp_path / "elsewhere")  # the shell: its own home, no Redis
-    del env["RELAYBOT_HOME"]
+    del env["RELAYBOT_HOME"], env["RELAYBOT_DOTENV"]  # a user's shell: reads ./.env
     done = run_relaybot(["status"], env, cwd=app)
     assert done.returncode == 0, done.stderr
     assert f"{prefix}inbound:cli: 1" in done.stdout, done.stdout

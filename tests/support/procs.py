@@ -90,6 +90,7 @@ def relaybot_env(
     env["RELAYBOT_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["RELAYBOT_DOTENV"] = ""  # never the developer's .env of the clone (cwd is the repo)
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     if prefix is not None:

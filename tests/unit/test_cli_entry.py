@@ -60,6 +60,7 @@ def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
 ) -> None:
     for var in ("RELAYBOT_HOME", "REDIS_URL", "RELAYBOT_REDIS_PREFIX", "RELAYBOT_MODEL"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("RELAYBOT_DOTENV")  # the test suite's "none"
     (tmp_path / ".env").write_text(
         "RELAYBOT_HOME=./data\n"
         "REDIS_URL=redis://:pa${x}ss@127.0.0.1:6390/0\n"  # taken literally, as honcho does
@@ -79,10 +80,26 @@ def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
 
 
 def test_no_dotenv_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RELAYBOT_DOTENV")
     monkeypatch.chdir(tmp_path)
     before = dict(os.environ)
     assert envfile.load_dotenv_here() is None
     assert dict(os.environ) == before
+
+
+def test_relaybot_dotenv_names_another_file_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RELAYBOT_MODEL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("RELAYBOT_MODEL=here\n", encoding="utf-8")
+    (tmp_path / "other.env").write_text("RELAYBOT_MODEL=other\n", encoding="utf-8")
+    monkeypatch.setenv("RELAYBOT_DOTENV", "")
+    assert envfile.load_dotenv_here() is None
+    assert "RELAYBOT_MODEL" not in os.environ
+    monkeypatch.setenv("RELAYBOT_DOTENV", str(tmp_path / "other.env"))
+    assert envfile.load_dotenv_here() == tmp_path / "other.env"
+    assert os.environ["RELAYBOT_MODEL"] == "other"
 
 
 def mode(path: Path) -> int:
