@@ -13,8 +13,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import structlog
+from pydantic import TypeAdapter, ValidationError
 
 from contract.config import Config
+from contract.messages import RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
@@ -25,6 +27,7 @@ log = structlog.get_logger(__name__)
 EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
 EXIT_NO_REDIS = 1  # as for any command that cannot reach Redis
+EXIT_USAGE = 2
 GRACE = 3.0  # seconds to wait for a worker that a zero-config run has just started
 
 HELP = """\
@@ -34,6 +37,22 @@ HELP = """\
 /status         the worker, the queue and the model, in short
 //text          sends "/text" (a line that starts with /)
 Ctrl-D          quits"""
+
+
+_SESSION = TypeAdapter(RoutingKey)
+
+
+def bad_session(name: str) -> str | None:
+    """Why ``name`` cannot name a session (None when it can)."""
+    try:
+        _SESSION.validate_python(name)  # a name of its own: starts with a letter or digit
+        _SESSION.validate_python(f"cli:{name}")  # and fits as the routing key
+    except ValidationError:
+        return (
+            f"{name!r} cannot name a session: letters, digits and _.:@+=/!#$- only, "
+            "starting with a letter or digit"
+        )
+    return None
 
 
 def _err(text: str) -> None:
@@ -54,6 +73,9 @@ def _attached(cfg: Config, rt: Runtime, name: str, view: ReplyView) -> Iterator[
 
 def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: float) -> int:
     name = session or new_session_name()
+    if (why := bad_session(name)) is not None:
+        _err(why)
+        return EXIT_USAGE
     view = ReplyView(sys.stdout, cfg.worker.assistant_name)
     try:
         with Runtime(cfg) as rt:
@@ -177,8 +199,10 @@ class Chat:
         elif word == "new":
             return new_session_name()
         elif word == "session":
-            if not rest or " " in rest:
+            if not rest:
                 self.view.note(f"usage: /session NAME (this one is {term.session})")
+            elif (why := bad_session(rest)) is not None:
+                self.view.note(why)
             else:
                 return rest
         elif word == "status":

@@ -94,6 +94,9 @@ def test_chat_renders_replies_and_has_its_commands(home: Path) -> None:
             chat.say("//slash at the start")
             assert "/slash at the start" in chat.plain(chat.until("at the start"))
 
+            chat.say("/session not one")
+            assert "cannot name a session" in chat.plain(chat.until("cannot name"))
+
             chat.say("/bogus")
             assert "unknown command /bogus" in chat.plain(chat.until("unknown command"))
 

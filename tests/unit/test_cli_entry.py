@@ -257,3 +257,10 @@ def test_status_in_short() -> None:
     )
     assert "worker:   none running" in none
     assert "not configured" in none
+
+
+def test_a_session_name_is_checked_before_anything_is_sent() -> None:
+    assert chat.bad_session("ada-1a2b3c") is None
+    assert chat.bad_session("work") is None
+    for bad in ("a b", "a*b", "-x", "", "x" * 300):
+        assert "cannot name a session" in (chat.bad_session(bad) or ""), bad
