@@ -148,6 +148,20 @@ class Walk:
             time.sleep(0.3)
         raise AssertionError(f"no worker within 60 s:\n{out.read_text(errors='replace')}")
 
+    def settle(self, session: str) -> None:
+        """Wait, as a person typing the next command would, until the worker has answered an
+        entry XADDed by hand (its reply waits on the session's queue)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [".venv/bin/relaybot", "redis-cli", "LLEN", f"relaybot:reply:{session}"],
+                cwd=self.clone, env=self.bare, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode == 0 and done.stdout.strip() not in ("", "0"):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"no reply for {session} within 30 s")
+
     def stop(self) -> None:
         for proc, out in self.background:
             if proc.poll() is None:
@@ -161,6 +175,40 @@ class Walk:
             assert "Traceback" not in log and "not found" not in log, log
 
 
+def step(walk: Walk, command: Command, skipped: dict[str, str]) -> None:
+    """Run one README command as its kind asks, or say why not (in ``skipped``)."""
+    text = without_comment(command.text)
+    reason = next((why for key, why in BY_DESIGN.items() if key in text), None)
+    if reason is not None:
+        skipped[text] = reason
+        return
+    parts = [p.strip() for p in text.split(" && ")]
+    kept = [p for p in parts if p not in PROVIDED]
+    skipped.update({p: PROVIDED[p] for p in parts if p in PROVIDED})
+    if not kept:
+        return
+    # verbatim, comment and all, unless the fixture provided a part of it
+    run = " && ".join(kept) if kept != parts else command.text
+    bare = without_comment(run)
+    if bare.endswith("honcho start"):  # terminal 1
+        walk.start(run)
+    elif bare.endswith("relaybot chat"):  # interactive: a line, then Ctrl-D
+        done = walk.run(run, stdin="hello\n")
+        assert NO_MODEL in done.stdout, done.stdout  # zero-config, and no model yet
+    elif "relaybot chat" in bare and "prints both replies" in command.text:
+        done = walk.run(run)
+        assert done.stdout.count(NO_MODEL) == 2, done.stdout
+    else:
+        done = walk.run(run)
+        if bare.startswith("relaybot redis-cli "):
+            assert not REDIS_ERROR.search(done.stdout), f"{run}\n{done.stdout}"
+            if "--scan" in bare:
+                keys = done.stdout.split()
+                assert all(k.startswith(("relaybot:reply:", "relaybot:inflight:")) for k in keys)
+            if " XADD " in bare and (session := re.search(r" session (\S+)", bare)):
+                walk.settle(session.group(1))
+
+
 def test_every_readme_command_works_verbatim(tmp_path: Path) -> None:
     commands = readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
     assert any("honcho start" in c.text for c in commands)  # the walk covers the quickstart
@@ -168,37 +216,7 @@ def test_every_readme_command_works_verbatim(tmp_path: Path) -> None:
     skipped: dict[str, str] = {}
     try:
         for command in commands:
-            text = without_comment(command.text)
-            reason = next((why for key, why in BY_DESIGN.items() if key in text), None)
-            if reason is not None:
-                skipped[text] = reason
-                continue
-            parts = [p.strip() for p in text.split(" && ")]
-            kept = [p for p in parts if not any(p == key for key in PROVIDED)]
-            skipped.update({p: PROVIDED[p] for p in parts if p in PROVIDED})
-            if not kept:
-                continue
-            # verbatim, comment and all, unless the fixture provided a part of it
-            text = " && ".join(kept) if kept != parts else command.text
-            if without_comment(text).endswith("honcho start"):
-                walk.start(text)
-            elif re.search(
-                r"relaybot chat$", without_comment(text)
-            ):  # interactive: a line, then Ctrl-D
-                done = walk.run(text, stdin="hello\n")
-                assert NO_MODEL in done.stdout, done.stdout  # zero-config, and no model yet
-            elif "relaybot chat" in text and "prints both replies" in command.text:
-                done = walk.run(text)
-                assert done.stdout.count(NO_MODEL) == 2, done.stdout
-            else:
-                done = walk.run(text)
-                if " redis-cli " in f" {text} ":
-                    assert not REDIS_ERROR.search(done.stdout), f"{text}\n{done.stdout}"
-                    if "--scan" in text:
-                        assert done.stdout.strip() in ("", "relaybot:reply:cli:manual") or all(
-                            k.startswith(("relaybot:reply:", "relaybot:inflight:"))
-                            for k in done.stdout.split()
-                        ), done.stdout
+            step(walk, command, skipped)
     finally:
         walk.stop()
     # every reason given is for a command the README has, and everything else ran
