@@ -148,6 +148,7 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
         f"worker:   {'running (' + lease['holder'] + ')' if lease else 'none running'}",
         f"queue:    {group.get('pending', 0)} pending, {status['dead_letters']} dead letters",
         f"model:    {model}",
+        f"home:     {cfg.home}",
         f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
         + (f" (stale: {', '.join(stale)})" if stale else ""),
     ]

@@ -250,6 +250,7 @@ def test_status_in_short() -> None:
     assert "2 pending, 1 dead letters" in text
     assert "llama at http://m/v1" in text
     assert "alive:    worker (stale: jobs)" in text
+    assert "home:     /tmp/x" in text
     none = chat.short_status(
         {"worker_lease": None, "group": None, "dead_letters": 0, "heartbeats": {}},
         Config(home=Path("/tmp/x")),
