@@ -72,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
     cli_entities.add_parsers(esub)
     cli_entities.add_onboard_parser(sub)
+    from relaybot import doctor
+
+    doctor.add_parser(sub)
     return p
 
 
@@ -90,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config()
     except ConfigError as exc:
         print(f"relaybot: configuration error: {exc}", file=sys.stderr)
-        if args.command != "onboard":  # onboarding is how a broken config gets rewritten
+        # onboarding is how a broken config gets rewritten; doctor says what is wrong with it
+        if args.command not in ("onboard", "doctor"):
             return EXIT_CONFIG
         cfg = Config(home=default_home())
     try:
