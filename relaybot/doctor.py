@@ -238,6 +238,8 @@ def diagnose(
                 )
             )
         report.checks += list(found[name])
+    order = ["config", *groups]  # config.unused comes from the processes group
+    report.checks.sort(key=lambda c: order.index(c.group) if c.group in order else len(order))
     return report
 
 

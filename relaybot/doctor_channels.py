@@ -250,8 +250,8 @@ def imap_check(e: EmailConfig, timeout: float) -> Check:
         typ, _data = conn.select(e.folder, readonly=True)
         if typ != "OK":
             return fail("email.imap", f"{where}: no folder {e.folder!r}", "fix [email] folder")
-        conn.capability()
-        idle = "IDLE" in conn.capabilities
+        _typ, caps = conn.capability()  # after login: servers add capabilities then
+        idle = "IDLE" in _text(caps[0] or b"").upper().split() or "IDLE" in conn.capabilities
     except (OSError, imaplib.IMAP4.error) as exc:
         return fail("email.imap", f"{where}: {exc}", "check the IMAP server")
     finally:

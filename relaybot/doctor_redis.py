@@ -159,16 +159,26 @@ def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
 
 
 def server_version(r: redis.Redis) -> tuple[str, str]:
-    """(server name, version): HELLO (every relaybot ACL user may run it), else INFO."""
+    """(server name, version): HELLO (every relaybot ACL user may run it), else INFO. HELLO is
+    sent on a connection of its own, dropped after: redis-py would take it for a protocol
+    switch and parse that connection's later replies as RESP3."""
+    pool = r.connection_pool
+    conn: Any = pool.get_connection()
     try:
-        hello: Any = r.execute_command("HELLO", "2")  # type: ignore[no-untyped-call]
-        if isinstance(hello, list):
-            hello = dict(zip(hello[::2], hello[1::2], strict=False))
+        conn.send_command("HELLO", "2")
+        hello: Any = conn.read_response()
+    except redis.ResponseError:
+        hello = None
+    finally:
+        conn.disconnect()
+        pool.release(conn)
+    if isinstance(hello, list):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if isinstance(hello, dict):
         info = {text(k): v for k, v in hello.items()}
         return text(info.get("server", "redis")), text(info.get("version", "0"))
-    except redis.ResponseError:
-        server: Any = r.info("server")
-        return "redis", str(server.get("redis_version", "0"))
+    server: Any = r.info("server")
+    return "redis", str(server.get("redis_version", "0"))
 
 
 def append_config(r: redis.Redis) -> tuple[str | None, str | None]:
