@@ -18,7 +18,7 @@ import redis
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from contract.config import Config, RedisConfig
+from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import beat
 from deploy.embedded import redis_binary
@@ -82,7 +82,7 @@ addresses = ["bot@example.org"]
 """
 
 
-def _doctor(env: dict[str, str]) -> tuple[int, dict[str, Check | dict[str, Any]]]:
+def _doctor(env: dict[str, str]) -> tuple[int, dict[str, dict[str, Any]]]:
     done = run_relaybot(["doctor", "--json", "--timeout", "3"], env, timeout=60)
     assert done.stdout, done.stderr
     out = json.loads(done.stdout)
@@ -206,7 +206,7 @@ PASSWORDS = {"worker": "w", "jobs": "j", "cli": "c", "matrix": "m", "email": "e"
 
 
 def _redis_checks(tmp_path: Path, url: str, prefix: str = "relaybot:") -> dict[str, Check]:
-    cfg = Config.model_validate({"home": tmp_path, "redis": RedisConfig(url=url, prefix=prefix)})
+    cfg = Config.model_validate({"home": tmp_path, "redis": {"url": url, "prefix": prefix}})
     found: list[Check] = []
     doctor_redis.redis_group(cfg, 3.0, found.append)
     return {c.id: c for c in found}
