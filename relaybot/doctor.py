@@ -143,9 +143,10 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
 def disk_group(cfg: Config, timeout: float, add: Add) -> None:
     places = {cfg.home, cfg.memory_path.parent}
     seen: set[int] = set()
-    for place in sorted(places):
-        if not place.exists():
-            continue
+    for wanted in sorted(places):
+        place = wanted
+        while not place.exists() and place != place.parent:  # not made yet: where it will be
+            place = place.parent
         dev = place.stat().st_dev
         if dev in seen:
             continue

@@ -60,6 +60,7 @@ def model_group(cfg: Config, timeout: float, add: Add) -> None:
         return
     base = str(m.base_url).rstrip("/")
     where = display_url(base)
+    add(ok("model.configured", f"{m.model} at {where}"))
     headers = {"Authorization": f"Bearer {m.api_key.get_secret_value()}"} if m.api_key else {}
     limits = httpx.Timeout(timeout, connect=timeout)
     with httpx.Client(headers=headers, timeout=limits) as http:

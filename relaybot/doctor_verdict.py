@@ -261,6 +261,8 @@ def permissions(home: Path, modes: Mapping[Path, int], limit: int = 10) -> Check
     """``modes``: st_mode of every file, directory and socket under RELAYBOT_HOME (and the
     memory database, wherever it is). Anything group or world accessible fails."""
     open_ = {p: m for p, m in modes.items() if m & 0o077}
+    if not modes:
+        return ok("disk.permissions", f"{home} does not exist yet: nothing to check")
     if not open_:
         return ok("disk.permissions", f"{len(modes)} paths under {home}: only the owner can read")
     first = sorted(open_, key=lambda p: (p.name.split("-")[0] not in SENSITIVE, str(p)))

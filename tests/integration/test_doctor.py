@@ -17,6 +17,8 @@ import pytest
 import redis
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from contract.config import Config
 from contract.keys import Keys
@@ -172,7 +174,12 @@ def test_model_that_ignores_tools_is_a_warning(tmp_path: Path) -> None:
         )
         doctor_model.model_group(cfg, 3.0, found.append)
     verdicts = {c.id: c.verdict for c in found}
-    assert verdicts == {"model.reachable": "ok", "model.exists": "ok", "model.tools": "warn"}
+    assert verdicts == {
+        "model.configured": "ok",
+        "model.reachable": "ok",
+        "model.exists": "ok",
+        "model.tools": "warn",
+    }
     assert "tool calling" in found[-1].hint
 
 
@@ -192,7 +199,9 @@ def acl_port(tmp_path: Path) -> Iterator[int]:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            redis.Redis(port=port, username="relaybot-cli", password="x").ping()
+            redis.Redis(
+                port=port, username="relaybot-cli", password="x", retry=Retry(NoBackoff(), 0)
+            ).ping()
         except redis.AuthenticationError:
             break  # up, and refusing bad credentials
         except redis.ConnectionError:
