@@ -48,7 +48,7 @@ from relaybot.doctor_verdict import (
 Add = Callable[[Check], None]
 DEFAULT_TIMEOUT = 5.0
 # each group's budget, in --timeout units (a group makes several requests in turn)
-BUDGET = {"disk": 4, "redis": 4, "processes": 2, "model": 16, "matrix": 4, "email": 6}
+BUDGET = {"disk": 4, "redis": 6, "processes": 2, "model": 16, "matrix": 4, "email": 10}
 MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
 
 
@@ -203,7 +203,7 @@ def diagnose(
     from relaybot import doctor_channels, doctor_model, doctor_redis
 
     def processes(c: Config, t: float, add: Add) -> None:
-        doctor_redis.processes_group(c, t, add, digest)
+        doctor_redis.processes_group(c, t, add, digest or config_digest(b""))
 
     groups: dict[str, Callable[[Config, float, Add], None]] = {
         "disk": disk_group,

@@ -30,9 +30,12 @@ def _alive(beat: Mapping[str, Any], now: float) -> bool:
 
 
 def processes(
-    beats: Mapping[str, Mapping[str, Any]], now: float, digest: str | None
+    beats: Mapping[str, Mapping[str, Any]], now: float, digest: str, host: str
 ) -> list[Check]:
-    """One check per heartbeat, and a warning when no worker beats."""
+    """One check per heartbeat, and a warning when no worker beats. ``digest`` is this host's
+    config.toml's (:func:`~relaybot.doctor_verdict.config_digest`; of no bytes when there is no
+    file): a process on another host loaded that host's file, so its digest is shown, not
+    compared."""
     out: list[Check] = []
     if not any(name == "worker" and _alive(b, now) for name, b in beats.items()):
         out.append(
@@ -44,7 +47,7 @@ def processes(
             )
         )
     for name, beat in sorted(beats.items()):
-        out.append(_one(name, beat, now, digest))
+        out.append(_one(name, beat, now, digest if beat.get("host") == host else None))
     return out
 
 
@@ -83,7 +86,9 @@ def _one(name: str, beat: Mapping[str, Any], now: float, digest: str | None) -> 
             f"restart {name} to apply the current config.toml",
             **facts,
         )
-    if digest is not None and loaded != digest:
+    if digest is None:
+        return ok(cid, said + " (another host's config.toml: not compared)", **facts)
+    if loaded != digest:
         return warn(
             cid,
             said + f" but config.toml is now {digest}: it runs an older config",

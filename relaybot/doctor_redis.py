@@ -8,6 +8,7 @@ queues it, so a refused one answers NOPERM at once, and none is ever executed.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -148,11 +149,10 @@ def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
             None,
         )
     except (redis.RedisError, OSError) as exc:
-        hint = (
-            "start the embedded Redis (honcho start, or relaybot redis)"
-            if cfg.embedded_redis
-            else "start that Redis, or fix REDIS_URL / [redis] url (host, port, TLS: rediss://)"
-        )
+        if cfg.embedded_redis:  # nothing of this home runs now: nothing needs it
+            hint = "it runs while honcho start or a zero-config relaybot chat runs"
+            return warn("redis.reachable", f"the embedded Redis does not answer: {exc}", hint), None
+        hint = "start that Redis, or fix REDIS_URL / [redis] url (host, port, TLS: rediss://)"
         return fail("redis.reachable", f"cannot reach {where}: {exc}", hint), None
     ms = (time.monotonic() - started) * 1000
     return ok("redis.reachable", f"{where} answered PING in {ms:.1f} ms"), r
@@ -210,7 +210,7 @@ def redis_group(cfg: Config, timeout: float, add: Add) -> None:
         r.close()
 
 
-def processes_group(cfg: Config, timeout: float, add: Add, digest: str | None) -> None:
+def processes_group(cfg: Config, timeout: float, add: Add, digest: str) -> None:
     """What runs (heartbeats) and with which config; and config.unused, which needs them."""
     beats: dict[str, dict[str, Any]] | None = None
     because = ""
@@ -228,6 +228,6 @@ def processes_group(cfg: Config, timeout: float, add: Add, digest: str | None) -
     if beats is None:
         add(skipped("processes", because))
     else:
-        for check in doctor_liveness.processes(beats, now, digest):
+        for check in doctor_liveness.processes(beats, now, digest, socket.gethostname()):
             add(check)
     add(doctor_liveness.unused(cfg, beats, now))

@@ -122,7 +122,8 @@ def test_processes_show_their_config_and_whether_it_is_current() -> None:
         "jobs": {"ts": now - 120, "pid": 4, "host": "h"},
         "gateway:cli:ada": {"ts": now, "pid": 5, "host": "h"},  # before the config field
     }  # fmt: skip
-    by_id = {c.id: c for c in processes(beats, now, "aaaaaaaaaaaa")}
+    beats["gateway:matrix:standby"] = {"ts": now, "pid": 6, "host": "vps", "config": "cccccccccccc"}
+    by_id = {c.id: c for c in processes(beats, now, "aaaaaaaaaaaa", "h")}
     assert by_id["processes.worker"].verdict is OK
     assert "aaaaaaaaaaaa (current)" in by_id["processes.worker"].summary
     assert by_id["processes.gateway:matrix"].verdict is W
@@ -131,7 +132,9 @@ def test_processes_show_their_config_and_whether_it_is_current() -> None:
     assert by_id["processes.gateway:email"].verdict is W  # says it needs a restart
     assert by_id["processes.jobs"].verdict is W and "120 s ago" in by_id["processes.jobs"].summary
     assert by_id["processes.gateway:cli:ada"].verdict is OK
-    assert [c.id for c in processes({}, now, None)] == ["processes.worker"]  # none: a warning
+    other_host = by_id["processes.gateway:matrix:standby"]  # its own host's config.toml
+    assert other_host.verdict is OK and "not compared" in other_host.summary
+    assert [c.id for c in processes({}, now, "x", "h")] == ["processes.worker"]  # a warning
 
 
 def test_unused_sections(tmp_path: Path) -> None:
