@@ -28,7 +28,13 @@ from relaybot import doctor_channels, doctor_model, doctor_redis
 from relaybot.doctor_verdict import Check, config_digest
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer
-from tests.support.procs import relaybot_env, run_relaybot, write_config
+from tests.support.procs import (
+    Procs,
+    relaybot_env,
+    run_relaybot,
+    wait_for_heartbeat,
+    write_config,
+)
 from tests.support.servers import RedisServer, free_port
 from tests.support.synapse import SynapseServer
 
@@ -102,6 +108,7 @@ def test_doctor_healthy_then_broken(
     model_server: FakeModelServer,
     imap: ImapServer,
     smtp_auth: int,
+    procs: Procs,
 ) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -114,19 +121,22 @@ def test_doctor_healthy_then_broken(
     )
     keys = Keys(prefix)
     r = redis_server.client()
+    gateway = procs.start("email", ["gateway", "email"], env)  # a real process, its heartbeat
+    wait_for_heartbeat(r, keys, "gateway:email", pid=gateway.pid)
     digest = config_digest(cfg_file.read_bytes())
-    beat(r, keys, "worker", config=digest, restart_needed=False)
-    beat(r, keys, "gateway:email", config=digest)
+    beat(r, keys, "worker")
+    beat(r, keys, "jobs", config=digest, restart_needed=False)  # as processes report it
 
     code, checks = _doctor(env)
     verdicts = _verdicts(checks)
-    assert code == 0, checks
+    assert code == 0, [c for c in checks.values() if c["verdict"] != "ok"]
     assert {v for cid, v in verdicts.items() if not cid.startswith("matrix.")} == {"ok"}, [
         c for c in checks.values() if c["verdict"] != "ok"
     ]
     assert verdicts["matrix.login"] == "skipped"  # no [matrix]
     assert "called the tool" in checks["model.tools"]["summary"]
-    assert digest in checks["processes.worker"]["summary"]
+    assert f"pid {gateway.pid}" in checks["processes.gateway:email"]["summary"]
+    assert f"config {digest} (current)" in checks["processes.jobs"]["summary"]
     assert model_server.requests[-1]["tools"], "the round trip offered a tool"
 
     # broken: wrong passwords, a model that is not served, a world-readable memory, a typo in
@@ -152,8 +162,8 @@ def test_doctor_healthy_then_broken(
     assert checks["disk.permissions"]["hint"] == f"chmod -R go-rwx {home}"
     assert verdicts["config.keys"] == "fail"
     assert "matrix.homserver (did you mean matrix.homeserver?)" in checks["config.keys"]["summary"]
-    assert verdicts["processes.worker"] == "warn"
-    assert "runs an older config" in checks["processes.worker"]["summary"]
+    assert verdicts["processes.jobs"] == "warn"
+    assert "runs an older config" in checks["processes.jobs"]["summary"]
     assert verdicts["redis.reachable"] == "ok"  # the rest was checked in spite of the typo
 
     env["REDIS_URL"] = f"redis://127.0.0.1:{free_port()}/0"
