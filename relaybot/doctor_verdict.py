@@ -351,7 +351,7 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 def config_keys(path: Path, unknown: list[Unknown]) -> Check:
     if not unknown:
-        return ok("config.keys", f"every key of {path} is known")
+        return ok("config.keys", f"every key of {path} is known" if path.exists() else "no file")
     named = [describe_unknown(u) for u in unknown]
     return fail(
         "config.keys",
