@@ -27,7 +27,7 @@ from deploy.embedded import redis_binary
 from relaybot import doctor_channels, doctor_model, doctor_redis
 from relaybot.doctor_verdict import Check, config_digest
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer
+from tests.support.mailservers import ImapServer, SmtpServer, self_signed_cert
 from tests.support.procs import (
     Procs,
     relaybot_env,
@@ -303,3 +303,34 @@ async def _login_and_close(login: Any, cfg: Config, store: Path) -> str:
         return str(client.device_id)
     finally:
         await client.close()
+
+
+def test_email_over_starttls(tmp_path: Path) -> None:
+    """IMAP and SMTP with STARTTLS and a self-signed CA (ca_file): the paths a real server takes."""
+    cert, key = self_signed_cert(tmp_path / "tls")
+    imap = ImapServer(tmp_path / "imap", tls=(cert, key)).start()
+    smtp = SmtpServer(tls=(cert, key)).start()
+    try:
+        settings = {
+            "imap_host": "127.0.0.1", "imap_port": imap.port, "imap_tls": "starttls",
+            "imap_user": imap.user, "imap_password": imap.password,
+            "smtp_host": "127.0.0.1", "smtp_port": smtp.port, "smtp_tls": "starttls",
+            "addresses": ["bot@example.org"], "ca_file": str(cert),
+        }  # fmt: skip
+        cfg = Config.model_validate({"home": tmp_path, "email": settings})
+        found: list[Check] = []
+        doctor_channels.email_group(cfg, 5.0, found.append)
+        assert [(c.id, c.verdict) for c in found] == [("email.imap", "ok"), ("email.smtp", "ok")]
+        assert "(starttls)" in found[0].summary and "IDLE" in found[0].summary
+        assert not smtp.messages()
+
+        untrusted = Config.model_validate(
+            {"home": tmp_path, "email": {**settings, "ca_file": None}}
+        )  # the server's certificate is not trusted without its CA: refused, and said so
+        found = []
+        doctor_channels.email_group(untrusted, 5.0, found.append)
+        assert [c.verdict for c in found] == ["fail", "fail"]
+        assert "CERTIFICATE_VERIFY_FAILED" in found[0].summary
+    finally:
+        imap.stop()
+        smtp.stop()

@@ -201,3 +201,23 @@ def test_a_stuck_or_broken_group_is_one_failed_check(
     assert by_id["email.error"].verdict is F and "boom" in by_id["email.error"].summary
     assert by_id["disk.space"].verdict is not Verdict.SKIPPED  # the others ran
     assert by_id["model.configured"].verdict is W  # not configured
+
+
+def test_render_and_json(tmp_path: Path) -> None:
+    report = doctor.Report(tmp_path, "abc")
+    report.checks = [
+        ok("redis.reachable", "answered"),
+        fail("redis.acl", "refused XADD", "give the user its keys"),
+        doctor.skipped("model.tools", "no model"),
+    ]
+    text = doctor.render(report)
+    assert f"RELAYBOT_HOME {tmp_path}" in text.splitlines()[0]
+    assert "  FAIL  redis.acl        refused XADD" in text
+    assert "-> give the user its keys" in text
+    assert text.endswith("1 ok, 0 warning(s), 1 failure(s), 1 skipped (exit 1)")
+    out = doctor.as_json(report)
+    assert out["exit_code"] == 1 and out["config_digest"] == "abc"
+    assert out["checks"][1] == {
+        "id": "redis.acl", "group": "redis", "verdict": "fail", "summary": "refused XADD",
+        "hint": "give the user its keys", "details": {},
+    }  # fmt: skip
