@@ -24,6 +24,7 @@ from relaybot.doctor_verdict import (
     permissions,
     persistence,
     redis_version,
+    skipped,
     tool_call,
     unknown_keys,
     warn,
@@ -208,7 +209,7 @@ def test_render_and_json(tmp_path: Path) -> None:
     report.checks = [
         ok("redis.reachable", "answered"),
         fail("redis.acl", "refused XADD", "give the user its keys"),
-        doctor.skipped("model.tools", "no model"),
+        skipped("model.tools", "no model"),
     ]
     text = doctor.render(report)
     assert f"RELAYBOT_HOME {tmp_path}" in text.splitlines()[0]
