@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
     cli_entities.add_parsers(esub)
     cli_entities.add_onboard_parser(sub)
+    from relaybot import doctor
+
+    doctor.add_parser(sub)
     return p
 
 
@@ -125,8 +128,10 @@ def _main(argv: Sequence[str]) -> int:
     try:
         cfg = load_config()
     except ConfigError as exc:
-        print(f"relaybot: configuration error: {exc}", file=sys.stderr)
-        if args.command != "onboard":  # onboarding is how a broken config gets rewritten
+        if args.command != "doctor":  # doctor reports it as one of its checks
+            print(f"relaybot: configuration error: {exc}", file=sys.stderr)
+        # onboarding is how a broken config gets rewritten; doctor says what is wrong with it
+        if args.command not in ("onboard", "doctor"):
             return EXIT_CONFIG
         cfg = Config(home=default_home())
     _tighten_home(cfg)

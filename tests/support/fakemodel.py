@@ -32,6 +32,10 @@ are applied in this order:
 - ``[[tool:NAME]]`` or ``[[tool:NAME:{"json": "args"}]]`` — if the messages after the last user
   message contain no ``role: tool`` result yet, answer with a tool call to NAME (arguments
   ``{}`` or the given JSON); once there is one, answer ``NAME said: <that tool result>``.
+- ``tool_choice`` ``"required"`` or ``{"type": "function", "function": {"name": NAME}}`` in the
+  request (no directive above matched, and the server was not started with ``ignore_tools``) —
+  answer with a call to that tool (the first one offered, for ``"required"``) whose arguments
+  fill each required parameter with a value of its type (``relaybot doctor``'s round trip).
 - otherwise — answer ``echo: TEXT``; with ``[[dribble:SECONDS]]`` the headers go out at once
   and the body follows in 10 pieces, SECONDS apart (each read is quick, the whole is slow).
 
@@ -116,6 +120,30 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
+
+
+_SAMPLE = {"string": "ok", "boolean": True, "integer": 1, "number": 1, "array": [], "object": {}}
+
+
+def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool call a request forces with ``tool_choice`` (None: it forces none)."""
+    tools = [t.get("function") for t in body.get("tools") or [] if isinstance(t, dict)]
+    tools = [t for t in tools if isinstance(t, dict) and t.get("name")]
+    choice = body.get("tool_choice")
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t["name"] == wanted]
+    if not tools:
+        return None
+    params = tools[0].get("parameters") or {}
+    props = params.get("properties") or {}
+    args = {
+        name: _SAMPLE.get(str((props.get(name) or {}).get("type")), "ok")
+        for name in params.get("required") or []
+    }
+    return _tool_call(str(tools[0]["name"]), json.dumps(args))
 
 
 class _Server(ThreadingHTTPServer):
@@ -266,6 +294,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, _completion(model, tool_call=call))
             return
 
+        forced = None if fake.ignore_tools else _forced_tool(body)
+        if forced is not None:
+            self._json(200, _completion(model, tool_call=forced))
+            return
+
         dribble = _DRIBBLE.search(text)
         pause = float(dribble.group(1)) if dribble else 0.0
         self._json(200, _completion(model, content=f"echo: {text}"), dribble=pause)
@@ -281,9 +314,11 @@ class FakeModelServer:
         *,
         model: str = MODEL_ID,
         log_path: Path | str | None = None,
+        ignore_tools: bool = False,
     ) -> None:
         self.host = host
         self.model = model
+        self.ignore_tools = ignore_tools  # a model that answers in text even when told to call
         self.log_path = Path(log_path) if log_path else None
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []

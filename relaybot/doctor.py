@@ -1,0 +1,303 @@
+"""``relaybot doctor``: every check at once, each with a verdict and a fix hint.
+
+The groups (config, disk, redis, processes, model, matrix, email) run side by side, each on a
+daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead host costs
+its group a few seconds and never holds up the others, and a group that is still stuck when its
+budget runs out is reported as failed where it stood. A group that crashes is one failed check,
+never the end of doctor. Exit code 1 when any check failed (warnings alone: 0); ``--json``
+prints the checks as JSON.
+
+The local checks (config, disk) come first and need no network; the configuration is loaded
+even when it does not load for the processes (unknown keys are reported, then left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from contract.config import ENV_OVERRIDES, Config, ConfigError, default_home, load_config
+from contract.messages import describe_validation_error
+from relaybot.doctor_verdict import (
+    Check,
+    Verdict,
+    config_digest,
+    config_keys,
+    disk_space,
+    exit_code,
+    fail,
+    ok,
+    permissions,
+    skipped,
+    unknown_keys,
+    without,
+)
+
+Add = Callable[[Check], None]
+DEFAULT_TIMEOUT = 5.0
+# each group's budget, in --timeout units (a group makes several requests in turn)
+BUDGET = {"disk": 4, "redis": 6, "processes": 2, "model": 16, "matrix": 4, "email": 10}
+MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
+
+
+def add_parser(sub: Any) -> None:
+    """``relaybot doctor`` (registered by relaybot/cli.py)."""
+    p = sub.add_parser(
+        "doctor", help="check Redis, the model, Matrix, e-mail, disk, config and processes"
+    )
+    p.add_argument("--json", action="store_true", help="the checks as JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per network step (default {DEFAULT_TIMEOUT:.0f}; the model's answer "
+        "may take 6 times that)",
+    )
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args: argparse.Namespace, cfg: Config) -> int:
+    """The configuration main() loaded is not used: doctor loads its own, and reports why it
+    does not load instead of refusing to run."""
+    report = diagnose(cfg.home, timeout=args.timeout)
+    sys.stdout.write(
+        (json.dumps(as_json(report), indent=2) if args.json else render(report)) + "\n"
+    )
+    return exit_code(report.checks)
+
+
+class Report:
+    def __init__(self, home: Path, digest: str | None) -> None:
+        self.home, self.digest = home, digest
+        self.checks: list[Check] = []
+
+
+# -- the configuration -------------------------------------------------------------------------
+
+
+def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None, str | None]:
+    """The config checks, the configuration to check the rest with (None: it cannot be made),
+    and the config file's digest (None: no file)."""
+    path = home / "config.toml"
+    checks: list[Check] = []
+    digest: str | None = None
+    data: dict[str, Any] = {}
+    if path.exists():
+        raw = path.read_bytes()
+        digest = config_digest(raw)
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            checks.append(
+                fail(
+                    "config.file",
+                    f"{path} is not valid TOML: {exc}",
+                    "fix that line (relaybot onboard rewrites the file)",
+                )
+            )
+            return checks, None, digest
+        checks.append(ok("config.file", f"{path} read (digest {digest})", digest=digest))
+    else:
+        checks.append(ok("config.file", f"no {path}: defaults and the environment"))
+    unknown = unknown_keys(data, Config)
+    checks.append(config_keys(path, unknown))
+    try:
+        return checks, load_config(home, env), digest
+    except ConfigError as exc:
+        if not unknown:
+            checks.append(
+                fail(
+                    "config.values",
+                    str(exc),
+                    "fix that value in config.toml (or the environment variable named)",
+                )
+            )
+            return checks, None, digest
+    # only unknown keys (as far as we know): check the rest with them left out
+    data = without(data, [p for p, _ in unknown])
+    for var, section, key in ENV_OVERRIDES:
+        if env.get(var):
+            data.setdefault(section, {})[key] = env[var]
+    try:
+        return checks, Config.model_validate({**data, "home": home}), digest
+    except ValidationError as exc:
+        checks.append(fail("config.values", describe_validation_error(exc), "fix that value"))
+        return checks, None, digest
+
+
+# -- disk --------------------------------------------------------------------------------------
+
+
+def disk_group(cfg: Config, timeout: float, add: Add) -> None:
+    places = {cfg.home, cfg.memory_path.parent}
+    seen: set[int] = set()
+    for wanted in sorted(places):
+        place = wanted
+        while not place.exists() and place != place.parent:  # not made yet: where it will be
+            place = place.parent
+        dev = place.stat().st_dev
+        if dev in seen:
+            continue
+        seen.add(dev)
+        usage = shutil.disk_usage(place)
+        add(disk_space(place, usage.free, usage.total))
+    add(permissions(cfg.home, modes(cfg)))
+
+
+def modes(cfg: Config) -> dict[Path, int]:
+    """st_mode of RELAYBOT_HOME, everything under it (symlinks not followed), and the memory
+    database and workspace wherever they are."""
+    out: dict[Path, int] = {}
+
+    def note(path: Path) -> None:
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            return
+        if not stat.S_ISLNK(mode):
+            out[path] = mode
+
+    note(cfg.home)
+    for top, dirs, files in os.walk(cfg.home):
+        for name in (*dirs, *files):
+            note(Path(top) / name)
+        if len(out) > MAX_WALK:
+            break
+    memory = cfg.memory_path
+    for path in (memory, Path(f"{memory}-wal"), Path(f"{memory}-shm"), cfg.workspace_dir):
+        note(path)
+    return out
+
+
+# -- running the groups ------------------------------------------------------------------------
+
+
+def diagnose(
+    home: Path | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+) -> Report:
+    env = os.environ if env is None else env
+    home = home or default_home(env)
+    checks, cfg, digest = load(home, env)
+    report = Report(home, digest)
+    report.checks += checks
+    if cfg is None:  # the disk checks still run (on RELAYBOT_HOME); the others need the config
+        disk_group(Config(home=home), timeout, report.checks.append)
+        because = "the configuration does not load (config.*)"
+        report.checks += [skipped(g, because) for g in BUDGET if g != "disk"]
+        return report
+    from relaybot import doctor_channels, doctor_model, doctor_redis
+
+    def processes(c: Config, t: float, add: Add) -> None:
+        doctor_redis.processes_group(c, t, add, digest or config_digest(b""))
+
+    groups: dict[str, Callable[[Config, float, Add], None]] = {
+        "disk": disk_group,
+        "redis": doctor_redis.redis_group,
+        "processes": processes,
+        "model": doctor_model.model_group,
+        "matrix": doctor_channels.matrix_group,
+        "email": doctor_channels.email_group,
+    }
+    found: dict[str, list[Check]] = {name: [] for name in groups}
+    threads = {
+        name: threading.Thread(
+            target=_guarded,
+            args=(name, fn, cfg, timeout, found[name]),
+            daemon=True,
+            name=f"doctor-{name}",
+        )
+        for name, fn in groups.items()
+    }
+    started = time.monotonic()
+    for thread in threads.values():
+        thread.start()
+    for name, thread in threads.items():
+        budget = BUDGET[name] * timeout
+        thread.join(max(0.0, started + budget - time.monotonic()))
+        if thread.is_alive():
+            found[name].append(
+                fail(
+                    f"{name}.timeout",
+                    f"the {name} checks did not finish within {budget:.0f} s",
+                    "a host that does not answer: check that it runs and that the network "
+                    "or a firewall lets the connection through",
+                )
+            )
+        report.checks += list(found[name])
+    order = ["config", *groups]  # config.unused comes from the processes group
+    report.checks.sort(key=lambda c: order.index(c.group) if c.group in order else len(order))
+    return report
+
+
+def _guarded(
+    name: str,
+    fn: Callable[[Config, float, Add], None],
+    cfg: Config,
+    timeout: float,
+    out: list[Check],
+) -> None:
+    try:
+        fn(cfg, timeout, out.append)
+    except Exception as exc:  # one broken probe is one failed check, never the end of doctor
+        out.append(
+            fail(
+                f"{name}.error",
+                f"the {name} check stopped: {type(exc).__name__}: {exc}",
+                "this is a bug in relaybot doctor: report it with this output",
+            )
+        )
+
+
+# -- output ------------------------------------------------------------------------------------
+
+_LABEL = {Verdict.OK: "ok", Verdict.WARN: "WARN", Verdict.FAIL: "FAIL", Verdict.SKIPPED: "skip"}
+
+
+def counts(checks: list[Check]) -> dict[str, int]:
+    return {str(v): sum(1 for c in checks if c.verdict is v) for v in Verdict}
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    return {
+        "home": str(report.home),
+        "config_digest": report.digest,
+        "checks": [c.as_json() for c in report.checks],
+        "counts": counts(report.checks),
+        "exit_code": exit_code(report.checks),
+    }
+
+
+def render(report: Report) -> str:
+    lines = [f"relaybot doctor: RELAYBOT_HOME {report.home}"]
+    width = max((len(c.id) for c in report.checks), default=10)
+    group = None
+    for c in report.checks:
+        if c.group != group:
+            group = c.group
+            lines += ["", group]
+        lines.append(f"  {_LABEL[c.verdict]:<4}  {c.id:<{width}}  {c.summary}")
+        if c.hint and c.verdict is not Verdict.OK:
+            lines.append(f"        {'':<{width}}  -> {c.hint}")
+    n = counts(report.checks)
+    code = exit_code(report.checks)
+    lines += [
+        "",
+        f"{n['ok']} ok, {n['warn']} warning(s), {n['fail']} failure(s), {n['skipped']} skipped"
+        f" (exit {code})",
+    ]
+    return "\n".join(lines)

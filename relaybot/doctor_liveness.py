@@ -1,0 +1,135 @@
+"""``relaybot doctor``'s verdicts on the running processes and on configuration nobody uses.
+
+Pure: heartbeats (as :func:`contract.liveness.heartbeats` reads them), the time, the current
+config.toml's digest and the loaded configuration in; :class:`Check` values out.
+
+"Unused" means: a section that configures something no running process acts on —
+
+- a channel section that turns its gateway on (``[matrix]`` homeserver + user_id, ``[email]``
+  imap_host) while no gateway of that channel beats (nothing reads that account), or while its
+  gateway beats ``state: not configured`` (it loaded a config without the section: restart it);
+- a section with keys set that stay inert because the key that turns it on is missing
+  (``[matrix]`` without homeserver or user_id, ``[email]`` without imap_host, ``[model]`` with
+  base_url but no model or the other way round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from contract.config import Config
+from relaybot.doctor_verdict import Check, ok, warn
+
+STALE_AFTER = 10.0  # seconds, as relaybot status
+GATEWAYS = {"matrix": "relaybot gateway matrix", "email": "relaybot gateway email"}
+
+
+def _alive(beat: Mapping[str, Any], now: float) -> bool:
+    return now - float(beat.get("ts", 0) or 0) <= STALE_AFTER
+
+
+def processes(
+    beats: Mapping[str, Mapping[str, Any]], now: float, digest: str, host: str
+) -> list[Check]:
+    """One check per heartbeat, and a warning when no worker beats. ``digest`` is this host's
+    config.toml's (:func:`~relaybot.doctor_verdict.config_digest`; of no bytes when there is no
+    file): a process on another host loaded that host's file, so its digest is shown, not
+    compared."""
+    out: list[Check] = []
+    if not any(name == "worker" and _alive(b, now) for name, b in beats.items()):
+        out.append(
+            warn(
+                "processes.worker",
+                "no worker is running: messages wait in the stream, unanswered",
+                "start it: honcho start (the Procfile), relaybot worker, or the systemd unit; "
+                "a zero-config relaybot chat starts its own",
+            )
+        )
+    for name, beat in sorted(beats.items()):
+        out.append(_one(name, beat, now, digest if beat.get("host") == host else None))
+    return out
+
+
+def _one(name: str, beat: Mapping[str, Any], now: float, digest: str | None) -> Check:
+    cid = f"processes.{name}"
+    age = max(0.0, now - float(beat.get("ts", 0) or 0))
+    where = f"pid {beat.get('pid')} on {beat.get('host')}"
+    loaded = beat.get("config")
+    facts = {
+        "pid": beat.get("pid"),
+        "host": beat.get("host"),
+        "age_s": round(age, 1),
+        "config": loaded,
+        "restart_needed": beat.get("restart_needed"),
+    }
+    if beat.get("error"):
+        return warn(cid, f"unreadable heartbeat: {beat['error']}", "restart that process", **facts)
+    if age > STALE_AFTER:
+        return warn(
+            cid,
+            f"{where}: last heartbeat {age:.0f} s ago (hung, or killed without cleaning up)",
+            f"check that process (ps -p {beat.get('pid')}); restart it, or ignore this if it "
+            "was killed on purpose (the beat stays until it starts again)",
+            **facts,
+        )
+    said = f"{where}, alive ({age:.1f} s ago)"
+    if beat.get("state"):
+        said += f", {beat['state']}"
+    if loaded is None:
+        return ok(cid, said, **facts)
+    said += f", config {loaded}"
+    if beat.get("restart_needed") is True:
+        return warn(
+            cid,
+            said + ": it saw a config change it cannot apply while running",
+            f"restart {name} to apply the current config.toml",
+            **facts,
+        )
+    if digest is None:
+        return ok(cid, said + " (another host's config.toml: not compared)", **facts)
+    if loaded != digest:
+        return warn(
+            cid,
+            said + f" but config.toml is now {digest}: it runs an older config",
+            f"restart {name} (or wait for its reload) to use the current config.toml",
+            **facts,
+        )
+    return ok(cid, said + " (current)", **facts)
+
+
+def unused(cfg: Config, beats: Mapping[str, Mapping[str, Any]] | None, now: float) -> Check:
+    """``beats`` None: Redis could not be read (only the inert sections are judged)."""
+    found: list[str] = []
+    hints: list[str] = []
+    m, e, model = cfg.matrix, cfg.email, cfg.model
+    if m.model_fields_set - {"owners"} and not m.configured:  # owners: aliases, used anyway
+        found.append("[matrix] has settings but no homeserver or user_id: the gateway stays off")
+        hints.append("set [matrix] homeserver and user_id (or remove the section)")
+    if e.model_fields_set and not e.configured:
+        found.append("[email] has settings but no imap_host: the gateway stays off")
+        hints.append("set [email] imap_host (or remove the section)")
+    if bool(model.base_url) != bool(model.model):
+        missing = "model" if model.base_url else "base_url"
+        found.append(f"[model] has no {missing}: no model is used")
+        hints.append(f"set [model] {missing}")
+    if beats is not None:
+        for channel, command in GATEWAYS.items():
+            if not getattr(cfg, channel).configured:
+                continue
+            mine = {n: b for n, b in beats.items() if n.startswith(f"gateway:{channel}")}
+            live = {n: b for n, b in mine.items() if _alive(b, now)}
+            idle = [n for n, b in live.items() if b.get("state") == "not configured"]
+            if not live:
+                found.append(f"[{channel}] is configured but no {channel} gateway runs")
+                hints.append(f"start it: {command} (or honcho start)")
+            elif idle and len(idle) == len(live):
+                found.append(
+                    f"[{channel}] is configured but its gateway idles ('not configured'): it "
+                    "loaded another config"
+                )
+                hints.append(f"restart {command}; check it uses this RELAYBOT_HOME")
+    if not found:
+        checked = "" if beats is not None else " (running gateways not checked: no Redis)"
+        return ok("config.unused", "every configured section is in use" + checked)
+    return warn("config.unused", "; ".join(found), "; ".join(hints), unused=found)

@@ -1,0 +1,236 @@
+"""``relaybot doctor``'s Redis probes: reachable, version, persistence, the ACL user; and the
+processes' heartbeats (what runs, with which config).
+
+The ACL probe changes nothing: it sends the commands each role needs, on that role's keys, inside
+``MULTI`` and ends with ``DISCARD``. Redis checks a command's ACL (command and keys) when it
+queues it, so a refused one answers NOPERM at once, and none is ever executed.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from contract.bus import redis_url, text
+from contract.config import Config
+from contract.keys import Keys
+from contract.liveness import heartbeats
+from contract.logs import redact
+from relaybot import doctor_liveness
+from relaybot.doctor_verdict import Check, acl, fail, ok, persistence, redis_version, skipped, warn
+
+Add = Callable[[Check], None]
+_S = "doctor-probe"  # a session name for the per-session keys (never written)
+
+
+def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
+    """The commands (with keys) a role needs, as in deploy/redis/users.acl."""
+    beat = ("HSET", keys.heartbeats, "doctor", "1")
+    if role in ("cli", "matrix", "email"):
+        ch = role
+        probes = [
+            ("XADD", keys.inbound_of(ch), "*", "f", "v"),
+            ("LMOVE", keys.reply(f"{ch}:{_S}"), keys.inflight(f"{ch}:{_S}"), "LEFT", "RIGHT"),
+            ("ZADD", keys.delivered(f"{ch}:{_S}"), "1", "x"),
+            ("EXISTS", keys.busy(f"{ch}:{_S}")),
+            ("XADD", keys.dead, "*", "f", "v"),
+            beat,
+        ]
+        if role == "cli":
+            return [*probes, ("GET", keys.lease)]
+        cursor = keys.matrix_cursor if ch == "matrix" else keys.email_cursor("INBOX")
+        lease = keys.gateway_lease(ch, _S)
+        return [*probes, ("SET", lease, "x", "NX", "PX", "1"), ("SET", cursor, "x")]
+    if role == "jobs":
+        return [
+            beat,
+            ("XADD", keys.inbound, "*", "f", "v"),
+            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+        ]
+    streams = [keys.inbound, *(keys.inbound_of(c) for c in ("cli", "matrix", "email"))]
+    return [
+        beat,
+        ("EVAL", "return 1", str(len(streams)), *streams),
+        ("XACK", keys.inbound, Keys.GROUP, "0-1"),
+        ("RPUSH", keys.reply(f"cli:{_S}"), "x"),
+        ("SET", keys.lease, "x", "NX", "PX", "1"),
+        ("XADD", keys.dead, "*", "f", "v"),
+        ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+    ]
+
+
+def roles_of(user: str, cfg: Config) -> list[str]:
+    """Which roles to check: the one a ``relaybot-<role>`` user is for, else every process this
+    config runs (the Procfile's on one host: one user for all)."""
+    role = user.removeprefix("relaybot-")
+    if user.startswith("relaybot-") and role in ("worker", "jobs", "cli", "matrix", "email"):
+        return [role]
+    return [
+        "worker",
+        "jobs",
+        "cli",
+        *(c for c in ("matrix", "email") if getattr(cfg, c).configured),
+    ]
+
+
+def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
+    """The probes Redis refuses (NOPERM), queued in a MULTI that is discarded."""
+    pool = r.connection_pool
+    conn: Any = pool.get_connection()
+    out: list[str] = []
+    try:
+        conn.send_command("MULTI")
+        try:
+            conn.read_response()
+        except redis.exceptions.NoPermissionError:
+            return ["MULTI (every process needs it)"]
+        for probe in probes:
+            conn.send_command(*probe)
+            try:
+                conn.read_response()
+            except redis.exceptions.NoPermissionError:
+                out.append(" ".join(probe[:2]) if probe[0] != "EVAL" else "EVAL (scripts)")
+            except redis.ResponseError:
+                pass  # a wrong-type or syntax complaint: the ACL let it through
+        conn.send_command("DISCARD")
+        conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    return out
+
+
+def client(cfg: Config, timeout: float) -> redis.Redis:
+    return redis.Redis.from_url(
+        redis_url(cfg),
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        client_name="relaybot-doctor",
+    )
+
+
+def _user(cfg: Config) -> str:
+    if cfg.redis.url is None:
+        return "default"
+    return unquote(urlsplit(cfg.redis.url.get_secret_value()).username or "") or "default"
+
+
+def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
+    where = redact(redis_url(cfg))
+    if cfg.embedded_redis and not Path(cfg.redis_dir / "redis.sock").exists():
+        return (
+            warn(
+                "redis.reachable",
+                f"the embedded Redis is not running ({where} does not exist)",
+                "it runs while honcho start (the redis line) or a zero-config relaybot chat "
+                "runs; start one of them and run doctor again",
+            ),
+            None,
+        )
+    r = client(cfg, timeout)
+    started = time.monotonic()
+    try:
+        r.ping()
+    except redis.AuthenticationError as exc:
+        return (
+            fail(
+                "redis.reachable",
+                f"{where} refused the credentials: {exc}",
+                "fix the user and password in REDIS_URL / [redis] url",
+            ),
+            None,
+        )
+    except (redis.RedisError, OSError) as exc:
+        if cfg.embedded_redis:  # nothing of this home runs now: nothing needs it
+            hint = "it runs while honcho start or a zero-config relaybot chat runs"
+            return warn("redis.reachable", f"the embedded Redis does not answer: {exc}", hint), None
+        hint = "start that Redis, or fix REDIS_URL / [redis] url (host, port, TLS: rediss://)"
+        return fail("redis.reachable", f"cannot reach {where}: {exc}", hint), None
+    ms = (time.monotonic() - started) * 1000
+    return ok("redis.reachable", f"{where} answered PING in {ms:.1f} ms"), r
+
+
+def server_version(r: redis.Redis) -> tuple[str, str]:
+    """(server name, version): HELLO (every relaybot ACL user may run it), else INFO. HELLO is
+    sent on a connection of its own, dropped after: redis-py would take it for a protocol
+    switch and parse that connection's later replies as RESP3."""
+    pool = r.connection_pool
+    conn: Any = pool.get_connection()
+    try:
+        conn.send_command("HELLO", "2")
+        hello: Any = conn.read_response()
+    except redis.ResponseError:
+        hello = None
+    finally:
+        conn.disconnect()
+        pool.release(conn)
+    if isinstance(hello, list):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if isinstance(hello, dict):
+        info = {text(k): v for k, v in hello.items()}
+        return text(info.get("server", "redis")), text(info.get("version", "0"))
+    server: Any = r.info("server")
+    return "redis", str(server.get("redis_version", "0"))
+
+
+def append_config(r: redis.Redis) -> tuple[str | None, str | None]:
+    try:
+        raw: Any = r.config_get("append*")
+    except redis.ResponseError:  # NOPERM: an ACL user without CONFIG
+        return None, None
+    conf = {text(k): text(v) for k, v in raw.items()}
+    return conf.get("appendonly"), conf.get("appendfsync")
+
+
+def redis_group(cfg: Config, timeout: float, add: Add) -> None:
+    check, r = reachable(cfg, timeout)
+    add(check)
+    if r is None:
+        because = "Redis is not reachable (redis.reachable)"
+        for cid in ("redis.version", "redis.persistence", "redis.acl"):
+            add(skipped(cid, because))
+        return
+    try:
+        server, version = server_version(r)
+        add(redis_version(server, version))
+        appendonly, appendfsync = append_config(r)
+        add(persistence(version, appendonly, appendfsync, embedded=cfg.embedded_redis))
+        user = _user(cfg)
+        roles = roles_of(user, cfg)
+        add(acl(user, {role: refused(r, role_probes(cfg.keys, role)) for role in roles}))
+    finally:
+        r.close()
+
+
+def processes_group(cfg: Config, timeout: float, add: Add, digest: str) -> None:
+    """What runs (heartbeats) and with which config; and config.unused, which needs them."""
+    beats: dict[str, dict[str, Any]] | None = None
+    because = ""
+    if cfg.embedded_redis and not Path(cfg.redis_dir / "redis.sock").exists():
+        because = "the embedded Redis is not running: no process of this RELAYBOT_HOME runs"
+    else:
+        r = client(cfg, timeout)
+        try:
+            beats = heartbeats(r, cfg.keys)
+        except (redis.RedisError, OSError) as exc:
+            because = f"Redis is not reachable (redis.reachable): {exc}"
+        finally:
+            r.close()
+    now = time.time()
+    if beats is None:
+        add(skipped("processes", because))
+    else:
+        for check in doctor_liveness.processes(beats, now, digest, socket.gethostname()):
+            add(check)
+    add(doctor_liveness.unused(cfg, beats, now))

@@ -1,0 +1,362 @@
+"""``relaybot doctor``'s verdicts: pure functions from what a probe saw to ok / warn / fail.
+
+No I/O here (the probes are in ``doctor_*`` modules next to this one): each function takes plain
+facts (a version string, file modes, a parsed TOML table, heartbeats) and returns :class:`Check`
+values, so every verdict and every hint is unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Verdict(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check's result. ``summary`` says what was found, ``hint`` what to do about it (a
+    skipped check's summary says why it was skipped)."""
+
+    id: str
+    verdict: Verdict
+    summary: str
+    hint: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def group(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "group": self.group,
+            "verdict": str(self.verdict),
+            "summary": self.summary,
+            "hint": self.hint,
+            "details": self.details,
+        }
+
+
+def ok(id_: str, summary: str, **details: Any) -> Check:
+    return Check(id_, Verdict.OK, summary, details=details)
+
+
+def warn(id_: str, summary: str, hint: str, **details: Any) -> Check:
+    return Check(id_, Verdict.WARN, summary, hint, details)
+
+
+def fail(id_: str, summary: str, hint: str, **details: Any) -> Check:
+    return Check(id_, Verdict.FAIL, summary, hint, details)
+
+
+def skipped(id_: str, because: str, hint: str = "") -> Check:
+    return Check(id_, Verdict.SKIPPED, because, hint)
+
+
+def exit_code(checks: Iterable[Check]) -> int:
+    """1 when any check failed; warnings alone exit 0."""
+    return 1 if any(c.verdict is Verdict.FAIL for c in checks) else 0
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+MIN_REDIS = (6, 2)  # LMOVE/BLMOVE (gateways' delivery), the worker's scripts
+WAITAOF_REDIS = (7, 2)
+DURABILITY_DOC = "README: Configuration (REDIS_URL) and deploy/README.md"
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def redis_version(server: str, version: str) -> Check:
+    v = parse_version(version)
+    name = f"{server} {version}"
+    if v < MIN_REDIS:
+        return fail(
+            "redis.version",
+            f"{name}: relaybot needs Redis/Valkey >= 6.2 (LMOVE, the worker's scripts)",
+            "upgrade Redis (>= 7.2 recommended: WAITAOF), or unset REDIS_URL to use the "
+            "embedded Redis",
+            version=version,
+        )
+    if v < WAITAOF_REDIS:
+        return ok("redis.version", f"{name} (no WAITAOF: durability needs appendfsync always)")
+    return ok("redis.version", f"{name} (WAITAOF: relaybot waits for the fsync itself)")
+
+
+def persistence(
+    version: str, appendonly: str | None, appendfsync: str | None, *, embedded: bool
+) -> Check:
+    """The README's requirement for any Redis: ``appendonly yes`` + ``appendfsync always``, or
+    Redis/Valkey >= 7.2 (WAITAOF) with any ``appendfsync`` but ``no`` (contract/durable.py)."""
+    waitaof = parse_version(version) >= WAITAOF_REDIS
+    cid = "redis.persistence"
+    facts = {"appendonly": appendonly, "appendfsync": appendfsync, "waitaof": waitaof}
+    where = "the embedded Redis" if embedded else "this Redis"
+    fix = "set in redis.conf (and CONFIG SET it live): appendonly yes, appendfsync always"
+    if appendonly is None or appendfsync is None:
+        return warn(
+            cid,
+            f"cannot read {where}'s configuration (this account has no CONFIG): durability "
+            "unverified",
+            f"check that redis.conf says appendonly yes and appendfsync always (or run Redis "
+            f">= 7.2); gateways log redis.durability_unverified at start ({DURABILITY_DOC})",
+            **facts,
+        )
+    if appendonly != "yes":
+        return fail(
+            cid,
+            f"{where} runs appendonly {appendonly}: an accepted message is lost if the Redis "
+            "host crashes, so gateways refuse to start",
+            f"{fix} ({DURABILITY_DOC})",
+            **facts,
+        )
+    if appendfsync == "always":
+        return ok(cid, "appendonly yes, appendfsync always: an accepted entry is on disk", **facts)
+    if appendfsync == "no":
+        return fail(
+            cid,
+            f"{where} runs appendfsync no: it never fsyncs, so gateways refuse to start",
+            f"{fix} ({DURABILITY_DOC})",
+            **facts,
+        )
+    if waitaof:
+        return ok(
+            cid,
+            f"appendonly yes, appendfsync {appendfsync}, WAITAOF: gateways wait for the fsync",
+            **facts,
+        )
+    return fail(
+        cid,
+        f"appendfsync {appendfsync} on a Redis without WAITAOF (< 7.2): a power cut can lose "
+        "accepted messages, so gateways refuse to start",
+        f"{fix}, or upgrade to Redis/Valkey >= 7.2 ({DURABILITY_DOC})",
+        **facts,
+    )
+
+
+def acl(user: str, refused: Mapping[str, list[str]]) -> Check:
+    """``refused``: for each role checked, the probes Redis refused (NOPERM)."""
+    roles = ", ".join(refused) or "none"
+    bad = {role: probes for role, probes in refused.items() if probes}
+    if not bad:
+        return ok("redis.acl", f"user {user} may run what {roles} need", roles=list(refused))
+    lines = "; ".join(f"{role}: {', '.join(p)}" for role, p in bad.items())
+    return fail(
+        "redis.acl",
+        f"user {user} is refused what {', '.join(bad)} need: {lines}",
+        "give the user the keys and commands of deploy/redis/users.acl (ACL LOAD after editing "
+        "the file), with the same key prefix as [redis] prefix",
+        refused=bad,
+    )
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+def model_exists(model: str, available: list[str]) -> Check:
+    if model in available:
+        return ok("model.exists", f"{model} is listed by the endpoint", models=available)
+    close = difflib.get_close_matches(model, available, n=1, cutoff=0.5)
+    listing = ", ".join(available[:10]) + (" ..." if len(available) > 10 else "")
+    hint = f'set [model] model = "{close[0]}"' if close else "set [model] model to one of them"
+    if not available:
+        hint = "load or pull a model on the server (ollama pull NAME), then set [model] model"
+    return fail(
+        "model.exists",
+        f"{model} is not among the endpoint's models ({listing or 'none listed'})",
+        hint + " (or OPENAI_MODEL / RELAYBOT_MODEL)",
+        models=available,
+    )
+
+
+TOOL_HINT = (
+    "relaybot's tools (memory search, notes, the clock) need a model with tool calling: pick "
+    "one that has it (Ollama: a model tagged 'tools'; llama.cpp: start llama-server with --jinja)"
+)
+
+
+def tool_call(name: str, answer: Mapping[str, Any]) -> Check:
+    """The answer (an OpenAI chat completion) to a request that offered one tool and asked for
+    it: the model must have called ``name`` with arguments that are a JSON object."""
+    cid = "model.tools"
+    try:
+        message = answer["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return fail(cid, "the endpoint's answer is not a chat completion", TOOL_HINT)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        said = str(message.get("content") or "")[:80]
+        return warn(
+            cid,
+            f"the model answered in text instead of calling the tool ({said!r})",
+            TOOL_HINT,
+        )
+    fn = (calls[0] or {}).get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except ValueError:
+        args = None
+    if fn.get("name") != name or not isinstance(args, dict):
+        return warn(
+            cid,
+            f"the model called {fn.get('name')!r} with arguments {fn.get('arguments')!r}, not "
+            f"{name} with a JSON object",
+            TOOL_HINT,
+        )
+    return ok(cid, f"the model called the tool {name} (tool calling works)")
+
+
+# -- disk and permissions ----------------------------------------------------------------------
+
+FAIL_FREE = 200 * 1024**2  # bytes: SQLite's WAL, Redis's AOF rewrite need room to grow
+WARN_FREE = 1024**3
+WARN_FRACTION = 0.05
+
+
+def disk_space(path: Path, free: int, total: int) -> Check:
+    gib = free / 1024**3
+    facts = {"path": str(path), "free": free, "total": total}
+    line = f"{gib:.1f} GiB free of {total / 1024**3:.1f} GiB under {path}"
+    if free < FAIL_FREE:
+        return fail(
+            "disk.space",
+            line + ": SQLite and Redis cannot write much more (Redis stops accepting writes "
+            "when its AOF cannot grow)",
+            "free space on that filesystem, or move RELAYBOT_HOME to a larger one",
+            **facts,
+        )
+    if free < WARN_FREE or (total and free / total < WARN_FRACTION):
+        return warn("disk.space", line, "free some space before it runs out", **facts)
+    return ok("disk.space", line, **facts)
+
+
+SENSITIVE = ("memory.sqlite3", "config.toml", "session.json")
+
+
+def permissions(home: Path, modes: Mapping[Path, int], limit: int = 10) -> Check:
+    """``modes``: st_mode of every file, directory and socket under RELAYBOT_HOME (and the
+    memory database, wherever it is). Anything group or world accessible fails."""
+    open_ = {p: m for p, m in modes.items() if m & 0o077}
+    if not modes:
+        return ok("disk.permissions", f"{home} does not exist yet: nothing to check")
+    if not open_:
+        return ok("disk.permissions", f"{len(modes)} paths under {home}: only the owner can read")
+    first = sorted(open_, key=lambda p: (p.name.split("-")[0] not in SENSITIVE, str(p)))
+    shown = ", ".join(f"{p} ({stat.filemode(open_[p])})" for p in first[:limit])
+    more = f" and {len(open_) - limit} more" if len(open_) > limit else ""
+    targets = sorted({str(home), *(str(p) for p in first if not p.is_relative_to(home))})
+    return fail(
+        "disk.permissions",
+        f"readable by others: {shown}{more} (memory and config hold private messages and secrets)",
+        f"chmod -R go-rwx {' '.join(targets)}",
+        paths=[str(p) for p in first],
+    )
+
+
+# -- the configuration -------------------------------------------------------------------------
+
+
+def config_digest(raw: bytes) -> str:
+    """What a process reports as its ``config`` heartbeat field: the first 12 hex digits of the
+    SHA-256 of the config.toml bytes it loaded."""
+    return hashlib.sha256(raw).hexdigest()[:12]
+
+
+# tables whose keys are names the owner chooses (a conversation id, a room id, a channel)
+_FREE_KEYS = frozenset({"roles", "matrix.rooms", "turns.channels", "turns.conversations"})
+
+
+Unknown = tuple[tuple[str, ...], str | None]  # a key's path and the closest known key
+
+
+def unknown_keys(
+    data: Mapping[str, Any], model: type[BaseModel], where: tuple[str, ...] = ()
+) -> list[Unknown]:
+    """The keys of ``data`` that ``model`` does not know (a typo makes the config fail to load),
+    each with the closest known key."""
+    out: list[Unknown] = []
+    fields = model.model_fields
+    for key, value in data.items():
+        path = (*where, key)
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            out.append((path, close[0] if close else None))
+            continue
+        sub = _submodel(fields[key].annotation)
+        if sub is None or not isinstance(value, Mapping):
+            continue
+        if ".".join(path) in _FREE_KEYS:
+            for name, item in value.items():
+                if isinstance(item, Mapping):
+                    out += unknown_keys(item, sub, (*path, name))
+        else:
+            out += unknown_keys(value, sub, path)
+    return out
+
+
+def describe_unknown(item: Unknown) -> str:
+    path, close = item
+    dotted = ".".join(path)
+    if close is None:
+        return dotted
+    return f"{dotted} (did you mean {'.'.join((*path[:-1], close))}?)"
+
+
+def without(data: Mapping[str, Any], paths: Iterable[tuple[str, ...]]) -> dict[str, Any]:
+    """A copy of ``data`` without the keys at ``paths``."""
+    out: dict[str, Any] = {k: (without(v, []) if isinstance(v, Mapping) else v)
+                           for k, v in data.items()}  # fmt: skip
+    for path in paths:
+        node: Any = out
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, or the values of a dict of models."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def config_keys(path: Path, unknown: list[Unknown]) -> Check:
+    if not unknown:
+        return ok("config.keys", f"every key of {path} is known" if path.exists() else "no file")
+    named = [describe_unknown(u) for u in unknown]
+    return fail(
+        "config.keys",
+        f"unknown key{'s' if len(named) > 1 else ''} in {path}: {'; '.join(named)}",
+        "fix or remove them: a config with an unknown key does not load, so every process "
+        "refuses to start (the other checks below ran without those keys)",
+        unknown=named,
+    )
