@@ -277,7 +277,8 @@ def search_history_tool(ctx: TurnContext) -> Tool:
             return "error: the message history cannot be searched right now (memory failed)"
         for hit in result.hits:
             ctx.drew.add_rows(r.id for r in (hit.row, hit.before, hit.after) if r is not None)
-        return search.format_hits(result, ctx.memory.settings.assistant_name)
+        owners = ctx.memory.owners()  # labels follow who the owner is now
+        return search.format_hits(result, ctx.memory.settings.assistant_name, owners=owners)
 
     reach = (
         "every conversation on every channel"
