@@ -26,6 +26,7 @@ No new dependency: a ``stat`` every couple of seconds costs nothing, works on ev
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ MATRIX_RELOADS = (
     "matrix.group_policy",
     "matrix.group_allowlist",
     "matrix.rooms",
+    "worker.assistant_name",
 )
 EMAIL_USES = ("redis", "delivery", "owner.aliases", "email")
 EMAIL_RELOADS = (
@@ -80,6 +82,11 @@ EMAIL_RELOADS = (
     "email.trust_unauthenticated",
 )
 JOBS_USES = ("redis",)
+# a gateway's (uses, reloads), by channel; a channel that cannot take a reload reloads nothing
+GATEWAYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "matrix": (MATRIX_USES, MATRIX_RELOADS),
+    "email": (EMAIL_USES, EMAIL_RELOADS),
+}
 
 
 def flatten(cfg: Config) -> dict[str, Any]:
@@ -245,3 +252,24 @@ class ConfigWatcher:
         self.config = with_keys(self.config, new, reloaded)
         log.info("config.reloaded", process=self.process, keys=list(reloaded), digest=digest)
         return Reload(self.config, reloaded, restart)
+
+
+def watch_in_thread(
+    watch: ConfigWatcher, publish: Callable[[dict[str, Any]], None]
+) -> threading.Event:
+    """For a process that reloads nothing and has no loop of its own to poll from (the rq
+    ``jobs`` process): a daemon thread checks the file every ``POLL_EVERY`` seconds and hands
+    :meth:`ConfigWatcher.fields` to ``publish`` (its heartbeat). Set the event to stop it."""
+    stop = threading.Event()
+
+    def run() -> None:
+        publish(watch.fields())
+        while not stop.wait(POLL_EVERY):
+            try:
+                watch.check()
+            except OSError as exc:
+                log.warning("config.unreadable", process=watch.process, error=str(exc))
+            publish(watch.fields())
+
+    threading.Thread(target=run, name="config-watch", daemon=True).start()
+    return stop

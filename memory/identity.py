@@ -28,7 +28,8 @@
   ``{"a": REF, "b": REF, "reason": "..."}``, and ``entities.merge`` with ``{"ref": REF,
   "reason": "..."}`` (a handle, or every handle of an entity, moved to the owner), where a REF
   is an entity id (``e-…``), or a handle ``channel:address`` (``matrix:@bob:example.org``,
-  ``email:bob@example.org``), or a bare address if exactly one channel has it. Linking a handle never seen before creates its entity.
+  ``email:bob@example.org``), or a bare address if exactly one channel has it. Linking a handle
+  never seen before creates its entity.
 """
 
 from __future__ import annotations
