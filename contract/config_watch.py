@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 
 _UNSET = object()
 POLL_EVERY = 2.0  # seconds between two looks at the file
+REHASH_EVERY = 15  # every so many looks the bytes are hashed even if size and time are the same
 
 # What each kind of process uses (a key elsewhere is ignored by it) and what it reloads. A key is
 # ``section.key``, or a whole ``section``. Every process uses [redis].
@@ -174,6 +175,7 @@ class ConfigWatcher:
         self.digest = config_digest(raw)  # of the bytes last applied
         self._seen = self.digest  # of the bytes last looked at (applied or rejected)
         self._stat = self._stat_now()
+        self._checks = 0
         self._next = clock() + every
         self.restart_keys: tuple[str, ...] = ()
         self.error = ""  # why the newest file was rejected ("" when it was not)
@@ -210,8 +212,10 @@ class ConfigWatcher:
         """Look at the file now: a :class:`Reload` when a new valid content changed anything
         this process uses, else None."""
         stat = self._stat_now()
-        if stat == self._stat:
-            return None
+        self._checks += 1
+        if stat == self._stat and self._checks % REHASH_EVERY:
+            return None  # unchanged size and time (and, now and then, the bytes are read anyway:
+            # an edit within one timestamp tick that kept the size is seen too)
         self._stat = stat
         raw = read_config_bytes(self._home)
         digest = config_digest(raw)
