@@ -24,7 +24,8 @@ from contract.config_watch import (
     with_keys,
 )
 from contract.keys import Keys
-from contract.liveness import Heartbeat, heartbeats
+from contract.liveness import Heartbeat, beat, heartbeats
+from relaybot.status import collect, render
 
 BASE = '[owner]\nname = "Ada"\n\n[redis]\nprefix = "rb:"\n'
 
@@ -238,3 +239,17 @@ def test_the_heartbeat_carries_the_config_fields() -> None:
     assert beat["restart_needed"] is True
     assert beat["restart_keys"] == ["x.y"]
     assert beat["processed"] == 3
+
+
+def test_status_shows_the_config_and_what_waits_for_a_restart() -> None:
+    r = fakeredis.FakeRedis()
+    keys = Keys("t:")
+
+    beat(r, keys, "worker", config="0123456789ab", restart_needed=True,
+         restart_keys=["worker.batch", "redis.url"])  # fmt: skip
+    beat(r, keys, "jobs", config="0123456789ab", restart_needed=False, restart_keys=[],
+         config_error="config.toml: not valid TOML")  # fmt: skip
+    text = render(collect(r, keys))
+    assert "config 0123456789ab  RESTART NEEDED to apply: worker.batch, redis.url" in text
+    assert "config.toml rejected (still running the old one): config.toml: not valid TOML" in text
+    assert text.count("RESTART NEEDED") == 1
