@@ -102,6 +102,7 @@ class Memory:
         self.resolver = OwnerResolver(settings.owner_aliases)
         self.identity = Identity(self.resolver, settings.owner_name)
         self._owners: OwnerView | None = None  # who the owner is now (labels, recording)
+        self._last_owners: OwnerView | None = None  # the last one made (reused if the same)
         self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
@@ -225,9 +226,13 @@ class Memory:
         view = self._owners
         if view is None:
             merged = self.use(lambda store: owner_handles(store.conn))
-            view = OwnerView(self.resolver, merged or frozenset())
+            last = self._last_owners
+            if last is not None and last.resolver is self.resolver and last.merged == merged:
+                view = last  # nothing changed: the lines made under it stay good
+            else:
+                view = OwnerView(self.resolver, merged or frozenset())
             if merged is not None:  # memory failing: not kept, asked again next time
-                self._owners = view
+                self._owners = self._last_owners = view
         return view
 
     def identity_changed(self) -> None:

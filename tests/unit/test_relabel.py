@@ -283,3 +283,17 @@ def test_relabeling_never_widens_an_audience(memory: Memory, tmp_path: Path) -> 
     assert f"[matrix / {OWNER_HANDLE}]" in texts_before[scopes[3]]
     assert "[matrix / owner]" in texts_merge[scopes[3]]
     assert "owner talks in the group" in texts_merge[scopes[3]]
+
+
+def test_the_owner_view_is_kept_while_identity_does_not_change(
+    memory: Memory, tmp_path: Path
+) -> None:
+    record(memory, msg("@bob:localhost", "hi", "matrix:!bob", Privacy.DIRECT))
+    first = memory.owners()
+    assert memory.owners() is first
+    command(memory, "entities.suggest", {"a": "matrix:@bob:localhost", "b": "email:b@x.org"},
+            "90-0")  # fmt: skip
+    assert memory.owners() is first  # a command that changed nobody's ownership: same lines
+    memory.reconfigure(memory_settings(config(tmp_path, ALIAS)))
+    assert memory.owners() is not first
+    assert memory.owners().is_owner("matrix", OWNER_HANDLE)
