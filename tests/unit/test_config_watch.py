@@ -10,8 +10,10 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
+from contract import config_watch
 from contract.config import config_digest, load_config
 from contract.config_watch import (
     EMAIL_RELOADS,
@@ -36,6 +38,14 @@ def write(home: Path, text: str) -> None:
     before = path.stat().st_mtime_ns if path.exists() else 0
     path.write_text(text, encoding="utf-8")
     os.utime(path, ns=(before + 10**9, before + 10**9))
+
+
+@pytest.fixture(autouse=True)
+def fresh_logger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_logs cannot see a module logger that an earlier test's logging setup cached
+    (as tests/unit/test_gateway_lease.py): give the watcher a fresh one."""
+    structlog.reset_defaults()
+    monkeypatch.setattr(config_watch, "log", structlog.get_logger(config_watch.__name__))
 
 
 @pytest.fixture
