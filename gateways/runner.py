@@ -322,12 +322,13 @@ async def _serve(
     except FatalGatewayError as exc:
         return _exit_code(rt.name, exc, "setup")
     lease, beating = GatewayLease(rt, r, cfg), False
+    watch = watcher(rt, cfg, channel)
+    lease.standby.config = watch.fields()  # a standby says which config it would run with
     try:
         if not await lease.acquire():  # a standby until then: the platform is left alone
             return EXIT_STOPPED
         rt.acting = lease.acting
         rt.heartbeat.info = {"state": "starting"}
-        watch = watcher(rt, cfg, channel)
         rt.heartbeat.start()
         beating = True
         try:
