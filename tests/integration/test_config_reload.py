@@ -99,6 +99,7 @@ def test_an_alias_added_while_the_worker_runs_relabels_and_status_tells_restarts
     )
     keys = Keys(prefix)
     worker = procs.worker(env, r=real_redis, keys=keys)
+    procs.jobs(env)
     beat = wait_until(lambda: heartbeat(real_redis, keys, "worker"), message=lambda: "a beat")
     assert beat["config"] == digest(home)
     assert beat["restart_needed"] is False
@@ -180,3 +181,12 @@ def test_an_alias_added_while_the_worker_runs_relabels_and_status_tells_restarts
     assert f"matrix:{OWNER_HANDLE} (merged)" in [h["handle"] for h in shown["handles"]]
     assert [m["reason"] for m in shown["merges"]] == ["my account"]
     assert f"! matrix:{OWNER_HANDLE}" not in run_relaybot(["entities", "list"], env).stdout
+
+    # the jobs process beats with the config it runs with too (it uses only [redis])
+    jobs = wait_until(
+        lambda: b if (b := heartbeat(real_redis, keys, "jobs")) and b["config"] == mended else None,
+        message=lambda: (
+            f"the jobs beat with config {mended}: {heartbeat(real_redis, keys, 'jobs')}"
+        ),
+    )
+    assert jobs["restart_needed"] is False
