@@ -95,8 +95,8 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     assistant = cfg.worker.assistant_name
     try:
         with MemoryStore(cfg.memory_path, readonly=True) as store:
-            result = search(store, scope, query)
             owners = OwnerView(OwnerResolver(cfg.owner_aliases), owner_handles(store.conn))
+            result = search(store, scope, query, owners=owners)
     except SearchError as exc:
         print(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED

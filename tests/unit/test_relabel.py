@@ -297,3 +297,25 @@ def test_the_owner_view_is_kept_while_identity_does_not_change(
     memory.reconfigure(memory_settings(config(tmp_path, ALIAS)))
     assert memory.owners() is not first
     assert memory.owners().is_owner("matrix", OWNER_HANDLE)
+
+
+def test_searching_by_the_owner_finds_the_handle_s_earlier_messages(
+    memory: Memory, tmp_path: Path
+) -> None:
+    record(memory, msg(OWNER_HANDLE, "walrus from before", DM, Privacy.DIRECT))
+    record(memory, msg("@bob:localhost", "walrus from bob", "matrix:!bob", Privacy.DIRECT))
+    assert memory.store is not None
+    scope = Scope("cli:home", Privacy.OWNER, OWNER)
+    query = search.SearchQuery(text="walrus", sender="owner")
+
+    def found() -> list[str]:
+        result = search.search(memory.store, scope, query, owners=memory.owners())  # type: ignore[arg-type]
+        return [hit.row.text for hit in result.hits]
+
+    assert found() == []
+    memory.reconfigure(memory_settings(config(tmp_path, ALIAS)))
+    assert found() == ["walrus from before"]
+    # a group scope that cannot see the owner's DM does not find it by asking for the owner
+    group = search.search(memory.store, Scope("matrix:!grp", Privacy.GROUP), query,
+                          owners=memory.owners())  # fmt: skip
+    assert group.hits == []
