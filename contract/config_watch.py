@@ -6,6 +6,9 @@ safe, the worker on its writer between rounds), it looks at the file's size and 
 time, and when they changed, reads the bytes and hashes them: the same bytes (a ``touch``) change
 nothing. New bytes are parsed and validated as at start (:func:`contract.config.parse_config`):
 
+- a file is read once its size and time stopped changing (two looks in a row), so a file being
+  written is not read half-way; a file that is gone is not taken for an empty one
+  (``config.missing``, warning): the process goes on with what it has;
 - an invalid file is **rejected**: ``config.rejected`` (error, once per content) with the reason,
   and the process keeps the configuration it runs with;
 - each changed key (``section.key``) the process uses is either **reloaded** (it is in the
@@ -175,6 +178,7 @@ class ConfigWatcher:
         self.digest = config_digest(raw)  # of the bytes last applied
         self._seen = self.digest  # of the bytes last looked at (applied or rejected)
         self._stat = self._stat_now()
+        self._settling: tuple[int, int] | None = None  # a new size and time seen once
         self._checks = 0
         self._next = clock() + every
         self.restart_keys: tuple[str, ...] = ()
@@ -216,8 +220,17 @@ class ConfigWatcher:
         if stat == self._stat and self._checks % REHASH_EVERY:
             return None  # unchanged size and time (and, now and then, the bytes are read anyway:
             # an edit within one timestamp tick that kept the size is seen too)
-        self._stat = stat
+        if stat not in (self._stat, self._settling):
+            self._settling = stat  # changed since the last look: read once it stops changing
+            return None  # (an editor that truncates, then writes, is not read half-way)
+        self._stat, self._settling = stat, None
         raw = read_config_bytes(self._home)
+        if raw is None:  # deleted, or an editor's save between rename and write: keep going
+            if self._seen != "none":
+                detail = "config.toml is gone; still running with the last one"
+                log.warning("config.missing", process=self.process, detail=detail)
+            self._seen = "none"
+            return None
         digest = config_digest(raw)
         if digest == self._seen:
             return None

@@ -54,6 +54,13 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def look(watch: ConfigWatcher) -> config_watch.Reload | None:
+    """What the watcher makes of a changed file: it reads it on its second look, once the size
+    and time it saw changed are still the same (a file being written is not read half-way)."""
+    assert watch.check() is None
+    return watch.check()
+
+
 def worker_watch(home: Path) -> ConfigWatcher:
     cfg = load_config(home, env={})
     return ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS, env={})
@@ -76,7 +83,7 @@ def test_owner_aliases_are_reloaded(home: Path) -> None:
     text = BASE.replace('name = "Ada"\n', 'name = "Ada"\naliases = ["@ada:example.org"]\n')
     write(home, text)
     with capture_logs() as logs:
-        reload = watch.check()
+        reload = look(watch)
     assert reload is not None
     assert reload.reloaded == ("owner.aliases",)
     assert reload.restart == ()
@@ -93,7 +100,7 @@ def test_a_key_that_cannot_be_reloaded_is_kept_and_said_once(home: Path) -> None
     changed = BASE + "\n[worker]\nbatch = 50\n"
     write(home, changed)
     with capture_logs() as logs:
-        assert watch.check() is None
+        assert look(watch) is None
     assert watch.config.worker.batch == 100  # still the old value
     assert watch.fields() == {
         "config": config_digest(changed.encode()),
@@ -107,7 +114,7 @@ def test_a_key_that_cannot_be_reloaded_is_kept_and_said_once(home: Path) -> None
     # an unrelated reloadable change later: the restart key is not said again, still listed
     with capture_logs() as logs:
         write(home, changed + "\n[turns]\nmode = 'followup'\n")
-        reload = watch.check()
+        reload = look(watch)
     assert reload is not None
     assert reload.config.turns.mode == "followup"
     assert reload.config.worker.batch == 100
@@ -116,11 +123,11 @@ def test_a_key_that_cannot_be_reloaded_is_kept_and_said_once(home: Path) -> None
     # the same key changed again, to another value: that is a new change, said again
     with capture_logs() as logs:
         write(home, BASE + "\n[worker]\nbatch = 60\n")
-        watch.check()
+        look(watch)
     assert [e["keys"] for e in logs if e["event"] == "config.restart_needed"] == [["worker.batch"]]
     # back to what the process runs with: no restart needed any more
     write(home, BASE)
-    watch.check()
+    look(watch)
     assert watch.fields()["restart_needed"] is False
     assert watch.fields()["restart_keys"] == []
 
@@ -131,7 +138,7 @@ def test_an_invalid_config_is_rejected_and_the_old_one_kept(home: Path) -> None:
     for bad in ("[owner\nname = ", BASE + "\n[worker]\nbatch = 0\n", BASE + "\n[nope]\nx = 1\n"):
         write(home, bad)
         with capture_logs() as logs:
-            assert watch.check() is None
+            assert look(watch) is None
         [rejected] = [e for e in logs if e["event"] == "config.rejected"]
         assert rejected["log_level"] == "error"
         assert "config.toml" in rejected["error"]
@@ -141,7 +148,7 @@ def test_an_invalid_config_is_rejected_and_the_old_one_kept(home: Path) -> None:
         assert watch.fields()["restart_needed"] is False
     # mended: taken, and the error is gone
     write(home, BASE.replace("Ada", "Grace"))
-    reload = watch.check()
+    reload = look(watch)
     assert reload is not None
     assert reload.config.owner.name == "Grace"
     assert "config_error" not in watch.fields()
@@ -151,7 +158,7 @@ def test_the_same_bytes_again_change_nothing(home: Path) -> None:
     watch = worker_watch(home)
     write(home, BASE)  # a touch: new time, same bytes
     with capture_logs() as logs:
-        assert watch.check() is None
+        assert look(watch) is None
     assert logs == []
 
 
@@ -159,17 +166,17 @@ def test_keys_a_process_does_not_use_are_ignored_by_it(home: Path) -> None:
     watch = worker_watch(home)
     write(home, BASE + '\n[email]\nallowlist = ["a@b.org"]\n')
     with capture_logs() as logs:
-        assert watch.check() is None
+        assert look(watch) is None
     assert watch.fields()["restart_needed"] is False
     assert not [e for e in logs if e["event"] == "config.restart_needed"]
     # ... and the jobs process (Redis only) needs a restart only for [redis]
     cfg = load_config(home, env={})
     jobs = ConfigWatcher(cfg, process="jobs", uses=JOBS_USES, env={})
     write(home, BASE + "\n[model]\ntemperature = 0.5\n")
-    assert jobs.check() is None
+    assert look(jobs) is None
     assert jobs.fields()["restart_needed"] is False
     write(home, BASE.replace("rb:", "other:"))
-    jobs.check()
+    look(jobs)
     assert jobs.fields()["restart_keys"] == ["redis.prefix"]
 
 
@@ -181,7 +188,7 @@ def test_model_settings_are_reloaded_but_not_the_concurrency(home: Path) -> None
         "temperature = 0.2\nconcurrency = 2\n",
     )
     with capture_logs() as logs:
-        reload = watch.check()
+        reload = look(watch)
     assert reload is not None
     assert set(reload.reloaded) == {
         "model.base_url", "model.model", "model.api_key", "model.temperature",
@@ -198,7 +205,7 @@ def test_a_gateway_reloads_its_allowlist(home: Path) -> None:
         cfg, process="gateway:email", uses=EMAIL_USES, reloadable=EMAIL_RELOADS, env={}
     )
     write(home, BASE + '\n[email]\nallowlist = ["a@b.org"]\nimap_host = "imap.b.org"\n')
-    reload = watch.check()
+    reload = look(watch)
     assert reload is not None
     assert reload.config.email.allowlist == ["a@b.org"]
     assert reload.config.email.imap_host is None
@@ -216,6 +223,10 @@ def test_poll_looks_at_most_every_few_seconds(home: Path) -> None:
     now[0] = 1.0
     assert watch.poll() is None  # too early: not looked at
     now[0] = 2.5
+    assert watch.poll() is None  # seen changed: read at the next look, if it stays so
+    now[0] = 3.0
+    assert watch.poll() is None  # too early
+    now[0] = 4.6
     reload = watch.poll()
     assert reload is not None
     assert reload.config.owner.name == "Grace"
@@ -263,3 +274,25 @@ def test_status_shows_the_config_and_what_waits_for_a_restart() -> None:
     assert "config 0123456789ab  RESTART NEEDED to apply: worker.batch, redis.url" in text
     assert "config.toml rejected (still running the old one): config.toml: not valid TOML" in text
     assert text.count("RESTART NEEDED") == 1
+
+
+def test_a_file_being_written_is_read_once_it_stops_changing(home: Path) -> None:
+    watch = worker_watch(home)
+    write(home, "")  # an editor truncated it ...
+    assert watch.check() is None
+    write(home, BASE.replace("Ada", "Grace"))  # ... and wrote it: still changing at that look
+    assert watch.check() is None
+    reload = watch.check()
+    assert reload is not None
+    assert reload.config.owner.name == "Grace"
+
+
+def test_a_missing_file_is_not_an_empty_one(home: Path) -> None:
+    write(home, BASE.replace('name = "Ada"', 'name = "Ada"\naliases = ["me"]'))
+    watch = worker_watch(home)
+    (home / "config.toml").unlink()
+    with capture_logs() as logs:
+        assert look(watch) is None
+    assert [e["event"] for e in logs] == ["config.missing"]
+    assert watch.config.owner.aliases == ["me"]
+    assert watch.fields()["restart_needed"] is False

@@ -64,8 +64,10 @@ def consumer(tmp_path: Path) -> Iterator[tuple[Consumer, Models]]:
 
 
 def tick(c: Consumer) -> None:
-    c._now[0] += 5  # type: ignore[attr-defined]
-    c.maybe_reload()
+    """Two looks a few seconds apart: the watcher reads a changed file at its second look."""
+    for _ in range(2):
+        c._now[0] += 5  # type: ignore[attr-defined]
+        c.maybe_reload()
 
 
 def message(sender: str) -> InboundMessage:
