@@ -89,3 +89,36 @@ def test_a_key_no_gateway_can_reload_needs_a_restart(tmp_path: Path) -> None:
     )  # fmt: skip
     assert rt.heartbeat.config["restart_keys"] == ["email.imap_host"]
     assert channel.configs == []
+
+
+def test_the_matrix_and_email_gateways_take_a_reload(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from gateways.email import EmailGateway
+    from gateways.matrix import MatrixGateway
+
+    r = fakeredis.FakeRedis()
+    old = Config.model_validate(
+        {"home": tmp_path, "matrix": {"homeserver": "https://hs", "user_id": "@bot:hs"},
+         "email": {"imap_host": "imap.x", "allowlist": ["a@b.org"], "addresses": ["bot@x.org"]}}
+    )  # fmt: skip
+    new = old.model_copy(
+        update={
+            "owner": old.owner.model_copy(update={"aliases": ["@ada:hs", "ada@x.org"]}),
+            "matrix": old.matrix.model_copy(update={"allowlist": ["@bob:hs"]}),
+            "email": old.email.model_copy(update={"allowlist": ["c@d.org"]}),
+        }
+    )
+    gw = MatrixGateway(old, r, Runtime("matrix", r, old.keys))
+    gw.client = SimpleNamespace(user_id="@bot:hs")  # type: ignore[assignment]
+    gw.sync = SimpleNamespace(policy=None)  # type: ignore[assignment]
+    gw.reconfigure(new)
+    policy = gw.sync.policy  # type: ignore[union-attr]
+    assert "@ada:hs" in policy.owners
+    assert policy.dm_allowlist == frozenset({"@bob:hs"})
+    mail = EmailGateway(old, r, Runtime("email", r, old.keys))
+    assert "ada@x.org" not in mail.imap.addrs.owner
+    mail.reconfigure(new)
+    assert "ada@x.org" in mail.imap.addrs.owner
+    assert mail.imap.addrs.allowed("c@d.org")
+    assert not mail.imap.addrs.allowed("a@b.org")
