@@ -62,6 +62,7 @@ WORKER_RELOADS = (
     "model.backoff",
     "model.max_tool_rounds",
     "model.temperature",
+    "model.concurrency",
     "turns",
     "roles",
     "worker.system_prompt",

@@ -235,9 +235,15 @@ class Consumer:
 
     def apply_config(self, cfg: Config) -> None:
         old, self.cfg = self.cfg, cfg
-        if cfg.model != old.model and self.make_model is not None:
+        endpoint = cfg.model.model_copy(update={"concurrency": old.model.concurrency})
+        if endpoint != old.model and self.make_model is not None:
             self._retired.append(self.turns.model)
             self.turns.model = self.make_model(cfg.model)
+        if cfg.model.concurrency != old.model.concurrency:
+            # more turns at once: more threads; fewer: the turns in flight finish, no new one
+            # starts until they are below the new limit
+            self.pool.grow(cfg.model.concurrency)
+            self.sessions.limit = cfg.model.concurrency
         self.turns.reconfigure(cfg)
 
     def run(self, *, wait_for_lease: bool = True) -> int:

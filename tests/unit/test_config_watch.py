@@ -180,7 +180,7 @@ def test_keys_a_process_does_not_use_are_ignored_by_it(home: Path) -> None:
     assert jobs.fields()["restart_keys"] == ["redis.prefix"]
 
 
-def test_model_settings_are_reloaded_but_not_the_concurrency(home: Path) -> None:
+def test_model_settings_are_reloaded(home: Path) -> None:
     watch = worker_watch(home)
     write(
         home,
@@ -191,11 +191,11 @@ def test_model_settings_are_reloaded_but_not_the_concurrency(home: Path) -> None
         reload = look(watch)
     assert reload is not None
     assert set(reload.reloaded) == {
-        "model.base_url", "model.model", "model.api_key", "model.temperature",
+        "model.base_url", "model.model", "model.api_key", "model.temperature", "model.concurrency",
     }  # fmt: skip
     assert reload.config.model.model == "m2"
-    assert reload.config.model.concurrency == 4  # the pool's size: a restart
-    assert reload.restart == ("model.concurrency",)
+    assert reload.config.model.concurrency == 2
+    assert reload.restart == ()
     assert "s3cret" not in repr(logs)  # keys are named, values never logged
 
 

@@ -120,9 +120,31 @@ def test_what_cannot_be_reloaded_waits_for_a_restart(
     consumer: tuple[Consumer, Models], tmp_path: Path
 ) -> None:
     c, _ = consumer
-    write(tmp_path, BASE + "\n[worker]\nbatch = 7\n\n[model]\nconcurrency = 9\n")
+    write(tmp_path, BASE + "\n[worker]\nbatch = 7\nlease_seconds = 3\n")
     tick(c)
     assert c.cfg.worker.batch == 100
-    assert c.sessions.limit == 4
+    assert c.cfg.worker.lease_seconds == 10
     assert c.watch is not None
-    assert c.watch.fields()["restart_keys"] == ["model.concurrency", "worker.batch"]
+    assert c.watch.fields()["restart_keys"] == ["worker.batch", "worker.lease_seconds"]
+
+
+def test_the_concurrency_follows_the_config(
+    consumer: tuple[Consumer, Models], tmp_path: Path
+) -> None:
+    c, models = consumer
+    c.pool.start()
+    try:
+        write(tmp_path, BASE + "\n[model]\nconcurrency = 6\n")
+        tick(c)
+        assert c.sessions.limit == 6
+        assert c.pool.limit == 6
+        assert len(c.pool._threads) == 6  # more threads for more turns at once
+        write(tmp_path, BASE + "\n[model]\nconcurrency = 1\n")
+        tick(c)
+        assert c.sessions.limit == 1  # no new turn starts above it; spare threads wait
+        c.sessions.running["cli:a"] = True  # one turn running: no slot for another
+        assert not c.sessions.has_slot(owner=True)
+        c.sessions.running.clear()
+        assert models.made == []  # the endpoint did not change: the same client
+    finally:
+        c.pool.stop()
