@@ -235,9 +235,6 @@ class Memory:
                 self._owners = self._last_owners = view
         return view
 
-    def identity_changed(self) -> None:
-        self._owners = None
-
     # -- recording -----------------------------------------------------------------------------
 
     def is_owner(self, msg: InboundMessage) -> bool:
@@ -338,11 +335,10 @@ class Memory:
             ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
             return commands.apply_atomic(store, ctx, op, args)
 
-        self._owners = None  # a merge, an import: who the owner is may change
         try:
             return self.use(run)
         finally:
-            self._owners = None
+            self._owners = None  # a merge, an import: who the owner is may have changed
 
     # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
 
