@@ -1,10 +1,10 @@
 """Running processes notice a changed config.toml (issue 13).
 
 Every process (worker, gateways, jobs) holds a :class:`ConfigWatcher`. Polled every few seconds
-from the process's own loop (never from another thread: the process applies a reload where it is
-safe, the worker on its writer between rounds), it looks at the file's size and modification
-time, and when they changed, reads the bytes and hashes them: the same bytes (a ``touch``) change
-nothing. New bytes are parsed and validated as at start (:func:`contract.config.parse_config`):
+where the process can apply a reload safely (the worker on its writer thread between rounds, a
+gateway on its event loop between events, the jobs process on a thread of its own), it looks at
+the file's size and modification time, and when they changed, reads the bytes and hashes them:
+the same bytes (a ``touch``) change nothing. New bytes are parsed and validated as at start (:func:`contract.config.parse_config`):
 
 - a file is read once its size and time stopped changing (two looks in a row), so a file being
   written is not read half-way; a file that is gone is not taken for an empty one
@@ -22,8 +22,9 @@ reloadable keys of the newest valid file. Its heartbeat carries :meth:`ConfigWat
 :func:`contract.config.config_digest`), ``restart_needed`` and ``restart_keys`` (the keys whose
 new values wait for a restart); ``relaybot status`` and ``relaybot doctor`` show them.
 
-No new dependency: a ``stat`` every couple of seconds costs nothing, works on every filesystem
-(bind mounts, NFS, an editor's rename-over) and needs no thread of its own.
+No new dependency (``watchfiles`` would add a Rust extension and a thread per process for one
+small file): a ``stat`` every couple of seconds costs nothing and works on every filesystem
+(bind mounts, NFS, an editor's rename-over), where inotify does not.
 """
 
 from __future__ import annotations
@@ -264,8 +265,9 @@ class ConfigWatcher:
                         detail="these keys changed in config.toml; restart this process to "
                         "apply them")  # fmt: skip
         if not reloaded:
-            if not restart and uses == []:
-                log.info("config.unchanged_for_process", process=self.process, digest=digest)
+            if not uses:
+                log.info("config.unchanged", process=self.process, digest=digest,
+                         detail="nothing this process uses changed")  # fmt: skip
             return None
         self.config = with_keys(self.config, new, reloaded)
         log.info("config.reloaded", process=self.process, keys=list(reloaded), digest=digest)
