@@ -4,7 +4,8 @@ Every process (worker, gateways, jobs) holds a :class:`ConfigWatcher`. Polled ev
 where the process can apply a reload safely (the worker on its writer thread between rounds, a
 gateway on its event loop between events, the jobs process on a thread of its own), it looks at
 the file's size and modification time, and when they changed, reads the bytes and hashes them:
-the same bytes (a ``touch``) change nothing. New bytes are parsed and validated as at start (:func:`contract.config.parse_config`):
+the same bytes (a ``touch``) change nothing. New bytes are parsed and validated as at start
+(:func:`contract.config.parse_config`):
 
 - a file is read once its size and time stopped changing (two looks in a row), so a file being
   written is not read half-way; a file that is gone is not taken for an empty one
