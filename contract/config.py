@@ -6,6 +6,7 @@ file, the memory database, the embedded Redis's data and the logs of processes i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -337,11 +338,32 @@ def load_config(home: Path | None = None, env: Mapping[str, str] | None = None) 
     """Read the config file (if any) and apply environment overrides."""
     env = os.environ if env is None else env
     home = home or default_home(env)
+    return parse_config(read_config_bytes(home), home, env)
+
+
+def read_config_bytes(home: Path) -> bytes | None:
+    """The bytes of ``home/config.toml``; None when there is no such file."""
+    try:
+        return (home / "config.toml").read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def config_digest(raw: bytes | None) -> str:
+    """What a process reports as the config it runs with (its heartbeat's ``config``): the first
+    12 hex digits of the SHA-256 of config.toml's bytes; ``"none"`` without a file."""
+    return "none" if raw is None else hashlib.sha256(raw).hexdigest()[:12]
+
+
+def parse_config(raw: bytes | None, home: Path, env: Mapping[str, str] | None = None) -> Config:
+    """The configuration of ``home`` from config.toml's bytes (None: no file) and the
+    environment; :class:`ConfigError` says which key is wrong and why."""
+    env = os.environ if env is None else env
     data: dict[str, Any] = {}
     path = home / "config.toml"
-    if path.exists():
+    if raw is not None:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     from_env: dict[tuple[str, str], str] = {}

@@ -47,6 +47,9 @@ class Heartbeat:
     def __init__(self, r: redis.Redis, keys: Keys, name: str, interval: float = 1.0) -> None:
         self._r, self._keys, self.name, self._interval = r, keys, name, interval
         self.info: dict[str, Any] = {}
+        # the config the process runs with (contract/config_watch.py: ``config``,
+        # ``restart_needed``, ``restart_keys``), beside ``info``, which its owner replaces
+        self.config: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
 
@@ -58,7 +61,7 @@ class Heartbeat:
         failing = False  # said once per outage, not every second while Redis restarts
         while not self._stop.is_set():
             try:
-                beat(self._r, self._keys, self.name, **self.info)
+                beat(self._r, self._keys, self.name, **{**self.config, **self.info})
                 if failing:
                     log.info("heartbeat.resumed", name=self.name)
                 failing = False

@@ -20,6 +20,7 @@ import structlog
 
 from contract.bus import publish, stream_id, text
 from contract.config import Config
+from contract.config_watch import ConfigWatcher
 from contract.durable import Durable
 from contract.liveness import Heartbeat
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
@@ -78,6 +79,8 @@ class Terminal:
             r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )
         self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
+        # the config it runs with (the terminal reloads nothing: a new chat takes a new one)
+        self.heartbeat.config = ConfigWatcher(cfg, process="gateway:cli", uses=("redis",)).fields()
         self.durable = Durable(r)  # "sent" is printed only for a message that is on disk
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False

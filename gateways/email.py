@@ -73,6 +73,11 @@ class EmailGateway:
         self.window = cfg.email.reply_window
         self.show_typing: TypingHook | None = None
 
+    def reconfigure(self, cfg: Config) -> None:
+        """config.toml changed (gateways/runner.py): the owner's addresses, the allowlist and
+        who authenticates senders apply from the next mail on."""
+        self.imap.addrs = addresses_of(cfg)
+
     async def start(self) -> None:
         """Nothing to open before the loops: IMAP connects in its own, SMTP for each reply.
         Says at once when no sender can be authenticated (every mail is then a stranger's)."""

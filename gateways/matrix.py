@@ -72,6 +72,7 @@ class MatrixGateway:
         self.cfg, self.m, self.r, self.keys, self.rt = cfg, cfg.matrix, r, cfg.keys, rt
         self.store = cfg.matrix.store_path or cfg.home / "matrix"
         self.client: AsyncClient | None = None
+        self.sync: MatrixSync | None = None
         self.typing: dict[str, float] = {}  # room id -> when the typing notice was (re)sent
         self.show_typing: TypingHook | None = self._update_typing if self.m.typing else None
 
@@ -87,7 +88,15 @@ class MatrixGateway:
     def inbound(self) -> dict[str, Coroutine[Any, Any, None]]:
         client = self._client()
         sync = MatrixSync(self.cfg, self.r, self.rt, client, build_policy(self.cfg, client.user_id))
+        self.sync = sync
         return {"sync": sync.run()}
+
+    def reconfigure(self, cfg: Config) -> None:
+        """config.toml changed (gateways/runner.py): the owners, allowlists and room policies
+        apply from the next event on."""
+        self.cfg = cfg
+        if self.sync is not None and self.client is not None:
+            self.sync.policy = build_policy(cfg, self.client.user_id)
 
     async def sessions(self) -> list[str]:
         return [session_of(room_id) for room_id in self._client().rooms]

@@ -42,13 +42,14 @@ import functools
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import redis
 import structlog
 
 from contract.clock import RedisClock
 from contract.config import Config
+from contract.config_watch import GATEWAYS, POLL_EVERY, ConfigWatcher
 from contract.keys import Keys
 from contract.liveness import Heartbeat
 from contract.messages import Reply
@@ -64,6 +65,12 @@ BACKOFF_START, BACKOFF_CAP = 1.0, 60.0
 SEND_TIMEOUT = 180.0  # seconds one send may take before it counts as failed
 
 TypingHook = Callable[[frozenset[str]], Awaitable[None]]
+
+
+@runtime_checkable
+class Reconfigurable(Protocol):
+    def reconfigure(self, cfg: Config) -> None:
+        """Apply a reloaded configuration (owners, allowlists, policies) from now on."""
 
 
 class FatalGatewayError(RuntimeError):
@@ -257,21 +264,52 @@ def run_gateway(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, rt.stopping.set)
-        code = await (_serve(rt, cfg, r, make) if configured else _idle(rt, hint))
+        code = await (_serve(rt, cfg, r, make) if configured else _idle(rt, hint, cfg))
         log.info(f"{name}.stopped", code=code)
         return code
 
     return asyncio.run(main())
 
 
-async def _idle(rt: Runtime, hint: str) -> int:
-    """Not configured: stay up (honcho stops every process when one exits), beating."""
+def watcher(rt: Runtime, cfg: Config, channel: object | None) -> ConfigWatcher:
+    """The gateway's config.toml watcher: what its channel can take is reloaded (a channel with
+    ``reconfigure``), the rest of what it uses waits for a restart."""
+    uses, reloads = GATEWAYS.get(rt.name, (("redis", "delivery"), ()))
+    if not isinstance(channel, Reconfigurable):
+        reloads = ()
+    watch = ConfigWatcher(cfg, process=f"gateway:{rt.name}", uses=uses, reloadable=reloads)
+    rt.heartbeat.config = watch.fields()
+    return watch
+
+
+async def watch_config(rt: Runtime, watch: ConfigWatcher, channel: object | None) -> None:
+    """Every few seconds: a changed config.toml (contract/config_watch.py), applied to the
+    channel between its events; the heartbeat says what the gateway runs with."""
+    while not rt.stopping.is_set():
+        await rt.sleep(POLL_EVERY)
+        try:
+            reload = await asyncio.to_thread(watch.check)
+        except OSError as exc:  # the file is unreadable now: looked at again next time
+            log.warning("config.unreadable", error=str(exc))
+            continue
+        if reload is not None and isinstance(channel, Reconfigurable):
+            channel.reconfigure(reload.config)
+        rt.heartbeat.config = watch.fields()
+
+
+async def _idle(rt: Runtime, hint: str, cfg: Config) -> int:
+    """Not configured: stay up (honcho stops every process when one exits), beating; a section
+    configured meanwhile is said to need a restart (config.restart_needed)."""
     log.warning(f"{rt.name}.not_configured", detail=hint)
     rt.heartbeat.info = {"state": "not configured"}
+    watch = watcher(rt, cfg, None)
     rt.heartbeat.start()
+    task = asyncio.create_task(watch_config(rt, watch, None), name=f"{rt.name}-config")
     try:
         await rt.stopping.wait()
     finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         rt.heartbeat.stop()
     return EXIT_STOPPED
 
@@ -284,6 +322,8 @@ async def _serve(
     except FatalGatewayError as exc:
         return _exit_code(rt.name, exc, "setup")
     lease, beating = GatewayLease(rt, r, cfg), False
+    watch = watcher(rt, cfg, channel)
+    lease.standby.config = watch.fields()  # a standby says which config it would run with
     try:
         if not await lease.acquire():  # a standby until then: the platform is left alone
             return EXIT_STOPPED
@@ -301,6 +341,7 @@ async def _serve(
             **channel.inbound(),
             "delivery": Delivery(rt, channel, r, cfg).run(),
             "lease": lease.watch(),
+            "config": watch_config(rt, watch, channel),
         }
         return await _until_first_ends(rt, loops)
     finally:

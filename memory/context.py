@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from memory.lines import LINE_MEMO, HistoryLines, estimate_tokens, line_and_cost
+from memory.lines import LINE_MEMO, HistoryLines, Owners, estimate_tokens, line_and_cost, memo_key
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 
@@ -62,6 +62,7 @@ def build_context(
     sections: Sequence[Section] = (),
     ready: HistoryLines | None = None,
     drew: DrewOn | None = None,
+    owners: Owners | None = None,
 ) -> list[dict[str, str]]:
     """OpenAI chat messages: one system message (prompt, sections, labelled history oldest
     first) and the current message as the user message.
@@ -71,9 +72,11 @@ def build_context(
     take :func:`count_tokens` of the result over ``budget_tokens`` ends the history. If the prompt
     and current message alone exceed the budget they still go in, alone. ``ready`` is the same
     history as :class:`~memory.lines.HistoryLines` (memory.window): then no row is looked at.
-    ``drew`` is told the oldest history row that went in (memory.provenance).
+    ``drew`` is told the oldest history row that went in (memory.provenance). ``owners`` says
+    who the owner is now (memory.lines: labels are resolved when the context is built).
     """
-    current_line, _ = line_and_cost(current, assistant_name)
+    key = memo_key(assistant_name, owners)
+    current_line, _ = line_and_cost(current, assistant_name, owners)
     used = (
         estimate_tokens(system_prompt + HISTORY_HEADER)
         + estimate_tokens(current_line)
@@ -87,7 +90,7 @@ def build_context(
         parts.append(text)
     parts.append(HISTORY_HEADER)
     base = "".join(parts)
-    if ready is not None and ready.assistant_name == assistant_name:
+    if ready is not None and ready.key == key:
         found = ready.newest(max(0, budget_tokens - used), current)
         if found is not None:
             lines, oldest = found
@@ -102,10 +105,10 @@ def build_context(
     current_id, current_key = current.id, (current.stream_id, current.direction)
     for row in history:  # the hot loop of every turn: the line memo is read inline
         memo = row.__dict__.get(LINE_MEMO)
-        if memo is not None and memo[0] == assistant_name:
+        if memo is not None and memo[0] == key:
             _, line, cost = memo
         else:
-            line, cost = line_and_cost(row, assistant_name)
+            line, cost = line_and_cost(row, assistant_name, owners)
         if used + cost > budget_tokens:
             if row.id == current_id or (row.stream_id, row.direction) == current_key:
                 continue

@@ -37,7 +37,7 @@ from memory.copies import Copies, copies_of
 from memory.curated import CuratedFile, curated_path
 from memory.erasure import checkpoint_after_erasure
 from memory.fence import is_fenced
-from memory.identity import Identity, OwnerResolver, ScopedAlias
+from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, owner_handles
 from memory.lines import HistoryLines
 from memory.privacy import Scope, privacy_of
 from memory.provenance import DrewOn
@@ -101,6 +101,8 @@ class Memory:
         self.failures = 0
         self.resolver = OwnerResolver(settings.owner_aliases)
         self.identity = Identity(self.resolver, settings.owner_name)
+        self._owners: OwnerView | None = None  # who the owner is now (labels, recording)
+        self._last_owners: OwnerView | None = None  # the last one made (reused if the same)
         self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
@@ -151,6 +153,7 @@ class Memory:
             yield
         except BaseException:
             self._open = False
+            self._owners = None  # a merge may have been rolled back with the rest
             store.transaction().rollback()
             raise
 
@@ -206,10 +209,36 @@ class Memory:
             self.failures += 1
             log.error("memory.reload_failed", error=str(exc))
 
+    def reconfigure(self, settings: MemorySettings) -> None:
+        """Take new settings (config.toml changed: contract/config_watch.py), on the writer
+        between turns: the owner's aliases and name, the prompt, the budget, the roles."""
+        self.settings = settings
+        self.resolver = OwnerResolver(settings.owner_aliases)
+        self.identity = Identity(self.resolver, settings.owner_name)
+        self._owners = None
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def owners(self) -> OwnerView:
+        """Who the owner is now: the configured aliases and the handles merged into the owner
+        (memory.identity.OwnerView). Cached until identity changes: a reload of the aliases, an
+        owner command (a merge, an import), a rollback."""
+        view = self._owners
+        if view is None:
+            merged = self.use(lambda store: owner_handles(store.conn))
+            last = self._last_owners
+            if last is not None and last.resolver is self.resolver and last.merged == merged:
+                view = last  # nothing changed: the lines made under it stay good
+            else:
+                view = OwnerView(self.resolver, merged or frozenset())
+            if merged is not None:  # memory failing: not kept, asked again next time
+                self._owners = self._last_owners = view
+        return view
+
     # -- recording -----------------------------------------------------------------------------
 
     def is_owner(self, msg: InboundMessage) -> bool:
-        return self.resolver.is_owner(msg.channel, msg.sender)
+        return self.owners().is_owner(msg.channel, msg.sender)
 
     def record_inbound(self, msg: InboundMessage, stream_id: str) -> tuple[LogRow | None, bool]:
         """The inbound row (its sender's entity created on first sight), idempotent on the
@@ -306,7 +335,10 @@ class Memory:
             ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
             return commands.apply_atomic(store, ctx, op, args)
 
-        return self.use(run)
+        try:
+            return self.use(run)
+        finally:
+            self._owners = None  # a merge, an import: who the owner is may have changed
 
     # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
 
@@ -341,7 +373,8 @@ class Memory:
         owner's own conversations; the notes relevant to the message), the recent history this
         conversation may see, and the message; ``drew`` is told which rows and notes went in
         (memory.provenance). Nothing here fails the turn."""
-        history, ready = self._history(scope)
+        owners = self.owners()
+        history, ready = self._history(scope, owners)
         settings = self.settings
         return build_context(
             system_prompt=settings.system_prompt,
@@ -352,16 +385,19 @@ class Memory:
             sections=self._sections(msg, scope, drew),
             ready=ready,
             drew=drew,
+            owners=owners,
         )
 
-    def _history(self, scope: Scope) -> tuple[Sequence[LogRow], HistoryLines | None]:
+    def _history(
+        self, scope: Scope, owners: OwnerView | None = None
+    ) -> tuple[Sequence[LogRow], HistoryLines | None]:
         store = self.store
         if store is None:
             return (), None
         if self._windows is None or self._windows.store is not store:
             self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
         try:
-            return self._windows.history(scope, self.settings.assistant_name)
+            return self._windows.history(scope, self.settings.assistant_name, owners)
         except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
             self.failed(exc)
             return (), None

@@ -3,9 +3,15 @@
 - **Entities** (person, agent, service, group) live in the ``entity`` table; their **handles**, one
   per ``(channel, address)``, in ``handle`` (memory/schema.py, migration 2). Addresses are stored
   normalized: trimmed and case-folded.
-- **The owner** is the entity ``'owner'``. Who the owner is comes from the configuration alone
-  (:class:`OwnerResolver`, ``owner.aliases``), never from the handle table, so changing the aliases
-  changes who is the owner at once; the owner's addresses get no handle rows.
+- **The owner** is the entity ``'owner'``. Who the owner is comes from the configuration
+  (:class:`OwnerResolver`, ``owner.aliases``; the worker reloads it when config.toml changes), so
+  changing the aliases changes who is the owner at once; the owner's configured addresses get no
+  handle rows. A handle seen before it became an alias (or one the owner names) is moved to the
+  owner by ``entities.merge`` (audited in ``handle_move``); handles under ``'owner'`` are the
+  owner's too. :class:`OwnerView` is both, for recording and for labels, which are resolved
+  when a context or a search result is made (memory/lines.py): an alias added later relabels the
+  earlier messages of its handle. Who may *see* a row never changes with it: that is the row's
+  recorded conversation, privacy and entity (memory/privacy.py).
 - **Unknown senders get an entity on first sight**: the worker calls
   :meth:`Identity.append_inbound`, which finds or creates the sender's entity and records the log
   row with it, in the worker's transaction. Every inbound row gets an entity: ``'owner'`` for the
@@ -19,13 +25,16 @@
   The owner and group entities cannot be linked.
 - **Owner commands** (:data:`COMMANDS`, applied by the worker, idempotent on the stream id):
   ``entities.link``, ``entities.suggest``, ``entities.unlink``, ``entities.reject``, each with
-  ``{"a": REF, "b": REF, "reason": "..."}`` where a REF is an entity id (``e-…``), or a handle
-  ``channel:address`` (``matrix:@bob:example.org``, ``email:bob@example.org``), or a bare address
-  if exactly one channel has it. Linking a handle never seen before creates its entity.
+  ``{"a": REF, "b": REF, "reason": "..."}``, and ``entities.merge`` with ``{"ref": REF,
+  "reason": "..."}`` (a handle, or every handle of an entity, moved to the owner), where a REF
+  is an entity id (``e-…``), or a handle ``channel:address`` (``matrix:@bob:example.org``,
+  ``email:bob@example.org``), or a bare address if exactly one channel has it. Linking a handle
+  never seen before creates its entity.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 import sqlite3
@@ -126,6 +135,41 @@ class OwnerResolver:
         if scoped is not None:
             return address in scoped
         return address in self._unscoped
+
+
+_VERSIONS = itertools.count(1)
+UNVERIFIED = "(unverified)"  # an e-mail sender that is not authenticated (gateways/email_parse.py)
+
+
+def owner_handles(conn: sqlite3.Connection) -> frozenset[tuple[str, str]]:
+    """The handles merged into the owner (``entities.merge``), as ``(channel, address)``."""
+    rows = conn.execute("SELECT channel, address FROM handle WHERE entity = ?", (OWNER,))
+    return frozenset((str(c), str(a)) for c, a in rows)
+
+
+class OwnerView:
+    """Who is the owner now: the configured aliases (:class:`OwnerResolver`) and the handles
+    merged into the owner. Immutable: a change of either makes a new view (a new
+    :attr:`version`, so labels made under the old one are made again: memory.lines.Owners)."""
+
+    def __init__(
+        self, resolver: OwnerResolver, merged: frozenset[tuple[str, str]] = frozenset()
+    ) -> None:
+        self.resolver = resolver
+        self.merged = merged
+        self.version = next(_VERSIONS)
+        self._memo: dict[tuple[str, str], bool] = {}
+
+    def is_owner(self, channel: str, sender: str) -> bool:
+        key = (channel, sender)
+        found = self._memo.get(key)
+        if found is None:
+            found = self.resolver.is_owner(channel, sender) or (
+                bool(self.merged) and (_norm(channel), _norm(sender)) in self.merged
+            )
+            if len(self._memo) < 65_536:
+                self._memo[key] = found
+        return found
 
 
 # -- entities and handles ----------------------------------------------------------------------
@@ -245,7 +289,10 @@ class Identity:
             ensure_owner(conn, self.owner_name)
             return OWNER
         kind = "service" if msg.kind is Kind.SCHEDULED else "person"
-        return create_handle(conn, msg.channel, msg.sender, display=msg.sender_name, kind=kind)
+        entity = create_handle(conn, msg.channel, msg.sender, display=msg.sender_name, kind=kind)
+        if entity == OWNER:  # merged into the owner, but not recognised as such just now
+            raise ValueError(f"{msg.channel}:{msg.sender} is merged into the owner")
+        return entity
 
     def append_inbound(
         self, store: MemoryStore, msg: InboundMessage, stream_id: str, *, is_owner: bool
@@ -440,9 +487,11 @@ def _check_pair(conn: sqlite3.Connection, a: str, b: str) -> None:
         raise CommandError(f"both name the same entity ({a})")
     for entity in (a, b):
         if entity == OWNER:
+            other = b if entity == a else a
             raise CommandError(
-                "the owner is recognised by owner.aliases in config.toml, not by links; "
-                "add the address there"
+                "the owner is not linked: it is recognised by owner.aliases in config.toml and "
+                f"by the handles merged into it; to make {other}'s handles the owner's, run "
+                f"`relaybot entities merge {other}`"
             )
         found = get_entity(conn, entity)
         if found is not None and found.kind == "group":
@@ -462,4 +511,136 @@ def _result(
     }
 
 
+# -- merging into the owner --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HandleMove:
+    """One audited move of a handle from one entity to another (``handle_move``)."""
+
+    id: int
+    channel: str
+    address: str
+    from_entity: str
+    to_entity: str
+    reason: str
+    actor: str
+    ts: float
+    stream_id: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.channel}:{self.address}"
+
+
+def handle_moves(conn: sqlite3.Connection, entity: str | None = None) -> list[HandleMove]:
+    """The audit of merges, oldest first (only those from or to ``entity`` if given)."""
+    sql = (
+        "SELECT id, channel, address, from_entity, to_entity, reason, actor, ts, stream_id "
+        "FROM handle_move"
+    )
+    params: tuple[str, ...] = ()
+    if entity is not None:
+        sql += " WHERE from_entity = ? OR to_entity = ?"
+        params = (entity, entity)
+    return [
+        HandleMove(int(i), str(c), str(a), str(f), str(t), str(r), str(ac), float(ts), str(sid))
+        for i, c, a, f, t, r, ac, ts, sid in conn.execute(sql + " ORDER BY id", params)
+    ]
+
+
+def merge_into_owner(
+    conn: sqlite3.Connection, ref: str, *, reason: str, stream_id: str, now: float,
+    owner_name: str = OWNER,
+) -> list[HandleMove]:  # fmt: skip
+    """Move a handle (``channel:address``), or every handle of an entity (``e-…``), to the owner,
+    recording each move in ``handle_move``. The log is not touched: its rows keep the entity they
+    were recorded with, so who may see them does not change; their labels follow the handle.
+
+    Refused (:class:`CommandError`): the owner itself, a group, an entity joined to others by
+    verified links (unlink first: their person would otherwise hold the owner's words), and an
+    unauthenticated e-mail sender (anyone can forge it)."""
+    ref = ref.strip()
+    try:
+        entity = resolve_ref(conn, ref)
+    except LookupError as exc:
+        raise CommandError(str(exc)) from None
+    if entity == OWNER:
+        raise CommandError(f"{ref} is the owner's already")
+    found = get_entity(conn, entity)
+    if found is not None and found.kind == "group":
+        raise CommandError(f"{entity} is a group; only a person's handles can be the owner's")
+    linked = sorted(person_of(conn, entity) - {entity})
+    if linked:
+        raise CommandError(
+            f"{entity} is linked (verified) with {', '.join(linked)}; unlink them first "
+            f"(`relaybot entities unlink {entity} {linked[0]}`)"
+        )
+    if _ENTITY_ID.match(ref.casefold()):
+        handles = handles_of(conn, entity)
+    else:
+        handles = [h for h in handles_of(conn, entity) if _matches(h, ref)]
+    for h in handles:
+        if h.address.endswith(UNVERIFIED):
+            raise CommandError(
+                f"{h.ref} is a sender that was not authenticated; it cannot be the owner"
+            )
+    if not handles:
+        raise CommandError(f"{entity} has no handles to merge")
+    ensure_owner(conn, owner_name, now)
+    moves = []
+    for h in handles:
+        cur = conn.execute(
+            "INSERT INTO handle_move (channel, address, from_entity, to_entity, reason, actor, "
+            "ts, stream_id) VALUES (?, ?, ?, ?, ?, 'owner', ?, ?)",
+            (h.channel, h.address, entity, OWNER, reason.strip(), now, stream_id),
+        )
+        conn.execute(
+            "UPDATE handle SET entity = ? WHERE channel = ? AND address = ?",
+            (OWNER, h.channel, h.address),
+        )
+        moves.append(
+            HandleMove(
+                int(cur.lastrowid or 0),
+                h.channel,
+                h.address,
+                entity,
+                OWNER,
+                reason.strip(),
+                "owner",
+                now,
+                stream_id,
+            )
+        )
+        log.info("identity.merged", handle=h.ref, from_entity=entity, to_entity=OWNER)
+    return moves
+
+
+def _matches(h: Handle, ref: str) -> bool:
+    channel, sep, address = ref.partition(":")
+    if sep and _norm(channel) == h.channel and _norm(address) == h.address:
+        return True
+    return _norm(ref) == h.address
+
+
+def _merge(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+    conn = ctx.store.conn
+    done = [m for m in handle_moves(conn) if m.stream_id == ctx.stream_id]
+    if not done:
+        reason = args.get("reason", "")
+        if not isinstance(reason, str):
+            raise CommandError("argument 'reason' must be a string")
+        done = merge_into_owner(
+            conn, _arg(args, "ref"), reason=reason, stream_id=ctx.stream_id, now=ctx.now,
+            owner_name=ctx.owner_name,
+        )  # fmt: skip
+    return {
+        "merged": [m.ref for m in done],
+        "from": done[0].from_entity,
+        "into": OWNER,
+        "changed": True,
+    }
+
+
 COMMANDS: dict[str, Handler] = {op: _link_command(op) for op in _TRANSITIONS}
+COMMANDS["entities.merge"] = _merge

@@ -2,7 +2,12 @@
 
 Each history entry is one line ``[channel / who] YYYY-MM-DD HH:MM UTC: text`` where *who* is
 ``owner`` for the owner, the assistant's name for its own replies and the sender's handle
-otherwise. Continuation lines of a multi-line message are indented, so only real entries start a
+otherwise. Who the owner is is decided when the line is made, not when the row was recorded
+(:class:`Owners`: the current owner aliases and the handles merged into the owner), so an alias
+added later relabels the earlier messages of that handle; a label never decides who may see a
+row (memory/privacy.py reads the recorded conversation, privacy and entity).
+
+Continuation lines of a multi-line message are indented, so only real entries start a
 line with a label, and a sender whose handle reads like ``owner`` is marked unverified: nobody can
 make their words look like the owner's. Pure functions, no I/O.
 """
@@ -12,7 +17,8 @@ from __future__ import annotations
 import re
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 from memory.rows import LogRow
 
@@ -52,11 +58,28 @@ def fit_text(text: str, max_tokens: int) -> str:
     return text[:cut] if cut > lo // 2 else text[:lo]
 
 
-def label(row: LogRow, assistant_name: str) -> str:
+class Owners(Protocol):
+    """Who is the owner now (memory.identity.OwnerView): a row recorded as the owner's stays
+    the owner's; any other inbound row is the owner's when its handle is the owner's now."""
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the answer may change (lines made under another are made again)."""
+        ...
+
+    def is_owner(self, channel: str, sender: str) -> bool: ...
+
+
+def memo_key(assistant_name: str, owners: Owners | None) -> Hashable:
+    """What a memoized line was made under (:data:`LINE_MEMO`, :class:`HistoryLines`)."""
+    return assistant_name if owners is None else (assistant_name, owners.version)
+
+
+def label(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str:
     """``[channel / owner]``, ``[channel / <assistant_name>]`` or ``[channel / <sender>]``."""
     if row.direction == "out":
         who = assistant_name
-    elif row.is_owner:
+    elif row.is_owner or (owners is not None and owners.is_owner(row.channel, row.sender)):
         who = "owner"
     else:
         who = row.sender.translate(_LABEL_UNSAFE).strip() or "unknown"
@@ -73,31 +96,35 @@ def stamp(ts: float) -> str:
         return "unknown time"
 
 
-def format_line(row: LogRow, assistant_name: str) -> str:
+def format_line(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str:
     """One labelled line: ``[cli / owner] 2026-11-22 10:04 UTC: text``."""
     text = row.text
     if not text.isprintable():  # every line break Unicode knows, not only \n and \r
         text = _BREAKS.sub(CONTINUATION, text)
-    return f"{label(row, assistant_name)} {stamp(row.ts)}: {text}"
+    return f"{label(row, assistant_name, owners)} {stamp(row.ts)}: {text}"
 
 
-def line_and_cost(row: LogRow, assistant_name: str) -> tuple[str, int]:
+def line_and_cost(
+    row: LogRow, assistant_name: str, owners: Owners | None = None
+) -> tuple[str, int]:
     """The row's line and what it adds to the system message (+1 for the joining newline).
 
     Cached on the row: the writer's cache hands out the same LogRow objects turn after turn, so a
     line is formatted and estimated once, not once per turn. The memo lives in the instance
     ``__dict__`` (as ``functools.cached_property`` does), outside the dataclass fields, so equality,
-    hashing and repr are unaffected.
+    hashing and repr are unaffected. The memo is keyed by :func:`memo_key`: a change of who the
+    owner is makes the line again.
     """
+    key = memo_key(assistant_name, owners)
     memo_dict = getattr(row, "__dict__", None)
     if memo_dict is not None:
         memo = memo_dict.get(LINE_MEMO)
-        if memo is not None and memo[0] == assistant_name:
+        if memo is not None and memo[0] == key:
             return memo[1], memo[2]
-    line = format_line(row, assistant_name)
+    line = format_line(row, assistant_name, owners)
     cost = estimate_tokens(line) + 1
     if memo_dict is not None:
-        memo_dict[LINE_MEMO] = (assistant_name, line, cost)
+        memo_dict[LINE_MEMO] = (key, line, cost)
     return line, cost
 
 
@@ -107,8 +134,10 @@ class HistoryLines:
     are added at the end, so a turn formats only its new rows, finds what fits the budget with
     one bisect and joins the lines: no work per row of history."""
 
-    def __init__(self, assistant_name: str, limit: int) -> None:
+    def __init__(self, assistant_name: str, limit: int, owners: Owners | None = None) -> None:
         self.assistant_name = assistant_name
+        self.owners = owners
+        self.key = memo_key(assistant_name, owners)  # what its lines were made under
         self.limit = limit  # only the newest `limit` rows count (as visible_history's limit)
         self._ids: list[int] = []
         self._lines: list[str] = []
@@ -122,7 +151,7 @@ class HistoryLines:
         """Add ``rows`` (newest first, all newer than :attr:`newest_id`)."""
         total = self._totals[-1]
         for row in reversed(rows):
-            line, cost = line_and_cost(row, self.assistant_name)
+            line, cost = line_and_cost(row, self.assistant_name, self.owners)
             total += cost
             self._ids.append(row.id)
             self._lines.append(line)

@@ -354,6 +354,31 @@ CREATE TABLE reply_covers (
 CREATE INDEX reply_covers_by ON reply_covers (answered_by);
 """
 
+# Merging into the owner (memory/identity.py, ``entities.merge``): each move of a handle from an
+# entity to the owner, with who asked, why and when. Append-only: the audit of who the owner is.
+_MIGRATION_11 = """
+CREATE TABLE handle_move (
+    id          INTEGER PRIMARY KEY,
+    channel     TEXT NOT NULL,
+    address     TEXT NOT NULL,
+    from_entity TEXT NOT NULL,
+    to_entity   TEXT NOT NULL,
+    reason      TEXT NOT NULL DEFAULT '',
+    actor       TEXT NOT NULL,
+    ts          REAL NOT NULL,
+    stream_id   TEXT NOT NULL          -- the command that moved it (a replay moves nothing)
+);
+CREATE INDEX handle_move_stream ON handle_move (stream_id);
+CREATE TRIGGER handle_move_no_update BEFORE UPDATE ON handle_move
+BEGIN
+    SELECT RAISE(ABORT, 'handle_move is append-only: UPDATE refused');
+END;
+CREATE TRIGGER handle_move_no_delete BEFORE DELETE ON handle_move
+BEGIN
+    SELECT RAISE(ABORT, 'handle_move is append-only: DELETE refused');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -365,6 +390,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "reply status 'failed'", _MIGRATION_8),
     Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
     Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
+    Migration(11, "identity: audited merges of handles into the owner", _MIGRATION_11),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

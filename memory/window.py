@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contract.messages import Privacy
-from memory.lines import HistoryLines
+from memory.lines import HistoryLines, Owners, memo_key
 from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
 from memory.rows import LogRow
 from memory.store import MemoryStore
@@ -55,14 +55,17 @@ class HistoryWindows:
         window = self._window(scope)
         return () if window is None else window.rows
 
-    def history(self, scope: Scope, assistant_name: str) -> tuple[Sequence[LogRow], HistoryLines]:
-        """:meth:`rows`, and their context lines (memory.context) with only new rows formatted."""
+    def history(
+        self, scope: Scope, assistant_name: str, owners: Owners | None = None
+    ) -> tuple[Sequence[LogRow], HistoryLines]:
+        """:meth:`rows`, and their context lines (memory.context) with only new rows formatted
+        (all of them again when who the owner is changed: ``owners``, memory.lines)."""
         window = self._window(scope)
         if window is None:
-            return (), HistoryLines(assistant_name, self.limit)
+            return (), HistoryLines(assistant_name, self.limit, owners)
         rows, done = window.rows, window.rendered
-        if done is None or done.assistant_name != assistant_name:
-            done = window.rendered = HistoryLines(assistant_name, self.limit)
+        if done is None or done.key != memo_key(assistant_name, owners):
+            done = window.rendered = HistoryLines(assistant_name, self.limit, owners)
             done.extend(rows)
         else:
             top, new = done.newest_id, 0

@@ -1,9 +1,11 @@
 # ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
-"""`relaybot entities list|show|link|suggest|unlink|reject` and `relaybot onboard`.
+"""`relaybot entities list|show|link|suggest|unlink|reject|merge` and `relaybot onboard`.
 
-``list`` and ``show`` read the memory database read-only. ``link``, ``suggest``, ``unlink`` and
-``reject`` are owner commands: they go through the stream to the worker (the only writer), which
-answers with the result (memory/identity.py). Entities are named by id (``e-…``, ``owner``), by
+``list`` and ``show`` read the memory database read-only. ``link``, ``suggest``, ``unlink``,
+``reject`` and ``merge`` are owner commands: they go through the stream to the worker (the only
+writer), which answers with the result (memory/identity.py). ``merge`` moves a handle (or every
+handle of an entity) to the owner, audited: the repair when a handle was seen before it became an
+owner alias (``list`` points such handles out). Entities are named by id (``e-…``, ``owner``), by
 handle ``channel:address`` (``matrix:@bob:example.org``) or by a bare address on one channel.
 """
 
@@ -46,6 +48,16 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
         p.add_argument("--json", action="store_true", help="print the worker's JSON result")
         p.set_defaults(func=cmd_link, op=op)
 
+    p = sub.add_parser(
+        "merge",
+        help="make a handle (or every handle of an entity) the owner's: its messages are "
+        "labelled as the owner's from now on (audited; who may see them does not change)",
+    )
+    p.add_argument("ref", help="a handle channel:address, an entity id e-…, or an address")
+    p.add_argument("--reason", default="", help="why (kept in the audit)")
+    p.add_argument("--json", action="store_true", help="print the worker's JSON result")
+    p.set_defaults(func=cmd_merge)
+
 
 def add_onboard_parser(sub: Any) -> None:
     p = sub.add_parser("onboard", help="first-run setup: who you are, your addresses, the model")
@@ -71,6 +83,20 @@ def cmd_link(args: argparse.Namespace, cfg: Config) -> int:
         as_json=args.json,
         describe=lambda result: describe_link_result(args.op, result),
     )
+
+
+def cmd_merge(args: argparse.Namespace, cfg: Config) -> int:
+    payload = {"ref": args.ref, "reason": args.reason}
+    return send_command(
+        cfg, "entities.merge", payload, as_json=args.json, describe=describe_merge_result
+    )
+
+
+def describe_merge_result(result: dict[str, Any]) -> str:
+    merged = result.get("merged") or []
+    lines = [f"merged into the owner (from {result.get('from')}): {', '.join(merged)}"]
+    lines.append("their messages, earlier ones included, are now labelled as the owner's")
+    return "\n".join(lines)
 
 
 def describe_link_result(op: str, result: dict[str, Any]) -> str:
@@ -120,10 +146,9 @@ def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
     entities = [(str(i), str(k), str(n), float(c)) for i, k, n, c in rows]
     if OWNER not in {e[0] for e in entities}:
         entities.insert(0, (OWNER, "person", cfg.owner.name, 0.0))
-    owner_aliases = [
-        f"{channel or '*'}:{address}"
-        for channel, address in OwnerResolver(cfg.owner.aliases).aliases()
-    ]
+    resolver = OwnerResolver(cfg.owner_aliases)
+    owner_aliases = [f"{channel or '*'}:{address}" for channel, address in resolver.aliases()]
+    owner_aliases += [f"{h} (merged)" for h in handles.get(OWNER, [])]
     out: list[dict[str, Any]] = []
     for entity, kind, name, created in entities:
         n, last = counts.get(entity, (0, 0))
@@ -143,6 +168,10 @@ def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
                 "last_message": last_ts,
                 "created": created or None,
                 "links": links.get(entity, {}),
+                # handles the configuration says are the owner's, still under another entity
+                "owner_aliases": []
+                if entity == OWNER
+                else [h for h in handles.get(entity, []) if resolver.is_owner(*h.split(":", 1))],
             }
         )
     return out
@@ -166,6 +195,10 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
         )
         for handle in e["handles"]:
             print(f"{'':<62} {handle}")
+        for handle in e["owner_aliases"]:
+            print(
+                f"{'':<62} ! {handle} is an owner alias: relaybot entities merge {handle}",
+            )
     return 0
 
 
@@ -179,6 +212,7 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
         OwnerResolver,
         current_links,
         get_entity,
+        handle_moves,
         handles_of,
         link_history,
         person_of,
@@ -191,7 +225,11 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
     if entity == OWNER:
         handles = [
             {"handle": f"{channel or '*'}:{address}", "display": "", "first_seen": None}
-            for channel, address in OwnerResolver(cfg.owner.aliases).aliases()
+            for channel, address in OwnerResolver(cfg.owner_aliases).aliases()
+        ]
+        handles += [
+            {"handle": f"{h.ref} (merged)", "display": h.display, "first_seen": h.first_seen}
+            for h in handles_of(conn, entity)
         ]
     else:
         handles = [
@@ -238,6 +276,17 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
         "person": sorted(person_of(conn, entity)),
         "links": [link_dict(link) for link in current_links(conn, entity)],
         "link_history": [link_dict(link) for link in link_history(conn, entity)],
+        "merges": [
+            {
+                "handle": m.ref,
+                "from": m.from_entity,
+                "to": m.to_entity,
+                "reason": m.reason,
+                "actor": m.actor,
+                "ts": m.ts,
+            }
+            for m in handle_moves(conn, entity)
+        ],
         "messages": sum(by_channel.values()),
         "messages_by_channel": by_channel,
         "conversations": conversations,
@@ -274,6 +323,9 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         why = f" — {link['reason']}" if link["reason"] else ""
         when = _when(link["ts"])
         print(f"    {link['with']:<16} {link['status']:<10} {when} by {link['actor']}{why}")
+    for m in detail["merges"]:
+        why = f" — {m['reason']}" if m["reason"] else ""
+        print(f"  merged    {m['handle']}: {m['from']} → {m['to']} {_when(m['ts'])}{why}")
     channels = ", ".join(f"{c} {n}" for c, n in detail["messages_by_channel"].items())
     print(f"  messages  {detail['messages']}" + (f" ({channels})" if channels else ""))
     if detail["messages"]:

@@ -74,6 +74,7 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     from contract.messages import Privacy
+    from memory.identity import OwnerResolver, OwnerView, owner_handles
     from memory.privacy import Scope
     from memory.search import SearchError, SearchQuery, format_hits, hit_record, search
     from memory.store import MemoryStore
@@ -94,7 +95,8 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     assistant = cfg.worker.assistant_name
     try:
         with MemoryStore(cfg.memory_path, readonly=True) as store:
-            result = search(store, scope, query)
+            owners = OwnerView(OwnerResolver(cfg.owner_aliases), owner_handles(store.conn))
+            result = search(store, scope, query, owners=owners)
     except SearchError as exc:
         print(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -108,11 +110,11 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
         return EXIT_FAILED
     if args.json:
         for hit in result.hits:
-            print(json.dumps(hit_record(hit, assistant), ensure_ascii=False))
+            print(json.dumps(hit_record(hit, assistant, owners), ensure_ascii=False))
         if result.corrupt:
             print(f"relaybot: {result.corrupt} damaged messages skipped", file=sys.stderr)
         return 0
-    print(format_hits(result, assistant, header=OWNER_HEADER, max_chars=1 << 30))
+    print(format_hits(result, assistant, header=OWNER_HEADER, max_chars=1 << 30, owners=owners))
     return 0
 
 

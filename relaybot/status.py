@@ -128,4 +128,19 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"    turns {beat['turns']}")
         if beat.get("memory"):  # the worker cannot write memory: entries wait (issue 11)
             lines.append(f"    memory {beat['memory']} (messages wait, pending, until it can)")
+        lines += _config_lines(beat)
     return "\n".join(lines)
+
+
+def _config_lines(beat: dict[str, Any]) -> list[str]:
+    """The config a process runs with (contract/config_watch.py): its config.toml digest, and
+    the keys that changed but wait for a restart, or why the newest file was rejected."""
+    if "config" not in beat:
+        return []
+    out = [f"    config {beat['config']}"]
+    if beat.get("restart_needed"):
+        keys = ", ".join(beat.get("restart_keys") or [])
+        out[0] += f"  RESTART NEEDED to apply: {keys}"
+    if beat.get("config_error"):
+        out.append(f"    config.toml rejected (still running the old one): {beat['config_error']}")
+    return out

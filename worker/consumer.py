@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import redis
 import structlog
 
-from contract.config import Config
+from contract.config import Config, ModelConfig
+from contract.config_watch import ConfigWatcher
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import Kind, decode_lenient
@@ -34,6 +35,7 @@ from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Bl
 from worker.busy import BusySignal
 from worker.deadletter import Limits, dead_letter
 from worker.erasures import Erasures
+from worker.model import ModelPort
 from worker.pool import TurnPool
 from worker.replies import ReplyKeeper
 from worker.scrub import Scrubber
@@ -111,7 +113,7 @@ class Consumer:
         # concurrent turns (module docstring): what is in hand between reading and acking
         self.sessions = Sessions(
             limit=cfg.model.concurrency,
-            collect=lambda m: cfg.turns.mode_of(m.channel, m.conversation) == "collect",
+            collect=lambda m: self.cfg.turns.mode_of(m.channel, m.conversation) == "collect",
         )
         self.pool: TurnPool[Job, TurnResult] = TurnPool(
             cfg.model.concurrency, run=self._run_job, failed=turns.failed
@@ -135,6 +137,10 @@ class Consumer:
         self.hb: Heartbeat | None = None
         self.memory_blocked = ""  # why memory refuses writes now ("" while it takes them)
         self._last_unwritable: MemoryUnwritable | None = None
+        # config.toml reloads (contract/config_watch.py; worker/main.py sets them)
+        self.watch: ConfigWatcher | None = None
+        self.make_model: Callable[[ModelConfig], ModelPort] | None = None
+        self._retired: list[ModelPort] = []  # replaced model clients, closed once idle
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -207,6 +213,38 @@ class Consumer:
             info["memory"] = f"blocked: {self.memory_blocked}"
         if self.hb is not None:
             self.hb.info = info
+            if self.watch is not None:
+                self.hb.config = self.watch.fields()
+
+    def maybe_reload(self) -> None:
+        """Every few seconds, on the writer between rounds: a changed config.toml is applied
+        (what can be: contract/config_watch.py; the rest waits for a restart, said in the log
+        and the heartbeat). Turns whose model call runs keep the input and the model client
+        they started with; the next turns get the new settings."""
+        if self._retired and not self.jobs:
+            for model in self._retired:
+                close = getattr(model, "close", None)
+                if callable(close):
+                    close()
+            self._retired.clear()
+        if self.watch is None:
+            return
+        reload = self.watch.poll()
+        if reload is not None:
+            self.apply_config(reload.config)
+
+    def apply_config(self, cfg: Config) -> None:
+        old, self.cfg = self.cfg, cfg
+        endpoint = cfg.model.model_copy(update={"concurrency": old.model.concurrency})
+        if endpoint != old.model and self.make_model is not None:
+            self._retired.append(self.turns.model)
+            self.turns.model = self.make_model(cfg.model)
+        if cfg.model.concurrency != old.model.concurrency:
+            # more turns at once: more threads; fewer: the turns in flight finish, no new one
+            # starts until they are below the new limit
+            self.pool.grow(cfg.model.concurrency)
+            self.sessions.limit = cfg.model.concurrency
+        self.turns.reconfigure(cfg)
 
     def run(self, *, wait_for_lease: bool = True) -> int:
         outage = Outage("worker")
@@ -300,6 +338,7 @@ class Consumer:
         self.advance()
         if not entries and not self.in_hand():
             self.turns.memory.idle()
+        self.maybe_reload()  # between rounds: no turn is being begun or finished
         self._beat()
         self.maybe_trim()
         self.maybe_sweep()

@@ -15,6 +15,7 @@ import structlog
 from rq import Queue, Worker
 
 from contract.config import Config
+from contract.config_watch import JOBS_USES, ConfigWatcher, watch_in_thread
 from contract.liveness import Heartbeat
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
 
@@ -36,7 +37,11 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     """The rq worker until SIGTERM/SIGINT. Redis going away stops nothing: rq waits out a lost
     connection while it dequeues; anywhere else, the rq worker is started again once Redis
     answers (``redis.unreachable``, then ``redis.reconnected``)."""
-    hb = Heartbeat(r, cfg.keys, "jobs").start()
+    hb = Heartbeat(r, cfg.keys, "jobs")
+    watch = ConfigWatcher(cfg, process="jobs", uses=JOBS_USES)
+    hb.config = watch.fields()
+    hb.start()
+    stop_watching = watch_in_thread(watch, lambda fields: setattr(hb, "config", fields))
     outage = Outage("jobs")
     try:
         while True:
@@ -49,6 +54,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 if not _ride_out(r, outage, exc):
                     return 0
     finally:
+        stop_watching.set()
         hb.stop()
 
 

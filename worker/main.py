@@ -12,6 +12,7 @@ import structlog
 
 from contract.clock import RedisClock
 from contract.config import Config
+from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
 from memory.checkpoint import WalCheckpointer
 from memory.privacy import privacy_of
 from memory.store import MemoryStore
@@ -67,6 +68,7 @@ def build_consumer(
     store: MemoryStore | None = None,
     tools: ToolRegistry | None = None,
 ) -> Consumer:
+    own_model = model is None  # a model given (tests) is kept across reloads
     model = model or make_model(cfg.model)
     if isinstance(model, NoModel):
         log.warning(
@@ -84,7 +86,12 @@ def build_consumer(
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
     )
-    return Consumer(cfg, r, turns, busy=busy)
+    consumer = Consumer(cfg, r, turns, busy=busy)
+    consumer.watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES,
+                                   reloadable=WORKER_RELOADS)  # fmt: skip
+    if own_model:
+        consumer.make_model = make_model
+    return consumer
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

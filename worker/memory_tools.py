@@ -269,7 +269,9 @@ def search_history_tool(ctx: TurnContext) -> Tool:
 
     def search_history(store: MemoryStore, args: dict[str, Any]) -> str:
         try:
-            result = search.search(store, ctx.scope, _search_query(args))
+            result = search.search(
+                store, ctx.scope, _search_query(args), owners=ctx.memory.owners()
+            )
         except search.SearchError as exc:
             return f"error: {exc}"
         except sqlite3.Error as exc:
@@ -277,7 +279,8 @@ def search_history_tool(ctx: TurnContext) -> Tool:
             return "error: the message history cannot be searched right now (memory failed)"
         for hit in result.hits:
             ctx.drew.add_rows(r.id for r in (hit.row, hit.before, hit.after) if r is not None)
-        return search.format_hits(result, ctx.memory.settings.assistant_name)
+        owners = ctx.memory.owners()  # labels follow who the owner is now (memory.lines)
+        return search.format_hits(result, ctx.memory.settings.assistant_name, owners=owners)
 
     reach = (
         "every conversation on every channel"

@@ -81,6 +81,20 @@ class TurnPool(Generic[J, R]):
             self._threads.append(t)
         return self
 
+    def grow(self, limit: int) -> None:
+        """At least ``limit`` threads ([model] concurrency raised by a config reload). Never
+        fewer: the writer starts at most its sessions' limit of turns at once (worker/sessions.py),
+        so spare threads just wait."""
+        if limit <= self.limit:
+            return
+        first, self.limit = self.limit, limit
+        if not self._threads:
+            return  # not started: start() makes them all
+        for n in range(first, limit):
+            t = threading.Thread(target=self._serve, name=f"turn-{n}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
     def stop(self) -> None:
         """Let the threads end once idle (a thread in a model call ends after it)."""
         for _ in self._threads:

@@ -116,6 +116,13 @@ class Turns:
         self._unrecorded: dict[str, Held] = {}
         self._lingering: list[Held] = []  # recorded, not committed yet
 
+    def reconfigure(self, cfg: Config) -> None:
+        """Run with a reloaded configuration from now on (worker/consumer.py calls it on the
+        writer between rounds, never inside a turn's begin/finish; turns whose model call runs
+        keep the input they were given)."""
+        self.cfg = cfg
+        self.memory.reconfigure(memory_settings(cfg))
+
     @property
     def memory_failures(self) -> int:
         """How often memory failed (degraded mode) since the worker started."""

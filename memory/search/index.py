@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from memory.lines import Owners
 from memory.privacy import Scope, log_visibility_sql, persons_for
 from memory.rows import LOG_COLUMNS, LogRow
 from memory.search.query import SearchError, SearchQuery
@@ -72,10 +73,24 @@ class Where:
         return Where(vis, tuple(vis_params), vis, tuple(vis_params), vis is not None, 0)
 
 
+def owner_handles_now(store: MemoryStore, owners: Owners) -> tuple[tuple[str, str], ...]:
+    """The handles memory knows that are the owner's now (an alias added after they were seen,
+    or merged into the owner), as ``(channel, address)``."""
+    rows = store.conn.execute("SELECT channel, address FROM handle ORDER BY channel, address")
+    return tuple((str(c), str(a)) for c, a in rows if owners.is_owner(str(c), str(a)))
+
+
 def filters(
-    store: MemoryStore, vis: str | None, vis_params: Sequence[Any], query: SearchQuery, now: float
+    store: MemoryStore,
+    vis: str | None,
+    vis_params: Sequence[Any],
+    query: SearchQuery,
+    now: float,
+    *,
+    owner_handles: Sequence[tuple[str, str]] = (),
 ) -> Where:
-    """The visibility ``vis`` (None: everything) AND the query's filters."""
+    """The visibility ``vis`` (None: everything) AND the query's filters. ``sender = "owner"``
+    is the rows recorded as the owner's and those of ``owner_handles`` (owner_handles_now)."""
     parts: list[str] = [] if vis is None else [vis]
     params: list[Any] = list(vis_params)
     if query.conversation:
@@ -87,7 +102,13 @@ def filters(
         params.append(query.channel.strip())
     if query.sender:
         who = query.sender.strip().casefold()
-        if who == "owner":
+        if who == "owner" and owner_handles:
+            pairs = " OR ".join(
+                "(log.channel = ? AND lower(trim(log.sender)) = ?)" for _ in owner_handles
+            )
+            parts.append(f"(log.is_owner = 1 OR {pairs})")
+            params += [x for pair in owner_handles for x in pair]
+        elif who == "owner":
             parts.append("log.is_owner = 1")
         else:
             parts.append(

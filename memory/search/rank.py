@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from memory.lines import Owners
 from memory.privacy import EVERYTHING, NOTHING, Scope
 from memory.rows import LogRow
-from memory.search.index import Index, Reader, filters, visibility
+from memory.search.index import Index, Reader, filters, owner_handles_now, visibility
 from memory.search.query import MAX_LIMIT, TOKEN, SearchError, SearchQuery, parse_query
 from memory.store import MemoryStore
 
@@ -99,9 +100,12 @@ def search(
     *,
     now: float | None = None,
     ranking: Ranking = RANKING,
+    owners: Owners | None = None,
 ) -> SearchResult:
     """Search the log as ``scope`` may see it. Raises :class:`SearchError` for a bad argument and
-    ``sqlite3.Error`` if the database fails (the caller reports it; a bad row never raises)."""
+    ``sqlite3.Error`` if the database fails (the caller reports it; a bad row never raises).
+    ``owners`` (who the owner is now: memory.lines) makes ``sender = "owner"`` find the earlier
+    messages of a handle that became the owner's too."""
     if not 1 <= query.limit <= MAX_LIMIT:
         raise SearchError(f"limit must be between 1 and {MAX_LIMIT}")
     if query.order not in ("relevance", "time"):
@@ -115,7 +119,11 @@ def search(
     if vis == NOTHING:
         return result
     visible = None if vis == EVERYTHING else vis
-    where = filters(store, visible, vis_params, query, time.time() if now is None else now)
+    by_owner = (query.sender or "").strip().casefold() == "owner"
+    mine = owner_handles_now(store, owners) if owners is not None and by_owner else ()
+    where = filters(
+        store, visible, vis_params, query, time.time() if now is None else now, owner_handles=mine
+    )
     queries = (2 if len(terms) > 1 else 1) if query.order == "time" else len(terms) + 1
     index = Index(store, where, queries)
     corrupt: set[int] = set()

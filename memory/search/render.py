@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memory.lines import label, stamp
+from memory.lines import Owners, label, stamp
 from memory.rows import LogRow
 from memory.search.query import SearchQuery
 from memory.search.rank import Hit, SearchResult
@@ -28,8 +28,8 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _entry(row: LogRow, assistant_name: str, limit: int) -> str:
-    return f"{label(row, assistant_name)} {stamp(row.ts)}: {_clip(row.text, limit)}"
+def _entry(row: LogRow, assistant_name: str, limit: int, owners: Owners | None = None) -> str:
+    return f"{label(row, assistant_name, owners)} {stamp(row.ts)}: {_clip(row.text, limit)}"
 
 
 def describe(query: SearchQuery, terms: Sequence[str]) -> str:
@@ -53,6 +53,7 @@ def format_hits(
     *,
     header: str = HEADER,
     max_chars: int = MAX_CHARS,
+    owners: Owners | None = None,
 ) -> str:
     """The hits as text: a header, then each hit as an indented, quoted block::
 
@@ -63,6 +64,7 @@ def format_hits(
 
     Every message is one line (line breaks folded), cut to a length, and never starts a line, so
     no message can pass for a header or another hit. The whole text stays under ``max_chars``.
+    ``owners``: who the owner is now (labels are resolved when read: memory.lines).
     """
     query = result.query
     lines = [header, f"query: {describe(query, result.terms)}"]
@@ -78,14 +80,16 @@ def format_hits(
     for n, hit in enumerate(result.hits, 1):
         row = hit.row
         block = [
-            f"{n}. {label(row, assistant_name)} {stamp(row.ts)} "
+            f"{n}. {label(row, assistant_name, owners)} {stamp(row.ts)} "
             f"(conversation {_clip(row.conversation, 200)})"
         ]
         if hit.before is not None:
-            block.append(f"     before: {_entry(hit.before, assistant_name, CONTEXT_CHARS)}")
-        block.append(f"   > {_entry(row, assistant_name, MAX_LINE_CHARS)}")
+            block.append(
+                f"     before: {_entry(hit.before, assistant_name, CONTEXT_CHARS, owners)}"
+            )
+        block.append(f"   > {_entry(row, assistant_name, MAX_LINE_CHARS, owners)}")
         if hit.after is not None:
-            block.append(f"     after: {_entry(hit.after, assistant_name, CONTEXT_CHARS)}")
+            block.append(f"     after: {_entry(hit.after, assistant_name, CONTEXT_CHARS, owners)}")
         size = sum(len(line) + 1 for line in block)
         if used + size > max_chars - 80:
             break
@@ -101,7 +105,7 @@ def format_hits(
     return "\n".join(lines)
 
 
-def hit_record(hit: Hit, assistant_name: str) -> dict[str, Any]:
+def hit_record(hit: Hit, assistant_name: str, owners: Owners | None = None) -> dict[str, Any]:
     """One hit as JSON-ready data (the CLI's ``--json``)."""
 
     def one(row: LogRow | None) -> dict[str, Any] | None:
@@ -111,7 +115,7 @@ def hit_record(hit: Hit, assistant_name: str) -> dict[str, Any]:
             "id": row.id,
             "ts": row.ts,
             "time": stamp(row.ts),
-            "label": label(row, assistant_name),
+            "label": label(row, assistant_name, owners),
             "channel": row.channel,
             "conversation": row.conversation,
             "sender": row.sender,

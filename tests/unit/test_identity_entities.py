@@ -210,6 +210,7 @@ def test_the_identity_commands_are_offered_to_the_worker() -> None:
         "entities.suggest",
         "entities.unlink",
         "entities.reject",
+        "entities.merge",
     }
     assert set(COMMANDS) <= set(commands.handlers())
 
