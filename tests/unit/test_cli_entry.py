@@ -7,6 +7,7 @@ import io
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,16 @@ def _umask() -> object:
     os.umask(old)
     yield
     os.umask(old)
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ() -> Iterator[None]:
+    """load_dotenv_here sets os.environ behind monkeypatch's back: put it back after each test
+    (a leaked RELAYBOT_MODEL or REDIS_URL changes what later tests load)."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
 def test_version_is_printed_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
