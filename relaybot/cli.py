@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "onboard":  # onboarding is how a broken config gets rewritten
             return EXIT_CONFIG
         cfg = Config(home=default_home())
+    if cfg.logs.format != "auto":  # [logs] format (RELAYBOT_LOG_FORMAT still wins)
+        logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
     except redis.RedisError as exc:
