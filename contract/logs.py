@@ -156,4 +156,8 @@ def configure(
     root.setLevel(max(numeric, logging.INFO))
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # platform noise: nio says "Room ... handling event of type ..." for every event at INFO
+    logging.getLogger("nio").setLevel(
+        logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    )
     return chosen

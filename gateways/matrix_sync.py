@@ -247,7 +247,7 @@ class MatrixSync:
                          ok=not isinstance(joined, ErrorResponse))  # fmt: skip
             else:
                 await client.room_leave(room_id)
-                log.warning("matrix.invite_refused", room_id=room_id, inviter=inviter)
+                log.info("matrix.invite_refused", room_id=room_id, inviter=inviter)  # policy
 
     async def _crypto_housekeeping(self) -> None:
         if not self.client.olm:
