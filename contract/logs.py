@@ -70,14 +70,26 @@ def _redact_secrets(
     return event_dict
 
 
-def under_honcho(ppid: int | None = None) -> bool:
-    """Whether the parent process is ``honcho`` (it shows each process's output to a person,
-    through a pipe). Linux only (``/proc``); elsewhere False."""
-    try:
-        raw = Path(f"/proc/{ppid or os.getppid()}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return any(Path(arg.decode(errors="replace")).name == "honcho" for arg in raw.split(b"\0")[:3])
+def under_honcho(ppid: int | None = None, *, levels: int = 3) -> bool:
+    """Whether the process was started by ``honcho`` (it shows each process's output to a person,
+    through a pipe): the parent, or an ancestor a few levels up (a Procfile line run by a shell
+    that does not ``exec``). Linux only (``/proc``); elsewhere False."""
+    pid = ppid or os.getppid()
+    for _ in range(levels):
+        if pid <= 1:
+            return False
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        except OSError:
+            return False
+        if any(Path(arg.decode(errors="replace")).name == "honcho" for arg in argv):
+            return True
+        try:  # the field after the command name (which may hold spaces and parentheses)
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return False
+    return False
 
 
 def choose_format(

@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import structlog
@@ -18,6 +19,8 @@ from structlog.testing import capture_logs
 from contract import logs
 from contract.bus import wait_for_redis
 from contract.config import load_config
+
+T = TypeVar("T")
 
 
 class Tty(io.StringIO):
@@ -43,18 +46,36 @@ def test_a_process_started_by_honcho_is_recognised() -> None:
             assert _eventually(lambda: logs.under_honcho(fake.pid))
         finally:
             fake.kill()
+    with subprocess.Popen(["bash", "-c", "exec -a honcho bash -c 'sleep 30; true'"]) as fake:
+        try:  # a Procfile line run by a shell that does not exec: honcho is the grandparent
+            child = _eventually(lambda: _children(fake.pid))
+            assert _eventually(lambda: logs.under_honcho(child[0]))
+        finally:
+            fake.kill()
     assert not logs.under_honcho()  # pytest's parent is not honcho
     assert not logs.under_honcho(2**22 + 12345)  # no such process
 
 
-def _eventually(check: Callable[[], bool]) -> bool:
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _eventually(check: Callable[[], T]) -> T | None:
     """``check`` once the exec has happened (a condition with a deadline, not a sleep)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if check():
-            return True
+        if found := check():
+            return found
         time.sleep(0.01)
-    return False
+    return None
 
 
 def console_lines(**fields: object) -> list[str]:
