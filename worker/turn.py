@@ -292,7 +292,7 @@ class Turns:
                     row, is_owner = memory.record_inbound(msg, stream_id)
             if first != stream_id:
                 done, ask = self._published_again(stream_id, first, msg)
-            elif _record_only(msg):
+            elif msg.record_only:
                 self._recorded_only(msg)
                 done, ask = Outcome(), None
             elif (recorded := memory.recorded_reply(stream_id)) is not None:
@@ -381,7 +381,7 @@ class Turns:
         queued again (the consumer first looks whether Redis still holds it). Recorded but not
         answered: answered now, as ``first``."""
         recorded = self.memory.recorded_reply(first)
-        if recorded is None and _record_only(msg):  # never to be answered: recorded, done
+        if recorded is None and msg.record_only:  # never to be answered: recorded, done
             log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
             return Outcome(), None
         if recorded is None:
@@ -496,13 +496,6 @@ class Turns:
             log.info("reply.status", reply_id=reply_id, status=status)
         else:
             log.warning("derived.unknown", type=kind)
-
-
-def _record_only(msg: InboundMessage) -> bool:
-    """Recorded, never answered: a gateway said so (``extra.no_reply``: mail from a sender not
-    on the allowlist, a room's talk the bot was not asked about), an edit, a reaction."""
-    extra = msg.extra
-    return bool(extra.get("no_reply") or extra.get("edit_of") or extra.get("reaction"))
 
 
 def _reply(

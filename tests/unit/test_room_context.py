@@ -5,15 +5,20 @@ even when published again; a later mentioned turn sees it (issue 13)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
 
-from contract.config import TurnsConfig
+from contract.config import ModelConfig, TurnsConfig
 from contract.messages import InboundMessage, Privacy
+from tests.support.fakes import InstantModel
 from tests.unit.test_consumer import Rig
+from worker.consumer import Consumer
+from worker.model import Completion
 
 ROOM = "!team:hs"
 SESSION = f"matrix:{ROOM}"
@@ -104,3 +109,49 @@ def test_room_talk_published_twice_is_recorded_once(rig: Rig) -> None:
     rig.pump(rig.consumer())  # another worker, after a restart
     assert [r.text for r in rig.store.recent(10)] == ["only once"]
     assert rig.model.calls == 0 and rig.pending() == 0
+
+
+class WaitingModel(InstantModel):
+    """A model call that lasts until ``check`` holds (or 5 s): what was done meanwhile."""
+
+    def __init__(self, check: Callable[[], bool]) -> None:
+        super().__init__()
+        self.check = check
+        self.held: bool | None = None
+
+    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        if self.held is None:
+            deadline = time.monotonic() + 5
+            while not (held := self.check()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.held = held
+        return super().complete(messages, tools)
+
+
+def test_room_talk_is_recorded_while_every_model_slot_is_taken(tmp_path: Path) -> None:
+    """A record-only entry needs no model slot: with the one slot taken by another room's turn,
+    the talk is recorded at once (it used to wait for the slot, its room showing "typing")."""
+    rig = Rig(tmp_path, fakeredis.FakeRedis())
+    rig.cfg = rig.cfg.model_copy(update={"model": ModelConfig(concurrency=1)})
+    other = "matrix:!other:hs"
+    c: Consumer | None = None
+
+    def talk_taken() -> bool:
+        return c is not None and SESSION not in c.sessions.waiting
+
+    rig.model = WaitingModel(talk_taken)
+    try:
+        c = rig.consumer()
+        slow = said("bot, a long question", "@bob:hs", addressed=True, n=1)
+        slow = slow.model_copy(update={"session": other, "conversation": other})
+        asked = publish(rig, slow)
+        publish(rig, said("meanwhile in the team room", "@carol:hs", addressed=False, n=2))
+        rig.pump(c)
+        assert rig.model.held is True  # the talk was taken while the other turn ran
+        assert [r.answers for r in rig.replies(other)] == [asked]
+        assert room_replies(rig) == [] and rig.model.calls == 1
+        texts = [r.text for r in rig.store.recent(10) if r.direction == "in"]
+        assert "meanwhile in the team room" in texts
+        assert rig.pending() == 0
+    finally:
+        rig.close()
