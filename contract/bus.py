@@ -60,6 +60,7 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
 
 WAIT_POLL = 0.2  # seconds between tries while waiting for Redis at start (a refusal is cheap)
 WAIT_SAY_EVERY = 10.0  # seconds between "still waiting" lines
+FIRST_TRY = 1.0  # seconds the first try waits for an answer
 
 
 def wait_for_redis(
@@ -77,17 +78,19 @@ def wait_for_redis(
     warning, with how long so far), and ``redis.ready`` once it answers. ``timeout`` None
     waits for as long as it takes (a gateway on another host outlives its Redis being down)."""
     r = connect(cfg)
+    # the first try gives up soon, so that a Redis that does not answer (a host that drops
+    # packets, a server stopped with SIGSTOP) is said at once too, not after socket_timeout
+    probe: redis.Redis | None = connect(cfg, timeout=min(FIRST_TRY, cfg.redis.socket_timeout))
     started = time.monotonic()
     said_at: float | None = None
     where = _shown_url(cfg)
     while True:
+        client, probe = probe or r, None
         try:
-            r.ping()
+            client.ping()
         except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError) as exc:
             now = time.monotonic()
             waited = now - started
-            if timeout is not None and waited > timeout:
-                raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
             if said_at is None or now - said_at >= say_every:
                 # at start this is expected for a moment (honcho starts Redis alongside)
                 say = log.info if said_at is None else log.warning
@@ -99,8 +102,13 @@ def wait_for_redis(
                     waited_s=round(waited, 1),
                 )
                 said_at = now
+            if timeout is not None and waited > timeout:
+                raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
             time.sleep(poll)
             continue
+        finally:
+            if client is not r:
+                client.close()
         if said_at is not None:
             log.info("redis.ready", url=where, waited_s=round(time.monotonic() - started, 1))
         return r

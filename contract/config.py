@@ -47,7 +47,7 @@ class RedisConfig(_Section):
     url: SecretStr | None = None  # None: the embedded Redis under $RELAYBOT_HOME/redis
     prefix: str = "relaybot:"
     # seconds a command (and a connection attempt) may take before it counts as Redis being away
-    socket_timeout: float = Field(default=10.0, gt=0, le=3600)
+    socket_timeout: float = Field(default=10.0, ge=1, le=3600)
 
 
 class LogsConfig(_Section):

@@ -136,3 +136,36 @@ def test_waiting_for_redis_is_said_at_once_then_periodically(tmp_path: Path) -> 
     assert 3 <= len(waiting) <= 7  # every say_every, not every poll
     assert all(c["log_level"] == "warning" for c in waiting[1:])
     assert "s3cret" not in waiting[0]["url"] and "127.0.0.1" in waiting[0]["url"]
+
+
+def test_nio_says_what_it_does_with_each_event_only_at_debug() -> None:
+    out = io.StringIO()
+    logs.configure("gateway", stream=out, fmt="json", env={})
+    nio = logging.getLogger("nio.rooms")
+    nio.info("Room !x:hs handling event of type RoomMemberEvent")
+    nio.warning("a real problem")
+    text = out.getvalue()
+    assert "handling event" not in text and "a real problem" in text
+    verbose = io.StringIO()
+    logs.configure("gateway", level="DEBUG", stream=verbose, fmt="json", env={})
+    logging.getLogger("nio.rooms").info("Room !x:hs handling event of type RoomMemberEvent")
+    assert "handling event" in verbose.getvalue()
+
+
+def test_a_redis_that_does_not_answer_is_said_at_once_too(tmp_path: Path) -> None:
+    """A host that drops packets, or a stopped server, answers nothing: the first try gives up
+    after a second, not after the socket timeout (10 s: the line came after 20-30 s)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the kernel; nothing ever answers
+        port = silent.getsockname()[1]
+        home = tmp_path
+        (home / "config.toml").write_text("[redis]\nsocket_timeout = 3\n")
+        cfg = load_config(home, env={"REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+        started = time.monotonic()
+        with capture_logs() as captured, pytest.raises(Exception, match="gave up after"):
+            wait_for_redis(cfg, timeout=0.5, poll=0.01)
+    first = next(c for c in captured if c["event"] == "redis.waiting")
+    assert first["waited_s"] < 2.0
+    assert "Timeout" in first["error"]
+    assert time.monotonic() - started < 6  # the probe (1 s), then one try of socket_timeout
