@@ -147,21 +147,26 @@ def test_an_idle_jobs_process_logs_no_errors(
     more."""
     home = tmp_path / "home"
     write_config(home, "[redis]\nsocket_timeout = 1\n")
-    env = relaybot_env(home, redis_url=redis_server.url, prefix=prefix)
+    # a model is configured (the idle worker never asks it): no model.not_configured warning
+    env = relaybot_env(
+        home, redis_url=redis_server.url, prefix=prefix, model_url="http://127.0.0.1:9/v1"
+    )
     keys = Keys(prefix)
     jobs = procs.jobs(env)
+    worker = procs.worker(env, r=real_redis, keys=keys)  # idle beside it: quiet too
     first = wait_for_heartbeat(real_redis, keys, "jobs", pid=jobs.pid)
     jobs.wait_for_log("jobs.started")
     idle_until = time.monotonic() + 4  # four read timeouts: the old code failed each one
     wait_until(lambda: time.monotonic() > idle_until, timeout=10, interval=0.2)
     wait_for_heartbeat(real_redis, keys, "jobs", pid=jobs.pid, newer_than=float(first["ts"]))
-    assert jobs.returncode is None
-    assert jobs.stop(timeout=15) == 0
-    records = jobs.records()
-    assert all("_raw" not in r for r in records), jobs.log_text()
-    loud = [r for r in records if r.get("level") in ("warning", "error", "critical")]
-    assert not loud, jobs.log_text()
-    assert "Timeout reading" not in jobs.log_text()
+    for proc in (jobs, worker):
+        assert proc.returncode is None
+        assert proc.stop(timeout=15) == 0
+        records = proc.records()
+        assert all("_raw" not in r for r in records), proc.log_text()
+        loud = [r for r in records if r.get("level") in ("warning", "error", "critical")]
+        assert not loud, proc.log_text()
+        assert "Timeout reading" not in proc.log_text()
 
 
 def test_a_process_without_redis_says_at_once_that_it_waits(tmp_path: Path, procs: Procs) -> None:
