@@ -163,3 +163,22 @@ def test_a_quote_of_a_mail_relaybot_never_received_is_shown_marked_as_a_quote() 
     assert len(shown.text) <= MAX_TEXT_CHARS
     plain = parse_email(reply_mail("no quote\n"), ADDRS, 0.0)
     assert isinstance(plain, Accepted) and show_quote(plain) is plain
+
+
+def test_an_html_only_reply_is_split_too() -> None:
+    """Gmail's HTML: the quote is a blockquote after an "On ... wrote:" div (no "> " once the
+    HTML is text)."""
+    html = (
+        '<div dir="ltr">Noon is <b>fine</b>.</div><br><div class="gmail_quote">'
+        '<div class="gmail_attr">On Sun, 22 Nov 2026 at 05:00, Relaybot &lt;bot@example.org&gt;'
+        " wrote:<br></div><blockquote>Shall we meet at 3?</blockquote></div>"
+    )
+    raw = (
+        f"From: Owner <{OWNER}>\r\nTo: {BOT}\r\nSubject: Re: plan\r\nMessage-ID: <h1@example.org>"
+        "\r\nDate: Sun, 22 Nov 2026 05:00:00 +0000\r\nContent-Type: text/html; charset=utf-8\r\n"
+        f"\r\n{html}\r\n"
+    ).encode()
+    accepted = parse_email(raw, ADDRS, 0.0)
+    assert isinstance(accepted, Accepted)
+    assert accepted.message.text == "Subject: Re: plan\n\nNoon is fine."
+    assert "Shall we meet at 3?" in accepted.message.extra["quoted"]
