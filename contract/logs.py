@@ -29,8 +29,6 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
-LogFormat = Literal["auto", "console", "json"]
-FORMATS: tuple[str, ...] = ("auto", "console", "json")
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
