@@ -12,7 +12,9 @@ It never raises on a bad event.
 - privacy, from the audience (the members who can read the event, the bot aside): one person
   and the owner, the owner's own; one other person, direct; several people, a group. Where
   history is shared, everyone who was ever a member is in it: a room that shrinks stays a group;
-- its own events are ignored; ``m.notice`` is ignored (bots talk in notices: no bot loops);
+- its own events are ignored; ``m.notice`` is never answered (bots talk in notices: no bot
+  loops): in a group room that records everything it is recorded as the room's context (a CI
+  bot's "build failed" is what the room talks about), elsewhere it is dropped;
 - groups: ``open`` (everyone), ``mention`` (the bot is named in ``m.mentions``, or, for clients
   that do not send ``m.mentions``, in the body), ``allowlist`` (the owner and listed senders);
   what a group room's policy does not answer is still passed on, marked ``extra.no_reply`` (the
@@ -110,6 +112,7 @@ class Policy:
         return sender in self.owners or sender in self.dm_allowlist
 
 
+NOTICE = "m.notice (bots talk in notices; not answered)"
 SHARED_HISTORY = frozenset({"shared", "world_readable"})
 _MEMBER = frozenset({"join", "invite"})
 
@@ -208,8 +211,6 @@ def is_mentioned(content: Mapping[str, Any], text: str, policy: Policy) -> bool:
 
 def _text_of(content: Mapping[str, Any]) -> str | Rejected:
     msgtype = content.get("msgtype")
-    if msgtype == "m.notice":
-        return Rejected("m.notice (bots talk in notices; not answered)", level=DEBUG)
     if msgtype in ATTACHMENT_TYPES:
         return describe_attachment(content)
     body = content.get("body")
@@ -242,6 +243,8 @@ def _text_and_extra(
             return Rejected(f"edit: {found.reason}", level=found.level)
         extra["edit_of"] = relates["event_id"]
         return f"[edit of an earlier message] {found}"
+    if content.get("msgtype") == "m.notice":
+        extra["notice"] = True
     if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
         extra["thread_root"] = relates["event_id"]
     reply_to = relates.get("m.in_reply_to")
@@ -262,6 +265,8 @@ def _admit(
     """The conversation's privacy class, and why it is not answered ("" when it is)."""
     sender = str(event.get("sender"))
     if room.direct:
+        if extra.get("notice"):
+            return Rejected(NOTICE, level=DEBUG)
         if sender in policy.owners:
             return Privacy.OWNER, ""
         if sender in policy.dm_allowlist:
@@ -273,7 +278,7 @@ def _admit(
     unanswered = _unanswered(event, content=content, text=text, extra=extra, room=room,
                              policy=policy)  # fmt: skip
     if unanswered and not policy.records_all(room.room_id):
-        return Rejected(unanswered)
+        return Rejected(unanswered, level=DEBUG if unanswered == NOTICE else INFO)
     return Privacy.GROUP, unanswered
 
 
@@ -287,6 +292,8 @@ def _unanswered(
     policy: Policy,
 ) -> str:
     """Why the group room's policy does not answer this event ("" when it does)."""
+    if extra.get("notice"):
+        return NOTICE
     sender = str(event.get("sender"))
     mode, allowed = policy.room_policy(room.room_id)
     if mode == GroupPolicy.ALLOWLIST and sender not in allowed | policy.owners:

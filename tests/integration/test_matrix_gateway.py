@@ -108,8 +108,9 @@ def test_group_mention_policy_and_strangers(world: World, model_server: FakeMode
         friend, group, "talking among ourselves: the demo moves to 3pm", mentions=[]
     )
     hs.send_text(friend, quiet, "off the record", mentions=[])
+    notice = hs.send_event(friend, group, {"msgtype": "m.notice", "body": "CI: the build is red"})
     wait_until(
-        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", talk),
+        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", notice),
         timeout=15,
         message="the room's talk recorded in memory",
     )
@@ -121,6 +122,7 @@ def test_group_mention_policy_and_strangers(world: World, model_server: FakeMode
     assert model_server.calls == calls + 1  # the talk was recorded, never a model call
     context = json.dumps(model_server.requests[-1]["messages"])
     assert "the demo moves to 3pm" in context  # the mentioned turn knows what was said
+    assert "CI: the build is red" in context  # a bot's notice too (never answered)
 
     asked_quiet = hs.send_text(friend, quiet, "bot, and here?", mentions=[world.bot.user_id])
     world.wait_bot_messages(friend, quiet, 1)
@@ -144,12 +146,14 @@ def test_group_mention_policy_and_strangers(world: World, model_server: FakeMode
     texts = [f[b"text"].decode() for f in fields]
     assert texts == [
         "talking among ourselves: the demo moves to 3pm",
+        "CI: the build is red",
         "bot, what is up?",
         "bot, and here?",
         "@stranger is here, bot: say hi",
     ]
     assert [json.loads(f[b"extra"]).get("no_reply") for f in fields] == [
         "not mentioned in a mention-only room",
+        "m.notice (bots talk in notices; not answered)",
         None,
         None,
         None,

@@ -263,6 +263,14 @@ def test_room_talk_not_addressed_is_passed_on_as_context_not_to_be_answered() ->
         rooms={"!group:localhost": (GroupPolicy.ALLOWLIST, frozenset({"@dave:localhost"}))},
     )
     assert ok("no_mention", room, allow).extra["no_reply"] == "sender not on this room's allowlist"
+    # another bot's notice (a CI's "build failed") is the room's talk too, never answered, even
+    # in an open room; in a DM it is dropped
+    notice = ok("notice", room, RECORD_ALL)
+    assert notice.extra["no_reply"].startswith("m.notice") and notice.text == "I am a bot"
+    open_room = Policy(own_user_id=BOT, owners=POLICY.owners, group_policy=GroupPolicy.OPEN,
+                       record_all=True)  # fmt: skip
+    assert ok("notice", room, open_room).extra["no_reply"].startswith("m.notice")
+    assert "notice" in rejected("notice", DM, RECORD_ALL)
     # DMs are not rooms' talk: a stranger's is still refused
     stranger = {**EVENTS["text"], "sender": "@mallory:localhost"}
     assert isinstance(normalize_event(stranger, DM, RECORD_ALL), Rejected)
