@@ -7,14 +7,17 @@ import time
 from typing import Any
 
 import redis
+import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from contract.config import Config
 from contract.durable import Durable
 from contract.keys import Keys
+from contract.logs import redact
 from contract.messages import InboundMessage
-from contract.outage import Outage
+
+log = structlog.get_logger(__name__)
 
 UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
 
@@ -36,45 +39,86 @@ def embedded_socket(cfg: Config) -> str:
     return path
 
 
-def connect(cfg: Config, *, timeout: float = 10.0) -> redis.Redis:
+def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
     """A client returning bytes (fields are decoded and validated by the wire models).
 
-    Without redis-py's own retries (it would resend a command whose reply was lost: an XADD
-    twice, the worker's commit script twice): a dropped connection is an error the caller sees,
-    and each process rides it out as :mod:`contract.outage` says. The pool still reconnects on
-    the next command."""
+    ``timeout`` (default ``[redis] socket_timeout``, 10 s) bounds each command and connection
+    attempt; a blocking read must block for less (``worker/jobs.py``). Without redis-py's own
+    retries (it would resend a command whose reply was lost: an XADD twice, the worker's commit
+    script twice): a dropped connection is an error the caller sees, and each process rides it
+    out as :mod:`contract.outage` says. The pool still reconnects on the next command."""
+    seconds = cfg.redis.socket_timeout if timeout is None else timeout
     return redis.Redis.from_url(
         redis_url(cfg),
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
+        socket_timeout=seconds,
+        socket_connect_timeout=seconds,
         health_check_interval=30,
         client_name=f"relaybot-{os.getpid()}",
         retry=Retry(NoBackoff(), 0),
     )
 
 
-QUIET_START = 3.0  # seconds of quick, silent retries at start (honcho starts Redis alongside)
+WAIT_POLL = 0.2  # seconds between tries while waiting for Redis at start (a refusal is cheap)
+WAIT_SAY_EVERY = 10.0  # seconds between "still waiting" lines
+FIRST_TRY = 1.0  # seconds the first try waits for an answer
 
 
-def wait_for_redis(cfg: Config, timeout: float | None = None) -> redis.Redis:
+def wait_for_redis(
+    cfg: Config,
+    timeout: float | None = None,
+    *,
+    poll: float = WAIT_POLL,
+    say_every: float = WAIT_SAY_EVERY,
+) -> redis.Redis:
     """A client once Redis answers: processes started together (honcho) may come up before it.
 
-    The first :data:`QUIET_START` seconds are polled quietly; after that each try logs
-    ``redis.unreachable`` and backs off (1 s doubling to 15 s). ``timeout`` None waits for as
-    long as it takes (a gateway on another host outlives its Redis being down)."""
+    The first failed try logs ``redis.waiting`` at once (info), with where Redis is expected
+    (the URL, its password masked) and why it did not answer; then Redis is tried every
+    ``poll`` seconds and ``redis.waiting`` is said again every ``say_every`` seconds (a
+    warning, with how long so far), and ``redis.ready`` once it answers. ``timeout`` None
+    waits for as long as it takes (a gateway on another host outlives its Redis being down)."""
     r = connect(cfg)
+    # the first try gives up soon, so that a Redis that does not answer (a host that drops
+    # packets, a server stopped with SIGSTOP) is said at once too, not after socket_timeout
+    probe: redis.Redis | None = connect(cfg, timeout=min(FIRST_TRY, cfg.redis.socket_timeout))
     started = time.monotonic()
-    outage = Outage("start")
+    said_at: float | None = None
+    where = _shown_url(cfg)
     while True:
+        client, probe = probe or r, None
         try:
-            r.ping()
-            outage.recovered()
-            return r
+            client.ping()
         except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError) as exc:
-            waited = time.monotonic() - started
+            now = time.monotonic()
+            waited = now - started
+            if said_at is None or now - said_at >= say_every:
+                # at start this is expected for a moment (honcho starts Redis alongside)
+                say = log.info if said_at is None else log.warning
+                say(
+                    "redis.waiting",
+                    detail=f"waiting for Redis at {where}",
+                    url=where,
+                    error=str(exc) or type(exc).__name__,
+                    waited_s=round(waited, 1),
+                )
+                said_at = now
             if timeout is not None and waited > timeout:
                 raise redis.ConnectionError(f"gave up after {timeout:.0f} s: {exc}") from None
-            time.sleep(0.1 if waited < QUIET_START else outage.failed(exc))
+            time.sleep(poll)
+            continue
+        finally:
+            if client is not r:
+                client.close()
+        if said_at is not None:
+            log.info("redis.ready", url=where, waited_s=round(time.monotonic() - started, 1))
+        return r
+
+
+def _shown_url(cfg: Config) -> str:
+    try:
+        return str(redact(redis_url(cfg)))
+    except RuntimeError as exc:  # a RELAYBOT_HOME too long for the embedded socket
+        return str(exc)
 
 
 def publish(

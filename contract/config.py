@@ -47,6 +47,15 @@ class OwnerConfig(_Section):
 class RedisConfig(_Section):
     url: SecretStr | None = None  # None: the embedded Redis under $RELAYBOT_HOME/redis
     prefix: str = "relaybot:"
+    # seconds a command (and a connection attempt) may take before it counts as Redis being away
+    socket_timeout: float = Field(default=10.0, ge=1, le=3600)
+
+
+class LogsConfig(_Section):
+    """``[logs]``: ``format`` is ``auto`` (readable lines on a terminal or under honcho, JSON
+    lines otherwise), ``console`` or ``json`` (contract/logs.py); ``RELAYBOT_LOG_FORMAT`` wins."""
+
+    format: Literal["auto", "console", "json"] = "auto"
 
 
 class ModelConfig(_Section):
@@ -136,11 +145,17 @@ class ConversationRole(_Section):
     teams: list[Annotated[str, Field(pattern=ROLE_NAME)]] = Field(default_factory=list)
 
 
+RoomRecord = Literal["all", "addressed"]
+
+
 class MatrixRoom(_Section):
-    """``[matrix.rooms."!id:server"]``: how one group room is answered."""
+    """``[matrix.rooms."!id:server"]``: how one group room is answered, and what of it is
+    recorded: ``all`` (the messages not answered too, as the room's context) or ``addressed``
+    (only what the bot answers); unset: ``[matrix] record``."""
 
     policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
     allowlist: list[str] = Field(default_factory=list)
+    record: RoomRecord | None = None
 
 
 class MatrixConfig(_Section):
@@ -157,6 +172,9 @@ class MatrixConfig(_Section):
     allowlist: list[str] = Field(default_factory=list)  # DMs and invites, besides the owner
     group_policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
     group_allowlist: list[str] = Field(default_factory=list)
+    # group rooms: messages the bot does not answer (not mentioned, not on the allowlist) are
+    # recorded as the room's context ("all") or dropped ("addressed"); per room in rooms
+    record: RoomRecord = "all"
     rooms: dict[str, MatrixRoom] = Field(default_factory=dict)
     typing: bool = True
     sync_timeout: float = Field(default=30.0, gt=0)  # seconds a /sync long-poll waits
@@ -227,6 +245,7 @@ class Config(_Section):
     turns: TurnsConfig = Field(default_factory=TurnsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    logs: LogsConfig = Field(default_factory=LogsConfig)
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
     email: EmailConfig = Field(default_factory=EmailConfig)
     matrix: MatrixConfig = Field(default_factory=MatrixConfig)
@@ -286,6 +305,8 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("REDIS_URL", "redis", "url"),
     ("RELAYBOT_REDIS_URL", "redis", "url"),
     ("RELAYBOT_REDIS_PREFIX", "redis", "prefix"),
+    ("RELAYBOT_REDIS_SOCKET_TIMEOUT", "redis", "socket_timeout"),
+    ("RELAYBOT_LOG_FORMAT", "logs", "format"),
     ("OPENAI_BASE_URL", "model", "base_url"),
     ("RELAYBOT_MODEL_BASE_URL", "model", "base_url"),
     ("OPENAI_API_KEY", "model", "api_key"),

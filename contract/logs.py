@@ -1,20 +1,35 @@
 """structlog set-up, once per process.
 
-JSON lines when stderr is not a terminal, readable lines when it is. Every line carries the
-process name; channel, session and stream id are bound through contextvars where known. Values of
-keys that look like secrets are replaced before rendering, and so are passwords in URLs.
+Two formats, the same fields and the same redaction:
+
+- ``console``: one readable line per event, ``time [level] event key=value ...`` (structlog's
+  ``ConsoleRenderer``), in colour only on a terminal (and never with ``NO_COLOR`` set);
+- ``json``: one JSON object per line, for machines (journald, a log collector).
+
+Which one: ``RELAYBOT_LOG_FORMAT`` (``console``, ``json`` or ``auto``), else ``[logs] format`` in
+the config, else ``auto``: ``console`` when a person reads the output — stderr is a terminal, or
+the process was started by ``honcho`` (which pipes each process's output into its own
+terminal) — and ``json`` otherwise (systemd, docker, a file).
+
+Every line carries the process name; channel, session and stream id are bound through
+contextvars where known. Values of keys that look like secrets are replaced before rendering, and
+so are passwords in URLs, in both formats.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 import structlog
+
+FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", re.I)
@@ -53,10 +68,61 @@ def _redact_secrets(
     return event_dict
 
 
-def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None) -> None:
-    """Configure structlog and route the stdlib loggers (rq, httpx) through it."""
+def under_honcho(ppid: int | None = None, *, levels: int = 3) -> bool:
+    """Whether the process was started by ``honcho`` (it shows each process's output to a person,
+    through a pipe): the parent, or an ancestor a few levels up (a Procfile line run by a shell
+    that does not ``exec``). Linux only (``/proc``); elsewhere False."""
+    pid = ppid or os.getppid()
+    for _ in range(levels):
+        if pid <= 1:
+            return False
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        except OSError:
+            return False
+        if any(Path(arg.decode(errors="replace")).name == "honcho" for arg in argv):
+            return True
+        try:  # the field after the command name (which may hold spaces and parentheses)
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return False
+    return False
+
+
+def choose_format(
+    configured: str | None, stream: TextIO, env: Mapping[str, str] | None = None
+) -> Literal["console", "json"]:
+    """The format to write: the environment's, else the config's, else ``auto`` decides."""
+    env = os.environ if env is None else env
+    wanted = (env.get(FORMAT_ENV) or configured or "auto").strip().lower()
+    if wanted in ("console", "json"):
+        return "console" if wanted == "console" else "json"
+    return "console" if _isatty(stream) or under_honcho() else "json"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or odd stream
+        return False
+
+
+def configure(
+    process: str,
+    *,
+    level: str = "INFO",
+    stream: TextIO | None = None,
+    fmt: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Configure structlog and route the stdlib loggers (rq, httpx, nio) through it. ``fmt``
+    is the configured format (``[logs] format``); ``RELAYBOT_LOG_FORMAT`` wins over it.
+    Returns the format chosen (``console`` or ``json``)."""
     out = stream or sys.stderr
+    env = os.environ if env is None else env
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    chosen = choose_format(fmt, out, env)
 
     def annotate(
         _logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
@@ -71,8 +137,11 @@ def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None
 
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
     renderer: Any
-    if out.isatty():
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    if chosen == "console":
+        colors = _isatty(out) and not env.get("NO_COLOR")
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=colors, exception_formatter=structlog.dev.plain_traceback
+        )
     else:
         shared.append(structlog.processors.dict_tracebacks)
         renderer = structlog.processors.JSONRenderer()
@@ -97,3 +166,8 @@ def configure(process: str, *, level: str = "INFO", stream: TextIO | None = None
     root.setLevel(max(numeric, logging.INFO))
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # platform noise: nio says "Room ... handling event of type ..." for every event at INFO
+    logging.getLogger("nio").setLevel(
+        logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    )
+    return chosen

@@ -99,6 +99,14 @@ class InboundMessage(BaseModel):
                 raise ValueError(f"extra is not valid JSON: {exc.msg}") from exc
         return _check_json_object(value)
 
+    @property
+    def record_only(self) -> bool:
+        """Recorded in memory, never answered: a gateway said so (``extra.no_reply``: mail from
+        a sender not on the allowlist, a room's talk the bot was not asked about), or it is an
+        edit (``extra.edit_of``) or a reaction (``extra.reaction``)."""
+        extra = self.extra
+        return bool(extra.get("no_reply") or extra.get("edit_of") or extra.get("reaction"))
+
     def to_fields(self) -> dict[str, str]:
         """Flat string fields for XADD, in a fixed order."""
         return {

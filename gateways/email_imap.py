@@ -30,7 +30,15 @@ import structlog
 from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
-from gateways.email_parse import UNVERIFIED, Accepted, Addresses, parse_email
+from gateways.email_loop import SENT_ID_PREFIX
+from gateways.email_parse import (
+    UNVERIFIED,
+    Accepted,
+    Addresses,
+    parse_email,
+    quoted_mail,
+    show_quote,
+)
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
 from gateways.runner import Backoff, Runtime
@@ -196,6 +204,8 @@ class ImapReader:
                         message_id=result.message_id,
                     )
                 return False
+            if result.message.extra.get("quoted") and not self._received(quoted_mail(result)):
+                result = show_quote(result)  # the quoted mail never reached relaybot
             msg = result.message
             structlog.contextvars.bind_contextvars(message_id=msg.event_id)
             if self.state.already_published(msg.event_id):
@@ -227,6 +237,14 @@ class ImapReader:
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
             return False
+
+    def _received(self, message_id: str) -> bool:
+        """Whether relaybot has this mail: one it sent, or one it published."""
+        if not message_id:
+            return False
+        if message_id.strip("<>").startswith(SENT_ID_PREFIX):
+            return True
+        return self.state.already_published(message_id)
 
     def _reply_window(self, accepted: Accepted) -> Accepted:
         """The mail as to be recorded only, when it answers a reply relaybot sent its sender

@@ -17,6 +17,12 @@ So naming a private thread's Message-ID, or copying someone new in, or writing t
 alone inside a group thread, starts a conversation of its own, which sees nothing of the
 others'. Privacy: the audience other than the owner — nobody: ``owner``; one person: ``direct``;
 more: ``group``. A reply goes to the audience only (Reply-To, else From, and To and Cc).
+
+A reply's text is what its sender wrote: the earlier mail it quotes is cut off
+(gateways/email_quote.py) and kept in ``extra.quoted``, not given to the model as new text (the
+thread is in memory already). :func:`show_quote` puts it back, marked as a quote, for a mail whose
+quoted mail never reached relaybot (it was copied into a thread late): then the quote is context
+the model has nowhere else.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import email.policy
 import email.utils
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.message import EmailMessage, Message
 from html.parser import HTMLParser
 from typing import Any, ClassVar
@@ -35,6 +41,7 @@ from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 from gateways.audience import audience_key
 from gateways.email_auth import authenticate
 from gateways.email_loop import loop_guard
+from gateways.email_quote import split_reply
 
 CHANNEL = "email"
 UNVERIFIED = "(unverified)"  # after the From address of a mail whose sender is not authenticated
@@ -165,6 +172,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     thread = f"email:{thread_key(joined)}/{audience_key(audience)}"
     subject = _clean(_header(msg, "Subject"))[:500]
     body, attachments = extract_body(msg)
+    split = split_reply(body, subject)
+    body = split.new
     text = f"Subject: {subject}\n\n{body}" if subject else body
     if attachments:
         described = "\n".join(
@@ -203,10 +212,34 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
             "audience": audience,
             "authenticated": authenticated,
             "attachments": attachments,
+            **({"quoted": split.quoted} if split.quoted else {}),
             **({"no_reply": no_reply} if no_reply else {}),
         },
     )
     return Accepted(inbound, headers)
+
+
+QUOTE_NOTE = "[quoted from an earlier mail that relaybot did not receive]"
+
+
+def quoted_mail(accepted: Accepted) -> str:
+    """The Message-ID of the mail this one answers (its parent), "" for a new thread."""
+    refs = accepted.headers.references
+    return refs[-1] if refs else ""
+
+
+def show_quote(accepted: Accepted) -> Accepted:
+    """The mail with its quote put back into the text, after a note saying what it is."""
+    msg = accepted.message
+    quoted = msg.extra.get("quoted")
+    if not isinstance(quoted, str) or not quoted:
+        return accepted
+    text = f"{msg.text}\n\n{QUOTE_NOTE}\n{quoted}"
+    if len(text) > MAX_TEXT_CHARS:
+        note = "\n[truncated by relaybot]"
+        text = text[: MAX_TEXT_CHARS - len(note)] + note
+    shown = msg.model_copy(update={"text": text, "extra": {**msg.extra, "quote_shown": True}})
+    return replace(accepted, message=shown)
 
 
 def thread_key(message_id: str) -> str:

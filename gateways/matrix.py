@@ -51,6 +51,7 @@ def build_policy(cfg: Config, own_user_id: str) -> Policy:
         room_id: (GroupPolicy(room.policy), frozenset(room.allowlist))
         for room_id, room in m.rooms.items()
     }
+    record = {room_id: room.record == "all" for room_id, room in m.rooms.items() if room.record}
     localpart = own_user_id.split(":", 1)[0].lstrip("@")
     return Policy(
         own_user_id=own_user_id,
@@ -60,6 +61,8 @@ def build_policy(cfg: Config, own_user_id: str) -> Policy:
         group_allowlist=frozenset(m.group_allowlist),
         rooms=rooms,
         own_names=tuple({localpart, cfg.worker.assistant_name, m.device_name}),
+        record_all=m.record == "all",
+        room_record=record,
     )
 
 

@@ -12,9 +12,14 @@ It never raises on a bad event.
 - privacy, from the audience (the members who can read the event, the bot aside): one person
   and the owner, the owner's own; one other person, direct; several people, a group. Where
   history is shared, everyone who was ever a member is in it: a room that shrinks stays a group;
-- its own events are ignored; ``m.notice`` is ignored (bots talk in notices: no bot loops);
+- its own events are ignored; ``m.notice`` is never answered (bots talk in notices: no bot
+  loops): in a group room that records everything it is recorded as the room's context (a CI
+  bot's "build failed" is what the room talks about), elsewhere it is dropped;
 - groups: ``open`` (everyone), ``mention`` (the bot is named in ``m.mentions``, or, for clients
   that do not send ``m.mentions``, in the body), ``allowlist`` (the owner and listed senders);
+  what a group room's policy does not answer is still passed on, marked ``extra.no_reply`` (the
+  worker records it as the room's context and does not answer it), unless the room records only
+  what is addressed to the bot (``record = "addressed"``: then it is rejected);
 - direct rooms: the owner and the allowlist; strangers are rejected;
 - edits (``m.replace``) are messages with ``extra.edit_of`` naming the edited event; reactions
   are messages with ``extra.reaction``; attachments are described (name, type, size).
@@ -48,12 +53,19 @@ class GroupPolicy(StrEnum):
     ALLOWLIST = "allowlist"
 
 
+DEBUG, INFO, WARNING = "debug", "info", "warning"
+
+
 @dataclass(frozen=True)
 class Rejected:
-    """An event that is not passed on, and why (logged by the gateway)."""
+    """An event that is not passed on, and why (logged by the gateway at ``level``: ``debug``
+    for what a room is full of and nobody needs to see (state events, the bot's own events,
+    notices, redacted messages), ``info`` for a policy's decision, ``warning`` for an event that
+    is not what Matrix says it should be)."""
 
     reason: str
     event_id: str = ""
+    level: str = INFO
 
 
 @dataclass(frozen=True)
@@ -85,14 +97,22 @@ class Policy:
     group_allowlist: frozenset[str] = frozenset()
     rooms: Mapping[str, tuple[GroupPolicy, frozenset[str]]] = field(default_factory=dict)
     own_names: Collection[str] = ()  # display names that count as a mention in the body
+    # group rooms: whether what the policy does not answer is recorded as context (``record =
+    # "all"``) or dropped (``"addressed"``); per room in ``room_record``
+    record_all: bool = False
+    room_record: Mapping[str, bool] = field(default_factory=dict)
 
     def room_policy(self, room_id: str) -> tuple[GroupPolicy, frozenset[str]]:
         return self.rooms.get(room_id, (self.group_policy, self.group_allowlist))
+
+    def records_all(self, room_id: str) -> bool:
+        return self.room_record.get(room_id, self.record_all)
 
     def may_invite(self, sender: str) -> bool:
         return sender in self.owners or sender in self.dm_allowlist
 
 
+NOTICE = "m.notice (bots talk in notices; not answered)"
 SHARED_HISTORY = frozenset({"shared", "world_readable"})
 _MEMBER = frozenset({"join", "invite"})
 
@@ -191,13 +211,11 @@ def is_mentioned(content: Mapping[str, Any], text: str, policy: Policy) -> bool:
 
 def _text_of(content: Mapping[str, Any]) -> str | Rejected:
     msgtype = content.get("msgtype")
-    if msgtype == "m.notice":
-        return Rejected("m.notice (bots talk in notices; not answered)")
     if msgtype in ATTACHMENT_TYPES:
         return describe_attachment(content)
     body = content.get("body")
     if not isinstance(body, str) or not body.strip():
-        return Rejected(f"no text body (msgtype {msgtype!r})")
+        return Rejected(f"no text body (msgtype {msgtype!r})", level=DEBUG)  # e.g. redacted
     return f"* {body}" if msgtype == "m.emote" else body
 
 
@@ -211,20 +229,22 @@ def _text_and_extra(
     if etype == "m.reaction":
         target, key = relates.get("event_id"), relates.get("key")
         if relates.get("rel_type") != "m.annotation" or not isinstance(target, str):
-            return Rejected("reaction without an annotation")
+            return Rejected("reaction without an annotation", level=WARNING)
         extra["reaction"] = {"key": str(key), "to": target}
         return f"[reaction {key!s} to message {target}]"
     if etype != "m.room.message":
-        return Rejected(f"event type {etype!r} is not a message")
+        return Rejected(f"event type {etype!r} is not a message", level=DEBUG)  # state events
     if relates.get("rel_type") == "m.replace":
         new = content.get("m.new_content")
         if not isinstance(new, Mapping) or not isinstance(relates.get("event_id"), str):
-            return Rejected("edit without m.new_content")
+            return Rejected("edit without m.new_content", level=WARNING)
         found = _text_of(new)
         if isinstance(found, Rejected):
-            return Rejected(f"edit: {found.reason}")
+            return Rejected(f"edit: {found.reason}", level=found.level)
         extra["edit_of"] = relates["event_id"]
         return f"[edit of an earlier message] {found}"
+    if content.get("msgtype") == "m.notice":
+        extra["notice"] = True
     if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
         extra["thread_root"] = relates["event_id"]
     reply_to = relates.get("m.in_reply_to")
@@ -241,28 +261,50 @@ def _admit(
     extra: Mapping[str, Any],
     room: RoomFacts,
     policy: Policy,
-) -> Privacy | Rejected:
-    """The conversation's privacy class if this sender may be answered here."""
+) -> tuple[Privacy, str] | Rejected:
+    """The conversation's privacy class, and why it is not answered ("" when it is)."""
     sender = str(event.get("sender"))
     if room.direct:
+        if extra.get("notice"):
+            return Rejected(NOTICE, level=DEBUG)
         if sender in policy.owners:
-            return Privacy.OWNER
+            return Privacy.OWNER, ""
         if sender in policy.dm_allowlist:
             # where the room shows its history to newcomers (no epoch), what is said here is
             # said to whoever joins later too: the conversation sees only itself (and public
             # knowledge), not what this person told the assistant elsewhere
-            return Privacy.DIRECT if room.epoch else Privacy.GROUP
+            return (Privacy.DIRECT if room.epoch else Privacy.GROUP), ""
         return Rejected("direct message from a sender not on the allowlist")
+    unanswered = _unanswered(event, content=content, text=text, extra=extra, room=room,
+                             policy=policy)  # fmt: skip
+    if unanswered and not policy.records_all(room.room_id):
+        return Rejected(unanswered, level=DEBUG if unanswered == NOTICE else INFO)
+    return Privacy.GROUP, unanswered
+
+
+def _unanswered(
+    event: Mapping[str, Any],
+    *,
+    content: Mapping[str, Any],
+    text: str,
+    extra: Mapping[str, Any],
+    room: RoomFacts,
+    policy: Policy,
+) -> str:
+    """Why the group room's policy does not answer this event ("" when it does)."""
+    if extra.get("notice"):
+        return NOTICE
+    sender = str(event.get("sender"))
     mode, allowed = policy.room_policy(room.room_id)
     if mode == GroupPolicy.ALLOWLIST and sender not in allowed | policy.owners:
-        return Rejected("sender not on this room's allowlist")
+        return "sender not on this room's allowlist"
     if mode == GroupPolicy.MENTION:
         if event.get("type") == "m.reaction":
-            return Rejected("reaction in a mention-only room")
+            return "reaction in a mention-only room"
         source = content.get("m.new_content") if "edit_of" in extra else content
         if not isinstance(source, Mapping) or not is_mentioned(source, text, policy):
-            return Rejected("not mentioned in a mention-only room")
-    return Privacy.GROUP
+            return "not mentioned in a mention-only room"
+    return ""
 
 
 def normalize_event(
@@ -271,22 +313,25 @@ def normalize_event(
     """One room event as a normalized message, or the reason it is not one."""
     event_id = event.get("event_id")
     if not isinstance(event_id, str) or not event_id:
-        return Rejected("event without an event_id")
+        return Rejected("event without an event_id", level=WARNING)
     sender = event.get("sender")
     if not isinstance(sender, str) or not sender:
-        return Rejected("event without a sender", event_id)
+        return Rejected("event without a sender", event_id, level=WARNING)
     if sender == policy.own_user_id:
-        return Rejected("own event", event_id)
+        return Rejected("own event", event_id, level=DEBUG)
     content = event.get("content")
     if not isinstance(content, Mapping):
-        return Rejected("event without content", event_id)
+        return Rejected("event without content", event_id, level=WARNING)
     extra: dict[str, Any] = {"room_id": room.room_id}
     found = _text_and_extra(event, content, extra)
     if isinstance(found, Rejected):
-        return Rejected(found.reason, event_id)
-    privacy = _admit(event, content=content, text=found, extra=extra, room=room, policy=policy)
-    if isinstance(privacy, Rejected):
-        return Rejected(privacy.reason, event_id)
+        return Rejected(found.reason, event_id, level=found.level)
+    admitted = _admit(event, content=content, text=found, extra=extra, room=room, policy=policy)
+    if isinstance(admitted, Rejected):
+        return Rejected(admitted.reason, event_id, level=admitted.level)
+    privacy, unanswered = admitted
+    if unanswered:  # recorded as the room's context, not answered (worker/turn.py)
+        extra["no_reply"] = unanswered
     text = found
     if len(text) > MAX_TEXT_CHARS:
         note = f"\n[truncated by relaybot: the message had {len(text)} characters]"
@@ -310,4 +355,6 @@ def normalize_event(
             extra=extra,
         )
     except ValidationError as exc:
-        return Rejected(f"not a valid message: {describe_validation_error(exc)}", event_id)
+        return Rejected(
+            f"not a valid message: {describe_validation_error(exc)}", event_id, level=WARNING
+        )

@@ -37,6 +37,8 @@ from contract.durable import Durable, NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.matrix_events import (
     CHANNEL,
+    DEBUG,
+    WARNING,
     Policy,
     Rejected,
     RoomFacts,
@@ -194,9 +196,9 @@ class MatrixSync:
         return list(reversed(found))
 
     def _publish_one(self, out: Any, room_id: str) -> None:
-        if isinstance(out, Rejected):
-            level = log.info if out.reason == "own event" else log.warning
-            level("matrix.ignored", room_id=room_id, event_id=out.event_id, reason=out.reason)
+        if isinstance(out, Rejected):  # state events, own events: debug; a policy's no: info
+            say = {DEBUG: log.debug, WARNING: log.warning}.get(out.level, log.info)
+            say("matrix.ignored", room_id=room_id, event_id=out.event_id, reason=out.reason)
             return
         seen = self.keys.matrix_seen
         if self.r.zscore(seen, out.event_id) is not None:
@@ -225,6 +227,7 @@ class MatrixSync:
             session=out.session,
             event_id=out.event_id,
             privacy=out.privacy.value,
+            **({"no_reply": out.extra["no_reply"]} if "no_reply" in out.extra else {}),
         )
 
     async def _invites(self, resp: SyncResponse) -> None:
@@ -244,7 +247,7 @@ class MatrixSync:
                          ok=not isinstance(joined, ErrorResponse))  # fmt: skip
             else:
                 await client.room_leave(room_id)
-                log.warning("matrix.invite_refused", room_id=room_id, inviter=inviter)
+                log.info("matrix.invite_refused", room_id=room_id, inviter=inviter)  # policy
 
     async def _crypto_housekeeping(self) -> None:
         if not self.client.olm:

@@ -136,6 +136,8 @@ def _main(argv: Sequence[str]) -> int:
         cfg = Config(home=default_home())
     if args.command != "doctor":  # doctor reports loose permissions (and how to fix them)
         _tighten_home(cfg)
+    if cfg.logs.format != "auto":  # [logs] format (RELAYBOT_LOG_FORMAT still wins)
+        logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
     except redis.RedisError as exc:

@@ -659,6 +659,9 @@ class Consumer:
             if self._barrier:
                 return False
             if not sessions.has_slot(head.owner):
+                if head.record_only:  # recorded, never answered: it waits for no model slot
+                    self._begin_group(sessions.next_records(session), started)
+                    continue
                 return not head.owner  # no slot for others: the owner's may still start
             self._begin_group(sessions.next_group(session), started)
         return True

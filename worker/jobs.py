@@ -33,29 +33,53 @@ def ping_job() -> str:
     return "pong"
 
 
+POLL = 5  # seconds an idle rq worker blocks waiting for a job (rq's BLPOP), then looks again
+
+
+def rq_connection(r: redis.Redis, poll: int = POLL) -> redis.Redis:
+    """A client of its own for the rq worker, whose reads may block for ``poll`` seconds.
+
+    rq waits for a job with a blocking BLPOP of ``worker_ttl - 15`` seconds (405 s by default)
+    and wants reads to time out 10 s after that; handed relaybot's client (reads time out after
+    ``[redis] socket_timeout``), it raised the pool's timeout for new connections only, so the
+    connection already open timed out during every idle wait and rq logged "could not connect to
+    Redis ... Timeout reading from socket" every few seconds while the process was healthy. Its
+    own pool, with the read timeout its BLPOP needs, leaves relaybot's client (the heartbeat's)
+    as it is."""
+    pool = r.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_timeout": poll + 10}
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    )
+
+
 def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     """The rq worker until SIGTERM/SIGINT. Redis going away stops nothing: rq waits out a lost
     connection while it dequeues; anywhere else, the rq worker is started again once Redis
-    answers (``redis.unreachable``, then ``redis.reconnected``)."""
+    answers (``redis.unreachable``, then ``redis.reconnected``). An idle worker logs nothing:
+    its blocking wait for a job ends before its connection's read timeout
+    (:func:`rq_connection`)."""
     hb = Heartbeat(r, cfg.keys, "jobs")
     watch = ConfigWatcher(cfg, process="jobs", uses=JOBS_USES)
     hb.config = watch.fields()
     hb.start()
     stop_watching = watch_in_thread(watch, lambda fields: setattr(hb, "config", fields))
     outage = Outage("jobs")
+    rq_r = rq_connection(r)
     try:
         while True:
             try:
-                worker = Worker([queue(cfg, r)], connection=r)
+                worker = Worker([queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15)
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
                 worker.work(burst=burst, with_scheduler=False)
                 return 0  # stopped by a signal (or, in a burst, done)
             except TRANSIENT as exc:
-                if not _ride_out(r, outage, exc):
+                if not _ride_out(rq_r, outage, exc):
                     return 0
     finally:
         stop_watching.set()
         hb.stop()
+        rq_r.close()
 
 
 def _ride_out(r: redis.Redis, outage: Outage, exc: BaseException) -> bool:

@@ -41,6 +41,11 @@ class Item(Read):
     def barrier(self) -> bool:
         return self.msg.kind is Kind.COMMAND
 
+    @property
+    def record_only(self) -> bool:
+        """Recorded, never answered: it needs no model slot."""
+        return self.msg.kind is Kind.MESSAGE and self.msg.record_only
+
     def joins(self, first: Item) -> bool:
         """Whether this message may be answered by the same turn as ``first``."""
         m, f = self.msg, first.msg
@@ -102,6 +107,18 @@ class Sessions:
         if first.msg.kind is Kind.MESSAGE and self.collect(first.msg):
             while queue and queue[0].joins(first):
                 group.append(queue.popleft())
+        if not queue:
+            del self.waiting[session]
+        self.n -= len(group)
+        return group
+
+    def next_records(self, session: str) -> list[Item]:
+        """Take the record-only entries at the head of ``session``'s queue (recorded without a
+        turn: they wait for no model slot)."""
+        queue = self.waiting[session]
+        group = []
+        while queue and queue[0].record_only:
+            group.append(queue.popleft())
         if not queue:
             del self.waiting[session]
         self.n -= len(group)

@@ -299,7 +299,7 @@ class Turns:
                     row, is_owner = memory.record_inbound(msg, stream_id)
             if first != stream_id:
                 done, ask = self._published_again(stream_id, first, msg)
-            elif msg.extra.get("no_reply") or msg.extra.get("edit_of") or msg.extra.get("reaction"):
+            elif msg.record_only:
                 self._recorded_only(msg)
                 done, ask = Outcome(), None
             elif (recorded := memory.recorded_reply(stream_id)) is not None:
@@ -388,6 +388,9 @@ class Turns:
         queued again (the consumer first looks whether Redis still holds it). Recorded but not
         answered: answered now, as ``first``."""
         recorded = self.memory.recorded_reply(first)
+        if recorded is None and msg.record_only:  # never to be answered: recorded, done
+            log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
+            return Outcome(), None
         if recorded is None:
             log.info("turn.published_again", stream_id=stream_id, first=first, reply=False)
             with self.memory.write():

@@ -4,6 +4,7 @@ pymap (IMAP with IDLE), aiosmtpd (SMTP), Redis, and a real worker with the fake 
 from __future__ import annotations
 
 import email.utils
+import json
 import signal
 import subprocess
 import threading
@@ -170,6 +171,63 @@ def test_mail_reaches_the_worker_through_idle_and_the_reply_is_threaded(
     assert sessions == {f"email:root.1@example.org/{audience_key([OWNER])}"}
     assert all(m.privacy == "owner" for m in inbound(real_redis, keys))
     assert gw.returncode is None
+    assert gw.stop() == 0
+
+
+def test_a_reply_is_its_new_text_and_the_quoted_thread_is_kept_aside(
+    env: dict[str, str],
+    procs: Procs,
+    imap: ImapServer,
+    smtp: SmtpServer,
+    real_redis: redis.Redis,
+    keys: Keys,
+    model_server: FakeModelServer,
+) -> None:
+    """Issue 13: a reply carried the whole quoted thread to the model as if it were new text.
+    The owner answers relaybot's reply the way mail clients do (new text on top, the reply
+    quoted under an "On ... wrote:" line): the model gets the new text, memory keeps the quote
+    in the row's extra. A reply quoting a mail relaybot never received shows the quote, marked."""
+    procs.worker(env, r=real_redis, keys=keys)
+    gw = start_gateway(procs, env)
+    imap.append(make_message(message_id="<q.1@example.org>", subject="Lunch?", body="pizza?"))
+    first = wait_reply(smtp, "<q.1@example.org>")
+    quoted_text = str(first.get_body(("plain",)).get_content()).strip()  # type: ignore[attr-defined]
+    when = email.utils.format_datetime(email.utils.parsedate_to_datetime(first["Date"]))
+    quote = "\n".join(f"> {line}" for line in quoted_text.splitlines())
+    body = f"Yes, at noon.\n\nOn {when}, relaybot <{BOT}> wrote:\n{quote}\n"
+    imap.append(
+        make_message(
+            message_id="<q.2@example.org>", subject="Re: Lunch?", body=body,
+            in_reply_to=first["Message-ID"],
+            references=f"<q.1@example.org> {first['Message-ID']}",
+        )
+    )  # fmt: skip
+    wait_reply(smtp, "<q.2@example.org>")
+    asked = " ".join(model_server.requests[-1]["messages"][-1]["content"].split())
+    assert asked.endswith("Subject: Re: Lunch? Yes, at noon."), asked
+    assert "wrote:" not in asked and "pizza?" not in asked
+    db = Path(env["RELAYBOT_HOME"]) / "memory.sqlite3"
+    (row,) = memory_rows(db, "SELECT * FROM log WHERE event_id = ?", "<q.2@example.org>")
+    assert row["text"] == "Subject: Re: Lunch?\n\nYes, at noon."
+    extra = json.loads(row["extra"])
+    assert extra["quoted"].startswith(f"On {when}, relaybot <{BOT}> wrote:")
+    assert "pizza?" in extra["quoted"]
+    assert "quote_shown" not in extra
+
+    # copied into a thread late: the quoted mail never reached relaybot, so it is shown, marked
+    imap.append(
+        make_message(
+            message_id="<q.3@example.org>", subject="Re: budget", in_reply_to="<b.1@x.org>",
+            references="<b.1@x.org>",
+            body="What do you think?\n\nOn Sun, Bob <bob@x.org> wrote:\n> The budget is 5k.\n",
+        )
+    )  # fmt: skip
+    wait_reply(smtp, "<q.3@example.org>")
+    asked = " ".join(model_server.requests[-1]["messages"][-1]["content"].split())
+    assert "What do you think? [quoted from an earlier mail that relaybot did not receive]" in (
+        asked
+    )
+    assert asked.endswith("> The budget is 5k."), asked
     assert gw.stop() == 0
 
 

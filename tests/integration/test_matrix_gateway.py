@@ -7,6 +7,7 @@ the people in the room are plain HTTP clients of the same homeserver.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -85,18 +86,47 @@ def test_owner_dm_round_trip_as_a_reply_with_owner_privacy(world: World) -> None
     ]  # the edit got no reply of its own
 
 
-def test_group_mention_policy_and_strangers(world: World) -> None:
+def test_group_mention_policy_and_strangers(world: World, model_server: FakeModelServer) -> None:
+    """A mention-only room: the bot answers when mentioned, and records the room's talk that it
+    was not asked about as the room's context, so the mentioned turn knows what the room was
+    talking about (issue 13); a room set to ``record = "addressed"`` keeps only what the bot
+    answers. Strangers are refused."""
     hs, owner, friend, stranger = world.hs, world.owner, world.friend, world.stranger
-    world.gateway().wait_for_log("matrix.backlog_skipped")
     group = hs.create_room(owner, [world.bot.user_id, friend.user_id], name="team")
-    hs.join(friend, group)
-    wait_until(lambda: world.joined(group), timeout=15, message="the bot to join the group")
+    quiet = hs.create_room(owner, [world.bot.user_id, friend.user_id], name="quiet")
+    for room in (group, quiet):
+        hs.join(friend, room)
+    config = Path(world.env["RELAYBOT_HOME"]) / "config.toml"
+    with config.open("a", encoding="utf-8") as toml:
+        toml.write(f'\n[matrix.rooms."{quiet}"]\nrecord = "addressed"\n')
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    wait_until(lambda: world.joined(group) and world.joined(quiet), timeout=15,
+               message="the bot to join the rooms")  # fmt: skip
 
-    hs.send_text(friend, group, "talking among ourselves", mentions=[])
+    talk = hs.send_text(
+        friend, group, "talking among ourselves: the demo moves to 3pm", mentions=[]
+    )
+    hs.send_text(friend, quiet, "off the record", mentions=[])
+    notice = hs.send_event(friend, group, {"msgtype": "m.notice", "body": "CI: the build is red"})
+    wait_until(
+        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", notice),
+        timeout=15,
+        message="the room's talk recorded in memory",
+    )
+    calls = model_server.calls
     asked = hs.send_text(friend, group, "bot, what is up?", mentions=[world.bot.user_id])
     reply = world.wait_bot_messages(friend, group, 1)[0]
     assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == asked
     assert "what is up" in reply["content"]["body"]
+    assert model_server.calls == calls + 1  # the talk was recorded, never a model call
+    context = json.dumps(model_server.requests[-1]["messages"])
+    assert "the demo moves to 3pm" in context  # the mentioned turn knows what was said
+    assert "CI: the build is red" in context  # a bot's notice too (never answered)
+
+    asked_quiet = hs.send_text(friend, quiet, "bot, and here?", mentions=[world.bot.user_id])
+    world.wait_bot_messages(friend, quiet, 1)
+    assert "off the record" not in json.dumps(model_server.requests[-1]["messages"])
 
     # a stranger's invite is refused, and a stranger in an existing DM-sized room is ignored
     lone = hs.create_room(stranger, [world.bot.user_id], direct=True)
@@ -110,12 +140,33 @@ def test_group_mention_policy_and_strangers(world: World) -> None:
     hs.send_text(owner, dm, "@stranger is here, bot: say hi", mentions=[world.bot.user_id])
     world.wait_bot_messages(owner, dm, 1)  # three people: a group, the owner mentioned the bot
 
-    # only the two answered messages reached the stream
+    # the room's talk reached the stream marked not to be answered; the quiet room's did not
     entries: Any = world.r.xrange(world.keys.inbound_of("matrix"), "-", "+")
-    texts = [f[b"text"].decode() for _, f in entries if f[b"channel"] == b"matrix"]
-    assert texts == ["bot, what is up?", "@stranger is here, bot: say hi"]
-    privacy = {f[b"privacy"] for _, f in entries if f[b"channel"] == b"matrix"}
-    assert privacy == {b"group"}
+    fields = [f for _, f in entries if f[b"channel"] == b"matrix"]
+    texts = [f[b"text"].decode() for f in fields]
+    assert texts == [
+        "talking among ourselves: the demo moves to 3pm",
+        "CI: the build is red",
+        "bot, what is up?",
+        "bot, and here?",
+        "@stranger is here, bot: say hi",
+    ]
+    assert [json.loads(f[b"extra"]).get("no_reply") for f in fields] == [
+        "not mentioned in a mention-only room",
+        "m.notice (bots talk in notices; not answered)",
+        None,
+        None,
+        None,
+    ]
+    assert {f[b"privacy"] for f in fields} == {b"group"}
+    assert len(world.bot_messages(friend, group)) == 1  # the talk got no reply
+    (row,) = memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", talk)
+    assert row["privacy"] == "group" and row["conversation"] == f"matrix:{group}"
+    assert not memory_rows(world.db, "SELECT * FROM log WHERE text = 'off the record'")
+    assert asked_quiet
+    # state events (joins, names, topics) are not warnings: nothing in this room is wrong
+    warnings = [r for r in gateway.records() if r.get("level") in ("warning", "error")]
+    assert not warnings, gateway.log_text()
 
 
 def test_gateway_killed_each_message_answered_exactly_once(world: World) -> None:

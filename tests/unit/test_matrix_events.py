@@ -232,3 +232,84 @@ def test_a_room_showing_its_history_counts_everyone_who_was_ever_in_it() -> None
                         display_names={})  # fmt: skip
     assert shrunk.audience == {"@bob:x", "@carol:x"}
     assert (shrunk.member_count, shrunk.epoch) == (3, "")  # a group, one conversation
+
+
+RECORD_ALL = Policy(
+    own_user_id=BOT,
+    owners=POLICY.owners,
+    dm_allowlist=POLICY.dm_allowlist,
+    own_names=("relaybot",),
+    record_all=True,
+    rooms={"!quiet:localhost": (GroupPolicy.MENTION, frozenset())},
+    room_record={"!quiet:localhost": False},
+)
+
+
+def test_room_talk_not_addressed_is_passed_on_as_context_not_to_be_answered() -> None:
+    """``record = "all"``: a mention-only room's talk reaches the worker marked ``no_reply``
+    (recorded as the room's context, never answered), with the room's audience."""
+    room = RoomFacts("!group:localhost", 5, audience=frozenset({"@carol:localhost", "@d:x"}))
+    talk = ok("no_mention", room, RECORD_ALL)
+    assert talk.extra["no_reply"] == "not mentioned in a mention-only room"
+    assert talk.privacy == Privacy.GROUP
+    assert talk.extra["audience"] == ["@carol:localhost", "@d:x"]
+    assert "no_reply" not in ok("mention", room, RECORD_ALL).extra  # asked: answered
+    reaction = ok("reaction", room, RECORD_ALL)
+    assert reaction.extra["no_reply"] == "reaction in a mention-only room"
+    allow = Policy(
+        own_user_id=BOT,
+        owners=POLICY.owners,
+        record_all=True,
+        rooms={"!group:localhost": (GroupPolicy.ALLOWLIST, frozenset({"@dave:localhost"}))},
+    )
+    assert ok("no_mention", room, allow).extra["no_reply"] == "sender not on this room's allowlist"
+    # another bot's notice (a CI's "build failed") is the room's talk too, never answered, even
+    # in an open room; in a DM it is dropped
+    notice = ok("notice", room, RECORD_ALL)
+    assert notice.extra["no_reply"].startswith("m.notice") and notice.text == "I am a bot"
+    open_room = Policy(own_user_id=BOT, owners=POLICY.owners, group_policy=GroupPolicy.OPEN,
+                       record_all=True)  # fmt: skip
+    assert ok("notice", room, open_room).extra["no_reply"].startswith("m.notice")
+    assert "notice" in rejected("notice", DM, RECORD_ALL)
+    # DMs are not rooms' talk: a stranger's is still refused
+    stranger = {**EVENTS["text"], "sender": "@mallory:localhost"}
+    assert isinstance(normalize_event(stranger, DM, RECORD_ALL), Rejected)
+
+
+def test_a_room_recording_only_what_is_addressed_drops_the_rest() -> None:
+    quiet = RoomFacts("!quiet:localhost", 5)
+    assert "not mentioned" in rejected("no_mention", quiet, RECORD_ALL)
+    assert "no_reply" not in ok("mention", quiet, RECORD_ALL).extra
+
+
+def test_what_a_room_is_full_of_is_logged_at_debug_and_broken_events_at_warning() -> None:
+    def level(event: dict[str, Any], room: RoomFacts = GROUP) -> str:
+        out = normalize_event(event, room, POLICY)
+        assert isinstance(out, Rejected), out
+        return out.level
+
+    assert level(EVENTS["member"]) == "debug"  # state events: every join, name, topic
+    assert level(EVENTS["own"]) == "debug"
+    assert level(EVENTS["notice"]) == "debug"
+    assert level(EVENTS["no_body"]) == "debug"  # a redacted message has no body
+    assert level(EVENTS["no_mention"]) == "info"  # a policy's decision
+    assert level({**EVENTS["text"], "sender": "@mallory:localhost"}, DM) == "info"
+    assert level({"type": "m.room.message", "sender": "@a:x", "content": {}}) == "warning"
+    assert level({**EVENTS["text"], "content": "not an object"}) == "warning"
+
+
+def test_record_all_is_the_default_and_a_room_can_record_only_what_is_addressed() -> None:
+    from contract.config import Config
+    from gateways.matrix import build_policy
+
+    cfg = Config.model_validate(
+        {
+            "home": "/nonexistent",
+            "matrix": {"rooms": {"!q:x": {"record": "addressed"}, "!open:x": {"policy": "open"}}},
+        }
+    )
+    policy = build_policy(cfg, BOT)
+    assert policy.records_all("!any:x") and policy.records_all("!open:x")
+    assert not policy.records_all("!q:x")
+    quiet = Config.model_validate({"home": "/nonexistent", "matrix": {"record": "addressed"}})
+    assert not build_policy(quiet, BOT).records_all("!any:x")
