@@ -104,9 +104,13 @@ def relaybot_env(
 
 
 def write_config(home: Path, text: str) -> Path:
+    """config.toml as relaybot itself writes it (the owner's alone: 0600 in a 0700 home; a
+    looser one is tightened, with a warning, by the next relaybot command)."""
     home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
     path = home / "config.toml"
     path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)
     return path
 
 
