@@ -30,7 +30,7 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import commands, notes
+from memory import commands, notes, summaries
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -267,6 +267,19 @@ class Memory:
             if covers:
                 store.add_covers(reply.answers, covers)
             return row
+
+        return self._write(write)
+
+    def apply_summary(self, p: summaries.Proposal) -> summaries.Summary | None:
+        """Apply a job's summary (inside :meth:`write`); None when memory refuses it now (the
+        range changed, is covered, or was erased meanwhile: logged, the worker plans again)."""
+
+        def write(store: MemoryStore) -> summaries.Summary | None:
+            try:
+                return summaries.apply(store.conn, p)
+            except summaries.Refused as exc:
+                log.info("summary.refused", key=p.job_key, reason=str(exc))
+                return None
 
         return self._write(write)
 

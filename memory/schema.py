@@ -354,6 +354,45 @@ CREATE TABLE reply_covers (
 CREATE INDEX reply_covers_by ON reply_covers (answered_by);
 """
 
+# Layer 1 (memory/summaries.py): a conversation's summaries, each naming the exact range of log ids
+# it covers (first_id..last_id, every row of the conversation between them). Derived by the jobs
+# and applied by the worker; never edited: a new version supersedes an old one (``supersedes``),
+# and only an audited erasure (erasure_grant) may blank one (``erased``: the erasure's id).
+_MIGRATION_11 = """
+CREATE TABLE summary (
+    id           INTEGER PRIMARY KEY,
+    conversation TEXT NOT NULL,
+    channel      TEXT NOT NULL,
+    privacy      TEXT NOT NULL,
+    first_id     INTEGER NOT NULL,
+    last_id      INTEGER NOT NULL,
+    rows         INTEGER NOT NULL,
+    first_ts     REAL NOT NULL,
+    last_ts      REAL NOT NULL,
+    text         TEXT NOT NULL,
+    method       TEXT NOT NULL CHECK (method IN ('model', 'fallback')),
+    job_key      TEXT NOT NULL UNIQUE,
+    supersedes   INTEGER,
+    erased       INTEGER,
+    created      REAL NOT NULL,
+    CHECK (first_id <= last_id)
+);
+CREATE INDEX summary_by_conversation ON summary (conversation, last_id);
+CREATE INDEX summary_by_supersedes ON summary (supersedes) WHERE supersedes IS NOT NULL;
+
+CREATE TRIGGER summary_no_update BEFORE UPDATE ON summary
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'summaries are superseded, never edited: UPDATE refused');
+END;
+
+CREATE TRIGGER summary_no_delete BEFORE DELETE ON summary
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'summaries are superseded, never deleted: DELETE refused');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -365,6 +404,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "reply status 'failed'", _MIGRATION_8),
     Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
     Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
+    Migration(11, "layer 1: conversation summaries over exact log ranges", _MIGRATION_11),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -33,6 +33,7 @@ from worker.agent import TurnResult
 from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Blocked, Handled, Read
 from worker.busy import BusySignal
 from worker.deadletter import Limits, dead_letter
+from worker.derive import Deriver
 from worker.erasures import Erasures
 from worker.pool import TurnPool
 from worker.replies import ReplyKeeper
@@ -86,8 +87,10 @@ class Consumer:
         *,
         flush_after: float = 0.005,
         busy: BusySignal | None = None,
+        deriver: Deriver | None = None,
     ) -> None:
         self.cfg = cfg
+        self.deriver = deriver
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns
@@ -304,6 +307,8 @@ class Consumer:
         self.maybe_trim()
         self.maybe_sweep()
         self.erasures.retry_wal()
+        if self.deriver is not None:
+            self.deriver.maybe_plan()  # layer 1: summaries of paused conversations
 
     def _finish_in_flight(self) -> None:
         """Stopping: the turns in flight are finished, recorded and acked (a second signal

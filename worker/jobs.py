@@ -43,7 +43,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
             try:
                 worker = Worker([queue(cfg, r)], connection=r)
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
-                worker.work(burst=burst, with_scheduler=False)
+                worker.work(burst=burst, with_scheduler=True)  # retries with backoff wait there
                 return 0  # stopped by a signal (or, in a burst, done)
             except TRANSIENT as exc:
                 if not _ride_out(r, outage, exc):

@@ -17,6 +17,7 @@ from memory.privacy import privacy_of
 from memory.store import MemoryStore
 from worker.busy import BusySignal
 from worker.consumer import Consumer
+from worker.derive import Deriver
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
@@ -84,7 +85,8 @@ def build_consumer(
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
     )
-    return Consumer(cfg, r, turns, busy=busy)
+    deriver = Deriver(cfg, r, turns.memory, has_model=not isinstance(model, NoModel))
+    return Consumer(cfg, r, turns, busy=busy, deriver=deriver)
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

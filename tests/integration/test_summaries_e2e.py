@@ -1,0 +1,114 @@
+"""Layer 1 end to end: the worker plans, a real rq jobs process derives with our model server, the
+worker applies (real Redis, real processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from contract.keys import Keys
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import (
+    Procs,
+    memory_rows,
+    relaybot_env,
+    send,
+    wait_for_replies,
+    wait_until,
+    write_config,
+)
+from tests.support.servers import RedisServer
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+[derive]
+judge_after = 0.5
+quiet = {quiet}
+check_every = 0.2
+min_rows = 2
+"""
+
+
+@pytest.fixture
+def keys(prefix: str) -> Keys:
+    return Keys(prefix)
+
+
+def _env(tmp_path: Path, redis_server: RedisServer, prefix: str, model: FakeModelServer,
+         quiet: float = 60) -> dict[str, str]:  # fmt: skip
+    home = tmp_path / "home"
+    write_config(home, CONFIG.format(quiet=quiet))
+    return relaybot_env(home, redis_url=redis_server.url, prefix=prefix,
+                        model_url=model.base_url, RELAYBOT_TURNS_MODE="followup")  # fmt: skip
+
+
+def summaries(env: dict[str, str]) -> list[dict[str, Any]]:
+    db = Path(env["RELAYBOT_HOME"]) / "memory.sqlite3"
+    return memory_rows(db, "SELECT * FROM summary ORDER BY id")
+
+
+def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "sum", "the boat leaves at nine")
+    send(real_redis, keys, "sum", "bring the blue tent")
+    wait_for_replies(real_redis, keys, "cli:sum", 2)
+    wait_until(
+        lambda: summaries(env),
+        timeout=30,
+        message=lambda: (
+            f"a summary; worker:\n{worker.log_text()[-2000:]}\njobs:\n{jobs.log_text()[-3000:]}"
+        ),
+    )
+    [made] = summaries(env)
+    log = memory_rows(
+        Path(env["RELAYBOT_HOME"]) / "memory.sqlite3", "SELECT id FROM log ORDER BY id"
+    )
+    assert (made["first_id"], made["last_id"], made["rows"]) == (log[0]["id"], log[-1]["id"], 4)
+    assert made["method"] == "model" and made["privacy"] == "owner"
+    assert made["text"].startswith("SUMMARY: [cli / owner]")
+    assert "the boat leaves at nine" in made["text"] and "bring the blue tent" in made["text"]
+    prompts = [r["messages"][-1]["content"] for r in model_server.requests]
+    assert any(p.startswith("You read the last messages") for p in prompts)  # judged first
+    worker.wait_for_log("summary.applied", summary=made["id"])
+    # nothing more: the conversation is covered until it goes on
+    calls = model_server.calls
+    wait_until(lambda: bool(worker.events("summary.enqueued")), timeout=5)
+    assert len(worker.events("summary.enqueued")) == 1
+    assert model_server.calls == calls
+
+
+def test_not_paused_waits_for_the_quiet_period_then_summarises(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server, quiet=4)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "open", "I am still thinking [[open]]")
+    wait_for_replies(real_redis, keys, "cli:open", 1)
+    jobs.wait_for_log("summary.not_paused", timeout=20)
+    assert summaries(env) == []
+    wait_until(lambda: summaries(env), timeout=30, message=lambda: jobs.log_text()[-3000:])
+    [made] = summaries(env)
+    assert made["method"] == "model"
+    modes = [e["mode"] for e in worker.events("summary.enqueued")]
+    assert modes == ["judge", "summarize"]
