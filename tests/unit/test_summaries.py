@@ -65,7 +65,7 @@ class World:
                     conversation=row.conversation,
                     text=text,
                     created=row.ts + 1,
-                ),  # fmt: skip
+                ),
                 sender="relaybot",
                 privacy=Privacy(row.privacy),
             )
@@ -276,7 +276,7 @@ def deriver(world: World, *, has_model: bool, now: float, **derive_cfg: Any) -> 
         update={
             "derive": world.cfg.derive.model_copy(update={"check_every": 0.001, **derive_cfg}),
             "model": ModelConfig(timeout=5),
-        }  # fmt: skip
+        }
     )
     memory = Memory(world.store, memory_settings(cfg))
     return Deriver(cfg, fakeredis.FakeRedis(), memory, has_model=has_model, clock=lambda: now)
