@@ -255,6 +255,7 @@ def granted(conn: sqlite3.Connection, requested_by: str, reason: str, now: float
         # no index segment may keep an erased word (FTS5 deletes are markers until merged)
         conn.execute("INSERT INTO log_fts (log_fts) VALUES ('optimize')")
         conn.execute("INSERT INTO note_fts (note_fts) VALUES ('optimize')")
+        conn.execute("INSERT INTO summary_fts (summary_fts) VALUES ('optimize')")
         conn.execute("DELETE FROM erasure_grant")
     finally:
         conn.execute(f"PRAGMA secure_delete = {secure}")

@@ -380,6 +380,18 @@ CREATE TABLE summary (
 CREATE INDEX summary_by_conversation ON summary (conversation, last_id);
 CREATE INDEX summary_by_supersedes ON summary (supersedes) WHERE supersedes IS NOT NULL;
 
+CREATE VIRTUAL TABLE summary_fts USING fts5(
+    text, content = 'summary', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER summary_fts_insert AFTER INSERT ON summary BEGIN
+    INSERT INTO summary_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER summary_fts_update AFTER UPDATE ON summary BEGIN
+    INSERT INTO summary_fts (summary_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO summary_fts (rowid, text) VALUES (new.id, new.text);
+END;
+
 CREATE TRIGGER summary_no_update BEFORE UPDATE ON summary
 WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
 BEGIN

@@ -80,7 +80,7 @@ def job_key(conversation: str, first_id: int, last_id: int, version: int = 1) ->
     return f"{conversation}@{first_id}-{last_id}#v{version}"
 
 
-def _summary(raw: Sequence[object]) -> Summary:
+def summary_of(raw: Sequence[object]) -> Summary:
     (id_, conv, channel, privacy, first, last, rows, fts_, lts, text, method, key, sup, erased,
      created) = raw  # fmt: skip
     return Summary(
@@ -109,12 +109,12 @@ def range_rows(conn: sqlite3.Connection, conversation: str, first: int, last: in
 
 def by_key(conn: sqlite3.Connection, key: str) -> Summary | None:
     raw = conn.execute(f"SELECT {COLUMNS} FROM summary WHERE job_key = ?", (key,)).fetchone()  # noqa: S608
-    return None if raw is None else _summary(raw)
+    return None if raw is None else summary_of(raw)
 
 
 def by_id(conn: sqlite3.Connection, summary_id: int) -> Summary | None:
     raw = conn.execute(f"SELECT {COLUMNS} FROM summary WHERE id = ?", (summary_id,)).fetchone()  # noqa: S608
-    return None if raw is None else _summary(raw)
+    return None if raw is None else summary_of(raw)
 
 
 def is_current(conn: sqlite3.Connection, summary_id: int) -> bool:
@@ -125,7 +125,7 @@ def is_current(conn: sqlite3.Connection, summary_id: int) -> bool:
 def current(conn: sqlite3.Connection, conversation: str) -> list[Summary]:
     """The conversation's current summaries, oldest range first."""
     sql = f"SELECT {COLUMNS} FROM summary WHERE conversation = ? AND {CURRENT} ORDER BY first_id"  # noqa: S608
-    return [_summary(r) for r in conn.execute(sql, (conversation,))]
+    return [summary_of(r) for r in conn.execute(sql, (conversation,))]
 
 
 def listing(
@@ -138,7 +138,7 @@ def listing(
         where += " AND conversation = ?"
         params.append(conversation)
     sql = f"SELECT {COLUMNS} FROM summary WHERE {where} ORDER BY conversation, first_id, id"  # noqa: S608
-    return [_summary(r) for r in conn.execute(sql, params)]
+    return [summary_of(r) for r in conn.execute(sql, params)]
 
 
 def covered_until(conn: sqlite3.Connection, conversation: str) -> int:
