@@ -91,6 +91,8 @@ class Consumer:
     ) -> None:
         self.cfg = cfg
         self.deriver = deriver
+        if deriver is not None:
+            deriver.busy = self.conversation_busy
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns
@@ -682,6 +684,16 @@ class Consumer:
             self._done(item, Outcome())  # answered by the reply of the last one
         self._done(run.items[-1], outcome)
         self._idle_session(session)
+
+    def conversation_busy(self, conversation: str) -> bool:
+        """A turn of this conversation runs, or one of its messages waits for its turn."""
+        if any(run.job.msg.conversation == conversation for run in self.jobs.values()):
+            return True
+        return any(
+            item.msg.conversation == conversation
+            for items in self.sessions.waiting.values()
+            for item in items
+        )
 
     def _idle_session(self, session: str) -> None:
         if self.busy is not None and not self.sessions.active(session):

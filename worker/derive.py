@@ -84,9 +84,11 @@ class Deriver:
         *,
         has_model: bool,
         clock: Callable[[], float] = time.time,
+        busy: Callable[[str], bool] = lambda _conversation: False,
     ) -> None:
         self.cfg, self.r, self.memory, self.has_model = cfg, r, memory, has_model
         self.clock = clock
+        self.busy = busy  # a turn of the conversation runs or waits: it has not paused
         self.active: dict[str, Active] = {}
         self._seen: int | None = None
         self._last_check = 0.0
@@ -118,7 +120,7 @@ class Deriver:
         out: list[Planned] = []
         for conversation, act in list(self.active.items()):
             quiet_for = now - act.last_ts
-            if quiet_for < start:
+            if quiet_for < start or self.busy(conversation):
                 continue
             rows = self.memory.use(partial(_uncovered, conversation=conversation,
                                            limit=d.max_rows + 1))  # fmt: skip

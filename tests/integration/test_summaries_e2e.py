@@ -3,11 +3,14 @@ worker applies (real Redis, real processes)."""
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from rq import Queue
 
 from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
@@ -112,3 +115,73 @@ def test_not_paused_waits_for_the_quiet_period_then_summarises(
     assert made["method"] == "model"
     modes = [e["mode"] for e in worker.events("summary.enqueued")]
     assert modes == ["judge", "summarize"]
+
+
+def _asked(model: FakeModelServer, prefix: str) -> int:
+    return sum(
+        1 for r in list(model.requests) if str(r["messages"][-1]["content"]).startswith(prefix)
+    )
+
+
+def test_jobs_killed_mid_job_the_job_runs_again_and_one_summary_is_applied(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "kill", "pack the tent [[delay:3]]")
+    wait_for_replies(real_redis, keys, "cli:kill", 1, timeout=20)
+    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20,
+               message=lambda: jobs.log_text()[-2000:])  # fmt: skip
+    jobs.signal(signal.SIGKILL)  # in the middle of the model call
+    jobs.wait(timeout=10)
+    assert summaries(env) == []
+    again = procs.jobs(env)
+    again.wait_for_log("jobs.requeued_abandoned", timeout=20)
+    wait_until(lambda: summaries(env), timeout=40,
+               message=lambda: again.log_text()[-3000:] + worker.log_text()[-2000:])  # fmt: skip
+    time.sleep(1.0)  # nothing more arrives
+    [made] = summaries(env)
+    assert made["method"] == "model" and "pack the tent" in made["text"]
+
+
+def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restart(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "wk", "the lake is cold")
+    send(real_redis, keys, "wk", "take a jumper [[delay:2]]")
+    wait_for_replies(real_redis, keys, "cli:wk", 2, timeout=20)
+    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20)
+    worker.signal(signal.SIGSTOP)  # paused: the proposal cannot be applied
+    jobs.wait_for_log("summary.proposed", timeout=30)
+    worker.signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert summaries(env) == []
+    # the same derivation run once more meanwhile: a second proposal under the same key
+    ids = [r["id"] for r in memory_rows(Path(env["RELAYBOT_HOME"]) / "memory.sqlite3",
+                                        "SELECT id FROM log ORDER BY id")]  # fmt: skip
+    Queue(keys.jobs_queue, connection=real_redis).enqueue(
+        "worker.summarize_job.summarize", "cli:wk", ids[0], ids[-1], mode="summarize"
+    )
+    wait_until(lambda: len(jobs.events("summary.proposed")) >= 2, timeout=30)
+    procs.worker(env, r=real_redis, keys=keys)
+    wait_until(lambda: summaries(env), timeout=30)
+    time.sleep(1.5)  # the second proposal is read and refused as the same summary
+    [made] = summaries(env)
+    assert made["rows"] == 4 and "the lake is cold" in made["text"]
+    assert _asked(model_server, "Summarise") == 2  # the rerun asked again: applying is idempotent
