@@ -18,6 +18,7 @@ from tests.support.procs import (
     Procs,
     memory_rows,
     relaybot_env,
+    run_relaybot,
     send,
     wait_for_replies,
     wait_until,
@@ -185,3 +186,47 @@ def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restar
     [made] = summaries(env)
     assert made["rows"] == 4 and "the lake is cold" in made["text"]
     assert _asked(model_server, "Summarise") == 2  # the rerun asked again: applying is idempotent
+
+
+def test_a_model_that_is_down_makes_the_job_retry_then_the_cli_lists_and_resummarizes(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server, quiet=1)
+    (Path(env["RELAYBOT_HOME"]) / "config.toml").open("a").write("[model]\nretries = 0\n")
+    procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "down", "the model fails once here [[flaky:1]]")
+    wait_for_replies(real_redis, keys, "cli:down", 1, timeout=20)
+    # the summary's first attempt fails (HTTP 500): rq keeps it for a retry, nothing is dropped
+    wait_until(lambda: _asked(model_server, "Summarise") >= 1, timeout=30)
+    wait_until(
+        lambda: "1 waiting to retry" in run_relaybot(["status"], env).stdout,
+        timeout=15,
+        message=lambda: run_relaybot(["status"], env).stdout + jobs.log_text()[-2000:],
+    )
+    assert summaries(env) == []
+    wait_until(lambda: summaries(env), timeout=40, message=lambda: jobs.log_text()[-3000:])
+    [made] = summaries(env)
+    assert made["method"] == "model"
+
+    listed = run_relaybot(["memory", "summaries"], env)
+    assert listed.returncode == 0, listed.stderr
+    assert f"#{made['id']} cli:down log {made['first_id']}..{made['last_id']}" in listed.stdout
+    assert "model, current" in listed.stdout
+
+    again = run_relaybot(["memory", "resummarize", "--conversation", "cli:down"], env)
+    assert again.returncode == 0, again.stderr
+    assert "as version 2" in again.stdout
+    wait_until(
+        lambda: len(summaries(env)) == 2, timeout=30, message=lambda: jobs.log_text()[-2000:]
+    )
+    listed = run_relaybot(["memory", "summaries", "--all"], env).stdout
+    assert f"supersedes #{made['id']}" in listed and "superseded" in listed
+    current = run_relaybot(["memory", "summaries", "--json"], env).stdout.splitlines()
+    assert len(current) == 1 and f'"supersedes": {made["id"]}' in current[0]
