@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
 from memory.sql import chunks, marks
@@ -69,6 +69,21 @@ class Proposal:
     method: Method
     job_key: str
     supersedes: int | None = None
+
+
+def proposal_of(conversation: str, text: str, extra: Mapping[str, Any]) -> Proposal:
+    """The proposal a job's derived entry carries (``extra.type == "summary"``); ValueError,
+    KeyError or TypeError when it is not one."""
+    supersedes = extra.get("supersedes")
+    return Proposal(
+        conversation=conversation,
+        first_id=int(extra["first_id"]),
+        last_id=int(extra["last_id"]),
+        text=text,
+        method="fallback" if extra.get("method") == "fallback" else "model",
+        job_key=str(extra["job_key"]),
+        supersedes=None if supersedes is None else int(supersedes),
+    )
 
 
 class Refused(ValueError):
@@ -126,6 +141,18 @@ def current(conn: sqlite3.Connection, conversation: str) -> list[Summary]:
     """The conversation's current summaries, oldest range first."""
     sql = f"SELECT {COLUMNS} FROM summary WHERE conversation = ? AND {CURRENT} ORDER BY first_id"  # noqa: S608
     return [summary_of(r) for r in conn.execute(sql, (conversation,))]
+
+
+def newest_before(
+    conn: sqlite3.Connection, conversation: str, before_id: int, limit: int
+) -> list[Summary]:
+    """The conversation's newest ``limit`` current summaries ending below ``before_id``, newest
+    first (the (conversation, last_id) index: flat with the number of summaries)."""
+    sql = (
+        f"SELECT {COLUMNS} FROM summary WHERE conversation = ? AND last_id < ? AND {CURRENT} "  # noqa: S608
+        "ORDER BY last_id DESC LIMIT ?"
+    )
+    return [summary_of(r) for r in conn.execute(sql, (conversation, before_id, limit))]
 
 
 def listing(

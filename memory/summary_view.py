@@ -15,7 +15,6 @@ messages of that range (``search_history`` with ``conversation``/time filters).
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +33,8 @@ SUMMARIES_HEADER = (
 )
 SUMMARIES_SHARE = 0.25
 RELATED = 3  # the owner's own conversations: summaries of other conversations, at most
-_WORD = re.compile(r"\w{3,}", re.UNICODE)
+OWN_LIMIT = 20  # the conversation's own summaries a turn looks at (newest first)
+CANDIDATES = 64  # matching summaries ranked, the newest ones: bounded work per turn
 
 
 def line(s: Summary) -> str:
@@ -53,34 +53,48 @@ def visible(
     """Whether every message the summary covers could be shown in this scope."""
     if s.erased is not None:
         return False
-    if privacy_of(scope) is Privacy.OWNER:
+    privacy = privacy_of(scope)
+    if privacy is Privacy.OWNER:
         return True
-    if privacy_of(scope) is None:
+    if privacy is None:
         return False
+    if s.conversation == scope.conversation and s.privacy == privacy.value:
+        return True  # a conversation sees its own rows (memory.privacy)
     rows = summaries.range_rows(conn, s.conversation, s.first_id, s.last_id)
     return bool(rows) and all(log_row_visible(scope, r, persons=persons) for r in rows)
 
 
-_QUALIFIED = ", ".join("summary." + c.strip() for c in COLUMNS.split(","))
-
-
 def related(conn: sqlite3.Connection, text: str, *, exclude: str, limit: int) -> list[Summary]:
     """Current summaries of other conversations matching the words of ``text``, best first."""
-    words = sorted({w.lower() for w in _WORD.findall(text)})[:16]
-    if not words:
+    terms = parse_query(text)
+    if not terms:
         return []
-    match = " OR ".join(f'"{w}"' for w in words)
+    return [s for s in ranked(conn, terms) if s.conversation != exclude][:limit]
+
+
+def ranked(conn: sqlite3.Connection, terms: Sequence[str], *, where: str = "1",
+           params: Sequence[object] = ()) -> list[Summary]:  # fmt: skip
+    """Current summaries matching any of ``terms`` (FTS5 phrases), best first, among the newest
+    :data:`CANDIDATES` that match: the cost is bounded however many summaries memory holds."""
     sql = (
-        f"SELECT {_QUALIFIED} "  # noqa: S608
-        "FROM summary_fts JOIN summary ON summary.id = summary_fts.rowid "
-        f"WHERE summary_fts MATCH ? AND summary.conversation != ? AND {CURRENT} "
-        "ORDER BY bm25(summary_fts) LIMIT ?"
+        "SELECT rowid, bm25(summary_fts) FROM summary_fts WHERE summary_fts MATCH ? "
+        "ORDER BY rowid DESC LIMIT ?"
     )
     try:
-        raw = conn.execute(sql, (match, exclude, limit)).fetchall()
-    except sqlite3.OperationalError:  # a query FTS cannot parse: no related summaries
+        found = conn.execute(sql, (" OR ".join(terms), CANDIDATES)).fetchall()
+    except sqlite3.OperationalError:  # a query FTS cannot parse: no summaries
         return []
-    return [summaries.summary_of(r) for r in raw]
+    if not found:
+        return []
+    score = {int(i): float(b) for i, b in found}
+    rows = conn.execute(
+        f"SELECT {COLUMNS} FROM summary WHERE id IN ({','.join('?' * len(score))}) "  # noqa: S608
+        f"AND {CURRENT} AND {where}",
+        (*score, *params),
+    ).fetchall()
+    out = [summaries.summary_of(r) for r in rows]
+    out.sort(key=lambda s: (score[s.id], -s.id))  # bm25: lower is better
+    return out
 
 
 @dataclass(frozen=True)
@@ -114,8 +128,7 @@ def section_lines(
 ) -> list[str]:
     """The section's lines, newest first: the conversation's own summaries older than the
     current message, then (the owner's own conversations) related ones of other conversations."""
-    own = [s for s in summaries.current(conn, conversation) if s.last_id < before_id]
-    own.reverse()
+    own = summaries.newest_before(conn, conversation, before_id, OWN_LIMIT)
     shown = [line(s) for s in own if visible(conn, scope, s, persons)]
     if privacy_of(scope) is Privacy.OWNER:
         shown += [line(s) for s in related(conn, text, exclude=conversation, limit=RELATED)]
@@ -131,26 +144,17 @@ def search(store: MemoryStore, scope: Scope, query: SearchQuery) -> list[Summary
     terms = parse_query(query.text)
     if not terms or privacy_of(scope) is None:
         return []
-    conn = store.conn
-    where, params = [CURRENT], []
+    where, params = ["1"], []
     if query.conversation:
-        where.append("summary.conversation = ?")
+        where.append("conversation = ?")
         params.append(query.conversation)
     if query.channel:
-        where.append("summary.channel = ? COLLATE NOCASE")
+        where.append("channel = ? COLLATE NOCASE")
         params.append(query.channel.strip())
-    sql = (
-        f"SELECT {_QUALIFIED} FROM summary_fts JOIN summary ON summary.id = summary_fts.rowid "  # noqa: S608
-        f"WHERE summary_fts MATCH ? AND {' AND '.join(where)} ORDER BY bm25(summary_fts) LIMIT 50"
-    )
-    try:
-        raw = conn.execute(sql, (" OR ".join(terms), *params)).fetchall()
-    except sqlite3.OperationalError:
-        return []
+    conn = store.conn
     persons = persons_for(store, scope) if direct_person(scope) is not None else frozenset()
     found: list[Summary] = []
-    for r in raw:
-        s = summaries.summary_of(r)
+    for s in ranked(conn, terms, where=" AND ".join(where), params=params):
         if visible(conn, scope, s, persons):
             found.append(s)
             if len(found) >= SEARCH_LIMIT:

@@ -502,17 +502,8 @@ class Turns:
             log.warning("derived.unknown", type=kind)
 
     def _apply_summary(self, msg: InboundMessage) -> None:
-        x = msg.extra
         try:
-            proposal = summaries.Proposal(
-                conversation=msg.conversation,
-                first_id=int(x["first_id"]),
-                last_id=int(x["last_id"]),
-                text=msg.text,
-                method="fallback" if x.get("method") == "fallback" else "model",
-                job_key=str(x["job_key"]),
-                supersedes=None if x.get("supersedes") is None else int(x["supersedes"]),
-            )
+            proposal = summaries.proposal_of(msg.conversation, msg.text, msg.extra)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("summary.invalid", error=f"{type(exc).__name__}: {exc}")
             return
