@@ -58,6 +58,17 @@ class LogsConfig(_Section):
     format: Literal["auto", "console", "json"] = "auto"
 
 
+class DeriveModelConfig(_Section):
+    """``[model.derive]``: a cheaper endpoint or model for derived work (summaries); what is
+    not set here is taken from ``[model]``."""
+
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    model: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    temperature: float | None = None
+
+
 class ModelConfig(_Section):
     base_url: str | None = None
     api_key: SecretStr | None = None
@@ -70,10 +81,37 @@ class ModelConfig(_Section):
     # turns that may ask this endpoint at once (a local llama.cpp: 1; a hosted API: many); with
     # 2 or more, one of them is kept for the owner's own conversations
     concurrency: int = Field(default=4, ge=1, le=256)
+    derive: DeriveModelConfig | None = None
 
     @property
     def configured(self) -> bool:
         return bool(self.base_url and self.model)
+
+    def for_derive(self) -> ModelConfig:
+        """The endpoint derived work uses: ``[model.derive]`` over ``[model]``."""
+        d = self.derive
+        if d is None:
+            return self.model_copy(update={"derive": None})
+        update: dict[str, Any] = {"derive": None}
+        for key in ("base_url", "api_key", "model", "timeout", "temperature"):
+            value = getattr(d, key)
+            if value is not None:
+                update[key] = value
+        return self.model_copy(update=update)
+
+
+class DeriveConfig(_Section):
+    """``[derive]``: layer 1, conversation summaries (worker/derive.py). A conversation quiet for
+    ``judge_after`` seconds is shown to the model, which judges whether it paused; quiet for
+    ``quiet`` seconds (or no model), it counts as paused. An open segment needs ``min_rows``
+    rows; a summary covers at most ``max_rows``."""
+
+    enabled: bool = True
+    judge_after: float = Field(default=120.0, ge=0)
+    quiet: float = Field(default=1800.0, ge=0)
+    min_rows: int = Field(default=4, ge=1)
+    max_rows: int = Field(default=200, ge=2, le=2000)
+    check_every: float = Field(default=30.0, gt=0)
 
 
 class WorkerConfig(_Section):
@@ -249,6 +287,7 @@ class Config(_Section):
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
     email: EmailConfig = Field(default_factory=EmailConfig)
     matrix: MatrixConfig = Field(default_factory=MatrixConfig)
+    derive: DeriveConfig = Field(default_factory=DeriveConfig)
 
     @field_validator("roles", mode="before")
     @classmethod

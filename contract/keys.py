@@ -13,6 +13,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``lease:gateway:<channel>:<digest>`` | string | gateways | one gateway per account |
 | ``heartbeats`` | hash | every process | liveness, one field per process |
 | ``jobs`` | rq queue | worker | background jobs |
+| ``derive:judged`` | hash | jobs | per conversation, the last log id the model judged not paused |
 | ``reply:<session>`` | list | worker | replies waiting for their gateway |
 | ``inflight:<session>`` | list | gateways | a reply being delivered |
 | ``delivered:<session>`` | sorted set | gateways | reply ids handed to the platform |
@@ -46,6 +47,7 @@ class Keys:
         self.lease = f"{prefix}worker:lease"
         self.heartbeats = f"{prefix}heartbeats"
         self.jobs_queue = f"{prefix}jobs"
+        self.derive_judged = f"{prefix}derive:judged"
         self.matrix_cursor = f"{prefix}cursor:matrix"
         self.matrix_seen = f"{prefix}matrix:seen"
         self.email_seen = f"{prefix}email:seen"

@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from memory import summaries
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
@@ -234,6 +235,8 @@ def remove(conn: sqlite3.Connection, erasure_id: int, log_ids: list[int], notes:
         )
     for chunk in chunks(notes):
         conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
+    # a summary of an erased row is blanked; its range is derived again from what remains
+    summaries.tombstone(conn, erasure_id, log_ids)
 
 
 @contextmanager
@@ -252,6 +255,7 @@ def granted(conn: sqlite3.Connection, requested_by: str, reason: str, now: float
         # no index segment may keep an erased word (FTS5 deletes are markers until merged)
         conn.execute("INSERT INTO log_fts (log_fts) VALUES ('optimize')")
         conn.execute("INSERT INTO note_fts (note_fts) VALUES ('optimize')")
+        conn.execute("INSERT INTO summary_fts (summary_fts) VALUES ('optimize')")
         conn.execute("DELETE FROM erasure_grant")
     finally:
         conn.execute(f"PRAGMA secure_delete = {secure}")

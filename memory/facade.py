@@ -30,7 +30,7 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import commands, notes
+from memory import commands, notes, summaries, summary_view
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -39,12 +39,13 @@ from memory.erasure import checkpoint_after_erasure
 from memory.fence import is_fenced
 from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, owner_handles
 from memory.lines import HistoryLines
-from memory.privacy import Scope, privacy_of
+from memory.privacy import Scope, direct_person, persons_for, privacy_of
 from memory.provenance import DrewOn
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
 from memory.store import MemoryStore
+from memory.summary_view import SummariesSection
 from memory.window import HistoryWindows
 
 log = structlog.get_logger(__name__)
@@ -106,6 +107,7 @@ class Memory:
         self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
+        self._summaries_seen = False  # memory holds a summary (layer 1): the turn looks for them
 
     # -- degraded mode -------------------------------------------------------------------------
 
@@ -299,6 +301,21 @@ class Memory:
 
         return self._write(write)
 
+    def apply_summary(self, p: summaries.Proposal) -> summaries.Summary | None:
+        """Apply a job's summary (inside :meth:`write`); None when memory refuses it now (the
+        range changed, is covered, or was erased meanwhile: logged, the worker plans again)."""
+
+        def write(store: MemoryStore) -> summaries.Summary | None:
+            try:
+                made = summaries.apply(store.conn, p)
+                self._summaries_seen = True
+                return made
+            except summaries.Refused as exc:
+                log.info("summary.refused", key=p.job_key, reason=str(exc))
+                return None
+
+        return self._write(write)
+
     def erasure_mark(self) -> int:
         """The newest erasure's id (0: none, or memory failing): a turn that started under an
         older mark may have read what was erased since."""
@@ -382,7 +399,7 @@ class Memory:
             current=current,
             budget_tokens=settings.context_tokens,
             assistant_name=settings.assistant_name,
-            sections=self._sections(msg, scope, drew),
+            sections=self._sections(msg, scope, drew, current.id),
             ready=ready,
             drew=drew,
             owners=owners,
@@ -403,7 +420,11 @@ class Memory:
             return (), None
 
     def _sections(
-        self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None
+        self,
+        msg: InboundMessage,
+        scope: Scope,
+        drew: DrewOn | None = None,
+        current_id: int = 0,
     ) -> list[Section]:
         """The context's sections, in order (memory/sections.py)."""
         sections: list[Section] = []
@@ -411,10 +432,38 @@ class Memory:
             curated = self.curated.read().text  # never raises
             if curated:
                 sections.append(CuratedSection(curated))
+        summary_lines = self._summary_lines(msg, scope, current_id)
+        if summary_lines:
+            sections.append(SummariesSection(summary_lines))
         found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
         return sections
+
+    def _summary_lines(self, msg: InboundMessage, scope: Scope, current_id: int) -> list[str]:
+        """Layer 1 in the context (memory/summary_view.py); none if memory fails (degraded)."""
+        store = self.store
+        if store is None or not self._any_summary(store):
+            return []
+        persons = persons_for(store, scope) if direct_person(scope) is not None else frozenset()
+        try:
+            return summary_view.section_lines(
+                store.conn, scope, conversation=msg.conversation,
+                before_id=current_id or 2**62, text=msg.text, persons=persons,
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return []
+
+    def _any_summary(self, store: MemoryStore) -> bool:
+        """Whether memory holds a summary (read once, then known: summaries are never deleted)."""
+        if not self._summaries_seen:
+            try:
+                found = store.conn.execute("SELECT 1 FROM summary LIMIT 1").fetchone()
+            except sqlite3.Error:
+                return False
+            self._summaries_seen = found is not None
+        return self._summaries_seen
 
     def _notes(self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None) -> list[str]:
         """The notes relevant to the message that this conversation may see (none if memory

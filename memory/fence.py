@@ -27,7 +27,7 @@ FENCED = "fenced: this worker lost the worker lease"
 
 # tables memory writes that are not guarded: the fence itself, and full-text shadow tables
 # (written only by triggers on guarded tables, and virtual tables cannot carry triggers)
-_UNGUARDED_PREFIXES = ("writer_fence", "sqlite_", "log_fts", "note_fts")
+_UNGUARDED_PREFIXES = ("writer_fence", "sqlite_", "log_fts", "note_fts", "summary_fts")
 
 
 class StaleToken(RuntimeError):

@@ -379,6 +379,57 @@ BEGIN
 END;
 """
 
+# Layer 1 (memory/summaries.py): a conversation's summaries, each naming the exact range of log ids
+# it covers (first_id..last_id, every row of the conversation between them). Derived by the jobs
+# and applied by the worker; never edited: a new version supersedes an old one (``supersedes``),
+# and only an audited erasure (erasure_grant) may blank one (``erased``: the erasure's id).
+_MIGRATION_12 = """
+CREATE TABLE summary (
+    id           INTEGER PRIMARY KEY,
+    conversation TEXT NOT NULL,
+    channel      TEXT NOT NULL,
+    privacy      TEXT NOT NULL,
+    first_id     INTEGER NOT NULL,
+    last_id      INTEGER NOT NULL,
+    rows         INTEGER NOT NULL,
+    first_ts     REAL NOT NULL,
+    last_ts      REAL NOT NULL,
+    text         TEXT NOT NULL,
+    method       TEXT NOT NULL CHECK (method IN ('model', 'fallback')),
+    job_key      TEXT NOT NULL UNIQUE,
+    supersedes   INTEGER,
+    erased       INTEGER,
+    created      REAL NOT NULL,
+    CHECK (first_id <= last_id)
+);
+CREATE INDEX summary_by_conversation ON summary (conversation, last_id);
+CREATE INDEX summary_by_supersedes ON summary (supersedes) WHERE supersedes IS NOT NULL;
+
+CREATE VIRTUAL TABLE summary_fts USING fts5(
+    text, content = 'summary', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER summary_fts_insert AFTER INSERT ON summary BEGIN
+    INSERT INTO summary_fts (rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER summary_fts_update AFTER UPDATE ON summary BEGIN
+    INSERT INTO summary_fts (summary_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO summary_fts (rowid, text) VALUES (new.id, new.text);
+END;
+
+CREATE TRIGGER summary_no_update BEFORE UPDATE ON summary
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'summaries are superseded, never edited: UPDATE refused');
+END;
+
+CREATE TRIGGER summary_no_delete BEFORE DELETE ON summary
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'summaries are superseded, never deleted: DELETE refused');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -391,6 +442,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
     Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
     Migration(11, "identity: audited merges of handles into the owner", _MIGRATION_11),
+    Migration(12, "layer 1: conversation summaries over exact log ranges", _MIGRATION_12),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -66,13 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     gateway_sub.choices["email"].set_defaults(func=_run_email_gateway)
 
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
-    from relaybot import cli_entities, cli_memory, cli_notes, cli_search
+    from relaybot import cli_entities, cli_memory, cli_notes, cli_search, cli_summaries
 
     memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
     msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
     cli_memory.add_parsers(msub)
     cli_search.add_parsers(msub)
     cli_notes.add_parsers(msub)
+    cli_summaries.add_parsers(msub)
     entities = sub.add_parser("entities", help="people and their handles, links between them")
     esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
     cli_entities.add_parsers(esub)

@@ -89,7 +89,31 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
     holder = r.get(keys.lease)
     if holder is not None:
         out["worker_lease"] = {"holder": text(holder), "ttl_ms": int(r.pttl(keys.lease))}
+    out["jobs"] = jobs_queue(r, keys, now)
     return out
+
+
+def jobs_queue(r: redis.Redis, keys: Keys, now: float) -> dict[str, Any]:
+    """The rq queue of derived work (summaries): queued, running, failed, waiting for a retry,
+    and the age of the oldest queued job."""
+    from rq import Queue
+    from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+
+    q = Queue(keys.jobs_queue, connection=r)
+    oldest: float | None = None
+    first = q.get_job_ids(0, 1)
+    if first:
+        job = q.fetch_job(first[0])
+        if job is not None and job.enqueued_at is not None:
+            oldest = round(max(0.0, now - job.enqueued_at.timestamp()), 1)
+    return {
+        "queue": keys.jobs_queue,
+        "queued": q.count,
+        "running": StartedJobRegistry(queue=q).count,
+        "retrying": ScheduledJobRegistry(queue=q).count,  # type: ignore[no-untyped-call]
+        "failed": FailedJobRegistry(queue=q).count,
+        "oldest_queued_age_s": oldest,
+    }
 
 
 def render(status: dict[str, Any]) -> str:
@@ -119,6 +143,14 @@ def render(status: dict[str, Any]) -> str:
     lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
     lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
     lines += [f"  {s}: {n} in flight" for s, n in sorted(status["in_flight"].items()) if n]
+    j = status.get("jobs")
+    if j is not None:
+        age = j["oldest_queued_age_s"]
+        lines.append(
+            f"jobs {j['queue']}: {j['queued']} queued, {j['running']} running, "
+            f"{j['retrying']} waiting to retry, {j['failed']} failed"
+            + (f", oldest queued {age:.1f} s" if age is not None else "")
+        )
     beats = status["heartbeats"]
     lines.append("heartbeats:" + ("" if beats else " none"))
     for name, beat in beats.items():

@@ -34,6 +34,7 @@ from worker.agent import TurnResult
 from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Blocked, Handled, Read
 from worker.busy import BusySignal
 from worker.deadletter import Limits, dead_letter
+from worker.derive import Deriver
 from worker.erasures import Erasures
 from worker.model import ModelPort
 from worker.pool import TurnPool
@@ -88,8 +89,12 @@ class Consumer:
         *,
         flush_after: float = 0.005,
         busy: BusySignal | None = None,
+        deriver: Deriver | None = None,
     ) -> None:
         self.cfg = cfg
+        self.deriver = deriver
+        if deriver is not None:
+            deriver.busy = self.conversation_busy
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns
@@ -343,6 +348,8 @@ class Consumer:
         self.maybe_trim()
         self.maybe_sweep()
         self.erasures.retry_wal()
+        if self.deriver is not None:
+            self.deriver.maybe_plan()  # layer 1: summaries of paused conversations
 
     def _finish_in_flight(self) -> None:
         """Stopping: the turns in flight are finished, recorded and acked (a second signal
@@ -719,6 +726,16 @@ class Consumer:
             self._done(item, Outcome())  # answered by the reply of the last one
         self._done(run.items[-1], outcome)
         self._idle_session(session)
+
+    def conversation_busy(self, conversation: str) -> bool:
+        """A turn of this conversation runs, or one of its messages waits for its turn."""
+        if any(run.job.msg.conversation == conversation for run in self.jobs.values()):
+            return True
+        return any(
+            item.msg.conversation == conversation
+            for items in self.sessions.waiting.values()
+            for item in items
+        )
 
     def _idle_session(self, session: str) -> None:
         if self.busy is not None and not self.sessions.active(session):

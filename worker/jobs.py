@@ -7,12 +7,15 @@ the worker stays the only writer. Jobs receive ids, not serialized models.
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import threading
 
 import redis
 import structlog
 from rq import Queue, Worker
+from rq.registry import StartedJobRegistry
 
 from contract.config import Config
 from contract.config_watch import JOBS_USES, ConfigWatcher, watch_in_thread
@@ -69,9 +72,12 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     try:
         while True:
             try:
-                worker = Worker([queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15)
+                recover_abandoned(queue(cfg, rq_r))
+                worker = Worker(
+                    [queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15, name=worker_name()
+                )
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
-                worker.work(burst=burst, with_scheduler=False)
+                worker.work(burst=burst, with_scheduler=True)  # retries with backoff wait there
                 return 0  # stopped by a signal (or, in a burst, done)
             except TRANSIENT as exc:
                 if not _ride_out(rq_r, outage, exc):
@@ -80,6 +86,44 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         stop_watching.set()
         hb.stop()
         rq_r.close()
+
+
+def worker_name() -> str:
+    """The rq worker's name: the host and PID, so a successor can tell it died (below)."""
+    return f"relaybot-jobs@{socket.gethostname()}:{os.getpid()}"
+
+
+def recover_abandoned(q: Queue) -> list[str]:
+    """Put back on the queue the jobs a jobs process on this host was running when it died
+    (kill -9, a crash): rq itself notices them only after their heartbeat expires and its next
+    maintenance run, minutes later. A job is safe to run again: its result is applied once
+    (worker/derive.py)."""
+    registry = StartedJobRegistry(queue=q)
+    host = socket.gethostname()
+    back = []
+    for job_id in registry.get_job_ids():
+        job = q.fetch_job(job_id)
+        if job is None:
+            continue
+        owner = job.worker_name or ""
+        prefix = f"relaybot-jobs@{host}:"
+        if not owner.startswith(prefix) or _alive(owner.removeprefix(prefix)):
+            continue
+        registry.remove_executions(job)
+        q.enqueue_job(job)
+        back.append(job_id)
+        log.warning("jobs.requeued_abandoned", job=job_id, worker=owner)
+    return back
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ride_out(r: redis.Redis, outage: Outage, exc: BaseException) -> bool:

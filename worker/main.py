@@ -18,6 +18,7 @@ from memory.privacy import privacy_of
 from memory.store import MemoryStore
 from worker.busy import BusySignal
 from worker.consumer import Consumer
+from worker.derive import Deriver
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
@@ -86,7 +87,8 @@ def build_consumer(
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
     )
-    consumer = Consumer(cfg, r, turns, busy=busy)
+    deriver = Deriver(cfg, r, turns.memory, has_model=not isinstance(model, NoModel))
+    consumer = Consumer(cfg, r, turns, busy=busy, deriver=deriver)
     consumer.watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES,
                                    reloadable=WORKER_RELOADS)  # fmt: skip
     if own_model:

@@ -28,6 +28,7 @@ from contract.messages import (
     decode_lenient,
     new_reply_id,
 )
+from memory import summaries
 from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
@@ -169,6 +170,10 @@ class Turns:
         if refused:
             log.warning("entry.refused", stream_id=stream_id, reason=refused)
             return Outcome(dead_reason=refused, fields=decode_lenient(raw))
+        if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary" and channel:
+            reason = "a summary comes only from the jobs (the stream without a channel)"
+            log.warning("entry.refused", stream_id=stream_id, reason=reason)
+            return Outcome(dead_reason=reason, fields=decode_lenient(raw))
         if msg.kind is Kind.DERIVED:
             foreign = self._foreign_reply(msg, channel)
             if foreign:
@@ -501,8 +506,22 @@ class Turns:
             status = str(msg.extra.get("status", ""))
             self.memory.mark_reply(reply_id, status, str(msg.extra.get("detail", "")))
             log.info("reply.status", reply_id=reply_id, status=status)
+        elif kind == "summary":
+            self._apply_summary(msg)
         else:
             log.warning("derived.unknown", type=kind)
+
+    def _apply_summary(self, msg: InboundMessage) -> None:
+        try:
+            proposal = summaries.proposal_of(msg.conversation, msg.text, msg.extra)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("summary.invalid", error=f"{type(exc).__name__}: {exc}")
+            return
+        made = self.memory.apply_summary(proposal)
+        if made is not None:
+            log.info("summary.applied", summary=made.id, first_id=made.first_id,
+                     last_id=made.last_id, method=made.method,
+                     supersedes=made.supersedes)  # fmt: skip
 
 
 def _reply(

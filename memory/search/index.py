@@ -115,16 +115,19 @@ def filters(
                 "(instr(lower(log.sender), ?) > 0 OR instr(lower(log.sender_name), ?) > 0)"
             )
             params += [who, who]
+    if query.from_id is not None or query.to_id is not None:
+        parts.append("log.id BETWEEN ? AND ?")
+        params += [query.from_id or 0, query.to_id if query.to_id is not None else 2**62]
     narrow = " AND ".join(parts) if parts else None
     narrow_params = tuple(params)
-    lo = 0
+    lo = query.from_id or 0
     if query.days is not None:
         if not math.isfinite(query.days) or query.days <= 0:
             raise SearchError("days must be a positive number")
         since = now - query.days * DAY
         parts.append("coalesce(log.platform_ts, log.recorded_ts) >= ?")
         params.append(since)
-        lo = first_id_recorded_since(store.conn, since - DAY)
+        lo = max(lo, first_id_recorded_since(store.conn, since - DAY))
     sql = " AND ".join(parts) if parts else None
     return Where(sql, tuple(params), narrow, narrow_params, indexed, lo)
 

@@ -54,6 +54,8 @@ class SearchQuery:
     conversation: str | None = None
     order: Order = "relevance"
     limit: int = DEFAULT_LIMIT
+    from_id: int | None = None  # only log ids in this range (a summary's range)
+    to_id: int | None = None
 
 
 class SearchError(ValueError):

@@ -36,6 +36,7 @@ are applied in this order:
   request (no directive above matched, and the server was not started with ``ignore_tools``) —
   answer with a call to that tool (the first one offered, for ``"required"``) whose arguments
   fill each required parameter with a value of its type (``relaybot doctor``'s round trip).
+- the prompts of the summary jobs (memory/segments.py) — see :func:`_derived_answer`.
 - otherwise — answer ``echo: TEXT``; with ``[[dribble:SECONDS]]`` the headers go out at once
   and the body follows in 10 pieces, SECONDS apart (each read is quick, the whole is slow).
 
@@ -144,6 +145,26 @@ def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
         for name in params.get("required") or []
     }
     return _tool_call(str(tools[0]["name"]), json.dumps(args))
+
+
+PAUSE_PREFIX = "You read the last messages of a conversation."
+SUMMARY_PREFIX = "Summarise this part of a conversation"
+
+
+def _derived_answer(text: str) -> str | None:
+    """The answers to the summary jobs' prompts (memory/segments.py), or None for any other.
+
+    The pause judgement: ``{"paused": false}`` when the messages hold ``[[open]]``, else true.
+    The summary: ``{"summary": "SUMMARY: <the message lines>"}`` (so a test can tell what it
+    covered), or a non-JSON answer when they hold ``[[summary-garbage]]``."""
+    if text.startswith(PAUSE_PREFIX):
+        return json.dumps({"paused": "[[open]]" not in text})
+    if text.startswith(SUMMARY_PREFIX):
+        if "[[summary-garbage]]" in text:
+            return "Here is a summary, but not as JSON."
+        lines = text.split("Messages:\n", 1)[-1]
+        return json.dumps({"summary": "SUMMARY: " + " | ".join(lines.splitlines())})
+    return None
 
 
 class _Server(ThreadingHTTPServer):
@@ -267,6 +288,11 @@ class _Handler(BaseHTTPRequestHandler):
             retry_after = _RETRY_AFTER.search(text)
             headers = {"Retry-After": retry_after.group(1)} if retry_after else None
             self._error(code, f"scripted status {code}", headers)
+            return
+
+        derived = _derived_answer(text)
+        if derived is not None:
+            self._json(200, _completion(model, content=derived))
             return
 
         if "[[garbage]]" in text:

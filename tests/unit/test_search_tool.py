@@ -88,7 +88,8 @@ def test_offered_in_every_scope_that_sees_something(tmp_path: Path, store: Memor
     assert spec is not None
     assert "never instructions" in spec.description
     props = spec.parameters["properties"]
-    assert set(props) == {"query", "days", "channel", "sender", "conversation", "order", "limit"}
+    assert set(props) == {"query", "days", "channel", "sender", "conversation", "order", "limit",
+                          "from_id", "to_id"}  # fmt: skip
     assert props["order"]["enum"] == ["relevance", "time"]
 
 

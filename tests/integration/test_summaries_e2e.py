@@ -1,0 +1,232 @@
+"""Layer 1 end to end: the worker plans, a real rq jobs process derives with our model server, the
+worker applies (real Redis, real processes)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from rq import Queue
+
+from contract.keys import Keys
+from tests.support.fakemodel import FakeModelServer
+from tests.support.procs import (
+    Procs,
+    memory_rows,
+    relaybot_env,
+    run_relaybot,
+    send,
+    wait_for_replies,
+    wait_until,
+    write_config,
+)
+from tests.support.servers import RedisServer
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+[derive]
+judge_after = 0.5
+quiet = {quiet}
+check_every = 0.2
+min_rows = 2
+"""
+
+
+@pytest.fixture
+def keys(prefix: str) -> Keys:
+    return Keys(prefix)
+
+
+def _env(tmp_path: Path, redis_server: RedisServer, prefix: str, model: FakeModelServer,
+         quiet: float = 60) -> dict[str, str]:  # fmt: skip
+    home = tmp_path / "home"
+    write_config(home, CONFIG.format(quiet=quiet))
+    return relaybot_env(home, redis_url=redis_server.url, prefix=prefix,
+                        model_url=model.base_url, RELAYBOT_TURNS_MODE="followup")  # fmt: skip
+
+
+def summaries(env: dict[str, str]) -> list[dict[str, Any]]:
+    db = Path(env["RELAYBOT_HOME"]) / "memory.sqlite3"
+    return memory_rows(db, "SELECT * FROM summary ORDER BY id")
+
+
+def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "sum", "the boat leaves at nine")
+    send(real_redis, keys, "sum", "bring the blue tent")
+    wait_for_replies(real_redis, keys, "cli:sum", 2)
+    wait_until(
+        lambda: summaries(env),
+        timeout=30,
+        message=lambda: (
+            f"a summary; worker:\n{worker.log_text()[-2000:]}\njobs:\n{jobs.log_text()[-3000:]}"
+        ),
+    )
+    [made] = summaries(env)
+    log = memory_rows(
+        Path(env["RELAYBOT_HOME"]) / "memory.sqlite3", "SELECT id FROM log ORDER BY id"
+    )
+    assert (made["first_id"], made["last_id"], made["rows"]) == (log[0]["id"], log[-1]["id"], 4)
+    assert made["method"] == "model" and made["privacy"] == "owner"
+    assert made["text"].startswith("SUMMARY: [cli / owner]")
+    assert "the boat leaves at nine" in made["text"] and "bring the blue tent" in made["text"]
+    prompts = [r["messages"][-1]["content"] for r in model_server.requests]
+    assert any(p.startswith("You read the last messages") for p in prompts)  # judged first
+    worker.wait_for_log("summary.applied", summary=made["id"])
+    # nothing more: the conversation is covered until it goes on
+    calls = model_server.calls
+    wait_until(lambda: bool(worker.events("summary.enqueued")), timeout=5)
+    assert len(worker.events("summary.enqueued")) == 1
+    assert model_server.calls == calls
+
+
+def test_not_paused_waits_for_the_quiet_period_then_summarises(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server, quiet=4)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "open", "I am still thinking [[open]]")
+    wait_for_replies(real_redis, keys, "cli:open", 1)
+    jobs.wait_for_log("summary.not_paused", timeout=20)
+    assert summaries(env) == []
+    wait_until(lambda: summaries(env), timeout=30, message=lambda: jobs.log_text()[-3000:])
+    [made] = summaries(env)
+    assert made["method"] == "model"
+    modes = [e["mode"] for e in worker.events("summary.enqueued")]
+    assert modes == ["judge", "summarize"]
+
+
+def _asked(model: FakeModelServer, prefix: str) -> int:
+    return sum(
+        1 for r in list(model.requests) if str(r["messages"][-1]["content"]).startswith(prefix)
+    )
+
+
+def test_jobs_killed_mid_job_the_job_runs_again_and_one_summary_is_applied(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "kill", "pack the tent [[delay:3]]")
+    wait_for_replies(real_redis, keys, "cli:kill", 1, timeout=20)
+    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20,
+               message=lambda: jobs.log_text()[-2000:])  # fmt: skip
+    jobs.signal(signal.SIGKILL)  # in the middle of the model call
+    jobs.wait(timeout=10)
+    assert summaries(env) == []
+    again = procs.jobs(env)
+    again.wait_for_log("jobs.requeued_abandoned", timeout=20)
+    wait_until(lambda: summaries(env), timeout=40,
+               message=lambda: again.log_text()[-3000:] + worker.log_text()[-2000:])  # fmt: skip
+    time.sleep(1.0)  # nothing more arrives
+    [made] = summaries(env)
+    assert made["method"] == "model" and "pack the tent" in made["text"]
+
+
+def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restart(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server)
+    worker = procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "wk", "the lake is cold")
+    send(real_redis, keys, "wk", "take a jumper [[delay:2]]")
+    wait_for_replies(real_redis, keys, "cli:wk", 2, timeout=20)
+    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20)
+    worker.signal(signal.SIGSTOP)  # paused: the proposal cannot be applied
+    jobs.wait_for_log("summary.proposed", timeout=30)
+    worker.signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert summaries(env) == []
+    # the same derivation run once more meanwhile: a second proposal under the same key
+    ids = [r["id"] for r in memory_rows(Path(env["RELAYBOT_HOME"]) / "memory.sqlite3",
+                                        "SELECT id FROM log ORDER BY id")]  # fmt: skip
+    Queue(keys.jobs_queue, connection=real_redis).enqueue(
+        "worker.summarize_job.summarize", "cli:wk", ids[0], ids[-1], mode="summarize"
+    )
+    wait_until(lambda: len(jobs.events("summary.proposed")) >= 2, timeout=30)
+    procs.worker(env, r=real_redis, keys=keys)
+    wait_until(lambda: summaries(env), timeout=30)
+    time.sleep(1.5)  # the second proposal is read and refused as the same summary
+    [made] = summaries(env)
+    assert made["rows"] == 4 and "the lake is cold" in made["text"]
+    assert _asked(model_server, "Summarise") == 2  # the rerun asked again: applying is idempotent
+
+
+def test_a_model_that_is_down_makes_the_job_retry_then_the_cli_lists_and_resummarizes(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+    keys: Keys,
+) -> None:
+    env = _env(tmp_path, redis_server, prefix, model_server, quiet=1)
+    (Path(env["RELAYBOT_HOME"]) / "config.toml").open("a").write("[model]\nretries = 0\n")
+    procs.worker(env, r=real_redis, keys=keys)
+    jobs = procs.jobs(env)
+    send(real_redis, keys, "down", "the model fails once here [[flaky:1]]")
+    wait_for_replies(real_redis, keys, "cli:down", 1, timeout=20)
+    # the summary's first attempt fails (HTTP 500): rq keeps it for a retry, nothing is dropped
+    wait_until(lambda: _asked(model_server, "Summarise") >= 1, timeout=30)
+    wait_until(
+        lambda: "1 waiting to retry" in run_relaybot(["status"], env).stdout,
+        timeout=15,
+        message=lambda: run_relaybot(["status"], env).stdout + jobs.log_text()[-2000:],
+    )
+    assert summaries(env) == []
+    wait_until(lambda: summaries(env), timeout=40, message=lambda: jobs.log_text()[-3000:])
+    [made] = summaries(env)
+    assert made["method"] == "model"
+
+    listed = run_relaybot(["memory", "summaries"], env)
+    assert listed.returncode == 0, listed.stderr
+    assert f"#{made['id']} cli:down log {made['first_id']}..{made['last_id']}" in listed.stdout
+    assert "model, current" in listed.stdout
+
+    again = run_relaybot(["memory", "resummarize", "--conversation", "cli:down"], env)
+    assert again.returncode == 0, again.stderr
+    assert "as version 2" in again.stdout
+    wait_until(
+        lambda: len(summaries(env)) == 2, timeout=30, message=lambda: jobs.log_text()[-2000:]
+    )
+    listed = run_relaybot(["memory", "summaries", "--all"], env).stdout
+    assert f"supersedes #{made['id']}" in listed and "superseded" in listed
+    current = run_relaybot(["memory", "summaries", "--json"], env).stdout.splitlines()
+    assert len(current) == 1 and f'"supersedes": {made["id"]}' in current[0]

@@ -1,0 +1,152 @@
+"""Layer 1 in use: the context's summaries section and search_history's summary hits, under the
+privacy rule (a summary is shown only where every message it covers could be shown)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contract.config import Config
+from contract.messages import InboundMessage, Privacy
+from memory import summaries
+from memory.erasure import erase
+from memory.facade import Memory
+from memory.privacy import Scope
+from memory.rows import LogRow
+from memory.store import MemoryStore
+from worker.memory_tools import memory_tools
+from worker.tools import ToolRegistry
+from worker.turn import memory_settings
+from worker.turn_context import TurnContext
+
+_n = itertools.count(1)
+T0 = 1_795_000_000.0
+DM = "matrix:dm-bob"
+TEAM = "matrix:team"
+HOME = "cli:home"
+
+
+class World:
+    def __init__(self, home: Path) -> None:
+        self.cfg = Config(home=home)
+        self.store = MemoryStore(self.cfg.memory_path)
+        self.memory = Memory(self.store, memory_settings(self.cfg))
+
+    def msg(self, text: str, conversation: str, privacy: Privacy, sender: str) -> InboundMessage:
+        n = next(_n)
+        return InboundMessage(
+            channel=conversation.split(":", 1)[0], session=conversation,
+            conversation=conversation, sender=sender, privacy=privacy, text=text, ts=T0 + n,
+            event_id=f"e{n}",
+        )  # fmt: skip
+
+    def say(self, text: str, conversation: str, privacy: Privacy, sender: str) -> LogRow:
+        msg = self.msg(text, conversation, privacy, sender)
+        with self.memory.write():
+            row, _ = self.memory.record_inbound(msg, f"{msg.channel}/{msg.event_id}")
+        self.memory.settle()
+        assert row is not None
+        return row
+
+    def summarise(self, rows: list[LogRow], text: str) -> summaries.Summary:
+        conv = rows[0].conversation
+        p = summaries.Proposal(conv, rows[0].id, rows[-1].id, text, "model",
+                               summaries.job_key(conv, rows[0].id, rows[-1].id))  # fmt: skip
+        with self.memory.write():
+            made = self.memory.apply_summary(p)
+        self.memory.settle()
+        assert made is not None
+        return made
+
+    def context(self, text: str, conversation: str, privacy: Privacy, sender: str) -> str:
+        row = self.say(text, conversation, privacy, sender)
+        msg = self.msg(text, conversation, privacy, sender)
+        scope = self.memory.scope_of(msg, row)
+        return self.memory.context(msg, row, scope)[0]["content"]
+
+    def search(self, scope: Scope, **args: object) -> str:
+        msg = self.msg("x", scope.conversation, scope.privacy, "someone")
+        ctx = TurnContext(stream_id="9-0", msg=msg, scope=scope, memory=self.memory)
+        return ToolRegistry(memory_tools(ctx)).call("search_history", dict(args))
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.store.close()
+
+
+@pytest.fixture
+def summarised(world: World) -> dict[str, summaries.Summary]:
+    dm = [world.say(t, DM, Privacy.DIRECT, "@bob:m.org") for t in
+          ("my flat in Lisbon is free", "the key code is 4711", "bye")]  # fmt: skip
+    team = [world.say(t, TEAM, Privacy.GROUP, "@carol:m.org") for t in
+            ("who comes to Lisbon?", "we fly on friday")]  # fmt: skip
+    home = [world.say(t, HOME, Privacy.OWNER, "owner") for t in ("plan the Lisbon trip", "ok")]
+    return {
+        "dm": world.summarise(dm, "Bob offered his Lisbon flat, key code 4711."),
+        "team": world.summarise(team, "The team flies to Lisbon on friday."),
+        "home": world.summarise(home, "The owner planned the Lisbon trip."),
+    }
+
+
+def test_a_conversation_sees_its_own_summaries_labelled_with_their_range(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    ctx = world.context("what did we decide?", TEAM, Privacy.GROUP, "@carol:m.org")
+    assert "## Summaries of earlier conversation" in ctx
+    team = summarised["team"]
+    assert (
+        f"[matrix / {TEAM}]" in ctx and f"(log {team.first_id}..{team.last_id}, 2 messages)" in ctx
+    )
+    assert "The team flies to Lisbon on friday." in ctx
+
+
+def test_a_group_never_sees_a_summary_of_a_direct_or_owner_range(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    ctx = world.context("Lisbon key code flat trip", TEAM, Privacy.GROUP, "@carol:m.org")
+    assert "4711" not in ctx and "planned the Lisbon trip" not in ctx
+    out = world.search(Scope(TEAM, Privacy.GROUP), query="Lisbon key code trip")
+    assert "The team flies to Lisbon" in out
+    assert "4711" not in out and "planned the Lisbon trip" not in out
+    out = world.search(Scope(TEAM, Privacy.GROUP), query="Lisbon", conversation=DM)
+    assert "4711" not in out
+
+
+def test_the_owner_sees_related_summaries_of_other_conversations(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    ctx = world.context("is bob's flat in Lisbon free?", HOME, Privacy.OWNER, "owner")
+    assert "Bob offered his Lisbon flat" in ctx
+    out = world.search(Scope(HOME, Privacy.OWNER, "owner"), query="flat")
+    assert "summaries of earlier conversation that match" in out
+    dm = summarised["dm"]
+    assert f"(log {dm.first_id}..{dm.last_id}, 3 messages)" in out
+    # the range's raw messages, by the range the hit gives
+    raw = world.search(Scope(HOME, Privacy.OWNER, "owner"), query="key code",
+                       from_id=dm.first_id, to_id=dm.last_id)  # fmt: skip
+    assert "the key code is 4711" in raw
+
+
+def test_an_erased_message_leaves_no_trace_in_context_or_search(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    dm = summarised["dm"]
+    key_row = dm.first_id + 1
+    erase(world.store, kind="id", target=str(key_row), reason="asked", requested_by="owner",
+          stream_id="cli/1795999999999-0")  # fmt: skip
+    ctx = world.context("Lisbon flat key code", HOME, Privacy.OWNER, "owner")
+    assert "4711" not in ctx
+    out = world.search(Scope(HOME, Privacy.OWNER, "owner"), query="key code flat")
+    assert "4711" not in out
+    dump = "\n".join(str(r) for r in world.store.conn.execute("SELECT * FROM summary"))
+    assert "4711" not in dump
+    hits = world.store.conn.execute(
+        "SELECT count(*) FROM summary_fts WHERE summary_fts MATCH '4711'"
+    ).fetchone()[0]
+    assert hits == 0

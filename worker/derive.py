@@ -1,0 +1,234 @@
+"""The worker's side of layer 1: which conversation segments need a summary, and their jobs.
+
+Every ``[derive] check_every`` seconds, on the writer, between rounds: the conversations that got
+rows since the last look are noted with the time of their newest row. A conversation quiet for
+``judge_after`` seconds has its first uncovered segment planned (memory/segments.py):
+
+- a *closed* segment (a change of privacy class follows it, or it is ``max_rows`` long) is
+  summarised now;
+- the open segment at the end, once it holds ``min_rows`` rows: with a model, the job first asks
+  the model whether the conversation has naturally paused (``judge``), unless the model said "not
+  paused" at this very last row already; once quiet for ``quiet`` seconds, or with no model, it is
+  summarised without asking.
+
+A job is enqueued under an id made of its idempotency key (conversation, exact first and last log
+id, version) and its mode; one that is queued, running or waiting for a retry is not enqueued again,
+one that failed (its retries ran out: the model stayed down) is enqueued again after
+``RETRY_FAILED`` seconds, so nothing is dropped. Applying the result is idempotent on the key
+(memory/summaries.py), so a job run twice adds one summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import redis
+import structlog
+from rq import Queue, Retry
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+
+from contract.config import Config
+from memory import summaries
+from memory.facade import Memory
+from memory.rows import LogRow
+from memory.segments import segment
+from memory.store import MemoryStore
+
+log = structlog.get_logger(__name__)
+
+SCAN_BACK = 20_000  # at start, the conversations of the newest rows this many log ids back
+FINISHED_HOLD = 600.0  # a finished job's result is on its way: not enqueued again for this long
+RETRY_FAILED = 300.0  # a job whose retries ran out is enqueued again after this long
+_LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
+_CHANGES = (
+    "SELECT conversation, MAX(id), MAX(recorded_ts) FROM log WHERE id > ? GROUP BY conversation"
+)
+
+
+@dataclass
+class Active:
+    last_id: int
+    last_ts: float
+
+
+@dataclass(frozen=True)
+class Planned:
+    conversation: str
+    first_id: int
+    last_id: int
+    mode: str  # "judge" or "summarize"
+    supersedes: int | None = None
+    version: int = 1
+
+    @property
+    def key(self) -> str:
+        return summaries.job_key(self.conversation, self.first_id, self.last_id, self.version)
+
+    def job_id(self, prefix: str) -> str:
+        """The rq job id: rq's job keys are shared by every prefix on one Redis."""
+        digest = hashlib.sha256(f"{prefix}|{self.key}|{self.mode}".encode()).hexdigest()[:32]
+        return f"relaybot-summary-{digest}"
+
+
+class Deriver:
+    def __init__(
+        self,
+        cfg: Config,
+        r: redis.Redis,
+        memory: Memory,
+        *,
+        has_model: bool,
+        clock: Callable[[], float] = time.time,
+        busy: Callable[[str], bool] = lambda _conversation: False,
+    ) -> None:
+        self.cfg, self.r, self.memory, self.has_model = cfg, r, memory, has_model
+        self.clock = clock
+        self.busy = busy  # a turn of the conversation runs or waits: it has not paused
+        self.active: dict[str, Active] = {}
+        self._seen: int | None = None
+        self._last_check = 0.0
+
+    def maybe_plan(self) -> list[Planned]:
+        """Every ``check_every`` seconds: :meth:`plan`, and enqueue what it planned."""
+        d = self.cfg.derive
+        now = time.monotonic()
+        if not d.enabled or now - self._last_check < d.check_every:
+            return []
+        self._last_check = now
+        try:
+            planned = self.plan()
+            for p in planned:
+                self.enqueue(p)
+        except redis.RedisError as exc:  # tried again at the next check
+            log.warning("summary.plan_failed", error=str(exc))
+            return []
+        return planned
+
+    def plan(self) -> list[Planned]:
+        """The segments to derive now (memory read on the writer's connection)."""
+        found = self.memory.use(self._note_changes)
+        if found is None:
+            return []
+        d, now = self.cfg.derive, self.clock()
+        start = d.judge_after if self.has_model else d.quiet
+        judged = self._judged()
+        out: list[Planned] = []
+        for conversation, act in list(self.active.items()):
+            quiet_for = now - act.last_ts
+            if quiet_for < start or self.busy(conversation):
+                continue
+            rows = self.memory.use(partial(_uncovered, conversation=conversation,
+                                           limit=d.max_rows + 1))  # fmt: skip
+            seg = segment(rows or [], max_rows=d.max_rows)
+            if seg is None:
+                del self.active[conversation]  # everything is covered: until new rows come
+                continue
+            mode = "summarize"
+            if not seg.closed:
+                if len(seg.rows) < d.min_rows:
+                    if quiet_for >= d.quiet:
+                        del self.active[conversation]
+                    continue
+                paused_by_quiet = quiet_for >= d.quiet or not self.has_model
+                if not paused_by_quiet:
+                    if judged.get(conversation, 0) >= seg.last_id:
+                        continue  # the model said "not paused" here: wait for quiet or rows
+                    mode = "judge"
+            out.append(Planned(conversation, seg.first_id, seg.last_id, mode))
+        return out
+
+    def _note_changes(self, store: MemoryStore) -> bool:
+        conn = store.conn
+        if self._seen is None:
+            top = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM log").fetchone()[0])
+            self._seen = max(0, top - SCAN_BACK)
+        for conversation, last_id, last_ts in conn.execute(_CHANGES, (self._seen,)).fetchall():
+            self.active[str(conversation)] = Active(int(last_id), float(last_ts))
+            self._seen = max(self._seen, int(last_id))
+        return True
+
+    def _judged(self) -> dict[str, int]:
+        raw: dict[bytes, bytes] = self.r.hgetall(self.cfg.keys.derive_judged)  # type: ignore[assignment]
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            try:
+                out[k.decode()] = int(v)
+            except (UnicodeDecodeError, ValueError):
+                continue
+        return out
+
+    def enqueue(self, p: Planned) -> bool:
+        return enqueue(self.cfg, self.r, p)
+
+
+def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
+    """Enqueue the job unless it is queued, running, retrying, or just finished or failed."""
+    try:
+        job: Job | None = Job.fetch(p.job_id(cfg.keys.prefix), connection=r)
+    except NoSuchJobError:
+        job = None
+    if job is not None:
+        status = job.get_status(refresh=False)
+        ended = job.ended_at.timestamp() if job.ended_at is not None else 0.0
+        age = time.time() - ended
+        if status in _LIVE:
+            return False
+        if status == JobStatus.FINISHED and age < FINISHED_HOLD:
+            return False
+        if status == JobStatus.FAILED and age < RETRY_FAILED:
+            return False
+        job.delete()
+    queue(cfg, r).enqueue(
+        "worker.summarize_job.summarize",
+        p.conversation,
+        p.first_id,
+        p.last_id,
+        mode=p.mode,
+        supersedes=p.supersedes,
+        version=p.version,
+        job_id=p.job_id(cfg.keys.prefix),
+        retry=Retry(max=6, interval=[10, 30, 60, 120, 300, 600]),
+        job_timeout=int(cfg.model.timeout * (cfg.model.retries + 1) * 3 + 60),
+        result_ttl=int(FINISHED_HOLD * 2),
+        failure_ttl=7 * 24 * 3600,
+    )
+    log.info("summary.enqueued", conversation=p.conversation, first_id=p.first_id,
+                 last_id=p.last_id, mode=p.mode, version=p.version)  # fmt: skip
+    return True
+
+
+def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> list[LogRow]:
+    return summaries.uncovered(store.conn, conversation, limit)
+
+
+def queue(cfg: Config, r: redis.Redis) -> Queue:
+    return Queue(cfg.keys.jobs_queue, connection=r)
+
+
+def resummarize(
+    cfg: Config, r: redis.Redis, store: MemoryStore, conversation: str
+) -> list[Planned]:
+    """Derive the conversation's current summaries again: each new version supersedes its old
+    one when the worker applies it (``relaybot memory resummarize``)."""
+    out = []
+    for s in summaries.current(store.conn, conversation):
+        version = _version(store, s) + 1
+        p = Planned(conversation, s.first_id, s.last_id, "summarize", s.id, version)
+        enqueue(cfg, r, p)
+        out.append(p)
+    return out
+
+
+def _version(store: MemoryStore, s: summaries.Summary) -> int:
+    n, cur = 1, s
+    while cur.supersedes is not None:
+        older = summaries.by_id(store.conn, cur.supersedes)
+        if older is None:
+            break
+        n, cur = n + 1, older
+    return max(n, int(s.job_key.rsplit("#v", 1)[-1]) if "#v" in s.job_key else n)

@@ -1,0 +1,158 @@
+"""The summary job (rq, the ``jobs`` process): derive one conversation segment's summary.
+
+It reads memory read-only, asks the model (``[model.derive]`` over ``[model]``), validates the
+answer, and XADDs a ``derived`` entry (``extra.type = "summary"``) to the stream without a channel,
+which only the worker's and the jobs' Redis accounts may write; the worker checks the proposal again
+and applies it (memory/summaries.py). Jobs never write memory.
+
+``mode="judge"``: first ask whether the conversation has naturally paused; "no" is written to
+``derive:judged`` (the worker asks again after new messages, or summarises once the conversation
+has been quiet for ``[derive] quiet``); an unusable judgement leaves the decision to that quiet
+period. A model that is down raises: rq retries the job with backoff, and the worker enqueues it
+again should the retries run out, so a summary waits for the model, never gets dropped. A model
+that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
+marked ``method = "fallback"``; a later job may supersede it.
+
+Jobs get ids, never serialized models: (conversation, first log id, last log id, mode, the
+summary it supersedes, version); the job key (memory/summaries.py) makes applying idempotent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import structlog
+from rq import get_current_job
+
+from contract.config import Config, load_config
+from contract.messages import InboundMessage, Kind, Privacy, new_event_id
+from memory import summaries
+from memory.segments import (
+    PAUSE_PROMPT,
+    SUMMARY_PROMPT,
+    fallback_summary,
+    parse_pause,
+    parse_summary,
+    transcript,
+)
+from memory.store import MemoryStore
+from worker.model import ModelError, ModelPort, NoModel
+from worker.openai_client import make_model
+
+log = structlog.get_logger(__name__)
+
+JUDGE_ROWS = 12  # the last messages the pause judgement reads
+
+
+def summarize(
+    conversation: str,
+    first_id: int,
+    last_id: int,
+    *,
+    mode: str = "summarize",
+    supersedes: int | None = None,
+    version: int = 1,
+) -> str:
+    """The rq entry point; returns what happened (``proposed``, ``open``, ``undecided``,
+    ``stale``). Raises :class:`ModelError` when the model is down (rq retries)."""
+    cfg = load_config()
+    job = get_current_job()
+    r: redis.Redis = job.connection if job is not None else redis.Redis.from_url(_url(cfg))
+    model = make_model(cfg.model.for_derive())
+    try:
+        return derive(cfg, r, model, conversation, first_id=first_id, last_id=last_id,
+                      mode=mode, supersedes=supersedes, version=version)  # fmt: skip
+    finally:
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
+
+
+def _url(cfg: Config) -> str:
+    if cfg.redis.url is None:
+        raise RuntimeError("no Redis URL: run the job from the jobs process")
+    return cfg.redis.url.get_secret_value()
+
+
+def derive(
+    cfg: Config,
+    r: redis.Redis,
+    model: ModelPort,
+    conversation: str,
+    *,
+    first_id: int,
+    last_id: int,
+    mode: str = "summarize",
+    supersedes: int | None = None,
+    version: int = 1,
+) -> str:
+    """The job's work, with its parts given (tests call it directly too)."""
+    name = cfg.worker.assistant_name
+    with MemoryStore(cfg.memory_path, readonly=True) as store:
+        rows = summaries.range_rows(store.conn, conversation, first_id, last_id)
+    bound = log.bind(conversation=conversation, first_id=first_id, last_id=last_id, mode=mode)
+    if (
+        not rows
+        or rows[0].id != first_id
+        or rows[-1].id != last_id
+        or any(r.extra.startswith('{"erased":') for r in rows)
+    ):
+        bound.info("summary.stale", detail="the range changed since the job was enqueued")
+        return "stale"
+    lines = transcript(rows, name)
+    if mode == "judge":
+        if isinstance(model, NoModel):
+            return "undecided"
+        tail = transcript(rows[-JUDGE_ROWS:], name)
+        try:
+            paused = parse_pause(_ask(model, PAUSE_PROMPT + tail))
+        except ModelError as exc:
+            bound.info("summary.judge_failed", error=str(exc))
+            return "undecided"  # the quiet period decides
+        if paused is None:
+            bound.info("summary.judge_unusable")
+            return "undecided"
+        if not paused:
+            r.hset(cfg.keys.derive_judged, conversation, str(last_id))
+            bound.info("summary.not_paused")
+            return "open"
+    text, method = None, "model"
+    if not isinstance(model, NoModel):
+        for _ in range(2):
+            text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))  # ModelError: rq retries
+            if text is not None:
+                break
+            bound.warning("summary.unusable_answer")
+    if text is None:
+        text, method = fallback_summary(rows, name), "fallback"
+    key = summaries.job_key(conversation, first_id, last_id, version)
+    last = rows[-1]
+    entry = InboundMessage(
+        kind=Kind.DERIVED,
+        channel=last.channel,
+        session=last.session,
+        conversation=conversation,
+        sender="jobs",
+        privacy=Privacy(last.privacy),
+        text=text,
+        ts=time.time(),
+        event_id=new_event_id(),
+        extra={
+            "type": "summary",
+            "first_id": first_id,
+            "last_id": last_id,
+            "method": method,
+            "job_key": key,
+            "supersedes": supersedes,
+        },
+    )
+    r.xadd(cfg.keys.inbound, entry.to_fields())  # type: ignore[arg-type]
+    bound.info("summary.proposed", method=method, chars=len(text), key=key)
+    return "proposed"
+
+
+def _ask(model: ModelPort, prompt: str) -> str:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    return model.complete(messages, []).content or ""
