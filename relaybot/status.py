@@ -94,10 +94,10 @@ def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str
 
 
 def jobs_queue(r: redis.Redis, keys: Keys, now: float) -> dict[str, Any]:
-    """The rq queue of derived work (summaries): queued, running, failed, waiting for a retry,
-    and the age of the oldest queued job."""
+    """The rq queue of derived work (summaries): queued, running, failed, and the age of the
+    oldest queued job."""
     from rq import Queue
-    from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+    from rq.registry import FailedJobRegistry, StartedJobRegistry
 
     q = Queue(keys.jobs_queue, connection=r)
     oldest: float | None = None
@@ -110,7 +110,6 @@ def jobs_queue(r: redis.Redis, keys: Keys, now: float) -> dict[str, Any]:
         "queue": keys.jobs_queue,
         "queued": q.count,
         "running": StartedJobRegistry(queue=q).count,
-        "retrying": ScheduledJobRegistry(queue=q).count,  # type: ignore[no-untyped-call]
         "failed": FailedJobRegistry(queue=q).count,
         "oldest_queued_age_s": oldest,
     }
@@ -148,8 +147,7 @@ def render(status: dict[str, Any]) -> str:
         age = j["oldest_queued_age_s"]
         lines.append(
             f"jobs {j['queue']}: {j['queued']} queued, {j['running']} running, "
-            f"{j['retrying']} waiting to retry, {j['failed']} failed"
-            + (f", oldest queued {age:.1f} s" if age is not None else "")
+            f"{j['failed']} failed" + (f", oldest queued {age:.1f} s" if age is not None else "")
         )
     beats = status["heartbeats"]
     lines.append("heartbeats:" + ("" if beats else " none"))

@@ -12,10 +12,11 @@ rows since the last look are noted with the time of their newest row. A conversa
   summarised without asking.
 
 A job is enqueued under an id made of its idempotency key (conversation, exact first and last log
-id, version) and its mode; one that is queued, running or waiting for a retry is not enqueued again,
-one that failed (its retries ran out: the model stayed down) is enqueued again after
-``RETRY_FAILED`` seconds, so nothing is dropped. Applying the result is idempotent on the key
-(memory/summaries.py), so a job run twice adds one summary.
+id, version) and its mode; one that is queued or running is not enqueued again, one that failed
+or found the model down is enqueued again after a backoff (:func:`retry_after`: 10 s, doubling,
+at most 10 minutes; rq's own retries would need its scheduler process), so nothing is dropped.
+Applying the result is idempotent on the key (memory/summaries.py), so a job run twice adds one
+summary.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from functools import partial
 
 import redis
 import structlog
-from rq import Queue, Retry
+from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
@@ -43,7 +44,14 @@ log = structlog.get_logger(__name__)
 
 SCAN_BACK = 20_000  # at start, the conversations of the newest rows this many log ids back
 FINISHED_HOLD = 600.0  # a finished job's result is on its way: not enqueued again for this long
-RETRY_FAILED = 300.0  # a job whose retries ran out is enqueued again after this long
+RETRY_FIRST, RETRY_CAP = 10.0, 600.0  # a failed job is enqueued again after this, doubling
+
+
+def retry_after(attempts: int) -> float:
+    """Seconds before a job that failed ``attempts`` times in a row is enqueued again."""
+    return float(min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, attempts - 1)))
+
+
 _LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
 _CHANGES = (
     "SELECT conversation, MAX(id), MAX(recorded_ts) FROM log WHERE id > ? GROUP BY conversation"
@@ -167,7 +175,8 @@ class Deriver:
 
 
 def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
-    """Enqueue the job unless it is queued, running, retrying, or just finished or failed."""
+    """Enqueue the job unless it is queued or running, finished a moment ago, or failed (or
+    found the model down) less than its backoff ago."""
     try:
         job: Job | None = Job.fetch(p.job_id(cfg.keys.prefix), connection=r)
     except NoSuchJobError:
@@ -178,11 +187,18 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
         age = time.time() - ended
         if status in _LIVE:
             return False
-        if status == JobStatus.FINISHED and age < FINISHED_HOLD:
+        # failed (a bug), or finished saying the model is down: tried again after a backoff
+        again = status == JobStatus.FAILED or (
+            status == JobStatus.FINISHED and job.return_value(refresh=False) == "model_down"
+        )
+        attempts = int(job.meta.get("attempts", 1)) if again else 0
+        if again and age < retry_after(attempts):
             return False
-        if status == JobStatus.FAILED and age < RETRY_FAILED:
+        if not again and status == JobStatus.FINISHED and age < FINISHED_HOLD:
             return False
         job.delete()
+    else:
+        attempts = 0
     queue(cfg, r).enqueue(
         "worker.summarize_job.summarize",
         p.conversation,
@@ -192,10 +208,10 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
         supersedes=p.supersedes,
         version=p.version,
         job_id=p.job_id(cfg.keys.prefix),
-        retry=Retry(max=6, interval=[10, 30, 60, 120, 300, 600]),
         job_timeout=int(cfg.model.timeout * (cfg.model.retries + 1) * 3 + 60),
         result_ttl=int(FINISHED_HOLD * 2),
         failure_ttl=7 * 24 * 3600,
+        meta={"attempts": attempts + 1},
     )
     log.info("summary.enqueued", conversation=p.conversation, first_id=p.first_id,
                  last_id=p.last_id, mode=p.mode, version=p.version)  # fmt: skip

@@ -77,7 +77,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                     [queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15, name=worker_name()
                 )
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
-                worker.work(burst=burst, with_scheduler=True)  # retries with backoff wait there
+                worker.work(burst=burst, with_scheduler=False)
                 return 0  # stopped by a signal (or, in a burst, done)
             except TRANSIENT as exc:
                 if not _ride_out(rq_r, outage, exc):

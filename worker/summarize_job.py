@@ -8,9 +8,9 @@ and applies it (memory/summaries.py). Jobs never write memory.
 ``mode="judge"``: first ask whether the conversation has naturally paused; "no" is written to
 ``derive:judged`` (the worker asks again after new messages, or summarises once the conversation
 has been quiet for ``[derive] quiet``); an unusable judgement leaves the decision to that quiet
-period. A model that is down raises: rq retries the job with backoff, and the worker enqueues it
-again should the retries run out, so a summary waits for the model, never gets dropped. A model
-that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
+period. A model that is down ends the job with ``model_down`` (one warning, no traceback): the
+worker enqueues it again after a backoff, so a summary waits for the model, never gets dropped.
+A model that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
 marked ``method = "fallback"``; a later job may supersede it.
 
 Jobs get ids, never serialized models: (conversation, first log id, last log id, mode, the
@@ -56,7 +56,7 @@ def summarize(
     version: int = 1,
 ) -> str:
     """The rq entry point; returns what happened (``proposed``, ``open``, ``undecided``,
-    ``stale``). Raises :class:`ModelError` when the model is down (rq retries)."""
+    ``stale``, or ``model_down``: the worker enqueues the job again after a backoff)."""
     cfg = load_config()
     job = get_current_job()
     r: redis.Redis = job.connection if job is not None else redis.Redis.from_url(_url(cfg))
@@ -121,7 +121,11 @@ def derive(
     text, method = None, "model"
     if not isinstance(model, NoModel):
         for _ in range(2):
-            text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))  # ModelError: rq retries
+            try:
+                text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))
+            except ModelError as exc:  # the worker enqueues the job again, backing off
+                bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
+                return "model_down"
             if text is not None:
                 break
             bound.warning("summary.unusable_answer")

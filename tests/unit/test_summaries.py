@@ -244,7 +244,7 @@ def test_not_paused_is_noted_and_no_summary_is_proposed(world: World) -> None:
     assert entries(r, world.cfg) == []
 
 
-def test_garbage_twice_gets_the_fallback_and_a_model_down_raises_for_rq_to_retry(
+def test_garbage_twice_gets_the_fallback_and_a_model_down_is_tried_again_later(
     world: World,
 ) -> None:
     rows = [world.say(f"m{i}") for i in range(4)]
@@ -254,9 +254,9 @@ def test_garbage_twice_gets_the_fallback_and_a_model_down_raises_for_rq_to_retry
     [entry] = entries(r, world.cfg)
     assert '"method":"fallback"' in entry["extra"]
     assert entry["text"].startswith("(extractive summary, no model)")
-    with pytest.raises(ModelError):
-        derive(world.cfg, r, Scripted(ModelError("down", kind="connect")), CONV,
-               first_id=rows[0].id, last_id=rows[-1].id)  # fmt: skip
+    down = Scripted(ModelError("down", kind="connect"))
+    out = derive(world.cfg, r, down, CONV, first_id=rows[0].id, last_id=rows[-1].id)
+    assert out == "model_down"  # the worker enqueues the job again, backing off
     assert len(entries(r, world.cfg)) == 1
 
 
@@ -312,3 +312,29 @@ def test_too_short_an_open_segment_waits_and_no_model_means_the_quiet_period(
     d.clock = lambda: max(r.recorded_ts for r in more) + 100
     [p] = d.plan()
     assert p.mode == "summarize" and p.last_id == more[-1].id
+
+
+def test_a_job_that_found_the_model_down_is_enqueued_again_after_a_growing_backoff(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rq import SimpleWorker
+
+    from worker import derive as derive_mod
+    from worker.derive import Planned, enqueue, queue, retry_after
+
+    assert [retry_after(n) for n in (1, 2, 3, 10)] == [10.0, 20.0, 40.0, 600.0]
+    rows = [world.say(f"m{i}") for i in range(4)]
+    r = fakeredis.FakeRedis()
+    p = Planned(CONV, rows[0].id, rows[-1].id, "summarize")
+    monkeypatch.setattr("worker.summarize_job.load_config", lambda: world.cfg)
+    monkeypatch.setattr(
+        "worker.summarize_job.make_model", lambda _cfg: Scripted(ModelError("down"))
+    )
+    assert enqueue(world.cfg, r, p) is True
+    assert enqueue(world.cfg, r, p) is False  # queued: not twice
+    SimpleWorker([queue(world.cfg, r)], connection=r).work(burst=True)
+    assert enqueue(world.cfg, r, p) is False  # the model was down a moment ago: backing off
+    monkeypatch.setattr(derive_mod, "RETRY_FIRST", 0.0)
+    assert enqueue(world.cfg, r, p) is True
+    job = queue(world.cfg, r).fetch_job(p.job_id(world.cfg.keys.prefix))
+    assert job is not None and job.meta["attempts"] == 2
