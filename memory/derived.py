@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 from contract.messages import Privacy
+from memory import summaries
 from memory.identity import person_of
 from memory.privacy import Scope, log_row_visible
 from memory.provenance import KEY, DrewOn
@@ -45,6 +46,7 @@ def derived_replies(
     if not erased_notes:  # only replies newer than the oldest erased row can hold it
         sql += " AND id > ?"
         params.append(floor)
+    hit = set(summaries.covering(conn, erased_rows))  # the summaries the erasure blanks
     entity_of = _entity_of(conn)
     persons = cache(lambda entity: person_of(conn, entity))
     found: dict[int, str] = {}
@@ -56,7 +58,7 @@ def derived_replies(
             drew = DrewOn.from_extra(json.loads(reply.extra or "{}"))
         except ValueError:
             continue
-        if drew.rows & erased_rows.keys() or drew.notes & erased_notes:
+        if drew.rows & erased_rows.keys() or drew.notes & erased_notes or drew.summaries & hit:
             found[reply.id] = reply.stream_id
             continue
         if not drew.history_from or drew.history_from >= reply.id:

@@ -432,22 +432,26 @@ class Memory:
             curated = self.curated.read().text  # never raises
             if curated:
                 sections.append(CuratedSection(curated))
-        summary_lines = self._summary_lines(msg, scope, current_id)
-        if summary_lines:
-            sections.append(SummariesSection(summary_lines))
+        shown = self._summaries(msg, scope, current_id)
+        if shown:
+            sections.append(SummariesSection([summary_view.line(s) for s in shown]))
+            if drew is not None:  # offered (the budget may cut the oldest): an erasure reaches
+                drew.add_summaries(s.id for s in shown)  # every reply they may have shaped
         found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
         return sections
 
-    def _summary_lines(self, msg: InboundMessage, scope: Scope, current_id: int) -> list[str]:
+    def _summaries(
+        self, msg: InboundMessage, scope: Scope, current_id: int
+    ) -> list[summaries.Summary]:
         """Layer 1 in the context (memory/summary_view.py); none if memory fails (degraded)."""
         store = self.store
         if store is None or not self._any_summary(store):
             return []
         persons = persons_for(store, scope) if direct_person(scope) is not None else frozenset()
         try:
-            return summary_view.section_lines(
+            return summary_view.section_summaries(
                 store.conn, scope, conversation=msg.conversation,
                 before_id=current_id or 2**62, text=msg.text, persons=persons,
             )  # fmt: skip

@@ -8,7 +8,9 @@ in any conversation. So each reply row keeps, in ``extra.drew_on``:
   the context held every row the conversation could see (memory.privacy) from that id up to the
   message answered, and nothing older;
 - ``rows``: log rows shown by a tool (``search_history`` hits and the messages around them);
-- ``notes``: notes shown in the context's notes section or by ``recall``.
+- ``notes``: notes shown in the context's notes section or by ``recall``;
+- ``summaries``: conversation summaries (layer 1) offered in the context's summaries section or
+  shown by ``search_history`` (an erasure of a row a summary covers reaches these replies too).
 
 MEMORY.md (the owner's curated file) is not memory rows: the owner edits it by hand and it is
 shown only in the owner's own conversations. Pure data; the turn fills it, memory stores it.
@@ -30,6 +32,10 @@ class DrewOn:
     history_from: int = 0  # 0: no history
     rows: set[int] = field(default_factory=set)
     notes: set[int] = field(default_factory=set)
+    summaries: set[int] = field(default_factory=set)
+
+    def add_summaries(self, ids: Iterable[int]) -> None:
+        self.summaries.update(i for i in ids if i > 0)
 
     def add_rows(self, ids: Iterable[int]) -> None:
         self.rows.update(i for i in ids if i > 0)
@@ -46,6 +52,8 @@ class DrewOn:
             out["rows"] = sorted(self.rows)
         if self.notes:
             out["notes"] = sorted(self.notes)
+        if self.summaries:
+            out["summaries"] = sorted(self.summaries)
         return {KEY: out} if out else {}
 
     @classmethod
@@ -59,6 +67,7 @@ class DrewOn:
             history_from=start if isinstance(start, int) and start > 0 else 0,
             rows=_ints(raw.get("rows")),
             notes=_ints(raw.get("notes")),
+            summaries=_ints(raw.get("summaries")),
         )
 
 

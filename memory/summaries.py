@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -228,6 +228,17 @@ def apply(conn: sqlite3.Connection, p: Proposal, now: float | None = None) -> Su
 def tombstone(conn: sqlite3.Connection, erasure_id: int, log_ids: Sequence[int]) -> list[int]:
     """Blank every summary whose range holds one of these (erased) log rows; the caller holds the
     erasure's grant. Returns the ids blanked (their ranges are derived again from what remains)."""
+    hit = covering(conn, log_ids)
+    for chunk in chunks(hit):
+        conn.execute(
+            f"UPDATE summary SET text = '', erased = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
+            [erasure_id, *chunk],
+        )
+    return hit
+
+
+def covering(conn: sqlite3.Connection, log_ids: Iterable[int]) -> list[int]:
+    """The summaries not yet blanked whose range holds one of these log rows."""
     hit: set[int] = set()
     for chunk in chunks(sorted(set(log_ids))):
         sql = (
@@ -237,11 +248,6 @@ def tombstone(conn: sqlite3.Connection, erasure_id: int, log_ids: Sequence[int])
             "AND s.erased IS NULL"
         )
         hit.update(int(r[0]) for r in conn.execute(sql, list(chunk)))
-    for chunk in chunks(sorted(hit)):
-        conn.execute(
-            f"UPDATE summary SET text = '', erased = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
-            [erasure_id, *chunk],
-        )
     return sorted(hit)
 
 

@@ -128,10 +128,28 @@ def section_lines(
 ) -> list[str]:
     """The section's lines, newest first: the conversation's own summaries older than the
     current message, then (the owner's own conversations) related ones of other conversations."""
+    return [
+        line(s)
+        for s in section_summaries(
+            conn, scope, conversation=conversation, before_id=before_id, text=text, persons=persons
+        )
+    ]
+
+
+def section_summaries(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    *,
+    conversation: str,
+    before_id: int,
+    text: str,
+    persons: frozenset[str] = frozenset(),
+) -> list[Summary]:
+    """The summaries of :func:`section_lines`, newest first."""
     own = summaries.newest_before(conn, conversation, before_id, OWN_LIMIT)
-    shown = [line(s) for s in own if visible(conn, scope, s, persons)]
+    shown = [s for s in own if visible(conn, scope, s, persons)]
     if privacy_of(scope) is Privacy.OWNER:
-        shown += [line(s) for s in related(conn, text, exclude=conversation, limit=RELATED)]
+        shown += related(conn, text, exclude=conversation, limit=RELATED)
     return shown
 
 

@@ -292,6 +292,7 @@ def search_history_tool(ctx: TurnContext) -> Tool:
         text = search.format_hits(result, ctx.memory.settings.assistant_name, owners=owners)
         found = summary_view.search(store, ctx.scope, _search_query(args))
         if found:
+            ctx.drew.add_summaries(s.id for s in found)
             text += "\n" + summary_view.format_found(found)
         return text
 

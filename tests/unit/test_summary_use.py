@@ -150,3 +150,28 @@ def test_an_erased_message_leaves_no_trace_in_context_or_search(
         "SELECT count(*) FROM summary_fts WHERE summary_fts MATCH '4711'"
     ).fetchone()[0]
     assert hits == 0
+
+
+def test_a_reply_shaped_by_a_summary_is_erased_with_a_message_the_summary_covers(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    from contract.messages import Reply
+    from memory.provenance import DrewOn
+
+    row = world.say("what about bob's flat?", HOME, Privacy.OWNER, "owner")
+    msg = world.msg("what about bob's flat?", HOME, Privacy.OWNER, "owner")
+    drew = DrewOn()
+    world.memory.context(msg, row, world.memory.scope_of(msg, row), drew)
+    assert summarised["dm"].id in drew.summaries  # offered in the summaries section
+    with world.store.transaction():
+        reply = world.store.append_reply(
+            Reply(reply_id="r-flat", answers=row.stream_id, channel="cli", session=HOME,
+                  conversation=HOME, text="Bob's key code is 4711.", created=T0 + 999),
+            sender="relaybot", privacy=Privacy.OWNER, extra=drew.as_extra(),
+        )  # fmt: skip
+    dm = summarised["dm"]
+    result = erase(world.store, kind="id", target=str(dm.first_id + 1), reason="asked",
+                   requested_by="owner", stream_id="cli/1795999999998-0")  # fmt: skip
+    assert result["derived_replies"] >= 1
+    text = world.store.conn.execute("SELECT text FROM log WHERE id = ?", (reply.id,)).fetchone()
+    assert text[0] == ""
