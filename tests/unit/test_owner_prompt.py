@@ -53,7 +53,7 @@ def test_a_turn_sends_the_name_written_in_config_toml_to_the_model(tmp_path: Pat
                 text="who am I?",
                 ts=1.0,
                 event_id="ev-1",
-            )  # fmt: skip
+            )
         )
         r.xadd(cfg.keys.inbound, msg.to_fields())  # type: ignore[arg-type]
         while entries := consumer.read(block_ms=None):  # type: ignore[arg-type]
