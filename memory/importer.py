@@ -316,7 +316,9 @@ class Importer:
                 rec.event_id,
                 rec.reply_id,
                 rec.platform_ts,
-                rec.recorded_ts,
+                # its place in the log's time order; a message from the future would stay the
+                # newest of every context for years: it is recorded now instead
+                min(rec.recorded_ts, time.time()),
                 json.dumps(rec.extra, separators=(",", ":"), ensure_ascii=False)
                 if rec.extra
                 else "{}",

@@ -354,6 +354,16 @@ CREATE TABLE reply_covers (
 CREATE INDEX reply_covers_by ON reply_covers (answered_by);
 """
 
+# The log in its messages' time (memory.rows.order_key: recorded_ts, then id): context windows and
+# the writer's caches read the newest rows of the log, of a conversation and of a sender this way
+# (an imported history's older messages are older, though their ids are higher). Each index ends
+# in the rowid, so it serves ORDER BY recorded_ts DESC, id DESC.
+_MIGRATION_11 = """
+CREATE INDEX log_time ON log (recorded_ts);
+CREATE INDEX log_conversation_time ON log (conversation, recorded_ts);
+CREATE INDEX log_entity_time ON log (entity, recorded_ts);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -365,6 +375,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "reply status 'failed'", _MIGRATION_8),
     Migration(9, "fenced writes; inbound rows by platform event id", _MIGRATION_9),
     Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
+    Migration(11, "the log in its messages' time order", _MIGRATION_11),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

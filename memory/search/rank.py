@@ -19,7 +19,10 @@
 On LoCoMo (bench/locomo.py) this finds an evidence turn in the top 5 for 77% of the questions,
 against 55% for plain BM25. Deterministic: no model, no download, ties broken by id.
 
-**Time order**: the newest rows holding every term (or, if none holds them all, any term).
+**Time order**: the newest rows holding every term (or, if none holds them all, any term), in
+the messages' time (:attr:`LogRow.ts`), not in the order they were inserted (an imported
+history's older messages have the highest ids): among the newest :attr:`Ranking.window` matches
+by id.
 
 **Privacy.** Every query carries the predicate of :func:`memory.privacy.log_visibility_sql` for
 the caller's scope (one place: :func:`memory.search.index.visibility`), and so do the context
@@ -142,8 +145,11 @@ def _by_time(
     if len(terms) > 1:
         attempts.append(("any", " OR ".join(terms)))
     for matched, expr in attempts:
-        # read a little more than asked: corrupt rows are skipped, and ties are ordered by time
-        posts = index.postings(expr, limit + 8, ranking.weights)
+        # The index lists matches by id, which is the order they were inserted: an imported
+        # history's older messages have the highest ids. So read the newest ranking.window
+        # matches by id (more than asked: an import's matches cannot crowd out the recent ones
+        # below that), and order them by the messages' time (as each line shows it).
+        posts = index.postings(expr, max(limit + 8, ranking.window), ranking.weights)
         rows = reader.rows(i for i, _ in posts)
         found = [(rows[i], s) for i, s in posts if i in rows]
         if found:
