@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 import structlog
@@ -349,6 +349,16 @@ def _serve(
     """Add ``rows`` (newest first) that are below ``before``, above ``after`` and of the
     conversation or inbound from the entity, up to ``limit``; True when that ended the read
     (``limit`` reached, or a row at or below ``after``)."""
+    if after is None and before is None and entity is None:  # the common read: no bounds
+        if conversation is None:
+            out.extend(islice(rows, limit - len(out)))
+            return len(out) >= limit
+        for row in rows:
+            if row.conversation == conversation:
+                out.append(row)
+                if len(out) == limit:
+                    return True
+        return False
     a_ts, a_id = after if after is not None else (-_INF, 0)
     for row in rows:
         ts = row.recorded_ts
