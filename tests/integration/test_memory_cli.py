@@ -213,8 +213,30 @@ def test_squidbot_history_import(
             "text": f"remember {SECRET}",
         },
     ]
+    # it says whom it took each sender for (issue 13)
+    assert "cli / tester -> owner (by owner.aliases)" in result.stdout
+    assert "unmapped:        1 sender(s), each an entity of its own" in result.stdout
+    assert "matrix / @alice:m.org -> e-" in result.stdout
     again = json.loads(relaybot(env, "memory", "import", str(history), "--json").stdout)
     assert again["added"] == {} and again["present"] == {"log": 3}
+    # a Telegram history: the owner's handle there is mapped on the command line
+    telegram = tmp_path / "telegram.jsonl"
+    telegram.write_text(
+        line("user", "from my phone", "2026-02-20T08:00:00Z", "telegram", "12345") + "\n"
+        + line("user", "hi from bob", "2026-02-20T08:01:00Z", "telegram", "777") + "\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    mapped = relaybot(env, "memory", "import", str(telegram), "--map", "telegram:12345=owner")
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    assert "telegram / 12345 -> owner (by --map)" in mapped.stdout
+    assert "telegram / 777 -> e-" in mapped.stdout
+    rows = memory_rows(
+        db(env), "SELECT sender, entity, is_owner, privacy FROM log WHERE channel = 'telegram'"
+    )
+    assert rows[0] == {"sender": "12345", "entity": "owner", "is_owner": 1, "privacy": "owner"}
+    assert rows[1]["is_owner"] == 0 and rows[1]["entity"].startswith("e-")
+    bad = relaybot(env, "memory", "import", str(telegram), "--map", "12345=owner")
+    assert bad.returncode != 0 and "CHANNEL:ADDRESS=TARGET" in bad.stderr
     # what was imported is memory like any other: the owner's next turn sees it
     assert chat(env, "what do you remember?", session="later").returncode == 0
     assert SECRET in json.dumps(model_server.requests[-1])
