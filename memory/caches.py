@@ -360,12 +360,13 @@ def _serve(
                     return True
         return False
     a_ts, a_id = after if after is not None else (-_INF, 0)
-    for row in rows:
+    b_ts, b_id = before if before is not None else (_INF, 0)
+    for row in rows:  # newest first: skip down to ``before``, stop at ``after``
         ts = row.recorded_ts
+        if ts > b_ts or (ts == b_ts and row.id >= b_id):
+            continue
         if ts < a_ts or (ts == a_ts and row.id <= a_id):
             return True
-        if before is not None and (ts, row.id) >= before:
-            continue
         if conversation is not None and row.conversation != conversation:
             continue
         if entity is not None and (row.entity != entity or row.direction != "in"):
