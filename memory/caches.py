@@ -219,6 +219,8 @@ class RecentRows:
             return out
         bound = before
         cache = self._rows
+        if cache is not None and after is not None and not self.pending and _below(cache, after):
+            return out  # nothing is newer than ``after`` (a window's turn, most of the time)
         if cache is not None and (before is None or self._lo is None or before > self._lo):
             rows = chain(reversed(self.pending), reversed(cache))
             if _serve(out, limit, rows, before, after, conversation=conversation):
@@ -242,6 +244,8 @@ class RecentRows:
             self._select(out, limit, conversation, before, after)
             return
         entry = self._cached(self._convs, conversation, conversation=True)
+        if after is not None and not self.pending and _below(entry.rows, after):
+            return  # nothing of it is newer than ``after``
         # the open transaction's rows (not cached yet; the newest), then the cache's
         rows = chain(reversed(self.pending), reversed(entry.rows))
         if _serve(out, limit, rows, before, after, conversation=conversation):
@@ -334,6 +338,16 @@ class RecentRows:
         ]
         what = conversation if conversation is not None else entity
         return self._conn.execute(sql, _params(what, below, after, want)).fetchall()
+
+
+def _below(rows: deque[LogRow], after: OrderKey) -> bool:
+    """Whether the newest of ``rows`` (oldest first) is at or below ``after`` (or there is none),
+    so that every row they cover is."""
+    if not rows:
+        return True
+    top = rows[-1]
+    ts = top.recorded_ts
+    return ts < after[0] or (ts == after[0] and top.id <= after[1])
 
 
 def _serve(
