@@ -89,7 +89,7 @@ class MemoryStore:
         self._indexed_at = 0.0  # when sync_index last ran (monotonic)
         self._tx = Transactions(self._conn, self._caches, self.sync_index, self._index_if_due)
         # the newest message's time: a row appended below it is not the newest (see _append)
-        self._top_ts = self._newest_ts()
+        self._top_ts = 0.0 if readonly else self._newest_ts()
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
