@@ -46,7 +46,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract.messages import Privacy, describe_validation_error
-from memory.identity import CLI_CHANNEL, OwnerResolver
+from memory.identity import OwnerResolver
 from memory.records import (
     FORMAT,
     FORMAT_VERSION,
@@ -72,19 +72,8 @@ class Mapping:
 
     targets: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def owner_aliases(self) -> list[_Alias]:
-        return [_Alias(a, c) for (c, a), t in self.targets.items() if t == "owner"]
-
     def target(self, channel: str, address: str) -> str | None:
         return self.targets.get((channel.strip().casefold(), address.strip().casefold()))
-
-
-@dataclass(frozen=True)
-class _Alias:
-    """A scoped owner alias (memory.identity.ScopedAlias) from a mapping."""
-
-    address: str
-    channel: str | None
 
 
 def parse_mapping(entries: Iterable[str]) -> Mapping:
@@ -294,7 +283,6 @@ def _parse_squidbot(
     resolver: OwnerResolver,
     mapping: Mapping,
 ) -> None:
-    mapped_owner = OwnerResolver(mapping.owner_aliases())
     seen: dict[str, int] = {}
     last_user: dict[str, tuple[str, Privacy]] = {}  # channel -> (conversation, privacy)
     for n, obj, error in lines:
@@ -308,14 +296,14 @@ def _parse_squidbot(
             out.rejected.append((n, describe_validation_error(exc)))
             continue
         try:
-            record, key_base = _squidbot_record(line, seen, last_user, resolver, mapped_owner)
+            record, key_base = _squidbot_record(line, seen, last_user, resolver, mapping)
         except ValueError as exc:
             out.rejected.append((n, str(exc)))
             continue
         seen[key_base] = seen.get(key_base, 0) + 1
         item: dict[str, Any] = {"line": n, "record": record_json(record), "identify": True}
         target = mapping.target(record.channel, record.sender)
-        if record.direction == "in" and target is not None:
+        if record.direction == "in" and target not in (None, "owner"):
             item["map_to"] = target
         out.items.append(item)
 
@@ -325,7 +313,7 @@ def _squidbot_record(
     seen: dict[str, int],
     last_user: dict[str, tuple[str, Privacy]],
     resolver: OwnerResolver,
-    mapped_owner: OwnerResolver,
+    mapping: Mapping,
 ) -> tuple[LogRecord, str]:
     if line.role not in ("user", "assistant"):
         raise ValueError(f"role {line.role!r} is not a user or assistant message")
@@ -344,9 +332,7 @@ def _squidbot_record(
     stream_id = squidbot_key(line, seen.get(key_base, 0))
     inbound = line.role == "user"
     if inbound:
-        is_owner = resolver.is_owner(channel, sender) or (
-            channel != CLI_CHANNEL and mapped_owner.is_owner(channel, sender)
-        )
+        is_owner = mapping.target(channel, sender) == "owner" or resolver.is_owner(channel, sender)
         conversation = line.conversation or f"{channel}:{sender}"
         privacy = line.privacy or (Privacy.OWNER if is_owner else Privacy.DIRECT)
         last_user[channel] = (conversation, privacy)
