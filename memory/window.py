@@ -66,8 +66,11 @@ class HistoryWindows:
             done = window.rendered = HistoryLines(assistant_name, self.limit)
             done.extend(rows)
         else:
-            top, new = done.newest_key, 0
-            while new < len(rows) and (rows[new].recorded_ts, rows[new].id) > top:
+            (top_ts, top_id), new = done.newest_key, 0
+            for row in rows:  # the rows newer than the lines (no tuple per row: the hot path)
+                ts = row.recorded_ts
+                if ts < top_ts or (ts == top_ts and row.id <= top_id):
+                    break
                 new += 1
             done.extend(rows[:new])
         return rows, done
