@@ -46,6 +46,7 @@ class Check:
     detail: str  # what happened, in words
     models: list[str] = field(default_factory=list)  # the model listing's, when that was the check
     device_id: str | None = None  # Matrix: the access token's device
+    unlisted: bool = False  # the endpoint answers but has no model list (a completion may work)
 
 
 def _short(text: str) -> str:
@@ -96,6 +97,7 @@ def list_models(base_url: str, api_key: str = "") -> Check:
         return Check(
             False,
             f"{url} does not exist (404): an OpenAI-compatible base URL usually ends in /v1",
+            unlisted=True,
         )
     if resp.status_code != 200:
         return Check(False, f"{url} answered {resp.status_code}: {_error_text(resp)}")

@@ -84,7 +84,7 @@ def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
         )
         if listing.ok and models and model not in models:
             asker.say(f"  note: the endpoint does not list {model!r}")
-        reachable = listing.ok or "does not exist (404)" in listing.detail
+        reachable = listing.ok or listing.unlisted
         tried = checks.try_completion(base_url, api_key, model) if reachable else None
         if tried is not None:
             report(asker, tried)
