@@ -4,7 +4,9 @@
 ``status`` and ``export`` read the memory database read-only, here (memory/status.py,
 memory/export.py). ``import`` reads and checks the file here (memory/import_file.py) and sends the
 records to the worker, the only writer, as ``memory.import`` owner commands, each packed to fit
-one stream entry (relaybot/import_parts.py); ``erase`` previews what it would remove, asks, and
+one stream entry (relaybot/import_parts.py), with the handle mappings of ``--map``/``--map-file``,
+and prints whom the worker took each sender for (mapped, or left an entity of its own); ``erase``
+previews what it would remove, asks, and
 sends one ``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import)
 some records were rejected, 2 configuration error.
 """
