@@ -90,6 +90,7 @@ class MemoryStore:
         self._tx = Transactions(self._conn, self._caches, self.sync_index, self._index_if_due)
         # the newest message's time: a row appended below it is not the newest (see _append)
         self._top_ts = 0.0 if readonly else self._newest_ts()
+        self._stepped_back = False  # said so in the log already
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
@@ -256,13 +257,17 @@ class MemoryStore:
         below_top = row.recorded_ts < self._top_ts  # the clock stepped back: not at the top
         if not below_top:
             self._top_ts = row.recorded_ts
+            self._stepped_back = False
         if in_batch:
             self._caches.pending.append(row)
         else:
             self.sync_index()  # a crash before it: the next sync indexes the row
             self._caches.added([] if below_top else [row])
         if below_top:  # readers of the log's order must not take it for the newest row
-            log.warning("memory.row_below_top", id=row.id, behind=self._top_ts - row.recorded_ts)
+            if not self._stepped_back:  # once per step back of the clock
+                behind = round(self._top_ts - row.recorded_ts, 3)
+                log.warning("memory.clock_behind_newest_row", id=row.id, behind_s=behind)
+                self._stepped_back = True
             self._tx.changed()
         return row
 
