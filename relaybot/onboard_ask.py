@@ -132,7 +132,7 @@ class Asker:
         """An option by its number (1-based) or any name."""
 
         def check(answer: str) -> str | None:
-            if answer.isdigit() and not 1 <= int(answer) <= len(options):
+            if options and answer.isdigit() and not 1 <= int(answer) <= len(options):
                 return f"{answer} is not one of the numbers 1-{len(options)}"
             return None
 

@@ -45,6 +45,13 @@ EMAIL_KEYS = (
 SHOW_MODELS = 40  # models listed by number; the rest can be named
 
 
+def with_answers(cfg: Config, name: str, section: dict[str, Any]) -> Config:
+    """``cfg`` with a section's answers in it: the defaults of the questions asked again."""
+    data = cfg.model_dump()
+    data[name] = {**data[name], **section}
+    return Config.model_validate(data)
+
+
 def report(asker: Asker, result: checks.Check) -> bool:
     asker.say(f"  {'ok' if result.ok else 'FAILED'}: {result.detail}")
     return result.ok
@@ -99,6 +106,8 @@ def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
         if decision == "skip":
             return None
         asker.forget(MODEL_KEYS)
+        cfg = with_answers(cfg, "model", section)  # a retry starts from these answers
+        current_key = api_key
 
 
 # -- Matrix --------------------------------------------------------------------------------------
@@ -156,6 +165,8 @@ def ask_matrix(asker: Asker, cfg: Config) -> dict[str, Any] | None:
         if decision == "skip":
             return None
         asker.forget(MATRIX_KEYS)
+        cfg = with_answers(cfg, "matrix", section)  # a retry starts from these answers
+        m = cfg.matrix
 
 
 # -- e-mail --------------------------------------------------------------------------------------
@@ -198,6 +209,7 @@ def ask_email(asker: Asker, cfg: Config) -> dict[str, Any] | None:
         if decision == "skip":
             return None
         asker.forget(EMAIL_KEYS)
+        cfg = with_answers(cfg, "email", section)  # a retry starts from these answers
 
 
 def _email_answers(asker: Asker, cfg: Config) -> dict[str, Any]:

@@ -97,15 +97,23 @@ def test_a_wrong_api_key_is_reported_and_retried(
     answers = [
         *OWNER,
         *(models.base_url, "sk-wrong", "qwen2.5:7b"),  # refused: 401
-        "r",  # retry
-        *(models.base_url, "sk-right", "qwen2.5:7b"),
+        "r",  # retry: the URL and the model are as answered before, only the key is new
+        *("", "sk-right", ""),
         "n",
         "n",
     ]
     result = onboard(env, answers)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAILED: the endpoint refused the API key (401" in result.stdout
-    assert written(env)["model"]["api_key"] == "sk-right"
+    assert (
+        f"Base URL (e.g. http://localhost:11434/v1; empty: set it later) [{models.base_url}]"
+        in (result.stdout)
+    )
+    assert written(env)["model"] == {
+        "base_url": models.base_url,
+        "model": "qwen2.5:7b",
+        "api_key": "sk-right",
+    }
 
 
 def test_a_model_the_endpoint_lacks_fails_without_input_or_is_kept_when_told(
