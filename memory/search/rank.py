@@ -19,11 +19,12 @@
 On LoCoMo (bench/locomo.py) this finds an evidence turn in the top 5 for 77% of the questions,
 against 55% for plain BM25. Deterministic: no model, no download, ties broken by id.
 
-**Time order**: the newest rows holding every term (or, if none holds them all, any term), in
-the log's time order (memory.rows.order_key, as the context: when relaybot recorded a message,
-for an imported one when it was said), not in the order they were inserted (an imported
-history's older messages have the highest ids). The newest matches by id are enough when the
-time index shows no older id as new; else the newest :attr:`Ranking.window` matches are ordered.
+**Time order**: the newest rows holding every term (or, if none holds them all, any term): the
+newest in the log's time order (memory.rows.order_key, as the context: when relaybot recorded a
+message, for an imported one when it was said), not in the order they were inserted (an imported
+history's older messages have the highest ids), shown newest first by the time each line shows.
+The newest matches by id are enough when the time index shows no older id as new; else the
+newest :attr:`Ranking.window` matches are the candidates.
 
 **Privacy.** Every query carries the predicate of :func:`memory.privacy.log_visibility_sql` for
 the caller's scope (one place: :func:`memory.search.index.visibility`), and so do the context
@@ -141,8 +142,9 @@ def search(
 def _by_time(
     index: Index, reader: Reader, terms: Sequence[str], limit: int, ranking: Ranking
 ) -> tuple[list[tuple[LogRow, float]], str]:
-    """The newest rows holding every term (else any term), newest first, in the log's time
-    order (memory.rows.order_key: recorded_ts, then id)."""
+    """The newest rows holding every term (else any term), newest first: the candidates are the
+    newest in the log's time order (memory.rows.order_key: recorded_ts, then id), shown in the
+    time each line shows."""
     attempts = [("all", " AND ".join(terms))]
     if len(terms) > 1:
         attempts.append(("any", " OR ".join(terms)))
@@ -157,12 +159,14 @@ def _by_time(
         if len(posts) >= want and not _complete(reader.conn, found, posts, limit):
             posts = index.postings(expr, max(want, ranking.window), ranking.weights)
             found = _ordered(reader, posts)
-        if found:
+        if found:  # shown in the time each line shows (the platform's, when it gave one)
+            found.sort(key=lambda rs: (rs[0].ts, rs[0].id), reverse=True)
             return found[:limit], matched
     return [], "any"
 
 
 def _ordered(reader: Reader, posts: list[tuple[int, float]]) -> list[tuple[LogRow, float]]:
+    """The rows of ``posts``, newest first in the log's time order."""
     rows = reader.rows(i for i, _ in posts)
     found = [(rows[i], s) for i, s in posts if i in rows]
     found.sort(key=lambda rs: (rs[0].recorded_ts, rs[0].id), reverse=True)

@@ -278,10 +278,9 @@ def test_an_answer_follows_its_question(store: MemoryStore, log: Log) -> None:
 
 
 def test_time_order_is_newest_first(store: MemoryStore, log: Log) -> None:
-    # the log's time order: when each was recorded (an imported one: when it was said)
-    log.msg("cli:home", "invoice invoice invoice best match but old", ts=T0 - DAY)
     for k in range(5):
         log.msg("cli:home", f"invoice number {k}", ts=T0 + k)
+    log.msg("cli:home", "invoice invoice invoice best match but old", ts=T0 - DAY)
     result = search(store, OWNER, SearchQuery(text="invoice", order="time", limit=3))
     assert texts(result) == ["invoice number 4", "invoice number 3", "invoice number 2"]
     assert result.matched == "all"
