@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,24 @@ def test_search_in_time_order_puts_imported_messages_by_their_time(store: Memory
     # and the message before an imported one is the one before it in time
     (story,) = [h for h in result.hits if h.row.text == "kettle story 19"]
     assert story.before is not None and story.before.text == "kettle story 18"
+
+
+def test_search_in_time_order_equals_sorting_every_match(store: MemoryStore) -> None:
+    """Whichever way it reads (the newest matches by id, or the wider window after an import),
+    time order gives the newest matches in the log's order, as sorting every match would."""
+    rng = random.Random(13)
+    for round_ in range(6):
+        for _ in range(rng.randint(5, 30)):
+            say(store, f"tea {rng.choice(['green', 'black'])} {next(_n)}")
+        if round_ % 2:
+            days = rng.sample(range(1, 28), rng.randint(3, 20))
+            import_lines(
+                store, [squid(f"tea archive {d} {next(_n)}", d, "@me:m.org") for d in days]
+            )
+        for limit in (1, 3, 10):
+            result = search(store, OWNER, SearchQuery(text="tea", order="time", limit=limit))
+            every = [
+                r for r in visible_history(store, OWNER, limit=100_000) if "tea" in r.text.split()
+            ]  # newest first in the log's order: the newest `limit` are the answer
+            want = sorted(every[:limit], key=lambda r: (r.ts, r.id), reverse=True)
+            assert [h.row.id for h in result.hits] == [r.id for r in want], (round_, limit)
