@@ -263,8 +263,9 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
 # -- the two ways of getting a context ---------------------------------------------------------
 
 
-def current_row(conversation: str, privacy: Privacy, next_id: int) -> LogRow:
-    """The message being answered (just appended by the worker)."""
+def current_row(conversation: str, privacy: Privacy, next_id: int, now: float = T0) -> LogRow:
+    """The message being answered (just appended by the worker: the newest row, in id and in
+    time, ``now`` being the log's newest recorded_ts)."""
     return LogRow(
         id=next_id,
         direction="in",
@@ -281,8 +282,8 @@ def current_row(conversation: str, privacy: Privacy, next_id: int) -> LogRow:
         text="what did we decide about the trip?",
         event_id="ev-now",
         reply_id=None,
-        platform_ts=T0,
-        recorded_ts=T0,
+        platform_ts=now,
+        recorded_ts=now,
     )
 
 
@@ -393,6 +394,7 @@ def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
     results = []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     next_id = conn.execute("SELECT max(id) FROM log").fetchone()[0] + 1
+    now = conn.execute("SELECT max(recorded_ts) FROM log").fetchone()[0] + 1.0
     in_conv = conn.execute(
         "SELECT count(*) FROM log WHERE conversation = ?", (DIRECT_CONV,)
     ).fetchone()[0]
@@ -403,7 +405,7 @@ def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
         ("direct", Scope(conversation=DIRECT_CONV, privacy=Privacy.DIRECT)),
     ):
         conversation = None if scope.privacy is Privacy.OWNER else scope.conversation
-        current = current_row(scope.conversation, scope.privacy, next_id)
+        current = current_row(scope.conversation, scope.privacy, next_id, now)
 
         # cold: a fresh store object each time (the worker's cache is loaded when it opens)
         open_ms: list[float] = []

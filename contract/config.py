@@ -26,6 +26,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+OWNER_NAME_FIELD = "{owner_name}"  # in worker.system_prompt: replaced by owner.name
+
+
 class ConfigError(RuntimeError):
     """The configuration cannot be used; the message says which key and why."""
 
@@ -308,6 +311,19 @@ class Config(_Section):
         """Every alias of the owner: ``owner.aliases``, and ``matrix.owners`` as Matrix ones."""
         extra = [OwnerAlias(address=a, channel="matrix") for a in self.matrix.owners]
         return [*self.owner.aliases, *extra]
+
+    @property
+    def system_prompt(self) -> str:
+        """The system prompt the model gets: ``worker.system_prompt`` with the owner's name.
+
+        ``{owner_name}`` in the prompt is replaced by ``owner.name``; a prompt without it gets one
+        sentence naming the owner appended (none while the name is the default ``owner``)."""
+        prompt, name = self.worker.system_prompt, self.owner.name.strip()
+        if OWNER_NAME_FIELD in prompt:
+            return prompt.replace(OWNER_NAME_FIELD, name or "owner")
+        if not name or name == "owner":
+            return prompt
+        return f"{prompt.rstrip()} The owner's name is {name}; the history calls them 'owner'."
 
     @property
     def keys(self) -> Keys:

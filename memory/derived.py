@@ -2,9 +2,10 @@
 
 A reply row keeps what its context drew on (``extra.drew_on``): the oldest history row it held,
 the rows a tool showed, the notes it showed. A reply is *derived* from an erased row when a tool
-showed that row, or when the row lies in the reply's history span (from ``from`` up to the reply)
-and the reply's conversation could see it (memory.privacy: the same rule that built the
-history); from an erased note when the context or ``recall`` showed that note.
+showed that row, or when the row lies in the reply's history span (from ``from`` up to the reply,
+in the log's time order, among the rows that were there) and the reply's conversation could see
+it (memory.privacy: the same rule that built the history); from an erased note when the context
+or ``recall`` showed that note.
 
 One hop: a reply that drew on a derived reply is not derived in turn (erasing the derived
 replies takes their text out of every later context; following the chain would take every
@@ -48,6 +49,7 @@ def derived_replies(
         params.append(floor)
     hit = set(summaries.covering(conn, erased_rows))  # the summaries the erasure blanks
     entity_of = _entity_of(conn)
+    time_of = _time_of(conn)
     persons = cache(lambda entity: person_of(conn, entity))
     found: dict[int, str] = {}
     for raw in conn.execute(sql, params):
@@ -63,7 +65,11 @@ def derived_replies(
             continue
         if not drew.history_from or drew.history_from >= reply.id:
             continue
-        span = [r for i, r in erased_rows.items() if drew.history_from <= i < reply.id]
+        start = (time_of(drew.history_from), drew.history_from)
+        end = (reply.recorded_ts, reply.id)
+        span = [  # in the log's time order (memory.rows.order_key), among the rows there then
+            r for i, r in erased_rows.items() if i < reply.id and start <= (r.recorded_ts, i) < end
+        ]
         if not span:
             continue
         entity = entity_of(reply.stream_id)
@@ -87,6 +93,20 @@ def _rows(conn: sqlite3.Connection, ids: Collection[int]) -> dict[int, LogRow]:
             row = build(tuple(raw))
             out[row.id] = row
     return out
+
+
+def _time_of(conn: sqlite3.Connection) -> Callable[[int], float]:
+    """A row's recorded_ts by id (its place in the log's time order); +inf if it is gone."""
+
+    @cache
+    def time_of(row_id: int) -> float:
+        raw = conn.execute("SELECT recorded_ts FROM log WHERE id = ?", (row_id,)).fetchone()
+        return float(raw[0]) if raw is not None and isinstance(raw[0], int | float) else _INF
+
+    return time_of
+
+
+_INF = float("inf")
 
 
 def _entity_of(conn: sqlite3.Connection) -> Callable[[str], str | None]:

@@ -19,6 +19,14 @@ line on its channel. Without ``conversation`` a user line's conversation is
 sender is the owner (``owner.aliases``), else ``direct`` (one person: the narrowest class that
 keeps what they said visible to them).
 
+**Mapping handles to entities** (squidbot histories; an export brings its own entities):
+every inbound line's sender ``(channel, sender_id)`` is a handle. The owner is recognised by
+``owner.aliases`` (scoped to the channel, e.g. ``{ address = "12345", channel = "telegram" }``)
+or by an explicit mapping (:func:`parse_mapping`, ``telegram:12345=owner``): such lines are the
+owner's, in the owner's conversations. A handle mapped to another entity (``e-…``, or a known
+handle ``matrix:@bob:example.org``) is recorded under it (item ``map_to``; memory/importer.py);
+any other sender gets an entity of its own on first sight, as live messages do.
+
 **Importing is idempotent**: a squidbot message's stream id is ``import:`` + a hash of the
 message (and of how many identical messages came before it in the file, :func:`squidbot_key`),
 an exported row keeps its own, and ``UNIQUE (direction, stream_id)`` does the rest; the other
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,9 +59,42 @@ from memory.records import (
     record_json,
 )
 
+_CHANNEL = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
 SQUIDBOT = "squidbot"
 RELAYBOT = "relaybot"
 IMPORT_PREFIX = "import:"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Explicit handle mappings: ``(channel, address)`` (normalized) -> an entity reference."""
+
+    targets: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def target(self, channel: str, address: str) -> str | None:
+        return self.targets.get((channel.strip().casefold(), address.strip().casefold()))
+
+
+def parse_mapping(entries: Iterable[str]) -> Mapping:
+    """``CHANNEL:ADDRESS=TARGET`` entries (``--map``, or the lines of a ``--map-file``; blank
+    lines and ``#`` comments skipped). TARGET is ``owner``, an entity id (``e-…``) or a handle
+    ``channel:address`` already known. Raises ValueError naming the bad entry."""
+    targets: dict[tuple[str, str], str] = {}
+    for raw in entries:
+        entry = raw.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        handle, sep, target = entry.rpartition("=")
+        channel, colon, address = handle.strip().partition(":")
+        channel, address, target = channel.strip().casefold(), address.strip(), target.strip()
+        if not sep or not colon or not _CHANNEL.match(channel) or not address or not target:
+            raise ValueError(
+                f"{raw.strip()!r} is not CHANNEL:ADDRESS=TARGET (like telegram:12345=owner)"
+            )
+        target = "owner" if target.casefold() == "owner" else target
+        targets[(channel, address.casefold())] = target
+    return Mapping(targets)
 
 
 @dataclass
@@ -92,8 +134,15 @@ def _json_lines(lines: Iterable[str]) -> Iterator[tuple[int, object, str | None]
             yield n, None, f"not JSON: {exc}"
 
 
-def parse_file(lines: Iterable[str], *, resolver: OwnerResolver, fmt: str | None = None) -> Parsed:
-    """Read an export or a squidbot history; bad lines are rejected with their number."""
+def parse_file(
+    lines: Iterable[str],
+    *,
+    resolver: OwnerResolver,
+    fmt: str | None = None,
+    mapping: Mapping | None = None,
+) -> Parsed:
+    """Read an export or a squidbot history; bad lines are rejected with their number.
+    ``resolver`` recognises the owner (``owner.aliases``); ``mapping`` maps handles."""
     stream = _json_lines(lines)
     first = next(stream, None)
     if first is None:
@@ -112,7 +161,7 @@ def parse_file(lines: Iterable[str], *, resolver: OwnerResolver, fmt: str | None
     if fmt == RELAYBOT:
         _parse_export(all_lines(), out)
     elif fmt == SQUIDBOT:
-        _parse_squidbot(all_lines(), out, resolver)
+        _parse_squidbot(all_lines(), out, resolver, mapping or Mapping())
     else:
         raise FormatError(f"unknown format {fmt!r}")
     return out
@@ -229,7 +278,10 @@ def squidbot_key(line: SquidbotLine, occurrence: int) -> str:
 
 
 def _parse_squidbot(
-    lines: Iterator[tuple[int, object, str | None]], out: Parsed, resolver: OwnerResolver
+    lines: Iterator[tuple[int, object, str | None]],
+    out: Parsed,
+    resolver: OwnerResolver,
+    mapping: Mapping,
 ) -> None:
     seen: dict[str, int] = {}
     last_user: dict[str, tuple[str, Privacy]] = {}  # channel -> (conversation, privacy)
@@ -244,12 +296,16 @@ def _parse_squidbot(
             out.rejected.append((n, describe_validation_error(exc)))
             continue
         try:
-            record, key_base = _squidbot_record(line, seen, last_user, resolver)
+            record, key_base = _squidbot_record(line, seen, last_user, resolver, mapping)
         except ValueError as exc:
             out.rejected.append((n, str(exc)))
             continue
         seen[key_base] = seen.get(key_base, 0) + 1
-        out.items.append({"line": n, "record": record_json(record), "identify": True})
+        item: dict[str, Any] = {"line": n, "record": record_json(record), "identify": True}
+        target = mapping.target(record.channel, record.sender)
+        if record.direction == "in" and target not in (None, "owner"):
+            item["map_to"] = target
+        out.items.append(item)
 
 
 def _squidbot_record(
@@ -257,6 +313,7 @@ def _squidbot_record(
     seen: dict[str, int],
     last_user: dict[str, tuple[str, Privacy]],
     resolver: OwnerResolver,
+    mapping: Mapping,
 ) -> tuple[LogRecord, str]:
     if line.role not in ("user", "assistant"):
         raise ValueError(f"role {line.role!r} is not a user or assistant message")
@@ -275,7 +332,7 @@ def _squidbot_record(
     stream_id = squidbot_key(line, seen.get(key_base, 0))
     inbound = line.role == "user"
     if inbound:
-        is_owner = resolver.is_owner(channel, sender)
+        is_owner = mapping.target(channel, sender) == "owner" or resolver.is_owner(channel, sender)
         conversation = line.conversation or f"{channel}:{sender}"
         privacy = line.privacy or (Privacy.OWNER if is_owner else Privacy.DIRECT)
         last_user[channel] = (conversation, privacy)

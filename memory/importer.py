@@ -37,7 +37,14 @@ from memory.erasure import (
     remove,
     writing,
 )
-from memory.identity import create_handle, ensure_owner
+from memory.identity import (
+    OWNER,
+    create_handle,
+    ensure_owner,
+    handle_entity,
+    normalize_address,
+    resolve_ref,
+)
 from memory.records import (
     EntityRecord,
     ErasureRecord,
@@ -118,14 +125,25 @@ class ImportResult:
     present: dict[str, int] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     erased: int = 0  # records (among the present) that an erasure here had erased
+    # the senders of the imported messages: "channel / address" -> {"entity", "how"}, where how
+    # is "owner" (an owner alias or a mapping to the owner), "mapped" (a mapping), "known" (a
+    # handle memory knew), "new" (an entity of its own, made now) or "conflict" (mapped, but the
+    # handle belongs to another entity already: kept there)
+    handles: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        handles = dict(sorted(self.handles.items())[:MAX_HANDLES_REPORTED])
         return {
             "added": self.added,
             "present": self.present,
             "rejected": self.rejected,
             "erased": self.erased,
+            "handles": handles,
+            "handles_more": max(0, len(self.handles) - len(handles)),
         }
+
+
+MAX_HANDLES_REPORTED = 200  # per command: the result travels back in one reply
 
 
 # records present already are left as they are (ON CONFLICT / OR IGNORE): "present"
@@ -197,7 +215,12 @@ class Importer:
 
     def _apply(self, record: Record, item: dict[str, Any]) -> None:
         if isinstance(record, LogRecord):
-            self._log(record, identify=bool(item.get("identify")))
+            map_to = item.get("map_to")
+            self._log(
+                record,
+                identify=bool(item.get("identify")),
+                map_to=map_to if isinstance(map_to, str) and map_to else None,
+            )
         elif isinstance(record, EntityRecord):
             params: tuple[Any, ...] = (record.id, record.kind, record.name, record.created_ts)
             self._insert_or_present(record, _INSERT_ENTITY, params)
@@ -245,7 +268,7 @@ class Importer:
         top = self.conn.execute(f"SELECT max(id) FROM {table}").fetchone()[0]  # noqa: S608
         return wanted if top is None or wanted > int(top) else None
 
-    def _log(self, rec: LogRecord, *, identify: bool) -> None:
+    def _log(self, rec: LogRecord, *, identify: bool, map_to: str | None = None) -> None:
         same = self.conn.execute(
             "SELECT conversation, sender, text, extra FROM log WHERE direction = ? "
             "AND stream_id = ?",
@@ -268,8 +291,9 @@ class Importer:
         if not rec.is_owner and rec.entity == "owner":
             raise ValueError("only the owner's rows may have the entity 'owner'")
         entity = rec.entity
+        how = ""
         if identify and rec.direction == "in" and entity is None:
-            entity = self._identify(rec)
+            entity, how = self._identify(rec, map_to)
         cur = self.conn.execute(
             "INSERT INTO log (id, direction, stream_id, kind, channel, session, conversation, "
             "sender, sender_name, entity, is_owner, privacy, text, event_id, reply_id, "
@@ -292,7 +316,9 @@ class Importer:
                 rec.event_id,
                 rec.reply_id,
                 rec.platform_ts,
-                rec.recorded_ts,
+                # its place in the log's time order; a message from the future would stay the
+                # newest of every context for years: it is recorded now instead
+                min(rec.recorded_ts, time.time()),
                 json.dumps(rec.extra, separators=(",", ":"), ensure_ascii=False)
                 if rec.extra
                 else "{}",
@@ -301,14 +327,45 @@ class Importer:
         if cur.rowcount != 1:
             raise Present("log")
         self.log_added = True
+        if how and entity is not None:
+            # the first line of a handle tells how it was found ("new" stays "new")
+            key = f"{rec.channel} / {rec.sender}"
+            self.result.handles.setdefault(key, {"entity": entity, "how": how})
 
-    def _identify(self, rec: LogRecord) -> str | None:
-        """The sender's entity, created on first sight like a live message's."""
+    def _identify(self, rec: LogRecord, map_to: str | None) -> tuple[str | None, str]:
+        """The sender's entity and how it was found: the owner; the entity ``map_to`` names
+        (the handle is recorded under it unless it belongs to another entity already); else the
+        handle's entity, created on first sight like a live message's."""
         if rec.is_owner:
             ensure_owner(self.conn, self.owner_name, rec.recorded_ts)
-            return "owner"
+            return "owner", "owner"
+        known = handle_entity(self.conn, rec.channel, rec.sender)
+        if map_to is not None:
+            try:
+                target = resolve_ref(self.conn, map_to)
+            except LookupError as exc:
+                raise ValueError(
+                    f"cannot map {rec.channel}:{rec.sender} to {map_to}: {exc}"
+                ) from None
+            if target == OWNER:
+                raise ValueError("a handle mapped to the owner is the owner's (internal error)")
+            if known is not None:
+                return known, "mapped" if known == target else "conflict"
+            self.conn.execute(
+                _INSERT_HANDLE,
+                (
+                    normalize_address(rec.channel),
+                    normalize_address(rec.sender),
+                    target,
+                    rec.sender_name.strip(),
+                    rec.recorded_ts,
+                ),
+            )
+            return target, "mapped"
+        if known is not None:
+            return known, "known"
         try:
-            return create_handle(
+            entity = create_handle(
                 self.conn,
                 rec.channel,
                 rec.sender,
@@ -316,7 +373,8 @@ class Importer:
                 now=rec.recorded_ts,
             )
         except ValueError:
-            return None
+            return None, ""
+        return entity, "new"
 
     def _link(self, rec: LinkRecord) -> None:
         if rec.a >= rec.b:

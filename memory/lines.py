@@ -142,13 +142,15 @@ class HistoryLines:
         self._ids: list[int] = []
         self._lines: list[str] = []
         self._totals: list[int] = [0]  # _totals[i]: the cost of the entries before i
+        self._newest: tuple[float, int] = (float("-inf"), 0)  # the newest row's order key
 
     @property
-    def newest_id(self) -> int:
-        return self._ids[-1] if self._ids else 0
+    def newest_key(self) -> tuple[float, int]:
+        """The newest row's order key (memory.rows.order_key); below every row when empty."""
+        return self._newest
 
     def extend(self, rows: Sequence[LogRow]) -> None:
-        """Add ``rows`` (newest first, all newer than :attr:`newest_id`)."""
+        """Add ``rows`` (newest first, all newer than :attr:`newest_key`)."""
         total = self._totals[-1]
         for row in reversed(rows):
             line, cost = line_and_cost(row, self.assistant_name, self.owners)
@@ -156,6 +158,8 @@ class HistoryLines:
             self._ids.append(row.id)
             self._lines.append(line)
             self._totals.append(total)
+        if rows:
+            self._newest = (rows[0].recorded_ts, rows[0].id)
         if len(self._ids) > 2 * self.limit:  # forget what no longer counts, now and then
             cut = len(self._ids) - self.limit
             base = self._totals[cut]
@@ -167,16 +171,16 @@ class HistoryLines:
         """The lines of the newest rows whose costs fit in ``room``, oldest first, leaving out
         ``current`` when it is the newest row, and the id of the oldest of them (0: none). None
         when that cannot be told without looking at every row (``current`` is not a stored row,
-        or rows newer than it are here): the caller then goes row by row. Ids are unique and
-        grow along the rows, and a stored row is the only one with its (stream id, direction),
-        so comparing ids with the newest row's is enough."""
+        or rows newer than it are here): the caller then goes row by row. The rows are in the
+        log's order (order keys are unique), and a stored row is the only one with its (stream
+        id, direction), so comparing with the newest row is enough."""
         if current.id <= 0:
             return None
         ids, totals = self._ids, self._totals
         end = len(ids)
-        if end and ids[-1] >= current.id:
-            if ids[-1] > current.id:
-                return None
+        if end and ids[-1] == current.id:
             end -= 1
+        elif end and self._newest > (current.recorded_ts, current.id):
+            return None
         first = max(len(ids) - self.limit, bisect_left(totals, totals[end] - room, hi=end))
         return self._lines[first:end], ids[first] if first < end else 0

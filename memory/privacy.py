@@ -42,7 +42,7 @@ from typing import Any
 
 from contract.messages import Privacy
 from memory.identity import OWNER, person_of
-from memory.rows import LogRow
+from memory.rows import LogRow, OrderKey
 from memory.store import MemoryStore
 
 PAGE_ROWS = 128
@@ -173,14 +173,16 @@ def visible_history(
     scope: Scope,
     *,
     limit: int,
-    before_id: int | None = None,
-    after_id: int = 0,
+    before: OrderKey | None = None,
+    after: OrderKey | None = None,
     persons: Collection[str] | None = None,
 ) -> Iterator[LogRow]:
     """Rows ``scope`` may see, newest first, at most ``limit``, read lazily page by page.
 
-    ``before_id`` starts below that id (e.g. the current message's, for a strictly earlier view);
-    ``after_id`` ends at that id (what is new since then: memory.window). ``persons`` is
+    Newest in the messages' time (memory.rows.order_key: recorded_ts, then id), not in the order
+    rows were inserted: an imported history's older messages come before newer ones. ``before``
+    starts below that order key (e.g. the current message's, for a strictly earlier view);
+    ``after`` ends at it (what is new since then: memory.window). ``persons`` is
     :func:`persons_for` of a direct scope when the caller has it already.
     The owner reads the whole log (the store's caches serve the recent end); a group reads its
     conversation; a direct scope merges its conversation with one stream per entity of the
@@ -190,20 +192,20 @@ def visible_history(
     if privacy is None or limit <= 0:
         return
     if privacy is Privacy.OWNER:
-        yield from _pages(store, limit, before_id, after_id)
+        yield from _pages(store, limit, before, after)
         return
     if privacy is Privacy.DIRECT:
         people = _persons(scope, persons_for(store, scope) if persons is None else persons)
     else:
         people = []
-    own = _pages(store, limit, before_id, after_id, conversation=scope.conversation)
+    own = _pages(store, limit, before, after, conversation=scope.conversation)
     if not people:
         yield from own
         return
-    streams = [own, *(_pages(store, limit, before_id, after_id, entity=e) for e in people)]
+    streams = [own, *(_pages(store, limit, before, after, entity=e) for e in people)]
     last = 0
     count = 0
-    for row in heapq.merge(*streams, key=lambda r: -r.id):
+    for row in heapq.merge(*streams, key=_newest_first):
         if row.id == last:  # the person's rows in this conversation come twice
             continue
         last = row.id
@@ -217,11 +219,15 @@ def visible_history(
             return
 
 
+def _newest_first(row: LogRow) -> tuple[float, int]:
+    return (-row.recorded_ts, -row.id)
+
+
 def _pages(
     store: MemoryStore,
     limit: int,
-    before_id: int | None,
-    after_id: int,
+    before: OrderKey | None,
+    after: OrderKey | None,
     *,
     conversation: str | None = None,
     entity: str | None = None,
@@ -234,11 +240,9 @@ def _pages(
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
         if entity is not None:
-            rows = store.recent_of_entity(entity, page, before_id=before_id, after_id=after_id)
+            rows = store.recent_of_entity(entity, page, before=before, after=after)
         else:
-            rows = store.recent(
-                page, conversation=conversation, before_id=before_id, after_id=after_id
-            )
+            rows = store.recent(page, conversation=conversation, before=before, after=after)
         if conversation is None:
             yield from rows
         else:
@@ -249,7 +253,7 @@ def _pages(
         if len(rows) < page:
             return
         remaining -= page
-        before_id = rows[-1].id
+        before = (rows[-1].recorded_ts, rows[-1].id)
 
 
 # -- notes -------------------------------------------------------------------------------------

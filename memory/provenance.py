@@ -4,9 +4,9 @@ An erasure (memory/erasure.py) removes a text and what was derived from it. A re
 from every row and note its model input showed the model: the model may have quoted any of them,
 in any conversation. So each reply row keeps, in ``extra.drew_on``:
 
-- ``from``: the oldest row of the recent history the context held. The history is contiguous:
-  the context held every row the conversation could see (memory.privacy) from that id up to the
-  message answered, and nothing older;
+- ``from``: the oldest row of the recent history the context held. The history is contiguous in
+  the log's time order (memory.rows.order_key): the context held every row the conversation
+  could see (memory.privacy) from that row up to the message answered, and nothing older;
 - ``rows``: log rows shown by a tool (``search_history`` hits and the messages around them);
 - ``notes``: notes shown in the context's notes section or by ``recall``;
 - ``summaries``: conversation summaries (layer 1) offered in the context's summaries section or

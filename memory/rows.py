@@ -30,6 +30,28 @@ INSERT = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 
+# The log's order is its messages' time: ``recorded_ts`` (when relaybot recorded the message; for
+# an imported one, when it was said), ties broken by id. Live rows are appended in that order;
+# an import puts older rows in the middle (memory/store.py bumps its generation then).
+OrderKey = tuple[float, int]
+_ID, _RECORDED_TS = 0, 16  # positions in LOG_COLUMNS
+_INF = float("inf")
+
+
+def order_key(row: LogRow) -> OrderKey:
+    """Where ``row`` stands in the log's order: (recorded_ts, id)."""
+    return (row.recorded_ts, row.id)
+
+
+def raw_key(raw: tuple[Any, ...]) -> OrderKey:
+    """The order key of a raw row (selected as LOG_COLUMNS), even of a corrupt one (SQLite puts
+    NULL below every number and text above them)."""
+    ts = raw[_RECORDED_TS]
+    if isinstance(ts, int | float):
+        return (float(ts), int(raw[_ID]))
+    return (-_INF if ts is None else _INF, int(raw[_ID]))
+
+
 BY_KEY = f"SELECT {LOG_COLUMNS} FROM log WHERE direction = ? AND stream_id = ?"  # noqa: S608
 
 _PRIVACIES = frozenset(p.value for p in Privacy)

@@ -430,6 +430,16 @@ BEGIN
 END;
 """
 
+# The log in its messages' time (memory.rows.order_key: recorded_ts, then id): context windows and
+# the writer's caches read the newest rows of the log, of a conversation and of a sender this way
+# (an imported history's older messages are older, though their ids are higher). Each index ends
+# in the rowid, so it serves ORDER BY recorded_ts DESC, id DESC.
+_MIGRATION_13 = """
+CREATE INDEX log_time ON log (recorded_ts);
+CREATE INDEX log_conversation_time ON log (conversation, recorded_ts);
+CREATE INDEX log_entity_time ON log (entity, recorded_ts);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -443,6 +453,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "collected replies: the messages one reply answers", _MIGRATION_10),
     Migration(11, "identity: audited merges of handles into the owner", _MIGRATION_11),
     Migration(12, "layer 1: conversation summaries over exact log ranges", _MIGRATION_12),
+    Migration(13, "the log in its messages' time order", _MIGRATION_13),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

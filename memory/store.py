@@ -28,7 +28,17 @@ from contract.messages import InboundMessage, Privacy, Reply
 from memory import fence, fts
 from memory.caches import RecentRows
 from memory.checkpoint import WAL_SIZE_LIMIT
-from memory.rows import BY_KEY, INSERT, LOG_COLUMNS, LogRow, RowReader, build, dump_extra, scrub
+from memory.rows import (
+    BY_KEY,
+    INSERT,
+    LOG_COLUMNS,
+    LogRow,
+    OrderKey,
+    RowReader,
+    build,
+    dump_extra,
+    scrub,
+)
 from memory.schema import SchemaError, check_version, migrate, schema_version
 from memory.transactions import Transactions
 
@@ -78,6 +88,9 @@ class MemoryStore:
         )
         self._indexed_at = 0.0  # when sync_index last ran (monotonic)
         self._tx = Transactions(self._conn, self._caches, self.sync_index, self._index_if_due)
+        # the newest message's time: a row appended below it is not the newest (see _append)
+        self._top_ts = 0.0 if readonly else self._newest_ts()
+        self._stepped_back = False  # said so in the log already
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
@@ -144,6 +157,7 @@ class MemoryStore:
         if self._tx.open:
             raise RuntimeError("cannot reload inside a memory transaction")
         self._tx.generation += 1
+        self._top_ts = self._newest_ts()
         self._caches.reload()
 
     # -- decoding --------------------------------------------------------------------------
@@ -240,11 +254,21 @@ class MemoryStore:
         if cur.rowcount != 1 or cur.lastrowid is None:
             return self._existing(params[0], params[1])
         row = build((cur.lastrowid, *params))
+        below_top = row.recorded_ts < self._top_ts  # the clock stepped back: not at the top
+        if not below_top:
+            self._top_ts = row.recorded_ts
+            self._stepped_back = False
         if in_batch:
             self._caches.pending.append(row)
         else:
             self.sync_index()  # a crash before it: the next sync indexes the row
-            self._caches.added([row])
+            self._caches.added([] if below_top else [row])
+        if below_top:  # readers of the log's order must not take it for the newest row
+            if not self._stepped_back:  # once per step back of the clock
+                behind = round(self._top_ts - row.recorded_ts, 3)
+                log.warning("memory.clock_behind_newest_row", id=row.id, behind_s=behind)
+                self._stepped_back = True
+            self._tx.changed()
         return row
 
     def _existing(self, direction: str, stream_id: str) -> LogRow:
@@ -313,6 +337,12 @@ class MemoryStore:
         caches. Reads go to SQL (which sees the open transaction's changes) until the first read
         after the transaction, which reads the recent-rows cache again."""
         self._tx.changed()
+        self._top_ts = self._newest_ts()
+
+    def _newest_ts(self) -> float:
+        """The highest recorded_ts in the log (on its index)."""
+        top = self._conn.execute("SELECT max(recorded_ts) FROM log").fetchone()[0]
+        return float(top) if isinstance(top, int | float) else 0.0
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -367,19 +397,25 @@ class MemoryStore:
         limit: int,
         *,
         conversation: str | None = None,
-        before_id: int | None = None,
-        after_id: int = 0,
+        before: OrderKey | None = None,
+        after: OrderKey | None = None,
     ) -> list[LogRow]:
-        """Up to ``limit`` rows, newest first, optionally of one conversation, below
-        ``before_id`` and above ``after_id`` (what is new since a row: memory.window)."""
-        return self._caches.recent(limit, conversation, before_id, after_id, self._tx.open)
+        """Up to ``limit`` rows, newest first in the log's order (the messages' time:
+        memory.rows.order_key), optionally of one conversation, below the order key ``before``
+        and above ``after`` (what is new since a row: memory.window)."""
+        return self._caches.recent(limit, conversation, before, after, self._tx.open)
 
     def recent_of_entity(
-        self, entity: str, limit: int, *, before_id: int | None = None, after_id: int = 0
+        self,
+        entity: str,
+        limit: int,
+        *,
+        before: OrderKey | None = None,
+        after: OrderKey | None = None,
     ) -> list[LogRow]:
         """Up to ``limit`` inbound rows sent by ``entity`` (any conversation), newest first, below
-        ``before_id`` and above ``after_id``. For memory.privacy, not for display."""
-        return self._caches.of_entity(entity, limit, before_id=before_id, after_id=after_id)
+        ``before`` and above ``after``. For memory.privacy, not for display."""
+        return self._caches.of_entity(entity, limit, before=before, after=after)
 
     def scan(self, after_id: int = 0, *, page: int = 1000) -> Iterator[LogRow]:
         """Every valid row with an id above ``after_id``, oldest first, read page by page.

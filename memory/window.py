@@ -3,13 +3,14 @@
 Every turn needs the newest rows its conversation may see (:func:`memory.privacy.visible_history`),
 and between two turns of one scope only a few rows arrive. :class:`HistoryWindows` keeps, per
 scope, the rows it returned last time and asks ``visible_history`` only for the rows above the
-newest of them (``after_id``), putting those in front. What it returns is always exactly
-``list(visible_history(store, scope, limit=limit))``: tests/unit/test_window.py compares the two
-after every kind of change.
+newest of them (``after``, in the log's order: the messages' time), putting those in front.
+What it returns is always exactly ``list(visible_history(store, scope, limit=limit))``:
+tests/unit/test_window.py compares the two after every kind of change.
 
-That holds because the log only ever grows at the top (append-only, increasing ids), except when
-a transaction rolls back (its rows vanish and their ids are used again), or an erasure rewrites
-rows, or an import inserts rows below the top. Each of those bumps ``store.generation``, which
+That holds because the log only ever grows at the top (append-only, each new row the newest in
+time), except when a transaction rolls back (its rows vanish and their ids are used again), or an
+erasure rewrites rows, or an import inserts older rows below the top, or a row is recorded below
+the top (the clock stepped back). Each of those bumps ``store.generation``, which
 drops every window. Everything else visible_history reads is part of a window's key: the
 privacy class, the conversation and, for a direct scope, its person and who that person is
 (identity links), so a new link gives a new window. The owner's conversations all share one
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from contract.messages import Privacy
 from memory.lines import HistoryLines, Owners, memo_key
 from memory.privacy import Scope, direct_person, persons_for, privacy_of, visible_history
-from memory.rows import LogRow
+from memory.rows import LogRow, OrderKey
 from memory.store import MemoryStore
 
 WindowKey = tuple[Privacy, str, str, frozenset[str]]
@@ -68,8 +69,11 @@ class HistoryWindows:
             done = window.rendered = HistoryLines(assistant_name, self.limit, owners)
             done.extend(rows)
         else:
-            top, new = done.newest_id, 0
-            while new < len(rows) and rows[new].id > top:
+            (top_ts, top_id), new = done.newest_key, 0
+            for row in rows:  # the rows newer than the lines (no tuple per row: the hot path)
+                ts = row.recorded_ts
+                if ts < top_ts or (ts == top_ts and row.id <= top_id):
+                    break
                 new += 1
             done.extend(rows[:new])
         return rows, done
@@ -85,19 +89,21 @@ class HistoryWindows:
         generation = self.store.generation
         window = self._windows.get(key)
         if window is None or window.generation != generation:
-            window = _Window(generation, self._read(scope, persons, after_id=0))
+            window = _Window(generation, self._read(scope, persons, after=None))
             self._windows[key] = window
             if len(self._windows) > self._max:
                 self._windows.popitem(last=False)
             return window
         self._windows.move_to_end(key)
-        newest = window.rows[0].id if window.rows else 0
-        new = self._read(scope, persons, after_id=newest)
+        top = window.rows[0] if window.rows else None
+        new = self._read(scope, persons, after=None if top is None else (top.recorded_ts, top.id))
         if new:
             window.rows = new + window.rows[: self.limit - len(new)]
         return window
 
-    def _read(self, scope: Scope, persons: frozenset[str], *, after_id: int) -> list[LogRow]:
+    def _read(
+        self, scope: Scope, persons: frozenset[str], *, after: OrderKey | None
+    ) -> list[LogRow]:
         return list(
-            visible_history(self.store, scope, limit=self.limit, after_id=after_id, persons=persons)
+            visible_history(self.store, scope, limit=self.limit, after=after, persons=persons)
         )

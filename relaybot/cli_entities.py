@@ -60,15 +60,21 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 
 def add_onboard_parser(sub: Any) -> None:
-    p = sub.add_parser("onboard", help="first-run setup: who you are, your addresses, the model")
-    p.add_argument("--force", action="store_true", help="rewrite an existing config.toml")
+    from relaybot.onboard_ask import add_arguments
+
+    p = sub.add_parser(
+        "onboard",
+        help="first-run setup: who you are, your addresses, the model, Matrix and e-mail (tested)",
+    )
+    add_arguments(p)
     p.set_defaults(func=cmd_onboard)
 
 
 def cmd_onboard(args: argparse.Namespace, cfg: Config) -> int:
     from relaybot.onboard import run_onboarding
+    from relaybot.onboard_ask import asker_for
 
-    return run_onboarding(cfg, force=args.force)
+    return run_onboarding(cfg, force=args.force, asker=asker_for(args))
 
 
 # -- writing: owner commands through the worker ------------------------------------------------

@@ -4,7 +4,9 @@
 ``status`` and ``export`` read the memory database read-only, here (memory/status.py,
 memory/export.py). ``import`` reads and checks the file here (memory/import_file.py) and sends the
 records to the worker, the only writer, as ``memory.import`` owner commands, each packed to fit
-one stream entry (relaybot/import_parts.py); ``erase`` previews what it would remove, asks, and
+one stream entry (relaybot/import_parts.py), with the handle mappings of ``--map``/``--map-file``,
+and prints whom the worker took each sender for (mapped, or left an entity of its own); ``erase``
+previews what it would remove, asks, and
 sends one ``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import)
 some records were rejected, 2 configuration error.
 """
@@ -17,6 +19,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +54,20 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
         choices=("auto", "relaybot", "squidbot"),
         default="auto",
         help="the file's format (default: recognised from its first line)",
+    )
+    p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        metavar="CHANNEL:ADDRESS=TARGET",
+        help="the sender CHANNEL:ADDRESS is TARGET: owner, an entity id (e-…) or a known handle "
+        "channel:address (repeatable; e.g. --map telegram:12345=owner)",
+    )
+    p.add_argument(
+        "--map-file",
+        type=Path,
+        metavar="FILE",
+        help="mappings, one CHANNEL:ADDRESS=TARGET per line ('#' starts a comment line)",
     )
     p.add_argument("--dry-run", action="store_true", help="check the file, send nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -225,16 +242,22 @@ def _lines(path: Path, bad: list[tuple[int, str]]) -> Iterator[str]:
 
 def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
     from memory.identity import OwnerResolver
-    from memory.import_file import parse_file
+    from memory.import_file import parse_file, parse_mapping
     from memory.records import FormatError
     from relaybot.import_parts import command_args
 
     undecodable: list[tuple[int, str]] = []
+    resolver = OwnerResolver(cfg.owner_aliases)
+    try:
+        mapping = parse_mapping(_map_entries(args))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return _fail(f"--map: {exc}")
     try:
         parsed = parse_file(
             _lines(args.file, undecodable),
-            resolver=OwnerResolver(cfg.owner.aliases),
+            resolver=resolver,
             fmt=None if args.format == "auto" else args.format,
+            mapping=mapping,
         )
     except FormatError as exc:
         return _fail(f"{args.file}: {exc}")
@@ -243,8 +266,7 @@ def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
     rejected: list[dict[str, Any]] = [
         {"line": n, "reason": why} for n, why in sorted([*undecodable, *parsed.rejected])
     ]
-    added: dict[str, int] = {}
-    present: dict[str, int] = {}
+    totals = _Totals(rejected=rejected)
     calls = [("memory.import", a) for a in command_args(parsed.items, fmt=parsed.format)]
     failed: str | None = None
     if calls and not args.dry_run:
@@ -258,13 +280,12 @@ def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
             if not result.get("ok"):
                 failed = failed or str(result.get("error"))
                 continue
-            for key, target in (("added", added), ("present", present)):
-                for kind, count in (result.get(key) or {}).items():
-                    target[kind] = target.get(kind, 0) + int(count)
-            rejected += [
-                {"line": r.get("line"), "reason": r.get("reason")}
-                for r in result.get("rejected") or []
-            ]
+            totals.add(result)
+    added, present, handles = totals.added, totals.present, totals.handles
+    handles_more = totals.handles_more
+    _explain_handles(handles, resolver)
+    if parsed.format != "squidbot" and mapping.targets:
+        parsed.warnings.append("--map applies to squidbot histories (an export has its entities)")
     summary = {
         "file": str(args.file),
         "format": parsed.format,
@@ -275,6 +296,8 @@ def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
         "added": added,
         "present": present,
         "rejected": sorted(rejected, key=lambda r: (r["line"] is None, r["line"] or 0)),
+        "handles": dict(sorted(handles.items())),
+        "handles_more": handles_more,
         "warnings": parsed.warnings,
         "error": failed,
     }
@@ -295,6 +318,7 @@ def render_import(summary: dict[str, Any]) -> str:
     else:
         lines.append(f"added:           {counts(summary['added'])}")
         lines.append(f"already present: {counts(summary['present'])}")
+    lines += render_handles(summary.get("handles") or {}, int(summary.get("handles_more") or 0))
     rejected = summary["rejected"]
     lines.append(f"rejected:        {len(rejected)}")
     for r in rejected[:50]:
@@ -306,6 +330,73 @@ def render_import(summary: dict[str, Any]) -> str:
     if summary["error"]:
         lines.append(f"error: {summary['error']} (importing again adds only what is missing)")
     return "\n".join(lines)
+
+
+@dataclass
+class _Totals:
+    """The results of the import's commands, added up."""
+
+    rejected: list[dict[str, Any]]
+    added: dict[str, int] = field(default_factory=dict)
+    present: dict[str, int] = field(default_factory=dict)
+    handles: dict[str, dict[str, str]] = field(default_factory=dict)
+    handles_more: int = 0
+
+    def add(self, result: dict[str, Any]) -> None:
+        for key, target in (("added", self.added), ("present", self.present)):
+            for kind, count in (result.get(key) or {}).items():
+                target[kind] = target.get(kind, 0) + int(count)
+        self.rejected += [
+            {"line": r.get("line"), "reason": r.get("reason")} for r in result.get("rejected") or []
+        ]
+        for handle, found in (result.get("handles") or {}).items():
+            self.handles.setdefault(str(handle), dict(found))
+        self.handles_more += int(result.get("handles_more") or 0)
+
+
+def _map_entries(args: argparse.Namespace) -> list[str]:
+    entries = list(args.map)
+    if args.map_file is not None:
+        entries += args.map_file.read_text(encoding="utf-8").splitlines()
+    return entries
+
+
+def _explain_handles(handles: dict[str, dict[str, str]], resolver: Any) -> None:
+    """Say by what each mapped sender was mapped: an owner alias of the config, or --map."""
+    for handle, found in handles.items():
+        if found.get("how") == "owner":
+            channel, _, address = handle.partition(" / ")
+            found["by"] = "owner.aliases" if resolver.is_owner(channel, address) else "--map"
+        elif found.get("how") in ("mapped", "conflict"):
+            found["by"] = "--map"
+
+
+def render_handles(handles: dict[str, dict[str, str]], more: int) -> list[str]:
+    """What the senders of the imported messages were mapped to, and what was left unmapped."""
+    mapped = {h: f for h, f in handles.items() if f.get("how") in ("owner", "mapped")}
+    conflicts = {h: f for h, f in handles.items() if f.get("how") == "conflict"}
+    unmapped = {h: f for h, f in handles.items() if f.get("how") in ("known", "new")}
+    lines: list[str] = []
+    if mapped:
+        lines.append(f"mapped:          {len(mapped)} sender(s)")
+        lines += [f"  {h} -> {f['entity']} (by {f.get('by', '--map')})" for h, f in mapped.items()]
+    for h, f in conflicts.items():
+        lines.append(
+            f"  {h} -> {f['entity']}: NOT as mapped, it belongs to that entity already "
+            "(`relaybot entities link` joins the two)"
+        )
+    if unmapped:
+        lines.append(f"unmapped:        {len(unmapped)} sender(s), each an entity of its own")
+        for h, f in unmapped.items():
+            state = "new" if f.get("how") == "new" else "already known"
+            lines.append(f"  {h} -> {f['entity']} ({state})")
+        lines.append(
+            "  (to map one, import again with --map CHANNEL:ADDRESS=owner, =e-… or "
+            "=channel:address; a new mapping applies to messages not imported yet)"
+        )
+    if more:
+        lines.append(f"  ... and {more} more senders")
+    return lines
 
 
 # -- erase -------------------------------------------------------------------------------------

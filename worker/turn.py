@@ -87,7 +87,7 @@ def memory_settings(cfg: Config) -> MemorySettings:
         owner_aliases=cfg.owner_aliases,
         workspace=cfg.workspace_dir,
         assistant_name=cfg.worker.assistant_name,
-        system_prompt=cfg.worker.system_prompt,
+        system_prompt=cfg.system_prompt,  # with the owner's name
         context_tokens=cfg.worker.context_tokens,
         roles=cfg.conversation_role,
     )

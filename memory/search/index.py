@@ -334,17 +334,21 @@ class Reader:
         return {i: row for i in ids if (row := self._rows.get(i)) is not None}
 
     def around(self, ids: Sequence[int]) -> dict[int, tuple[int | None, int | None]]:
-        """For each id, the ids of the previous and next message of its conversation (whatever
-        their visibility: the caller reads them through a filter), on the (conversation, id)
-        index, in one query."""
+        """For each id, the ids of the previous and next message of its conversation in the
+        messages' time (memory.rows.order_key; whatever their visibility: the caller reads them
+        through a filter), on the (conversation, recorded_ts) index, in one query."""
         out: dict[int, tuple[int | None, int | None]] = {}
         for chunk in chunks(ids, _READ_CHUNK):
             sql = (
                 "SELECT l.id, "  # noqa: S608
-                "(SELECT max(p.id) FROM log AS p WHERE p.conversation = l.conversation "
-                "AND p.id < l.id), "
-                "(SELECT min(n.id) FROM log AS n WHERE n.conversation = l.conversation "
-                "AND n.id > l.id) "
+                "(SELECT p.id FROM log AS p WHERE p.conversation = l.conversation "
+                "AND p.recorded_ts <= l.recorded_ts "
+                "AND (p.recorded_ts < l.recorded_ts OR p.id < l.id) "
+                "ORDER BY p.recorded_ts DESC, p.id DESC LIMIT 1), "
+                "(SELECT n.id FROM log AS n WHERE n.conversation = l.conversation "
+                "AND n.recorded_ts >= l.recorded_ts "
+                "AND (n.recorded_ts > l.recorded_ts OR n.id > l.id) "
+                "ORDER BY n.recorded_ts, n.id LIMIT 1) "
                 f"FROM log AS l WHERE l.id IN ({marks(len(chunk))})"
             )
             for i, before, after in self.conn.execute(sql, list(chunk)):

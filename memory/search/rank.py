@@ -19,7 +19,12 @@
 On LoCoMo (bench/locomo.py) this finds an evidence turn in the top 5 for 77% of the questions,
 against 55% for plain BM25. Deterministic: no model, no download, ties broken by id.
 
-**Time order**: the newest rows holding every term (or, if none holds them all, any term).
+**Time order**: the newest rows holding every term (or, if none holds them all, any term): the
+newest in the log's time order (memory.rows.order_key, as the context: when relaybot recorded a
+message, for an imported one when it was said), not in the order they were inserted (an imported
+history's older messages have the highest ids), shown newest first by the time each line shows.
+The newest matches by id are enough when the time index shows no older id as new; else the
+newest :attr:`Ranking.window` matches are the candidates.
 
 **Privacy.** Every query carries the predicate of :func:`memory.privacy.log_visibility_sql` for
 the caller's scope (one place: :func:`memory.search.index.visibility`), and so do the context
@@ -145,19 +150,54 @@ def search(
 def _by_time(
     index: Index, reader: Reader, terms: Sequence[str], limit: int, ranking: Ranking
 ) -> tuple[list[tuple[LogRow, float]], str]:
-    """The newest rows holding every term (else any term), newest first."""
+    """The newest rows holding every term (else any term), newest first: the candidates are the
+    newest in the log's time order (memory.rows.order_key: recorded_ts, then id), shown in the
+    time each line shows."""
     attempts = [("all", " AND ".join(terms))]
     if len(terms) > 1:
         attempts.append(("any", " OR ".join(terms)))
+    want = limit + 8  # a little more than asked: corrupt rows are skipped
     for matched, expr in attempts:
-        # read a little more than asked: corrupt rows are skipped, and ties are ordered by time
-        posts = index.postings(expr, limit + 8, ranking.weights)
-        rows = reader.rows(i for i, _ in posts)
-        found = [(rows[i], s) for i, s in posts if i in rows]
-        if found:
+        # The index lists matches by id, the order they were inserted, and an imported
+        # history's older messages have the highest ids: the newest matches by id are the
+        # newest in time only when no row below them is newer (checked on the time index);
+        # else the newest ranking.window matches by id are read and ordered by time.
+        posts = index.postings(expr, want, ranking.weights)
+        found = _ordered(reader, posts)
+        if len(posts) >= want and not _complete(reader.conn, found, posts, limit):
+            posts = index.postings(expr, max(want, ranking.window), ranking.weights)
+            found = _ordered(reader, posts)
+        if found:  # shown in the time each line shows (the platform's, when it gave one)
             found.sort(key=lambda rs: (rs[0].ts, rs[0].id), reverse=True)
             return found[:limit], matched
     return [], "any"
+
+
+def _ordered(reader: Reader, posts: list[tuple[int, float]]) -> list[tuple[LogRow, float]]:
+    """The rows of ``posts``, newest first in the log's time order."""
+    rows = reader.rows(i for i, _ in posts)
+    found = [(rows[i], s) for i, s in posts if i in rows]
+    found.sort(key=lambda rs: (rs[0].recorded_ts, rs[0].id), reverse=True)
+    return found
+
+
+def _complete(
+    conn: sqlite3.Connection,
+    found: list[tuple[LogRow, float]],
+    posts: list[tuple[int, float]],
+    limit: int,
+) -> bool:
+    """Whether the newest ``limit`` of ``found`` (newest first) are the newest matches of all:
+    no row below the lowest id read (so: not read) is as new as the limit-th of them."""
+    if len(found) < limit:
+        return False
+    oldest = found[limit - 1][0]
+    below = min(i for i, _ in posts)
+    hit = conn.execute(
+        "SELECT 1 FROM log WHERE recorded_ts >= ? AND +id < ? LIMIT 1",  # on log_time
+        (oldest.recorded_ts, below),
+    ).fetchone()
+    return hit is None
 
 
 def _by_relevance(

@@ -176,6 +176,7 @@ def test_refusals_are_clear(
 def test_onboard_writes_a_config_that_relaybot_accepts(tmp_path: Path) -> None:
     home = tmp_path / "fresh"
     env = relaybot_env(home)
+    closed = f"http://127.0.0.1:{free_port()}/v1"
     answers = "\n".join(
         [
             "Ada Lovelace",  # name
@@ -183,9 +184,12 @@ def test_onboard_writes_a_config_that_relaybot_accepts(tmp_path: Path) -> None:
             "@ada:example.org, @ada:work.org",  # matrix
             "not-an-address",  # e-mail: refused, asked again
             "ada@example.org",
-            "http://localhost:11434/v1",
-            "qwen2.5:7b",
+            closed,  # the model endpoint (nothing answers there: the test fails)
             "sk-test-123",  # API key
+            "qwen2.5:7b",
+            "k",  # keep these model settings anyway
+            "n",  # no Matrix gateway
+            "n",  # no e-mail gateway
         ]
     )
     result = run_relaybot(["onboard"], env, stdin=answers + "\n")
@@ -198,7 +202,8 @@ def test_onboard_writes_a_config_that_relaybot_accepts(tmp_path: Path) -> None:
         ("matrix", "@ada:work.org"),
         ("email", "ada@example.org"),
     ]
-    assert cfg.model.base_url == "http://localhost:11434/v1"
+    assert cfg.model.base_url == closed
+    assert "FAILED: cannot connect to" in result.stdout
     assert cfg.model.model == "qwen2.5:7b"
     assert cfg.model.api_key is not None and cfg.model.api_key.get_secret_value() == "sk-test-123"
     assert (home / "config.toml").stat().st_mode & 0o777 == 0o600

@@ -151,6 +151,8 @@ def test_squidbot_history_import(
 ) -> None:
     env, keys = make_env(tmp_path, "home", redis_server, model_server)
     procs.worker(env, r=real_redis, keys=keys)
+    # said today, before a history of older messages is imported
+    assert chat(env, "said today before the import", session="before").returncode == 0
 
     def line(role: str, content: str, ts: str, channel: str, sender: str) -> str:
         return json.dumps(
@@ -189,7 +191,9 @@ def test_squidbot_history_import(
     assert "added:           log 3" in result.stdout
     assert "line 3: not JSON" in result.stdout
     assert "line 5: role 'system' is not a user or assistant message" in result.stdout
-    rows = memory_rows(db(env), "SELECT direction, conversation, privacy, is_owner, text FROM log")
+    rows = memory_rows(
+        db(env), "SELECT direction, conversation, privacy, is_owner, text FROM log WHERE id > 2"
+    )
     assert rows == [
         {
             "direction": "in",
@@ -213,11 +217,37 @@ def test_squidbot_history_import(
             "text": f"remember {SECRET}",
         },
     ]
+    # it says whom it took each sender for (issue 13)
+    assert "cli / tester -> owner (by owner.aliases)" in result.stdout
+    assert "unmapped:        1 sender(s), each an entity of its own" in result.stdout
+    assert "matrix / @alice:m.org -> e-" in result.stdout
     again = json.loads(relaybot(env, "memory", "import", str(history), "--json").stdout)
     assert again["added"] == {} and again["present"] == {"log": 3}
-    # what was imported is memory like any other: the owner's next turn sees it
+    # a Telegram history: the owner's handle there is mapped on the command line
+    telegram = tmp_path / "telegram.jsonl"
+    telegram.write_text(
+        line("user", "from my phone", "2026-02-20T08:00:00Z", "telegram", "12345") + "\n"
+        + line("user", "hi from bob", "2026-02-20T08:01:00Z", "telegram", "777") + "\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    mapped = relaybot(env, "memory", "import", str(telegram), "--map", "telegram:12345=owner")
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    assert "telegram / 12345 -> owner (by --map)" in mapped.stdout
+    assert "telegram / 777 -> e-" in mapped.stdout
+    rows = memory_rows(
+        db(env), "SELECT sender, entity, is_owner, privacy FROM log WHERE channel = 'telegram'"
+    )
+    assert rows[0] == {"sender": "12345", "entity": "owner", "is_owner": 1, "privacy": "owner"}
+    assert rows[1]["is_owner"] == 0 and rows[1]["entity"].startswith("e-")
+    bad = relaybot(env, "memory", "import", str(telegram), "--map", "12345=owner")
+    assert bad.returncode != 0 and "CHANNEL:ADDRESS=TARGET" in bad.stderr
+    # what was imported is memory like any other: the owner's next turn sees it, in the
+    # messages' time: the imported (older) messages before what was said today (issue 13)
     assert chat(env, "what do you remember?", session="later").returncode == 0
     assert SECRET in json.dumps(model_server.requests[-1])
+    system = model_server.requests[-1]["messages"][0]["content"]
+    assert system.index(f"remember {SECRET}") < system.index("said today before the import")
+    assert system.index("Did you see the release?") < system.index(f"remember {SECRET}")
 
 
 def test_erase_a_conversation_end_to_end(

@@ -17,6 +17,11 @@ with ``--log``, appends one JSON line per chat request: ``{"path", "authorizatio
 
 Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 
+``FakeModelServer(models=[...])`` lists those models at ``/v1/models`` (default: its one model);
+with ``known_models_only=True`` a completion asking for a model not listed is answered 404
+(``model_not_found``), as Ollama and hosted APIs do; with ``api_key="..."`` every request needs
+``Authorization: Bearer <that key>`` (else 401).
+
 Behaviour is scripted by directives in the content of the LAST ``role: user`` message (so it
 works across processes). ``TEXT`` below is that whole content, unchanged — including any
 ``[cli / owner] <timestamp>: `` label and the directives themselves. Directives combine; they
@@ -233,13 +238,24 @@ class _Handler(BaseHTTPRequestHandler):
             headers,
         )
 
+    def _refused(self) -> bool:
+        """Whether the request lacks the API key the server wants (then answered 401)."""
+        key = self.server.fake.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        self._error(401, "Incorrect API key provided")
+        return True
+
     def do_GET(self) -> None:
         if self.path.rstrip("/") in ("/v1/models", "/models"):
+            if self._refused():
+                return
+            listed = self.server.fake.models
             self._json(
                 200,
                 {
                     "object": "list",
-                    "data": [{"id": self.server.fake.model, "object": "model", "owned_by": "fake"}],
+                    "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in listed],
                 },
             )
         elif self.path == "/health":
@@ -262,6 +278,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         fake = self.server.fake
         fake.record(self.path, dict(self.headers.items()), body, self.client_address[1])
+        if self._refused():
+            return
+        if fake.known_models_only and body.get("model") not in fake.models:
+            self._error(404, f"The model `{body.get('model')}` does not exist")
+            return
         messages = body.get("messages")
         if not isinstance(messages, list):
             self._error(400, "messages must be a list")
@@ -341,10 +362,16 @@ class FakeModelServer:
         model: str = MODEL_ID,
         log_path: Path | str | None = None,
         ignore_tools: bool = False,
+        models: list[str] | None = None,
+        known_models_only: bool = False,
+        api_key: str | None = None,
     ) -> None:
         self.host = host
         self.model = model
         self.ignore_tools = ignore_tools  # a model that answers in text even when told to call
+        self.models = list(models) if models is not None else [model]
+        self.known_models_only = known_models_only
+        self.api_key = api_key
         self.log_path = Path(log_path) if log_path else None
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from tests.support.servers import free_port
 
@@ -102,10 +103,34 @@ class _Collect:
         return "250 OK"
 
 
-class SmtpServer:
-    """aiosmtpd on a free port collecting ``(recipients, message)`` for every mail sent to it."""
+class _Logins:
+    """aiosmtpd's authenticator: one user and password (AUTH PLAIN and LOGIN)."""
 
-    def __init__(self, *, tls: tuple[Path, Path] | None = None, implicit_tls: bool = False) -> None:
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password = user.encode(), password.encode()
+
+    def __call__(
+        self, _server: Any, _session: Any, _envelope: Any, _mechanism: str, data: Any
+    ) -> AuthResult:
+        ok = isinstance(data, LoginPassword) and (data.login, data.password) == (
+            self.user,
+            self.password,
+        )
+        return AuthResult(success=ok, handled=False)
+
+
+class SmtpServer:
+    """aiosmtpd on a free port collecting ``(recipients, message)`` for every mail sent to it.
+    With ``login=(user, password)`` it offers AUTH and takes only those (over plain text too: the
+    tests run on loopback)."""
+
+    def __init__(
+        self,
+        *,
+        tls: tuple[Path, Path] | None = None,
+        implicit_tls: bool = False,
+        login: tuple[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.received: list[tuple[list[str], email.message.Message]] = []
         self.lock = threading.Lock()
@@ -117,6 +142,8 @@ class SmtpServer:
                 options = {"ssl_context": ctx}
             else:  # STARTTLS required
                 options = {"tls_context": ctx, "require_starttls": True}
+        if login is not None:
+            options |= {"authenticator": _Logins(*login), "auth_require_tls": False}
         self.controller = Controller(
             _Collect(self), hostname="127.0.0.1", port=self.port, **options
         )

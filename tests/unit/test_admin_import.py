@@ -217,8 +217,13 @@ def test_import_into_a_home_with_memory_of_its_own(
     by_text = {t: (i, s) for i, t, s in notes}
     assert by_text["green tea"][1] == by_text["tea"][0]
     assert send(fresh, lines, home=tmp_path)["added"] == {}
-    # the recent-rows cache saw the imported rows
-    assert fresh.recent(1)[0].text == texts[-1]
+    # the recent-rows cache saw the imported rows, in the messages' time: the exported ones
+    # were said before the new home's own message, so they come before it (issue 13)
+    with MemoryStore(fresh.path, readonly=True) as reader:
+        assert fresh.recent(100) == reader.recent(100)
+    newest_first = [r.text for r in fresh.recent(100)]
+    assert newest_first[0] == "ok" and newest_first[1] == "the new home's own first message"
+    assert newest_first[2] == texts[-1]
 
 
 def test_an_erasure_survives_import_into_an_older_copy(tmp_path: Path, fresh: MemoryStore) -> None:
@@ -415,7 +420,7 @@ def test_status_and_export_count_corrupt_rows(tmp_path: Path) -> None:
         store.conn.execute(
             "INSERT INTO log (direction, stream_id, kind, channel, session, conversation, sender, "
             "is_owner, privacy, text, event_id, recorded_ts) VALUES "
-            "('in', 'x-0', 'message', 'cli', 's', 'c', 'bob', 0, 'secret', 'bad', 'e', 1.0)"
+            "('in', 'x-0', 'message', 'cli', 's', 'c', 'bob', 0, 'secret', 'bad', 'e', 4e9)"
         )
     with MemoryStore(path, readonly=True) as ro:
         quick = collect_status(ro)

@@ -8,6 +8,7 @@ context or recall showed the note. Replies that could not have seen the row stay
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +16,15 @@ import pytest
 
 from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
+from memory import commands
+from memory.commands import CommandContext
 from memory.erasure import erase, plan_erasure
 from memory.identity import Identity, OwnerResolver
+from memory.import_file import parse_file
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
+from relaybot.import_parts import command_args
 
 SECRET = "zanzibarquux"
 _n = itertools.count(1)
@@ -235,3 +240,36 @@ def test_the_context_tells_what_it_held(world: World, tmp_path: Path) -> None:
     held = [r for r in rows if r.id >= drew.history_from]
     assert held and len(held) < len(rows)
     assert drew.notes == {note}  # bob's own conversation's note, shown in the notes section
+
+
+def test_a_history_span_is_in_time_order_when_imported_rows_came_later(world: World) -> None:
+    """An imported history's older rows have higher ids: a context that starts at one of them
+    holds the live rows after it in time, whatever their ids (issue 13: the log's time order)."""
+    secret, _ = world.turn(f"my pin is {SECRET}", "noted")
+    line = json.dumps(
+        {
+            "role": "user",
+            "content": "an old note",
+            "timestamp": "2025-01-01T10:00:00Z",
+            "channel": "matrix",
+            "sender_id": "@me:m.org",
+        }
+    )
+    parsed = parse_file(iter([line]), resolver=world.identity.resolver)
+    for args in command_args(parsed.items, fmt=parsed.format):
+        with world.store.transaction():
+            commands.apply(
+                CommandContext("cli/1795999999998-0", world.store), "memory.import", args
+            )
+    (old,) = world.store.conn.execute("SELECT id FROM log WHERE text = 'an old note'").fetchone()
+    assert old > secret.id  # imported later: a higher id, an older time
+    _, owner_reply = world.turn(
+        "what do you know?",
+        f"bob's pin is {SECRET}",
+        sender="@me:m.org",
+        conversation="matrix:dm-me",
+        privacy=Privacy.OWNER,
+        drew=DrewOn(history_from=old),  # the context began with the old note: oldest in time
+    )
+    assert erase_id(world, secret.id)["derived_replies"] == 1
+    assert world.text(owner_reply.id) == ""

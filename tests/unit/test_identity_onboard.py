@@ -13,6 +13,9 @@ import pytest
 from contract.config import load_config
 from relaybot import cli
 from relaybot.onboard import Asker, dumps, run_onboarding, write_atomic
+from relaybot.onboard_ask import QUESTIONS
+from relaybot.onboard_sections import EMAIL_KEYS, MATRIX_KEYS, MODEL_KEYS
+from tests.support.servers import free_port
 
 
 def asker(answers: list[str], said: list[str]) -> Asker:
@@ -62,6 +65,7 @@ def cfg(home: Path) -> Any:
 
 def test_onboarding_asks_and_writes_a_config_load_config_accepts(cfg: Any, home: Path) -> None:
     said: list[str] = []
+    closed = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: the test fails
     answers = [
         "",  # name is required: asked again
         "Ada",
@@ -70,17 +74,21 @@ def test_onboarding_asks_and_writes_a_config_load_config_accepts(cfg: Any, home:
         "@ada:example.org",
         "",  # no e-mail
         "localhost:11434",  # not a URL: asked again
-        "http://127.0.0.1:8080/v1",
+        closed,
+        "",  # no API key
         "",  # model name is required
         "llama3",
-        "",  # no API key
+        "k",  # the endpoint cannot be reached: keep these settings anyway
+        "n",  # no Matrix gateway
+        "n",  # no e-mail gateway
     ]
     assert run_onboarding(cfg, asker=asker(answers, said)) == 0
     written = load_config(home, env={})
     assert written.owner.name == "Ada"
     aliases = [(a.channel, a.address) for a in written.owner.aliases]  # type: ignore[union-attr]
     assert aliases == [("cli", "ada"), ("matrix", "@ada:example.org")]
-    assert written.model.base_url == "http://127.0.0.1:8080/v1"
+    assert written.model.base_url == closed
+    assert any("FAILED: cannot connect to" in s for s in said)
     assert written.model.model == "llama3"
     assert written.model.api_key is None
     text = "\n".join(said)
@@ -92,7 +100,7 @@ def test_onboarding_asks_and_writes_a_config_load_config_accepts(cfg: Any, home:
 
 def test_no_model_answers_leave_the_model_unset_and_say_how(cfg: Any, home: Path) -> None:
     said: list[str] = []
-    assert run_onboarding(cfg, asker=asker(["Ada", "", "", "", ""], said)) == 0
+    assert run_onboarding(cfg, asker=asker(["Ada", "", "", "", "", "n", "n"], said)) == 0
     written = load_config(home, env={})
     assert written.owner.aliases == []
     assert not written.model.configured
@@ -108,14 +116,14 @@ def test_an_existing_config_is_kept_unless_forced_and_then_merged(
     )
     assert run_onboarding(cfg, asker=asker(["Ada"], [])) == 1
     assert "--force" in capsys.readouterr().err
-    answers = ["Ada", "", "", "", "http://h:1/v1", "new", "key"]
+    answers = ["Ada", "", "", "", f"http://127.0.0.1:{free_port()}/v1", "key", "new", "k", "n", "n"]
     assert run_onboarding(cfg, force=True, asker=asker(answers, [])) == 0
     written = load_config(home, env={})
     assert written.owner.name == "Ada"
     assert written.redis.prefix == "mine:"
     assert written.roles["cli:work"].role == "architect"
     assert (written.model.model, written.model.timeout) == ("new", 5.0)
-    assert written.model.base_url == "http://h:1/v1"
+    assert written.model.api_key is not None and written.model.api_key.get_secret_value() == "key"
 
 
 def test_running_out_of_answers_cancels_and_writes_nothing(
@@ -134,10 +142,28 @@ def test_the_command_reads_its_answers_from_stdin(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr("contract.logs.configure", lambda *_a, **_k: None)  # keep test logging
-    monkeypatch.setattr("sys.stdin", io.StringIO("Ada\n\n\nada@example.org\n\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Ada\n\n\nada@example.org\n\nn\nn\n"))
     assert cli.main(["onboard"]) == 0
     assert "Wrote" in capsys.readouterr().out
     written = load_config(home, env={})
     assert [(a.channel, a.address) for a in written.owner.aliases] == [  # type: ignore[union-attr]
         ("email", "ada@example.org")
     ]
+
+
+def test_every_question_of_a_section_has_a_flag() -> None:
+    assert {*MODEL_KEYS, *MATRIX_KEYS, *EMAIL_KEYS} <= set(QUESTIONS)
+
+
+def test_without_input_flags_answer_and_a_missing_name_is_named(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("contract.logs.configure", lambda *_a, **_k: None)
+    assert cli.main(["onboard", "--no-input"]) == 1
+    assert "--name is needed" in capsys.readouterr().err
+    assert not (home / "config.toml").exists()
+    assert cli.main(["onboard", "--no-input", "--name", "Ada", "--emails", "a@x.org"]) == 0
+    written = load_config(home, env={})
+    assert written.owner.name == "Ada" and not written.model.configured
+    assert not written.matrix.configured and not written.email.configured
+    assert (home / "config.toml").stat().st_mode & 0o777 == 0o600

@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
-from memory.caches import _RECENT, _RECENT_BEFORE, _RECENT_CONV, _RECENT_CONV_BEFORE
-from memory.rows import LogRow
+from memory.caches import _SQL
+from memory.rows import LogRow, order_key
 from memory.schema import LATEST_VERSION, SchemaError, migrate, statements
 from memory.store import MemoryStore
+
+
+def key_of(store: MemoryStore, row_id: int) -> tuple[float, int]:
+    """The order key of row ``row_id`` (memory.rows.order_key); above every row if there is none."""
+    raw = store.conn.execute("SELECT recorded_ts FROM log WHERE id = ?", (row_id,)).fetchone()
+    return (float("inf"), row_id) if raw is None else (float(raw[0]), row_id)
 
 
 def inbound(
@@ -313,7 +319,7 @@ def test_rollback_leaves_log_and_cache_untouched(store: MemoryStore) -> None:
     assert store.counts()["log"] == 1
     again = store.append_inbound(inbound(1), sid(1), is_owner=True)  # a retry succeeds
     assert store.recent(10) == [again, kept]
-    assert store.recent(10) == store.recent(10, before_id=again.id + 1)
+    assert store.recent(10) == store.recent(10, before=(again.recorded_ts, again.id + 1))
 
 
 def test_transactions_do_not_nest(store: MemoryStore) -> None:
@@ -333,14 +339,16 @@ def test_recent_from_cache_equals_recent_from_sql(db_path: Path) -> None:
             reader = MemoryStore(db_path, readonly=True)
             assert cached._caches._rows is not None
             assert len(cached._caches._rows) == 16
-            assert cached._caches._lo == cached._caches._rows[0].id
+            assert cached._caches._lo == order_key(cached._caches._rows[0])
             assert uncached._caches._rows is None
             assert reader._caches._rows is None
             newest = cached.recent(1)[0].id
+            ids = (newest, newest - 10, 30, 3, 1)
+            keys = [None, (float("inf"), 0), *(key_of(uncached, i) for i in ids)]
             for limit in (1, 5, 16, 17, 40, 200):
                 for conversation in (None, "a", "b", "nope"):
-                    for before in (None, newest + 1, newest, newest - 10, 30, 3, 1):
-                        args = {"conversation": conversation, "before_id": before}
+                    for before in keys:
+                        args = {"conversation": conversation, "before": before}
                         expected = uncached.recent(limit, **args)  # type: ignore[arg-type]
                         assert cached.recent(limit, **args) == expected  # type: ignore[arg-type]
                         assert reader.recent(limit, **args) == expected  # type: ignore[arg-type]
@@ -355,27 +363,27 @@ def test_recent_from_cache_equals_recent_from_sql(db_path: Path) -> None:
 
 def test_small_log_is_served_entirely_from_cache(store: MemoryStore) -> None:
     fill(store, 10)
-    assert store._caches._lo == 0
+    assert store._caches._lo is None
     store._caches._select = None  # type: ignore[assignment,method-assign]  # any SQL read would fail
     assert len(store.recent(100)) == 14
     assert all(r.conversation == "b" for r in store.recent(100, conversation="b"))
 
 
 def test_recent_queries_use_indexes_never_a_sort(store: MemoryStore) -> None:
-    plans = {
-        sql: " ".join(str(r[-1]) for r in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-        for sql, params in (
-            (_RECENT, (10,)),
-            (_RECENT_BEFORE, (5, 10)),
-            (_RECENT_CONV, ("a", 10)),
-            (_RECENT_CONV_BEFORE, ("a", 5, 10)),
+    """Every read of the log's order (recorded_ts, id) walks an index: the log's, the
+    conversation's or the sender's (issue 13: by the messages' time, not by id, and as fast)."""
+    for (conversation, entity, below, above), sql in _SQL.items():
+        params = (["a"] if conversation or entity else []) + [1.0, 1.0, 5] * (below + above)
+        plan = " ".join(
+            str(r[-1]) for r in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}", (*params, 10))
         )
-    }
-    for plan in plans.values():
-        assert "TEMP B-TREE" not in plan
-    assert "INTEGER PRIMARY KEY" in plans[_RECENT_BEFORE]
-    assert "log_conversation_id" in plans[_RECENT_CONV]
-    assert "log_conversation_id" in plans[_RECENT_CONV_BEFORE]
+        assert "TEMP B-TREE" not in plan, (sql, plan)
+        if conversation:
+            assert "log_conversation_time" in plan, plan
+        elif entity:
+            assert "log_entity_time" in plan, plan
+        else:
+            assert "log_time" in plan, plan
 
 
 def test_counts_and_last_row(store: MemoryStore) -> None:
@@ -419,7 +427,7 @@ def _insert_raw(conn: sqlite3.Connection, stream_id: str, *, extra: str, is_owne
     conn.execute(
         "INSERT INTO log (direction, stream_id, kind, channel, session, conversation, sender, "
         "is_owner, privacy, text, event_id, recorded_ts, extra) VALUES "
-        "('in', ?, 'message', 'cli', 's', 'a', 'x', ?, 'owner', 't', 'e', 0, ?)",
+        "('in', ?, 'message', 'cli', 's', 'a', 'x', ?, 'owner', 't', 'e', 4e9, ?)",  # the newest
         (stream_id, is_owner, extra),
     )
 
@@ -526,9 +534,9 @@ def test_conversation_cache_always_agrees_with_sql(db_path: Path) -> None:
             try:
                 for conv in convs:
                     for limit in (1, 5, 30):
-                        before = rng.choice([None, rng.randint(1, max(2, n))])
-                        got = writer.recent(limit, conversation=conv, before_id=before)
-                        want = reader.recent(limit, conversation=conv, before_id=before)
+                        before = rng.choice([None, key_of(reader, rng.randint(1, max(2, n)))])
+                        got = writer.recent(limit, conversation=conv, before=before)
+                        want = reader.recent(limit, conversation=conv, before=before)
                         assert [r.id for r in got] == [r.id for r in want], (conv, limit, before)
             finally:
                 reader.close()
@@ -566,9 +574,9 @@ def test_entity_cache_always_agrees_with_sql(db_path: Path) -> None:
             try:
                 for who in people:
                     for limit in (1, 5, 30):
-                        before = rng.choice([None, rng.randint(1, max(2, 2 * n))])
-                        got = writer.recent_of_entity(who, limit, before_id=before)
-                        want = reader.recent_of_entity(who, limit, before_id=before)
+                        before = rng.choice([None, key_of(reader, rng.randint(1, max(2, 2 * n)))])
+                        got = writer.recent_of_entity(who, limit, before=before)
+                        want = reader.recent_of_entity(who, limit, before=before)
                         assert [r.id for r in got] == [r.id for r in want], (who, limit, before)
             finally:
                 reader.close()

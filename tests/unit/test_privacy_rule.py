@@ -251,8 +251,8 @@ def test_limit_and_before_id_hold_for_merged_direct_history(world: World) -> Non
     assert [r.id for r in full] == sorted((r.id for r in full), reverse=True)
     assert len({r.id for r in full}) == len(full)
     assert list(visible_history(world.store, scope, limit=3)) == full[:3]
-    middle = full[2].id
-    below = list(visible_history(world.store, scope, limit=100, before_id=middle))
+    middle = (full[2].recorded_ts, full[2].id)
+    below = list(visible_history(world.store, scope, limit=100, before=middle))
     assert below == full[3:]
     assert list(visible_history(world.store, scope, limit=0)) == []
 
@@ -300,12 +300,13 @@ def test_direct_history_reads_pages_lazily_and_not_the_whole_log(tmp_path: Path)
 
 def test_the_entity_stream_uses_its_index(world: World) -> None:
     plan = world.store.conn.execute(
-        "EXPLAIN QUERY PLAN SELECT id FROM log WHERE entity = ? AND direction = 'in' AND id < ? "
-        "ORDER BY id DESC LIMIT ?",
-        ("e-1", 10, 5),
+        "EXPLAIN QUERY PLAN SELECT id FROM log WHERE entity = ? AND direction = 'in' "
+        "AND recorded_ts <= ? AND (recorded_ts < ? OR id < ?) "
+        "ORDER BY recorded_ts DESC, id DESC LIMIT ?",
+        ("e-1", 10.0, 10.0, 10, 5),
     ).fetchall()
     detail = " ".join(str(r[-1]) for r in plan)
-    assert "log_entity_id" in detail
+    assert "log_entity_time" in detail
     assert "TEMP B-TREE" not in detail  # ordered by the index, no sort of all the person's rows
 
 

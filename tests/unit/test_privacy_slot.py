@@ -89,10 +89,11 @@ def test_limit_and_before_id(store: MemoryStore) -> None:
     owner = Scope("cli:local", Privacy.OWNER, None)
     assert list(visible_history(store, owner, limit=0)) == []
     assert list(visible_history(store, owner, limit=300)) == store.recent(300)
-    middle = store.recent(200)[-1].id
-    below = list(visible_history(store, owner, limit=1000, before_id=middle))
-    assert below == store.recent(1000, before_id=middle)
-    assert all(r.id < middle for r in below)
+    middle = store.recent(200)[-1]
+    key = (middle.recorded_ts, middle.id)
+    below = list(visible_history(store, owner, limit=1000, before=key))
+    assert below == store.recent(1000, before=key)
+    assert all((r.recorded_ts, r.id) < key for r in below)
 
 
 class CountingStore:

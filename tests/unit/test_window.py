@@ -2,15 +2,19 @@
 
 A seeded random run mixes everything that changes what a scope sees: messages in every kind of
 conversation, batches read half-way (rows of the open transaction), rolled-back batches (their ids
-come back), identity links and unlinks, erasures, and a cache invalidation as an import does. After
+come back), identity links and unlinks, erasures, a cache invalidation, imports of older history
+and a clock that steps back (rows below the top of the log's time order). After
 every step each scope's window is compared with a fresh ``visible_history`` read, with a limit
 smaller than the history (the window's tail is cut) and one larger.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +29,13 @@ from memory.commands import apply_atomic as _apply_command
 from memory.context import build_context
 from memory.erasure import erase
 from memory.identity import Identity, OwnerResolver
+from memory.import_file import parse_file
 from memory.lines import HistoryLines
 from memory.privacy import Scope, visible_history
 from memory.rows import LogRow
 from memory.store import MemoryStore
 from memory.window import HistoryWindows
+from relaybot.import_parts import command_args
 from tests.support.turns import record_turn
 
 # (conversation, sender, privacy)
@@ -126,6 +132,40 @@ def check(world: World, windows: list[HistoryWindows]) -> int:
     return compared
 
 
+def import_older(world: World, rnd: random.Random) -> None:
+    """A few messages of a squidbot history, said days ago, imported now (memory import)."""
+    lines = []
+    for _ in range(rnd.randint(1, 6)):
+        conversation, sender, _privacy = rnd.choice(SPEAKERS)
+        lines.append(
+            json.dumps(
+                {
+                    "role": rnd.choice(["user", "user", "assistant"]),
+                    "content": f"imported {next(_n)}",
+                    "timestamp": f"2025-0{rnd.randint(1, 9)}-1{rnd.randint(0, 9)}T10:00:00Z",
+                    "channel": conversation.split(":")[0],
+                    "sender_id": sender,
+                    "conversation": conversation,
+                }
+            )
+        )
+    parsed = parse_file(iter(lines), resolver=world.identity.resolver)
+    for args in command_args(parsed.items, fmt=parsed.format):
+        context = CommandContext(stream_id=f"{next(_n)}-8", store=world.store)
+        assert commands.apply(context, "memory.import", args)["ok"]
+
+
+@contextlib.contextmanager
+def clock_back(seconds: float) -> Iterator[None]:
+    """time.time() runs ``seconds`` behind while inside."""
+    real = time.time
+    time.time = lambda: real() - seconds
+    try:
+        yield
+    finally:
+        time.time = real
+
+
 def rolled_back_batch(world: World, windows: list[HistoryWindows], rnd: random.Random) -> None:
     with world.store.transaction():
         world.say(*rnd.choice(SPEAKERS))
@@ -137,8 +177,16 @@ def test_windows_match_visible_history_through_every_kind_of_change(world: World
     rnd = random.Random(20261122)
     store = world.store
     windows = [HistoryWindows(store, limit=5), HistoryWindows(store, limit=400)]
-    seen = {"steps": 0, "rows": 0, "rollbacks": 0, "links": 0, "erasures": 0}
+    seen = {"steps": 0, "rows": 0, "rollbacks": 0, "links": 0, "erasures": 0, "imports": 0}
     for step in range(260):
+        if step % 20 == 19:  # older history imported: rows below the top of the log's order
+            import_older(world, rnd)
+            seen["imports"] += 1
+            seen["rows"] += check(world, windows)
+        if step % 37 == 36:  # the clock stepped back: a live row below the top
+            with store.transaction(), clock_back(rnd.uniform(1, 5_000)):
+                world.say(*rnd.choice(SPEAKERS))
+            seen["rows"] += check(world, windows)
         roll = rnd.random()
         if roll < 0.55:
             with store.transaction():
@@ -173,6 +221,7 @@ def test_windows_match_visible_history_through_every_kind_of_change(world: World
         seen["rows"] += check(world, windows)
         seen["steps"] += 1
     assert seen["rollbacks"] > 5 and seen["links"] > 5 and seen["erasures"] > 3
+    assert seen["imports"] > 10
     assert seen["rows"] > 10_000  # the comparisons saw real histories, not empty ones
 
 
