@@ -45,6 +45,13 @@ BY_DESIGN = {
 }
 REDIS_ERROR = re.compile(r"^(\(error\) )?(ERR|NOGROUP|WRONGTYPE|NOPERM|NOAUTH|NOSCRIPT)\b", re.M)
 NO_MODEL = "No model is configured"
+# the squidbot history.jsonl the README's import example reads (a reader has their own)
+HISTORY = (
+    '{"role": "user", "content": "book the dentist", "timestamp": "2025-03-01T10:00:00+00:00", '
+    '"channel": "telegram", "sender_id": "12345"}\n'
+    '{"role": "assistant", "content": "booked", "timestamp": "2025-03-01T10:00:05+00:00", '
+    '"channel": "telegram", "sender_id": "12345"}\n'
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,10 @@ def step(walk: Walk, command: Command, skipped: dict[str, str]) -> None:
     elif "relaybot chat" in bare and "prints both replies" in command.text:
         done = walk.run(run)
         assert done.stdout.count(NO_MODEL) == 2, done.stdout
+    elif "memory import history.jsonl" in bare:  # the reader's own squidbot history
+        (walk.clone / "history.jsonl").write_text(HISTORY, encoding="utf-8")
+        done = walk.run(run)
+        assert "telegram / 12345 -> owner (by --map)" in done.stdout + done.stderr, done
     else:
         done = walk.run(run)
         if bare.startswith("relaybot redis-cli "):
