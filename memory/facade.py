@@ -107,7 +107,9 @@ class Memory:
         self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
-        self._summaries_seen = False  # memory holds a summary (layer 1): the turn looks for them
+        # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
+        # this writer adds summaries (apply_summary), and none is ever deleted
+        self._summaries_seen: tuple[MemoryStore, bool] | None = None
 
     # -- degraded mode -------------------------------------------------------------------------
 
@@ -308,7 +310,7 @@ class Memory:
         def write(store: MemoryStore) -> summaries.Summary | None:
             try:
                 made = summaries.apply(store.conn, p)
-                self._summaries_seen = True
+                self._summaries_seen = (store, True)
                 return made
             except summaries.Refused as exc:
                 log.info("summary.refused", key=p.job_key, reason=str(exc))
@@ -460,14 +462,16 @@ class Memory:
             return []
 
     def _any_summary(self, store: MemoryStore) -> bool:
-        """Whether memory holds a summary (read once, then known: summaries are never deleted)."""
-        if not self._summaries_seen:
+        """Whether memory holds a summary (read once per store, then known: only this writer
+        adds them, and none is ever deleted)."""
+        seen = self._summaries_seen
+        if seen is None or seen[0] is not store:
             try:
                 found = store.conn.execute("SELECT 1 FROM summary LIMIT 1").fetchone()
             except sqlite3.Error:
                 return False
-            self._summaries_seen = found is not None
-        return self._summaries_seen
+            seen = self._summaries_seen = (store, found is not None)
+        return seen[1]
 
     def _notes(self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None) -> list[str]:
         """The notes relevant to the message that this conversation may see (none if memory
