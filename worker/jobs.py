@@ -1,5 +1,5 @@
 """The rq side: the ``jobs`` process, for slow derived work (DESIGN.md: summaries, profiles,
-capability gaps, reminders; no job is defined yet but the check below).
+capability gaps, reminders; today the conversation summaries: worker/summarize_job.py).
 
 Jobs never write memory: they XADD their result (kind ``derived``) for the worker to apply, so
 the worker stays the only writer. Jobs receive ids, not serialized models.
