@@ -5,7 +5,7 @@ The databases of bench/context.py (generated once, cached under bench/out/contex
 given summaries as the jobs would leave them: one per 50 consecutive rows of every conversation,
 each ~600 characters of the same words. Then, on the worker's long-lived store, the turn as the
 worker builds it (its history window into ``build_context``, bench.context.ours_turn) is timed
-side by side with the same turn plus the summaries section (memory/summary_view.section_lines:
+side by side with the same turn plus the summaries section (memory/summary_view.section_summaries:
 the conversation's own summaries and, in the owner's scope, the related ones of others, rendered
 within the section's share), for an owner scope and a direct scope. p50 and p95 in ms.
 
@@ -42,7 +42,7 @@ from contract.messages import Privacy
 from memory.context import build_context
 from memory.privacy import Scope
 from memory.store import MemoryStore
-from memory.summary_view import SummariesSection, section_lines
+from memory.summary_view import SummariesSection, line, section_summaries
 from memory.window import HistoryWindows
 
 PER_SUMMARY = 50
@@ -81,8 +81,9 @@ def turn(windows: HistoryWindows, scope: Scope, current: Any, with_summaries: bo
     rows, ready = windows.history(scope, ASSISTANT)
     sections = []
     if with_summaries:
-        lines = section_lines(windows.store.conn, scope, conversation=scope.conversation,
-                              before_id=current.id, text=current.text)  # fmt: skip
+        lines = [line(s) for s in section_summaries(
+            windows.store.conn, scope, conversation=scope.conversation, before_id=current.id,
+            text=current.text)]  # fmt: skip
         if lines:
             sections.append(SummariesSection(lines))
     return build_context(
@@ -105,7 +106,7 @@ def measure(size: int, work: Path, quick: bool) -> list[list[Any]]:
         ):
             current = current_row(scope.conversation, scope.privacy, next_id)
             windows = HistoryWindows(store, limit=HISTORY_ROWS)
-            shown = len(section_lines(store.conn, scope, conversation=scope.conversation,
+            shown = len(section_summaries(store.conn, scope, conversation=scope.conversation,
                                       before_id=current.id, text=current.text))  # fmt: skip
             reps = 100 if quick else 500
             results = {}

@@ -117,25 +117,6 @@ class SummariesSection:
         return SUMMARIES_HEADER + "\n".join(reversed(kept)) if kept else ""
 
 
-def section_lines(
-    conn: sqlite3.Connection,
-    scope: Scope,
-    *,
-    conversation: str,
-    before_id: int,
-    text: str,
-    persons: frozenset[str] = frozenset(),
-) -> list[str]:
-    """The section's lines, newest first: the conversation's own summaries older than the
-    current message, then (the owner's own conversations) related ones of other conversations."""
-    return [
-        line(s)
-        for s in section_summaries(
-            conn, scope, conversation=conversation, before_id=before_id, text=text, persons=persons
-        )
-    ]
-
-
 def section_summaries(
     conn: sqlite3.Connection,
     scope: Scope,
@@ -145,7 +126,9 @@ def section_summaries(
     text: str,
     persons: frozenset[str] = frozenset(),
 ) -> list[Summary]:
-    """The summaries of :func:`section_lines`, newest first."""
+    """The summaries of a turn's section, newest first: the conversation's own summaries older
+    than the current message, then (the owner's own conversations) related ones of other
+    conversations. (:func:`line` renders each.)"""
     own = summaries.newest_before(conn, conversation, before_id, OWN_LIMIT)
     shown = [s for s in own if visible(conn, scope, s, persons)]
     if privacy_of(scope) is Privacy.OWNER:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,34 @@ min_rows = 2
 """
 
 
+@dataclass
+class Rig:
+    """A real Redis (a prefix of the test's own), our model server, the test's processes."""
+
+    home: Path
+    redis_url: str
+    keys: Keys
+    model: FakeModelServer
+    procs: Procs
+    r: redis.Redis
+
+    def env(self, quiet: float = 60) -> dict[str, str]:
+        write_config(self.home, CONFIG.format(quiet=quiet))
+        return relaybot_env(self.home, redis_url=self.redis_url, prefix=self.keys.prefix,
+                            model_url=self.model.base_url,
+                            RELAYBOT_TURNS_MODE="followup")  # fmt: skip
+
+
 @pytest.fixture
-def keys(prefix: str) -> Keys:
-    return Keys(prefix)
-
-
-def _env(tmp_path: Path, redis_server: RedisServer, prefix: str, model: FakeModelServer,
-         quiet: float = 60) -> dict[str, str]:  # fmt: skip
-    home = tmp_path / "home"
-    write_config(home, CONFIG.format(quiet=quiet))
-    return relaybot_env(home, redis_url=redis_server.url, prefix=prefix,
-                        model_url=model.base_url, RELAYBOT_TURNS_MODE="followup")  # fmt: skip
+def rig(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    model_server: FakeModelServer,
+    procs: Procs,
+    real_redis: redis.Redis,
+) -> Rig:
+    return Rig(tmp_path / "home", redis_server.url, Keys(prefix), model_server, procs, real_redis)
 
 
 def summaries(env: dict[str, str]) -> list[dict[str, Any]]:
@@ -55,21 +73,13 @@ def summaries(env: dict[str, str]) -> list[dict[str, Any]]:
     return memory_rows(db, "SELECT * FROM summary ORDER BY id")
 
 
-def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
-    model_server: FakeModelServer,
-    procs: Procs,
-    real_redis: redis.Redis,
-    keys: Keys,
-) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server)
-    worker = procs.worker(env, r=real_redis, keys=keys)
-    jobs = procs.jobs(env)
-    send(real_redis, keys, "sum", "the boat leaves at nine")
-    send(real_redis, keys, "sum", "bring the blue tent")
-    wait_for_replies(real_redis, keys, "cli:sum", 2)
+def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(rig: Rig) -> None:
+    env = rig.env()
+    worker = rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    jobs = rig.procs.jobs(env)
+    send(rig.r, rig.keys, "sum", "the boat leaves at nine")
+    send(rig.r, rig.keys, "sum", "bring the blue tent")
+    wait_for_replies(rig.r, rig.keys, "cli:sum", 2)
     wait_until(
         lambda: summaries(env),
         timeout=30,
@@ -85,30 +95,22 @@ def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(
     assert made["method"] == "model" and made["privacy"] == "owner"
     assert made["text"].startswith("SUMMARY: [cli / owner]")
     assert "the boat leaves at nine" in made["text"] and "bring the blue tent" in made["text"]
-    prompts = [r["messages"][-1]["content"] for r in model_server.requests]
+    prompts = [r["messages"][-1]["content"] for r in rig.model.requests]
     assert any(p.startswith("You read the last messages") for p in prompts)  # judged first
     worker.wait_for_log("summary.applied", summary=made["id"])
     # nothing more: the conversation is covered until it goes on
-    calls = model_server.calls
+    calls = rig.model.calls
     wait_until(lambda: bool(worker.events("summary.enqueued")), timeout=5)
     assert len(worker.events("summary.enqueued")) == 1
-    assert model_server.calls == calls
+    assert rig.model.calls == calls
 
 
-def test_not_paused_waits_for_the_quiet_period_then_summarises(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
-    model_server: FakeModelServer,
-    procs: Procs,
-    real_redis: redis.Redis,
-    keys: Keys,
-) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server, quiet=4)
-    worker = procs.worker(env, r=real_redis, keys=keys)
-    jobs = procs.jobs(env)
-    send(real_redis, keys, "open", "I am still thinking [[open]]")
-    wait_for_replies(real_redis, keys, "cli:open", 1)
+def test_not_paused_waits_for_the_quiet_period_then_summarises(rig: Rig) -> None:
+    env = rig.env(quiet=4)
+    worker = rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    jobs = rig.procs.jobs(env)
+    send(rig.r, rig.keys, "open", "I am still thinking [[open]]")
+    wait_for_replies(rig.r, rig.keys, "cli:open", 1)
     jobs.wait_for_log("summary.not_paused", timeout=20)
     assert summaries(env) == []
     wait_until(lambda: summaries(env), timeout=30, message=lambda: jobs.log_text()[-3000:])
@@ -124,26 +126,18 @@ def _asked(model: FakeModelServer, prefix: str) -> int:
     )
 
 
-def test_jobs_killed_mid_job_the_job_runs_again_and_one_summary_is_applied(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
-    model_server: FakeModelServer,
-    procs: Procs,
-    real_redis: redis.Redis,
-    keys: Keys,
-) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server)
-    worker = procs.worker(env, r=real_redis, keys=keys)
-    jobs = procs.jobs(env)
-    send(real_redis, keys, "kill", "pack the tent [[delay:3]]")
-    wait_for_replies(real_redis, keys, "cli:kill", 1, timeout=20)
-    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20,
+def test_jobs_killed_mid_job_the_job_runs_again_and_one_summary_is_applied(rig: Rig) -> None:
+    env = rig.env()
+    worker = rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    jobs = rig.procs.jobs(env)
+    send(rig.r, rig.keys, "kill", "pack the tent [[delay:3]]")
+    wait_for_replies(rig.r, rig.keys, "cli:kill", 1, timeout=20)
+    wait_until(lambda: _asked(rig.model, "You read") >= 1, timeout=20,
                message=lambda: jobs.log_text()[-2000:])  # fmt: skip
     jobs.signal(signal.SIGKILL)  # in the middle of the model call
     jobs.wait(timeout=10)
     assert summaries(env) == []
-    again = procs.jobs(env)
+    again = rig.procs.jobs(env)
     again.wait_for_log("jobs.requeued_abandoned", timeout=20)
     wait_until(lambda: summaries(env), timeout=40,
                message=lambda: again.log_text()[-3000:] + worker.log_text()[-2000:])  # fmt: skip
@@ -152,22 +146,14 @@ def test_jobs_killed_mid_job_the_job_runs_again_and_one_summary_is_applied(
     assert made["method"] == "model" and "pack the tent" in made["text"]
 
 
-def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restart(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
-    model_server: FakeModelServer,
-    procs: Procs,
-    real_redis: redis.Redis,
-    keys: Keys,
-) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server)
-    worker = procs.worker(env, r=real_redis, keys=keys)
-    jobs = procs.jobs(env)
-    send(real_redis, keys, "wk", "the lake is cold")
-    send(real_redis, keys, "wk", "take a jumper [[delay:2]]")
-    wait_for_replies(real_redis, keys, "cli:wk", 2, timeout=20)
-    wait_until(lambda: _asked(model_server, "You read") >= 1, timeout=20)
+def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restart(rig: Rig) -> None:
+    env = rig.env()
+    worker = rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    jobs = rig.procs.jobs(env)
+    send(rig.r, rig.keys, "wk", "the lake is cold")
+    send(rig.r, rig.keys, "wk", "take a jumper [[delay:2]]")
+    wait_for_replies(rig.r, rig.keys, "cli:wk", 2, timeout=20)
+    wait_until(lambda: _asked(rig.model, "You read") >= 1, timeout=20)
     worker.signal(signal.SIGSTOP)  # paused: the proposal cannot be applied
     jobs.wait_for_log("summary.proposed", timeout=30)
     worker.signal(signal.SIGKILL)
@@ -176,38 +162,32 @@ def test_worker_killed_before_it_applied_a_proposal_applies_it_once_after_restar
     # the same derivation run once more meanwhile: a second proposal under the same key
     ids = [r["id"] for r in memory_rows(Path(env["RELAYBOT_HOME"]) / "memory.sqlite3",
                                         "SELECT id FROM log ORDER BY id")]  # fmt: skip
-    Queue(keys.jobs_queue, connection=real_redis).enqueue(
+    Queue(rig.keys.jobs_queue, connection=rig.r).enqueue(
         "worker.summarize_job.summarize", "cli:wk", ids[0], ids[-1], mode="summarize"
     )
     wait_until(lambda: len(jobs.events("summary.proposed")) >= 2, timeout=30)
-    procs.worker(env, r=real_redis, keys=keys)
+    rig.procs.worker(env, r=rig.r, keys=rig.keys)
     wait_until(lambda: summaries(env), timeout=30)
     time.sleep(1.5)  # the second proposal is read and refused as the same summary
     [made] = summaries(env)
     assert made["rows"] == 4 and "the lake is cold" in made["text"]
-    assert _asked(model_server, "Summarise") == 2  # the rerun asked again: applying is idempotent
+    assert _asked(rig.model, "Summarise") == 2  # the rerun asked again: applying is idempotent
 
 
 def test_a_model_that_is_down_makes_the_job_retry_then_the_cli_lists_and_resummarizes(
-    tmp_path: Path,
-    redis_server: RedisServer,
-    prefix: str,
-    model_server: FakeModelServer,
-    procs: Procs,
-    real_redis: redis.Redis,
-    keys: Keys,
+    rig: Rig,
 ) -> None:
-    env = _env(tmp_path, redis_server, prefix, model_server, quiet=1)
+    env = rig.env(quiet=1)
     (Path(env["RELAYBOT_HOME"]) / "config.toml").open("a").write("[model]\nretries = 0\n")
-    procs.worker(env, r=real_redis, keys=keys)
-    jobs = procs.jobs(env)
-    send(real_redis, keys, "down", "the model fails once here [[flaky:1]]")
-    wait_for_replies(real_redis, keys, "cli:down", 1, timeout=20)
+    rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    jobs = rig.procs.jobs(env)
+    send(rig.r, rig.keys, "down", "the model fails once here [[flaky:1]]")
+    wait_for_replies(rig.r, rig.keys, "cli:down", 1, timeout=20)
     # the summary's first attempt fails (HTTP 500): the job ends saying so, the worker enqueues
     # it again after a backoff (10 s), nothing is dropped
     jobs.wait_for_log("summary.model_down", timeout=30)
     status = run_relaybot(["status"], env).stdout
-    assert f"jobs {keys.jobs_queue}: " in status, status
+    assert f"jobs {rig.keys.jobs_queue}: " in status, status
     assert "Traceback" not in jobs.log_text()
     assert summaries(env) == []
     wait_until(lambda: summaries(env), timeout=40, message=lambda: jobs.log_text()[-3000:])
