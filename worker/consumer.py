@@ -87,7 +87,7 @@ class Consumer:
         r: redis.Redis,
         turns: Turns,
         *,
-        flush_after: float = 0.005,
+        flush_after: float = 0.02,
         busy: BusySignal | None = None,
         deriver: Deriver | None = None,
     ) -> None:
