@@ -642,5 +642,51 @@ def _merge(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def unmerge_from_owner(
+    conn: sqlite3.Connection, ref: str, *, reason: str, stream_id: str, now: float
+) -> HandleMove:
+    """Undo a merge: move a handle the owner got by ``entities.merge`` back to the entity it
+    came from, recorded in ``handle_move`` too. A handle that is the owner's by a configured
+    alias stays the owner's by that alias (the config decides those)."""
+    ref = ref.strip()
+    channel, sep, address = ref.partition(":")
+    if not sep or not address:
+        raise CommandError(f"give the handle as channel:address, not {ref!r}")
+    channel, address = _norm(channel), _norm(address)
+    merged = [m for m in handle_moves(conn, OWNER)
+              if m.channel == channel and m.address == address]  # fmt: skip
+    current = conn.execute(_HANDLE, (channel, address)).fetchone()
+    if not merged or current is None or str(current[0]) != OWNER:
+        raise CommandError(f"{channel}:{address} is not a handle merged into the owner")
+    back_to = next(m.from_entity for m in reversed(merged) if m.to_entity == OWNER)
+    cur = conn.execute(
+        "INSERT INTO handle_move (channel, address, from_entity, to_entity, reason, actor, "
+        "ts, stream_id) VALUES (?, ?, ?, ?, ?, 'owner', ?, ?)",
+        (channel, address, OWNER, back_to, reason.strip(), now, stream_id),
+    )
+    conn.execute(
+        "UPDATE handle SET entity = ? WHERE channel = ? AND address = ?",
+        (back_to, channel, address),
+    )
+    log.info("identity.unmerged", handle=f"{channel}:{address}", to_entity=back_to)
+    return HandleMove(int(cur.lastrowid or 0), channel, address, OWNER, back_to,
+                      reason.strip(), "owner", now, stream_id)  # fmt: skip
+
+
+def _unmerge(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
+    conn = ctx.store.conn
+    done = [m for m in handle_moves(conn) if m.stream_id == ctx.stream_id]
+    if done:  # a replay: what the command did then
+        move = done[0]
+    else:
+        reason = args.get("reason", "")
+        if not isinstance(reason, str):
+            raise CommandError("argument 'reason' must be a string")
+        move = unmerge_from_owner(conn, _arg(args, "ref"), reason=reason,
+                                  stream_id=ctx.stream_id, now=ctx.now)  # fmt: skip
+    return {"unmerged": move.ref, "back_to": move.to_entity, "changed": True}
+
+
 COMMANDS: dict[str, Handler] = {op: _link_command(op) for op in _TRANSITIONS}
 COMMANDS["entities.merge"] = _merge
+COMMANDS["entities.unmerge"] = _unmerge

@@ -1,5 +1,5 @@
 # ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
-"""`relaybot entities list|show|link|suggest|unlink|reject|merge` and `relaybot onboard`.
+"""`relaybot entities list|show|link|suggest|unlink|reject|merge|unmerge`, `relaybot onboard`.
 
 ``list`` and ``show`` read the memory database read-only. ``link``, ``suggest``, ``unlink``,
 ``reject`` and ``merge`` are owner commands: they go through the stream to the worker (the only
@@ -55,8 +55,18 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     )
     p.add_argument("ref", help="a handle channel:address, an entity id e-…, or an address")
     p.add_argument("--reason", default="", help="why (kept in the audit)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true", help="print the worker's JSON result")
     p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser(
+        "unmerge",
+        help="undo a merge: the handle goes back to the entity it was merged from (audited)",
+    )
+    p.add_argument("ref", help="the handle channel:address")
+    p.add_argument("--reason", default="", help="why (kept in the audit)")
+    p.add_argument("--json", action="store_true", help="print the worker's JSON result")
+    p.set_defaults(func=cmd_unmerge)
 
 
 def add_onboard_parser(sub: Any) -> None:
@@ -92,9 +102,33 @@ def cmd_link(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_merge(args: argparse.Namespace, cfg: Config) -> int:
+    if not args.yes:
+        question = (
+            f"Merge {args.ref} into the owner? Its messages, earlier ones included, will be "
+            "labelled as the owner's in every conversation (`relaybot entities unmerge` undoes "
+            "it). [y/N] "
+        )
+        if not sys.stdin.isatty():
+            print("relaybot: merging needs confirmation: run it in a terminal, or add --yes",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        if input(question).strip().lower() not in ("y", "yes"):
+            print("nothing merged")
+            return 1
     payload = {"ref": args.ref, "reason": args.reason}
     return send_command(
         cfg, "entities.merge", payload, as_json=args.json, describe=describe_merge_result
+    )
+
+
+def cmd_unmerge(args: argparse.Namespace, cfg: Config) -> int:
+    payload = {"ref": args.ref, "reason": args.reason}
+    return send_command(
+        cfg,
+        "entities.unmerge",
+        payload,
+        as_json=args.json,
+        describe=lambda r: f"{r.get('unmerged')} is {r.get('back_to')}'s again (not the owner's)",
     )
 
 

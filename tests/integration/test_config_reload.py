@@ -173,7 +173,7 @@ def test_an_alias_added_while_the_worker_runs_relabels_and_status_tells_restarts
     assert linked.returncode != 0
     assert "relaybot entities merge" in linked.stderr + linked.stdout
     merged = run_relaybot(
-        ["entities", "merge", f"matrix:{OWNER_HANDLE}", "--reason", "my account"], env
+        ["entities", "merge", f"matrix:{OWNER_HANDLE}", "--reason", "my account", "--yes"], env
     )
     assert merged.returncode == 0, merged.stderr
     assert f"matrix:{OWNER_HANDLE}" in merged.stdout

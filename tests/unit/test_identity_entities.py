@@ -211,6 +211,7 @@ def test_the_identity_commands_are_offered_to_the_worker() -> None:
         "entities.unlink",
         "entities.reject",
         "entities.merge",
+        "entities.unmerge",
     }
     assert set(COMMANDS) <= set(commands.handlers())
 

@@ -193,6 +193,16 @@ def test_merge_moves_the_handle_to_the_owner_audited(memory: Memory, tmp_path: P
     text = prompt(memory, third, row3, Scope("cli:home", Privacy.OWNER, OWNER))
     assert f"[matrix / {OWNER_HANDLE}]" not in text
 
+    # a merge by mistake is undone (audited too); a replay undoes nothing more
+    undone = command(memory, "entities.unmerge", {"ref": f"matrix:{OWNER_HANDLE}"}, "52-0")
+    assert undone == {"ok": True, "unmerged": f"matrix:{OWNER_HANDLE}", "back_to": old,
+                      "changed": True}  # fmt: skip
+    assert handle_entity(conn, "matrix", OWNER_HANDLE) == old
+    assert command(memory, "entities.unmerge", {"ref": f"matrix:{OWNER_HANDLE}"}, "52-0")["ok"]
+    assert [(m.from_entity, m.to_entity) for m in handle_moves(conn)][-1] == (OWNER, old)
+    refused = command(memory, "entities.unmerge", {"ref": f"matrix:{OWNER_HANDLE}"}, "53-0")
+    assert refused["ok"] is False and "not a handle merged" in str(refused["error"])
+
 
 def test_merge_refuses_what_cannot_be_the_owner(memory: Memory) -> None:
     record(memory, msg("me@example.org (unverified)", "forged?", "email:t/x", Privacy.DIRECT,
@@ -319,3 +329,14 @@ def test_searching_by_the_owner_finds_the_handle_s_earlier_messages(
     group = search.search(memory.store, Scope("matrix:!grp", Privacy.GROUP), query,
                           owners=memory.owners())  # fmt: skip
     assert group.hits == []
+
+
+def test_the_merge_command_asks_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relaybot.cli import main
+
+    monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert main(["entities", "merge", "matrix:@bob:localhost"]) == 1  # nothing sent
+    assert "merging needs confirmation" in capsys.readouterr().err
