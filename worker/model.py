@@ -20,8 +20,9 @@ NO_MODEL_TEXT = (
     '    model = "llama3.1"\n'
     '    api_key = "..."                          # only if the endpoint needs one\n'
     "\n"
-    "or in the environment: OPENAI_BASE_URL, OPENAI_API_KEY and RELAYBOT_MODEL. "
-    "Then restart the worker."
+    "(a running worker picks up config.toml within seconds; `relaybot onboard` asks for it), "
+    "or in the environment: OPENAI_BASE_URL, OPENAI_API_KEY and RELAYBOT_MODEL, then restart "
+    "the worker."
 )
 
 
