@@ -303,18 +303,18 @@ class Memory:
 
         return self._write(write)
 
-    def apply_summary(self, p: summaries.Proposal) -> summaries.Summary | None:
-        """Apply a job's summary (inside :meth:`write`); None when memory refuses it now (the
-        range changed, is covered, or was erased meanwhile: logged, the worker plans again)."""
+    def apply_summary(self, p: summaries.Proposal) -> summaries.Summary | str:
+        """Apply a job's summary (inside :meth:`write`); the reason when memory refuses it now
+        (the range changed, is covered, or was erased meanwhile: the worker plans again)."""
 
-        def write(store: MemoryStore) -> summaries.Summary | None:
+        def write(store: MemoryStore) -> summaries.Summary | str:
             try:
                 made = summaries.apply(store.conn, p)
-                self._summaries_seen = (store, True)
-                return made
             except summaries.Refused as exc:
                 log.info("summary.refused", key=p.job_key, reason=str(exc))
-                return None
+                return str(exc)
+            self._summaries_seen = (store, True)
+            return made
 
         return self._write(write)
 

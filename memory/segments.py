@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from memory.lines import format_line, label, stamp
 from memory.rows import LogRow
 
-MAX_SUMMARY_CHARS = 4000
+MAX_SUMMARY_CHARS = 4000  # memory.summaries.MAX_TEXT
 _LINE_CHARS = 240  # a salient line in the fallback summary, at most
 _JSON = re.compile(r"\{.*\}", re.S)
 

@@ -69,20 +69,35 @@ class Proposal:
     method: Method
     job_key: str
     supersedes: int | None = None
+    rows: int | None = None  # how many (not erased) messages the job read in the range
+
+
+MAX_ID = 2**62
+MAX_TEXT = 4000  # memory.segments.MAX_SUMMARY_CHARS: what a job may propose
+
+
+def _id(value: Any, name: str) -> int:
+    n = int(value)
+    if not 0 < n < MAX_ID:
+        raise ValueError(f"{name} out of range: {n}")
+    return n
 
 
 def proposal_of(conversation: str, text: str, extra: Mapping[str, Any]) -> Proposal:
     """The proposal a job's derived entry carries (``extra.type == "summary"``); ValueError,
     KeyError or TypeError when it is not one."""
-    supersedes = extra.get("supersedes")
+    supersedes, rows = extra.get("supersedes"), extra.get("rows")
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"a summary of {len(text)} characters (at most {MAX_TEXT})")
     return Proposal(
         conversation=conversation,
-        first_id=int(extra["first_id"]),
-        last_id=int(extra["last_id"]),
+        first_id=_id(extra["first_id"], "first_id"),
+        last_id=_id(extra["last_id"], "last_id"),
         text=text,
         method="fallback" if extra.get("method") == "fallback" else "model",
         job_key=str(extra["job_key"]),
-        supersedes=None if supersedes is None else int(supersedes),
+        supersedes=None if supersedes is None else _id(supersedes, "supersedes"),
+        rows=None if rows is None else _id(rows, "rows"),
     )
 
 
@@ -120,6 +135,16 @@ def summary_of(raw: Sequence[object]) -> Summary:
 def range_rows(conn: sqlite3.Connection, conversation: str, first: int, last: int) -> list[LogRow]:
     """Every row of the conversation from log id ``first`` to ``last`` (erased ones included)."""
     return [build(tuple(r)) for r in conn.execute(_RANGE, (conversation, first, last))]
+
+
+def live_rows(conn: sqlite3.Connection, conversation: str, first: int, last: int) -> list[LogRow]:
+    """The range's rows an erasure has not blanked: what a summary of the range covers (a
+    range re-derived after an erasure has holes where the erased messages were)."""
+    return [r for r in range_rows(conn, conversation, first, last) if not is_erased(r)]
+
+
+def is_erased(row: LogRow) -> bool:
+    return row.extra.startswith('{"erased":')
 
 
 def by_key(conn: sqlite3.Connection, key: str) -> Summary | None:
@@ -181,10 +206,10 @@ def check(conn: sqlite3.Connection, p: Proposal) -> list[LogRow]:
         raise Refused(f"an empty range ({p.first_id} > {p.last_id})")
     if not p.text.strip():
         raise Refused("an empty summary")
-    rows = range_rows(conn, p.conversation, p.first_id, p.last_id)
+    rows = live_rows(conn, p.conversation, p.first_id, p.last_id)
     if not rows or rows[0].id != p.first_id or rows[-1].id != p.last_id:
         raise Refused(f"the range {p.first_id}..{p.last_id} is not in {p.conversation!r}")
-    if any(r.extra.startswith('{"erased":') for r in rows):
+    if p.rows is not None and len(rows) != p.rows:  # rows only ever go by an erasure
         raise Refused("a message of the range was erased since the job read it")
     if len({r.privacy for r in rows}) > 1:
         raise Refused("the range spans a change of privacy (an audience change)")
@@ -264,8 +289,17 @@ def rows_after(
 
 def uncovered(conn: sqlite3.Connection, conversation: str, limit: int) -> list[LogRow]:
     """The conversation's oldest run of rows no current summary covers (erased rows left out):
-    first what a tombstoned summary covered (derived again from what remains), then what follows
-    the newest summary."""
+    first what a tombstoned summary covered (derived again from what remains: see
+    :func:`reopened`), then what follows the newest summary."""
+    found = reopened(conn, conversation)
+    if found is not None:
+        return found[:limit]
+    return rows_after(conn, conversation, covered_until(conn, conversation), limit)
+
+
+def reopened(conn: sqlite3.Connection, conversation: str) -> list[LogRow] | None:
+    """What remains of the oldest range whose summary an erasure blanked and no current one
+    covers yet: a complete segment, whatever its length (None: there is none)."""
     sql = (
         "SELECT first_id, last_id FROM summary WHERE conversation = ? AND erased IS NOT NULL "
         "ORDER BY first_id"
@@ -274,8 +308,7 @@ def uncovered(conn: sqlite3.Connection, conversation: str, limit: int) -> list[L
         covered = f"SELECT 1 FROM summary WHERE conversation = ? AND {CURRENT} AND first_id <= ? AND last_id >= ?"  # noqa: S608,E501
         if conn.execute(covered, (conversation, last, first)).fetchone() is not None:
             continue
-        rows = [r for r in range_rows(conn, conversation, int(first), int(last))
-                if not r.extra.startswith('{"erased":')]  # fmt: skip
+        rows = live_rows(conn, conversation, int(first), int(last))
         if rows:
-            return rows[:limit]
-    return rows_after(conn, conversation, covered_until(conn, conversation), limit)
+            return rows
+    return None

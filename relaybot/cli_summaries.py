@@ -87,7 +87,8 @@ def cmd_resummarize(args: argparse.Namespace, cfg: Config) -> int:
         print(f"relaybot: cannot resummarize: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if not planned:
-        print(f"no current summaries of {args.conversation}: nothing to derive again")
+        print(f"nothing enqueued: {args.conversation} has no current summaries, or their new "
+              "versions are queued, running or were derived a moment ago")  # fmt: skip
         return 0
     for p in planned:
         print(f"enqueued {p.conversation} log {p.first_id}..{p.last_id} as version {p.version}")

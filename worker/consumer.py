@@ -846,6 +846,9 @@ class Consumer:
             queued = any(r.reply_id == reply.reply_id for r in batch.replies)
             if queued or self.replies.held(reply):
                 reply = None  # queued before (in this batch, or Redis still has it)
+        if outcome.forget_entry and reply is None:  # a summary proposal: applied or refused
+            batch.forget.append(entry)
+            batch.rewrite |= outcome.rewrite_files
         if reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))

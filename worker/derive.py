@@ -56,6 +56,8 @@ _LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHE
 _CHANGES = (
     "SELECT conversation, MAX(id), MAX(recorded_ts) FROM log WHERE id > ? GROUP BY conversation"
 )
+_ERASED = "SELECT conversation, MAX(erased) FROM summary WHERE erased > ? GROUP BY conversation"
+_TOP = "SELECT MAX(id) FROM log WHERE conversation = ?"
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Deriver:
         self.busy = busy  # a turn of the conversation runs or waits: it has not paused
         self.active: dict[str, Active] = {}
         self._seen: int | None = None
+        self._erased = 0  # the newest erasure whose blanked summaries were noticed
         self._last_check = 0.0
 
     def maybe_plan(self) -> list[Planned]:
@@ -128,16 +131,21 @@ class Deriver:
         out: list[Planned] = []
         for conversation, act in list(self.active.items()):
             quiet_for = now - act.last_ts
-            if quiet_for < start or self.busy(conversation):
-                continue
-            rows = self.memory.use(partial(_uncovered, conversation=conversation,
-                                           limit=d.max_rows + 1))  # fmt: skip
-            seg = segment(rows or [], max_rows=d.max_rows)
+            paused = quiet_for >= start and not self.busy(conversation)
+            next_rows = self.memory.use(partial(_uncovered, conversation=conversation,
+                                                limit=d.max_rows + 1))  # fmt: skip
+            rows, reopened = next_rows or ([], False)
+            seg = segment(rows, max_rows=d.max_rows)
             if seg is None:
                 del self.active[conversation]  # everything is covered: until new rows come
                 continue
+            # a segment that newer messages follow is complete, paused or not (a change of
+            # audience, max_rows), and so is what remains of a range an erasure blanked
+            closed = seg.closed or reopened or act.last_id > seg.last_id
+            if not closed and not paused:
+                continue
             mode = "summarize"
-            if not seg.closed:
+            if not closed:
                 if len(seg.rows) < d.min_rows:
                     if quiet_for >= d.quiet:
                         del self.active[conversation]
@@ -158,6 +166,11 @@ class Deriver:
         for conversation, last_id, last_ts in conn.execute(_CHANGES, (self._seen,)).fetchall():
             self.active[str(conversation)] = Active(int(last_id), float(last_ts))
             self._seen = max(self._seen, int(last_id))
+        # an erasure blanked summaries: what remains of their ranges is derived again
+        for conversation, erased in conn.execute(_ERASED, (self._erased,)).fetchall():
+            top = conn.execute(_TOP, (conversation,)).fetchone()[0]
+            self.active[str(conversation)] = Active(int(top or 0), 0.0)
+            self._erased = max(self._erased, int(erased))
         return True
 
     def _judged(self) -> dict[str, int]:
@@ -185,7 +198,7 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
         status = job.get_status(refresh=False)
         ended = job.ended_at.timestamp() if job.ended_at is not None else 0.0
         age = time.time() - ended
-        if status in _LIVE:
+        if status in _LIVE and not _lost(job, status):
             return False
         # failed (a bug), or finished saying the model is down: tried again after a backoff
         again = status == JobStatus.FAILED or (
@@ -218,8 +231,27 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
     return True
 
 
-def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> list[LogRow]:
-    return summaries.uncovered(store.conn, conversation, limit)
+LOST_AFTER = 120.0  # a job "queued" this long but in no queue was lost by a dying jobs process
+
+
+def _lost(job: Job, status: JobStatus) -> bool:
+    """A job rq says is queued, that is in no queue: a jobs process took it off the queue and
+    died before it started it (rq's own maintenance finds it only much later)."""
+    if status != JobStatus.QUEUED or job.enqueued_at is None:
+        return False
+    if time.time() - job.enqueued_at.timestamp() < LOST_AFTER:
+        return False
+    q = Queue(job.origin, connection=job.connection)
+    return job.id not in q.get_job_ids()
+
+
+def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> tuple[list[LogRow], bool]:
+    """The conversation's next uncovered rows, and whether they are what remains of a range an
+    erasure blanked (a complete segment)."""
+    again = summaries.reopened(store.conn, conversation)
+    if again is not None:
+        return again[:limit], True
+    return summaries.uncovered(store.conn, conversation, limit), False
 
 
 def queue(cfg: Config, r: redis.Redis) -> Queue:
@@ -230,13 +262,14 @@ def resummarize(
     cfg: Config, r: redis.Redis, store: MemoryStore, conversation: str
 ) -> list[Planned]:
     """Derive the conversation's current summaries again: each new version supersedes its old
-    one when the worker applies it (``relaybot memory resummarize``)."""
+    one when the worker applies it (``relaybot memory resummarize``). What it enqueued (a
+    version already queued, running or just done is not enqueued twice)."""
     out = []
     for s in summaries.current(store.conn, conversation):
         version = _version(store, s) + 1
         p = Planned(conversation, s.first_id, s.last_id, "summarize", s.id, version)
-        enqueue(cfg, r, p)
-        out.append(p)
+        if enqueue(cfg, r, p):
+            out.append(p)
     return out
 
 

@@ -66,7 +66,7 @@ class Erasures:
             )
 
     def forget(self, entries: list[Entry], *, rewrite: bool) -> None:
-        """Delete acked import entries (they hold the imported text, which memory now keeps);
+        """Delete acked import and summary entries (they hold text memory now keeps);
         with ``rewrite``, an import held text that erasures here had erased: Redis rewrites its
         files, so no old append-only file keeps it."""
         for entry in entries:

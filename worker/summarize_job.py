@@ -91,14 +91,9 @@ def derive(
     """The job's work, with its parts given (tests call it directly too)."""
     name = cfg.worker.assistant_name
     with MemoryStore(cfg.memory_path, readonly=True) as store:
-        rows = summaries.range_rows(store.conn, conversation, first_id, last_id)
+        rows = summaries.live_rows(store.conn, conversation, first_id, last_id)
     bound = log.bind(conversation=conversation, first_id=first_id, last_id=last_id, mode=mode)
-    if (
-        not rows
-        or rows[0].id != first_id
-        or rows[-1].id != last_id
-        or any(r.extra.startswith('{"erased":') for r in rows)
-    ):
+    if not rows or rows[0].id != first_id or rows[-1].id != last_id:
         bound.info("summary.stale", detail="the range changed since the job was enqueued")
         return "stale"
     lines = transcript(rows, name)
@@ -123,9 +118,13 @@ def derive(
         for _ in range(2):
             try:
                 text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))
-            except ModelError as exc:  # the worker enqueues the job again, backing off
-                bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
-                return "model_down"
+            except ModelError as exc:
+                if exc.retryable and exc.kind != "garbage":  # enqueued again, backing off
+                    bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
+                    return "model_down"
+                # it will not do better later (a 4xx such as "context too long", or not an
+                # answer at all): as an unusable answer, the extractive fallback after two
+                bound.warning("summary.model_refused", error=str(exc), kind=exc.kind)
             if text is not None:
                 break
             bound.warning("summary.unusable_answer")
@@ -150,6 +149,7 @@ def derive(
             "method": method,
             "job_key": key,
             "supersedes": supersedes,
+            "rows": len(rows),
         },
     )
     r.xadd(cfg.keys.inbound, entry.to_fields())  # type: ignore[arg-type]

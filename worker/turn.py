@@ -49,7 +49,7 @@ class Outcome:
     dead_reason: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
     erasure: int | None = None  # an erasure was applied: its copies outside memory go next
-    forget_entry: bool = False  # an import: its entry (the imported text) goes once acked
+    forget_entry: bool = False  # an import or a summary: its entry (their text) goes once acked
     rewrite_files: bool = False  # ... and Redis rewrites its files (it held erased text)
     only_if_missing: bool = False  # a reply queued before: queue it only if Redis lost it
 
@@ -187,6 +187,13 @@ class Turns:
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
+            if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary":
+                with self.memory.write():
+                    refused = self._apply_summary(msg)
+                # the entry holds the summary's text: once applied (or refused) it goes, so no
+                # copy outlives an erasure of what it summarises; one that came after an
+                # erasure (a job that read the text before) has Redis rewrite its files
+                return Outcome(forget_entry=True, rewrite_files="erased" in refused)
             if msg.kind is Kind.DERIVED:
                 with self.memory.write():
                     self._apply_derived(msg)
@@ -506,22 +513,23 @@ class Turns:
             status = str(msg.extra.get("status", ""))
             self.memory.mark_reply(reply_id, status, str(msg.extra.get("detail", "")))
             log.info("reply.status", reply_id=reply_id, status=status)
-        elif kind == "summary":
-            self._apply_summary(msg)
         else:
             log.warning("derived.unknown", type=kind)
 
-    def _apply_summary(self, msg: InboundMessage) -> None:
+    def _apply_summary(self, msg: InboundMessage) -> str:
+        """Apply a job's summary; why memory refused it ("" when applied)."""
         try:
             proposal = summaries.proposal_of(msg.conversation, msg.text, msg.extra)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             log.warning("summary.invalid", error=f"{type(exc).__name__}: {exc}")
-            return
+            return "invalid"
         made = self.memory.apply_summary(proposal)
-        if made is not None:
-            log.info("summary.applied", summary=made.id, first_id=made.first_id,
-                     last_id=made.last_id, method=made.method,
-                     supersedes=made.supersedes)  # fmt: skip
+        if isinstance(made, str):
+            return made
+        log.info("summary.applied", summary=made.id, first_id=made.first_id,
+                 last_id=made.last_id, method=made.method,
+                 supersedes=made.supersedes)  # fmt: skip
+        return ""
 
 
 def _reply(

@@ -98,6 +98,8 @@ def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(rig: R
     prompts = [r["messages"][-1]["content"] for r in rig.model.requests]
     assert any(p.startswith("You read the last messages") for p in prompts)  # judged first
     worker.wait_for_log("summary.applied", summary=made["id"])
+    # the proposal's entry (the summary's text) is gone from Redis once applied
+    wait_until(lambda: rig.r.xlen(rig.keys.inbound) == 0, timeout=10)
     # nothing more: the conversation is covered until it goes on
     calls = rig.model.calls
     wait_until(lambda: bool(worker.events("summary.enqueued")), timeout=5)

@@ -158,8 +158,13 @@ def test_erasure_blanks_the_summaries_of_its_rows_and_the_rest_is_derived_again(
         rows[2].id,
         rows[3].id,
     ]
+    # a job that read the range before the erasure (4 messages) is refused; one that reads what
+    # remains (3 messages, a hole where the erased one was) is taken
     with pytest.raises(summaries.Refused, match="erased"):
-        world.apply(proposal(rows[0].id, rows[-1].id, "again", version=2))
+        world.apply(proposal(rows[0].id, rows[-1].id, "bob said 4711", version=2, rows=4))
+    again = world.apply(proposal(rows[0].id, rows[-1].id, "bob said hello", version=2, rows=3))
+    assert (again.rows, again.erased) == (3, None)
+    assert summaries.uncovered(conn, CONV, 10) == []
 
 
 def test_segments_stop_at_a_change_of_privacy_and_at_max_rows(world: World) -> None:
@@ -338,3 +343,67 @@ def test_a_job_that_found_the_model_down_is_enqueued_again_after_a_growing_backo
     assert enqueue(world.cfg, r, p) is True
     job = queue(world.cfg, r).fetch_job(p.job_id(world.cfg.keys.prefix))
     assert job is not None and job.meta["attempts"] == 2
+
+
+def test_a_model_that_refuses_the_prompt_gets_the_fallback_not_endless_retries(
+    world: World,
+) -> None:
+    rows = [world.say(f"m{i}") for i in range(4)]
+    r = fakeredis.FakeRedis()
+    too_long = ModelError("context length exceeded", kind="status", status=400, retryable=False)
+    out = derive(world.cfg, r, Scripted(too_long, too_long), CONV, first_id=rows[0].id,
+                 last_id=rows[-1].id)  # fmt: skip
+    assert out == "proposed"
+    [entry] = entries(r, world.cfg)
+    assert '"method":"fallback"' in entry["extra"] and '"rows":4' in entry["extra"]
+
+
+def test_what_a_job_proposes_is_bounded() -> None:
+    ok = {"first_id": 1, "last_id": 2, "job_key": "k"}
+    assert summaries.proposal_of("c", "t", ok).last_id == 2
+    for bad in ({**ok, "supersedes": 2**70}, {**ok, "first_id": -1}, {**ok, "rows": 0}):
+        with pytest.raises(ValueError, match="out of range"):
+            summaries.proposal_of("c", "t", bad)
+    with pytest.raises(ValueError, match="characters"):
+        summaries.proposal_of("c", "x" * 60_000, ok)
+
+
+def test_a_complete_segment_is_summarised_while_the_conversation_goes_on(world: World) -> None:
+    rows = [world.say(f"m{i}") for i in range(7)]
+    last_ts = max(r.recorded_ts for r in rows)
+    d = deriver(world, has_model=True, now=last_ts + 1, judge_after=60, quiet=600, max_rows=3)
+    d.busy = lambda _conversation: True  # a turn of it runs: it has not paused
+    [p] = d.plan()  # m0..m2 is complete (newer messages follow): summarised now
+    assert (p.first_id, p.last_id, p.mode) == (rows[0].id, rows[2].id, "summarize")
+
+
+def test_an_erasure_has_the_rest_of_the_range_derived_again(world: World) -> None:
+    rows = [world.say(f"m{i}") for i in range(4)]
+    made = world.apply(proposal(rows[0].id, rows[-1].id))
+    last_ts = max(r.recorded_ts for r in rows)
+    d = deriver(world, has_model=False, now=last_ts + 10_000, quiet=600)
+    assert d.plan() == []  # covered: nothing to do, the conversation is dropped
+    assert CONV not in d.active
+    erase(world.store, kind="id", target=str(rows[1].id), reason="asked", requested_by="ada",
+          stream_id="cli/1795999999997-0")  # fmt: skip
+    [p] = d.plan()  # noticed without any new message
+    assert (p.first_id, p.last_id) == (rows[0].id, rows[-1].id)
+    assert summaries.by_id(world.store.conn, made.id).erased is not None  # type: ignore[union-attr]
+
+
+def test_a_job_lost_between_the_queue_and_its_start_is_enqueued_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker import derive as derive_mod
+    from worker.derive import Planned, enqueue, queue
+
+    rows = [world.say(f"m{i}") for i in range(4)]
+    r = fakeredis.FakeRedis()
+    p = Planned(CONV, rows[0].id, rows[-1].id, "summarize")
+    assert enqueue(world.cfg, r, p) is True
+    q = queue(world.cfg, r)
+    r.lpop(q.key)  # a jobs process took it and died before rq recorded the start
+    assert enqueue(world.cfg, r, p) is False  # queued a moment ago: rq may still start it
+    monkeypatch.setattr(derive_mod, "LOST_AFTER", 0.0)
+    assert enqueue(world.cfg, r, p) is True
+    assert q.get_job_ids() == [p.job_id(world.cfg.keys.prefix)]

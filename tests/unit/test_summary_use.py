@@ -58,7 +58,7 @@ class World:
         with self.memory.write():
             made = self.memory.apply_summary(p)
         self.memory.settle()
-        assert made is not None
+        assert isinstance(made, summaries.Summary), made
         return made
 
     def context(self, text: str, conversation: str, privacy: Privacy, sender: str) -> str:
@@ -175,3 +175,15 @@ def test_a_reply_shaped_by_a_summary_is_erased_with_a_message_the_summary_covers
     assert result["derived_replies"] >= 1
     text = world.store.conn.execute("SELECT text FROM log WHERE id = ?", (reply.id,)).fetchone()
     assert text[0] == ""
+
+
+def test_summary_hits_follow_the_search_filters(
+    world: World, summarised: dict[str, summaries.Summary]
+) -> None:
+    owner = Scope(HOME, Privacy.OWNER, "owner")
+    dm = summarised["dm"]
+    assert "Bob offered his Lisbon flat" in world.search(owner, query="Lisbon flat")
+    out = world.search(owner, query="Lisbon flat", from_id=dm.last_id + 1, to_id=dm.last_id + 99)
+    assert "Bob offered his Lisbon flat" not in out  # the range does not overlap the filter
+    out = world.search(owner, query="Lisbon flat", sender="bob")
+    assert "summaries of earlier conversation" not in out  # a summary is nobody's words
