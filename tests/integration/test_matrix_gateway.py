@@ -85,6 +85,28 @@ def test_owner_dm_round_trip_as_a_reply_with_owner_privacy(world: World) -> None
         after,
     ]  # the edit got no reply of its own
 
+    # a reply carries the spec's fallback quote of what it answers: not recorded as said now
+    answer = hs.send_event(
+        owner,
+        room,
+        {
+            "msgtype": "m.text",
+            "body": f"> <{owner.user_id}> my passport number is P1234567\n\nwhat was that?",
+            "format": "org.matrix.custom.html",
+            "formatted_body": "<mx-reply><blockquote>my passport number is P1234567</blockquote>"
+            "</mx-reply>what was that?",
+            "m.relates_to": {"m.in_reply_to": {"event_id": after}},
+        },
+    )
+    wait_until(
+        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", answer),
+        timeout=15,
+        message="the reply recorded in memory",
+    )
+    (replied,) = memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", answer)
+    assert replied["text"] == "what was that?" and after in replied["extra"]
+    assert "P1234567" not in json.dumps(memory_rows(world.db, "SELECT * FROM log"))
+
 
 def test_group_mention_policy_and_strangers(world: World, model_server: FakeModelServer) -> None:
     """A mention-only room: the bot answers when mentioned, and records the room's talk that it
