@@ -423,3 +423,20 @@ def test_the_gateway_runs_as_its_own_redis_acl_user(
     reply = world.wait_bot_messages(world.owner, room, 1)[0]
     assert reply["content"]["body"].endswith("through the ACL")
     assert not [r for r in gateway.records() if "NOPERM" in str(r)]
+
+
+def test_verbose_logs_hold_no_token_and_no_message_text(world: World) -> None:
+    """``relaybot -v gateway matrix``: nio's debug lines (a login's access token, a sync's
+    message bodies) never reach the log, and our own debug lines hold no message text."""
+    hs, owner = world.hs, world.owner
+    gateway = world.gateway(verbose=True)
+    gateway.wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    hs.send_text(owner, room, "my passport number is QX7781234")
+    world.wait_bot_messages(owner, room, 1)
+    text = gateway.log_text() + gateway.out_path.read_text(encoding="utf-8", errors="replace")
+    assert '"level": "debug"' in text or "[debug" in text  # -v did turn debug on
+    assert "QX7781234" not in text, "a log line holds message text"
+    assert "syt_" not in text and world.bot.access_token not in text, "a token in the log"
+    assert "Validating response schema" not in text
