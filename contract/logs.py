@@ -13,7 +13,8 @@ terminal) — and ``json`` otherwise (systemd, docker, a file).
 
 Every line carries the process name; channel, session and stream id are bound through
 contextvars where known. Values of keys that look like secrets are replaced before rendering, and
-so are passwords in URLs, in both formats.
+so are secrets inside any string (the event, a stdlib line's message): passwords in URLs, values
+of secret-looking keys in a dict's repr or JSON, bearer and Matrix tokens; in both formats.
 """
 
 from __future__ import annotations
@@ -33,11 +34,40 @@ FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", re.I)
+# A secret inside a message: a secret-looking key followed by its value, as a dict's repr
+# ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a Matrix
+# access token on its own. The cheap test first: most lines hold none of these words.
+_HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
+_INLINE_SECRET = re.compile(
+    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token|api_?key|authorization|credential)"""
+    r"""[\w.-]*["']?\s*[:=]\s*)"""
+    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])[^\s,;}\])]+)""",
+    re.I,
+)
+_BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
+_MATRIX_TOKEN = re.compile(r"\bsy[a-z]_[A-Za-z0-9_-]{8,}")
+
+
+def _mask_inline(match: re.Match[str]) -> str:
+    quote = match.group("q") or ""
+    return f"{match.group('key')}{quote}***{quote}"
+
+
+def mask_text(text: str) -> str:
+    """``text`` with the secrets it may carry replaced by ``***``: passwords in URLs, values of
+    secret-looking keys (in a dict's repr, JSON or key=value), bearer tokens, Matrix tokens."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(r"\1***\3", text)
+    if _HINT.search(text) is None:
+        return text
+    text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)  # before "Authorization: Bearer"
+    text = _INLINE_SECRET.sub(_mask_inline, text)
+    return _MATRIX_TOKEN.sub("***", text)
 
 
 def redact(value: Any) -> Any:
-    if isinstance(value, str) and "://" in value:  # only a URL can carry a password this way
-        return _URL_PASSWORD.sub(r"\1***\3", value)
+    if isinstance(value, str):
+        return mask_text(value)
     return value
 
 
@@ -63,8 +93,8 @@ def _redact_secrets(
         if secret:
             if value not in (None, "", False):
                 event_dict[key] = "***"
-        elif isinstance(value, str) and "://" in value:
-            event_dict[key] = _URL_PASSWORD.sub(r"\1***\3", value)
+        elif isinstance(value, str):
+            event_dict[key] = mask_text(value)  # the event (a stdlib line's message) too
     return event_dict
 
 
@@ -166,8 +196,8 @@ def configure(
     root.setLevel(max(numeric, logging.INFO))
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # platform noise: nio says "Room ... handling event of type ..." for every event at INFO
-    logging.getLogger("nio").setLevel(
-        logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
-    )
+    # platform noise: nio says "Room ... handling event of type ..." for every event at INFO;
+    # never below INFO: its debug lines hold whole responses (the access token of a login, the
+    # message bodies of a sync), and no log line may hold a secret or message text
+    logging.getLogger("nio").setLevel(logging.INFO if numeric <= logging.DEBUG else logging.WARNING)
     return chosen

@@ -22,7 +22,10 @@ A reply's text is what its sender wrote: the earlier mail it quotes is cut off
 (gateways/email_quote.py) and kept in ``extra.quoted``, not given to the model as new text (the
 thread is in memory already). :func:`show_quote` puts it back, marked as a quote, for a mail whose
 quoted mail never reached relaybot (it was copied into a thread late): then the quote is context
-the model has nowhere else.
+the model has nowhere else. Nothing vouches for it: the sender may have written it all, the
+attribution line ("On ..., Ada wrote:") included. So the note says the quote's author is the
+sender's claim, unverified, and every quoted line is prefixed with ``| `` up to an end line:
+no line of it can read as someone else (the owner) speaking outside the sender's message.
 """
 
 from __future__ import annotations
@@ -220,6 +223,12 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
 
 
 QUOTE_NOTE = "[quoted from an earlier mail that relaybot did not receive]"
+QUOTE_UNVERIFIED = (
+    "[the lines marked | are part of this message from {sender}: they say they quote an earlier "
+    "mail, but who wrote it and what it said is only the sender's claim, unverified]"
+)
+QUOTE_END = "[end of the quote in the message from {sender}]"
+QUOTE_MARK = "| "
 
 
 def quoted_mail(accepted: Accepted) -> str:
@@ -234,7 +243,12 @@ def show_quote(accepted: Accepted) -> Accepted:
     quoted = msg.extra.get("quoted")
     if not isinstance(quoted, str) or not quoted:
         return accepted
-    text = f"{msg.text}\n\n{QUOTE_NOTE}\n{quoted}"
+    sender = msg.sender
+    marked = "\n".join(QUOTE_MARK + line for line in quoted.split("\n"))
+    text = (
+        f"{msg.text}\n\n{QUOTE_NOTE}\n{QUOTE_UNVERIFIED.format(sender=sender)}\n{marked}\n"
+        f"{QUOTE_END.format(sender=sender)}"
+    )
     if len(text) > MAX_TEXT_CHARS:
         note = "\n[truncated by relaybot]"
         text = text[: MAX_TEXT_CHARS - len(note)] + note

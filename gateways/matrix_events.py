@@ -248,9 +248,31 @@ def _text_and_extra(
     if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
         extra["thread_root"] = relates["event_id"]
     reply_to = relates.get("m.in_reply_to")
+    text = _text_of(content)
     if isinstance(reply_to, Mapping) and isinstance(reply_to.get("event_id"), str):
         extra["reply_to"] = reply_to["event_id"]
-    return _text_of(content)
+        if isinstance(text, str) and content.get("msgtype") not in ATTACHMENT_TYPES:
+            text = strip_reply_fallback(text)
+            if not text.strip():
+                return Rejected("reply with no text of its own", level=DEBUG)
+    return text
+
+
+def strip_reply_fallback(body: str) -> str:
+    """A reply's body without the quote of the message it answers (the Matrix spec's reply
+    fallback: leading ``> `` lines, then a blank line). That quote is a copy of an earlier
+    message, not something the sender said now; the relation (``reply_to``) is kept."""
+    emote = body.startswith("* > ")  # _text_of marks an emote before we see it
+    lines = (body[2:] if emote else body).split("\n")
+    cut = 0
+    while cut < len(lines) and lines[cut].startswith(">"):
+        cut += 1
+    if cut == 0:
+        return body
+    if cut < len(lines) and not lines[cut].strip():
+        cut += 1  # the blank line that ends the fallback
+    rest = "\n".join(lines[cut:])
+    return f"* {rest}" if emote else rest
 
 
 def _admit(

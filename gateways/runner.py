@@ -273,9 +273,12 @@ def run_gateway(
 
 def watcher(rt: Runtime, cfg: Config, channel: object | None) -> ConfigWatcher:
     """The gateway's config.toml watcher: what its channel can take is reloaded (a channel with
-    ``reconfigure``), the rest of what it uses waits for a restart."""
+    ``reconfigure``), the rest of what it uses waits for a restart. An idle gateway (``channel``
+    None: its section is not configured) takes what its channel would reload when running:
+    that needs no restart (the channel starts with it); the rest, e.g. its section configured
+    meanwhile, does."""
     uses, reloads = GATEWAYS.get(rt.name, (("redis", "delivery"), ()))
-    if not isinstance(channel, Reconfigurable):
+    if channel is not None and not isinstance(channel, Reconfigurable):
         reloads = ()
     watch = ConfigWatcher(cfg, process=f"gateway:{rt.name}", uses=uses, reloadable=reloads)
     rt.heartbeat.config = watch.fields()
@@ -299,7 +302,8 @@ async def watch_config(rt: Runtime, watch: ConfigWatcher, channel: object | None
 
 async def _idle(rt: Runtime, hint: str, cfg: Config) -> int:
     """Not configured: stay up (honcho stops every process when one exits), beating; a section
-    configured meanwhile is said to need a restart (config.restart_needed)."""
+    configured meanwhile is said to need a restart (config.restart_needed); what the running
+    gateway would reload (owner.aliases, allowlists) is taken without one."""
     log.warning(f"{rt.name}.not_configured", detail=hint)
     rt.heartbeat.info = {"state": "not configured"}
     watch = watcher(rt, cfg, None)

@@ -24,7 +24,8 @@ class Copies:
     """The keys of an erasure's copies (see the module docstring)."""
 
     erasure: int
-    entries: frozenset[str]  # the stream ids of the erased messages (their stream entries)
+    entries: frozenset[str]  # the stream ids of the erased messages and of the kept ones whose
+    # quote of erased text was dropped (their stream entries)
     answers: frozenset[str]  # the stream ids the erased replies answer (in reply queues)
     reply_ids: frozenset[str]  # the erased replies' ids
     event_ids: frozenset[tuple[str, str]]  # (channel, platform event id) of the erased messages
@@ -66,6 +67,10 @@ def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
                 answers.add(str(sid))
                 if reply_id:
                     reply_ids.add(str(reply_id))
+    # kept rows whose quote of the erased text was dropped: their stream entries hold the quote
+    for key in detail.get("quote_keys", []):
+        if isinstance(key, list) and len(key) == 2 and key[0] == "in":
+            entries.add(str(key[1]))
     entities = [e for e in detail.get("entities", []) if isinstance(e, str)]
     handles = {
         (h.channel.strip().casefold(), h.address.strip().casefold())

@@ -18,6 +18,14 @@ database files. What a target covers:
 - ``id N``: that row, with the reply that answered it if it is a message; notes written in that
   turn.
 
+Quotes: a reply mail keeps the earlier mail it quotes in ``extra.quoted`` (gateways/
+email_quote.py), a copy of text this erasure removes. A kept row loses its quote (``quoted`` is
+dropped, ``quote_erased: <erasure id>`` says why) when it comes after an erased row of the same
+conversation, or when its quote holds the text of an erased row anywhere (compared without ``>``
+marks, line breaks and case). Its stream entry holds the quote too: the tombstone names these rows
+(``quote_ids``, ``quote_keys``) and memory/copies.py adds their entries to what the worker
+deletes.
+
 A replay (same stream id) returns the tombstone already written; a target with nothing left to
 erase is refused without a tombstone. The worker applies it as the owner command ``memory.erase``
 (:data:`COMMANDS`); ``relaybot memory erase`` previews it with :func:`plan_erasure` first.
@@ -26,9 +34,10 @@ erase is refused without a tombstone. The worker applies it as the owner command
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +90,8 @@ class ErasurePlan:
     note_ids: list[int] = field(default_factory=list)
     note_keys: list[str] = field(default_factory=list)
     derived_ids: list[int] = field(default_factory=list)  # replies that drew on the text
+    quote_ids: list[int] = field(default_factory=list)  # kept rows whose quote is removed
+    quote_keys: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -95,6 +106,9 @@ class ErasurePlan:
         }
         if self.derived_ids:
             out["derived_replies"] = self.derived_ids
+        if self.quote_ids:
+            out["quote_ids"] = self.quote_ids
+            out["quote_keys"] = [list(k) for k in self.quote_keys]
         if self.entities:
             out["entities"] = self.entities
         return out
@@ -150,7 +164,51 @@ def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePla
     plan.derived_ids = sorted(derived)
     plan.log_ids = sorted(rows)
     plan.log_keys = [rows[i] for i in plan.log_ids]
+    quotes = _quoting_rows(conn, plan.log_ids)
+    plan.quote_ids = sorted(quotes)
+    plan.quote_keys = [quotes[i] for i in plan.quote_ids]
     return plan
+
+
+_NO_QUOTE = "json_set(json_remove(extra, '$.quoted'), '$.quote_erased', ?)"
+_QUOTING_COLS = "id, direction, stream_id, conversation, json_extract(extra, '$.quoted')"
+_HAS_QUOTE = "json_valid(extra) AND json_extract(extra, '$.quoted') IS NOT NULL"
+_QUOTE_MARK = re.compile(r"^[ \t>]+", re.M)
+_MIN_QUOTED_MATCH = 8  # shorter erased texts ("ok", "yes") would match every quote
+
+
+def _plain(text: str) -> str:
+    """Text as a quote may carry it: without ``>`` marks, line breaks, runs of blanks, case."""
+    return " ".join(_QUOTE_MARK.sub("", text).split()).casefold()
+
+
+def _quoting_rows(conn: sqlite3.Connection, erased: list[int]) -> dict[int, tuple[str, str]]:
+    """The kept rows whose ``extra.quoted`` may copy erased text (see the module docstring)."""
+    if not erased:
+        return {}
+    first_in: dict[str, int] = {}  # conversation -> its first erased row
+    texts: set[str] = set()
+    for chunk in chunks(erased):
+        for id_, conversation, text in conn.execute(
+            f"SELECT id, conversation, text FROM log WHERE id IN ({marks(len(chunk))})",  # noqa: S608
+            list(chunk),
+        ):
+            conv = str(conversation)
+            first_in[conv] = min(first_in.get(conv, int(id_)), int(id_))
+            plain = _plain(str(text or ""))
+            if len(plain) >= _MIN_QUOTED_MATCH:
+                texts.add(plain)
+    erased_set = set(erased)
+    found: dict[int, tuple[str, str]] = {}
+    quoting = f"SELECT {_QUOTING_COLS} FROM log WHERE {_HAS_QUOTE} AND {NOT_ERASED}"  # noqa: S608
+    for id_, d, sid, conversation, quoted in conn.execute(quoting):
+        if int(id_) in erased_set or not isinstance(quoted, str) or not quoted:
+            continue
+        first = first_in.get(str(conversation))
+        plain = _plain(quoted) if texts else ""
+        if (first is not None and int(id_) > first) or any(t in plain for t in texts):
+            found[int(id_)] = (str(d), str(sid))
+    return found
 
 
 def _turn_notes(notes_sql: list[tuple[str, list[Any]]], stream_ids: set[str]) -> None:
@@ -225,14 +283,24 @@ def plan_notes(
     plan.note_keys = sorted(k for k in found.values() if k)
 
 
-def remove(conn: sqlite3.Connection, erasure_id: int, log_ids: list[int], notes: list[int]) -> None:
-    """Blank the log rows and delete the notes; the caller holds the grant."""
+def remove(
+    conn: sqlite3.Connection,
+    erasure_id: int,
+    log_ids: list[int],
+    notes: list[int],
+    quote_ids: Sequence[int] = (),
+) -> None:
+    """Blank the log rows, drop the quotes of ``quote_ids`` and delete the notes; the caller
+    holds the grant."""
     marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
     for chunk in chunks(log_ids):
         conn.execute(
             f"UPDATE log SET text = '', extra = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
             [marker, *chunk],
         )
+    for chunk in chunks(list(quote_ids)):
+        sql = f"UPDATE log SET extra = {_NO_QUOTE} WHERE id IN ({marks(len(chunk))})"  # noqa: S608
+        conn.execute(sql, [erasure_id, *chunk])
     for chunk in chunks(notes):
         conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
     # a summary of an erased row is blanked; its range is derived again from what remains
@@ -341,7 +409,7 @@ def erase(
                 ),
             )
             erasure_id = int(cur.lastrowid or 0)
-            remove(conn, erasure_id, plan.log_ids, plan.note_ids)
+            remove(conn, erasure_id, plan.log_ids, plan.note_ids, plan.quote_ids)
         store.invalidate()  # the caches hold the old text
         store.after_commit(lambda: checkpoint_after_erasure(store))
         raw = conn.execute(_TOMBSTONE, (stream_id,)).fetchone()

@@ -426,9 +426,11 @@ def _preview(cfg: Config, kind: str, target: str) -> str:
     people = f" (entities {', '.join(plan.entities)})" if plan.entities else ""
     n = len(plan.derived_ids)
     derived = f" ({n} of them replies that drew on it)" if n else ""
+    q = len(plan.quote_ids)
+    quotes = f", the quotes of it in {q} later messages (their own text stays)" if q else ""
     return (
         f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries{derived} and "
-        f"{len(plan.note_ids)} notes derived from them, with every copy Redis holds"
+        f"{len(plan.note_ids)} notes derived from them{quotes}, with every copy Redis holds"
     )
 
 

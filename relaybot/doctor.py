@@ -28,12 +28,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contract.config import ENV_OVERRIDES, Config, ConfigError, default_home, load_config
+from contract.config import (
+    ENV_OVERRIDES,
+    Config,
+    ConfigError,
+    config_digest,
+    default_home,
+    load_config,
+    parse_config,
+)
 from contract.messages import describe_validation_error
 from relaybot.doctor_verdict import (
     Check,
     Verdict,
-    config_digest,
     config_keys,
     disk_space,
     exit_code,
@@ -198,12 +205,13 @@ def diagnose(
     if cfg is None:  # the disk checks still run (on RELAYBOT_HOME); the others need the config
         disk_group(Config(home=home), timeout, report.checks.append)
         because = "the configuration does not load (config.*)"
-        report.checks += [skipped(g, because) for g in BUDGET if g != "disk"]
+        report.checks += [skipped(g, because) for g in BUDGET if g not in ("disk", "processes")]
+        report.checks += _processes_without_config(home, env, timeout, digest)
         return report
     from relaybot import doctor_channels, doctor_model, doctor_redis
 
     def processes(c: Config, t: float, add: Add) -> None:
-        doctor_redis.processes_group(c, t, add, digest or config_digest(b""))
+        doctor_redis.processes_group(c, t, add, runs_digest(digest))
 
     groups: dict[str, Callable[[Config, float, Add], None]] = {
         "disk": disk_group,
@@ -242,6 +250,33 @@ def diagnose(
     order = ["config", *groups]  # config.unused comes from the processes group
     report.checks.sort(key=lambda c: order.index(c.group) if c.group in order else len(order))
     return report
+
+
+def runs_digest(digest: str | None) -> str:
+    """What a process of this config.toml reports as its ``config``: ``none`` without a file
+    (contract.config.config_digest), so no file on both sides is the same config."""
+    return digest if digest is not None else config_digest(None)
+
+
+def _processes_without_config(
+    home: Path, env: Mapping[str, str], timeout: float, digest: str | None
+) -> list[Check]:
+    """config.toml does not load, but the processes still run (with the last config they
+    loaded): their heartbeats are read from the Redis the environment names (``REDIS_URL``, else
+    the embedded one of RELAYBOT_HOME)."""
+    from relaybot import doctor_redis
+
+    try:
+        fallback = parse_config(None, home, env)
+    except ConfigError as exc:
+        return [skipped("processes", f"the configuration does not load (config.*): {exc}")]
+    out: list[Check] = []
+
+    def beats(c: Config, t: float, add: Add) -> None:
+        doctor_redis.processes_group(c, t, add, runs_digest(digest), judge_unused=False)
+
+    _guarded("processes", beats, fallback, timeout, out)
+    return out
 
 
 def _guarded(

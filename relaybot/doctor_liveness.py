@@ -33,9 +33,9 @@ def processes(
     beats: Mapping[str, Mapping[str, Any]], now: float, digest: str, host: str
 ) -> list[Check]:
     """One check per heartbeat, and a warning when no worker beats. ``digest`` is this host's
-    config.toml's (:func:`~relaybot.doctor_verdict.config_digest`; of no bytes when there is no
-    file): a process on another host loaded that host's file, so its digest is shown, not
-    compared."""
+    config.toml's (:func:`contract.config.config_digest`: ``none`` when there is no file, as a
+    process started without one reports): a process on another host loaded that host's file, so
+    its digest is shown, not compared."""
     out: list[Check] = []
     if not any(name == "worker" and _alive(b, now) for name, b in beats.items()):
         out.append(

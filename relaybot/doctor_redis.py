@@ -213,8 +213,11 @@ def redis_group(cfg: Config, timeout: float, add: Add) -> None:
         r.close()
 
 
-def processes_group(cfg: Config, timeout: float, add: Add, digest: str) -> None:
-    """What runs (heartbeats) and with which config; and config.unused, which needs them."""
+def processes_group(
+    cfg: Config, timeout: float, add: Add, digest: str, *, judge_unused: bool = True
+) -> None:
+    """What runs (heartbeats) and with which config; and config.unused, which needs them
+    (``judge_unused`` False: ``cfg`` is not config.toml's, which does not load)."""
     beats: dict[str, dict[str, Any]] | None = None
     because = ""
     if cfg.embedded_redis and not Path(cfg.redis_dir / "redis.sock").exists():
@@ -233,4 +236,5 @@ def processes_group(cfg: Config, timeout: float, add: Add, digest: str) -> None:
     else:
         for check in doctor_liveness.processes(beats, now, digest, socket.gethostname()):
             add(check)
-    add(doctor_liveness.unused(cfg, beats, now))
+    if judge_unused:
+        add(doctor_liveness.unused(cfg, beats, now))

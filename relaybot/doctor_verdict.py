@@ -8,7 +8,6 @@ values, so every verdict and every hint is unit-tested without a server.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import stat
 from collections.abc import Iterable, Mapping
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from contract.config import config_digest as contract_config_digest
 
 
 class Verdict(StrEnum):
@@ -282,8 +283,8 @@ def permissions(home: Path, modes: Mapping[Path, int], limit: int = 10) -> Check
 
 def config_digest(raw: bytes) -> str:
     """What a process reports as its ``config`` heartbeat field: the first 12 hex digits of the
-    SHA-256 of the config.toml bytes it loaded."""
-    return hashlib.sha256(raw).hexdigest()[:12]
+    SHA-256 of the config.toml bytes it loaded (contract.config.config_digest, for a file)."""
+    return contract_config_digest(raw)
 
 
 # tables whose keys are names the owner chooses (a conversation id, a room id, a channel)

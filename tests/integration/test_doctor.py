@@ -334,3 +334,32 @@ def test_email_over_starttls(tmp_path: Path) -> None:
     finally:
         imap.stop()
         smtp.stop()
+
+
+def test_no_config_file_is_the_same_config_and_broken_toml_still_shows_the_processes(
+    tmp_path: Path, redis_server: RedisServer, prefix: str
+) -> None:
+    """A process started without config.toml reports ``config none``; doctor without the file
+    must call that current (it said "config.toml is now e3b0c44298fc", the digest of no bytes).
+    With a config.toml that is not TOML, the processes still run: their heartbeats are read from
+    the Redis the environment names."""
+    from relaybot.doctor import diagnose
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = relaybot_env(home, redis_url=redis_server.url, prefix=prefix)
+    keys = Keys(prefix)
+    r = redis_server.client()
+    beat(r, keys, "worker", config="none", restart_needed=False)
+
+    def processes() -> dict[str, Check]:
+        report = diagnose(home, timeout=3, env=env)
+        return {c.id: c for c in report.checks if c.id.startswith("processes")}
+
+    worker = processes()["processes.worker"]
+    assert worker.verdict.value == "ok" and "config none (current)" in worker.summary, worker
+
+    (home / "config.toml").write_text("[model\nbroken = ", encoding="utf-8")
+    found = processes()
+    assert "processes.worker" in found, found  # not skipped because the file does not load
+    assert "runs an older config" in found["processes.worker"].summary  # it keeps the last good

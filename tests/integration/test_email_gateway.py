@@ -227,7 +227,8 @@ def test_a_reply_is_its_new_text_and_the_quoted_thread_is_kept_aside(
     assert "What do you think? [quoted from an earlier mail that relaybot did not receive]" in (
         asked
     )
-    assert asked.endswith("> The budget is 5k."), asked
+    assert "only the sender's claim, unverified" in asked, asked
+    assert "| On Sun, Bob <bob@x.org> wrote: | > The budget is 5k. [end of the quote" in asked
     assert gw.stop() == 0
 
 

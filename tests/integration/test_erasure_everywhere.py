@@ -224,3 +224,49 @@ def test_an_erasure_leaves_the_text_in_no_store(
     # and the owner's next context has nothing of it
     again = chat(cli_env, "what did bob say?", session="own")
     assert again.returncode == 0 and SECRET not in json.dumps(model_server.requests[-1])
+
+
+def test_an_erasure_reaches_the_quote_of_it_in_a_later_reply(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """A mail with the secret, relaybot's answer, then a reply mail quoting that answer (the
+    e-mail gateway keeps the quote in ``extra.quoted``): erasing the first mail by id leaves the
+    secret nowhere: not in the later row, the export, its stream entry or Redis's files."""
+    home = tmp_path / "home"
+    worker_env = relaybot_env(
+        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",
+    )  # fmt: skip
+    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
+    keys = Keys()
+    admin = acl_redis.client("worker")
+    procs.worker(worker_env, r=admin, keys=keys)
+    mail = acl_redis.client("email")
+    conv = "email:t-locker"
+    first = f"<{uuid.uuid4().hex}@example.org>"
+    publish(mail, keys, message("email", "bob@example.org", conv,
+                                f"my locker combination is {SECRET}", event_id=first))  # fmt: skip
+    wait_for_replies(admin, keys, conv, 1)
+    quoting = message(
+        "email", "bob@example.org", conv, "Thanks, also note my gym is on Tuesdays.",
+        extra={"quoted": "On Mon, relaybot <bot@example.org> wrote:\n> echo: my locker "
+               f"combination\n> is {SECRET}"},
+    )  # fmt: skip
+    publish(mail, keys, quoting)
+    wait_for_replies(admin, keys, conv, 2)
+    db = home / "memory.sqlite3"
+    with sqlite3.connect(db) as conn:
+        (row_id,) = conn.execute("SELECT id FROM log WHERE event_id = ?", (first,)).fetchone()
+    assert SECRET.encode() in redis_values(admin)
+
+    erased = run_relaybot(
+        ["memory", "erase", "--id", str(row_id), "--reason", "x", "--yes", "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    exported = run_relaybot(["memory", "export", "--out", str(tmp_path / "after.jsonl")], cli_env)
+    assert exported.returncode == 0, exported.stderr
+    assert SECRET not in (tmp_path / "after.jsonl").read_text()
+    assert "gym is on Tuesdays" in (tmp_path / "after.jsonl").read_text()  # its own text stays
+    assert SECRET.encode() not in redis_values(admin), "a stream entry still holds the quote"
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"

@@ -85,6 +85,28 @@ def test_owner_dm_round_trip_as_a_reply_with_owner_privacy(world: World) -> None
         after,
     ]  # the edit got no reply of its own
 
+    # a reply carries the spec's fallback quote of what it answers: not recorded as said now
+    answer = hs.send_event(
+        owner,
+        room,
+        {
+            "msgtype": "m.text",
+            "body": f"> <{owner.user_id}> my passport number is P1234567\n\nwhat was that?",
+            "format": "org.matrix.custom.html",
+            "formatted_body": "<mx-reply><blockquote>my passport number is P1234567</blockquote>"
+            "</mx-reply>what was that?",
+            "m.relates_to": {"m.in_reply_to": {"event_id": after}},
+        },
+    )
+    wait_until(
+        lambda: memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", answer),
+        timeout=15,
+        message="the reply recorded in memory",
+    )
+    (replied,) = memory_rows(world.db, "SELECT * FROM log WHERE event_id = ?", answer)
+    assert replied["text"] == "what was that?" and after in replied["extra"]
+    assert "P1234567" not in json.dumps(memory_rows(world.db, "SELECT * FROM log"))
+
 
 def test_group_mention_policy_and_strangers(world: World, model_server: FakeModelServer) -> None:
     """A mention-only room: the bot answers when mentioned, and records the room's talk that it
@@ -401,3 +423,20 @@ def test_the_gateway_runs_as_its_own_redis_acl_user(
     reply = world.wait_bot_messages(world.owner, room, 1)[0]
     assert reply["content"]["body"].endswith("through the ACL")
     assert not [r for r in gateway.records() if "NOPERM" in str(r)]
+
+
+def test_verbose_logs_hold_no_token_and_no_message_text(world: World) -> None:
+    """``relaybot -v gateway matrix``: nio's debug lines (a login's access token, a sync's
+    message bodies) never reach the log, and our own debug lines hold no message text."""
+    hs, owner = world.hs, world.owner
+    gateway = world.gateway(verbose=True)
+    gateway.wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+    hs.send_text(owner, room, "my passport number is QX7781234")
+    world.wait_bot_messages(owner, room, 1)
+    text = gateway.log_text() + gateway.out_path.read_text(encoding="utf-8", errors="replace")
+    assert '"level": "debug"' in text or "[debug" in text  # -v did turn debug on
+    assert "QX7781234" not in text, "a log line holds message text"
+    assert "syt_" not in text and world.bot.access_token not in text, "a token in the log"
+    assert "Validating response schema" not in text

@@ -48,8 +48,9 @@ timeline_limit = 4   # small: a restart after an outage must read the gap back
         )
         self.db = home / "memory.sqlite3"
 
-    def gateway(self) -> Proc:
-        proc = self.procs.start("gateway-matrix", ["gateway", "matrix"], self.env)
+    def gateway(self, *, verbose: bool = False) -> Proc:
+        args = ["-v", "gateway", "matrix"] if verbose else ["gateway", "matrix"]
+        proc = self.procs.start("gateway-matrix", args, self.env)
         proc.wait_for_log("matrix.logged_in", timeout=20)
         return proc
 

@@ -152,6 +152,18 @@ def test_nio_says_what_it_does_with_each_event_only_at_debug() -> None:
     assert "handling event" in verbose.getvalue()
 
 
+def test_nio_debug_lines_never_show_even_at_debug() -> None:
+    """nio's debug lines hold whole responses: a login's access token, a sync's message bodies."""
+    verbose = io.StringIO()
+    logs.configure("gateway", level="DEBUG", stream=verbose, fmt="json", env={})
+    logging.getLogger("nio.responses").debug(
+        "Validating response schema SyncResponse: {'body': 'my passport number is X1'}"
+    )
+    logging.getLogger("nio.client.async_client").debug("sync payload: my passport number")
+    structlog.get_logger("t").debug("ours.debug")
+    assert "passport" not in verbose.getvalue() and "ours.debug" in verbose.getvalue()
+
+
 def test_a_redis_that_does_not_answer_is_said_at_once_too(tmp_path: Path) -> None:
     """A host that drops packets, or a stopped server, answers nothing: the first try gives up
     after a second, not after the socket timeout (10 s: the line came after 20-30 s)."""

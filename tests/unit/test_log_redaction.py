@@ -45,3 +45,30 @@ def test_passwords_in_urls_are_masked_in_any_value() -> None:
 def test_the_event_name_itself_is_never_masked() -> None:
     got = lines(token_refreshed={"n": 1})
     assert got[0]["event"] == "token_refreshed"
+
+
+def test_secrets_inside_a_message_string_are_masked() -> None:
+    """nio's debug line is one string holding a response's repr: the key is inside the text."""
+    got = lines(
+        d={
+            "detail": "Validating response schema LoginResponse: {'access_token': 'syt_cmVs_AbC', "
+            "'device_id': 'DEV1', \"password\": \"hunter2\", 'user_id': '@bot:hs'}",
+            "header": "sent Authorization: Bearer abc.def-123 to the server",
+            "bare": "retrying with syt_cmVsYXk_QWxsb3dlZA_1a2b3c",
+            "pair": "login failed password=hunter3 user=bob",
+        }
+    )
+    text = json.dumps(got)
+    for secret in ("syt_cmVs", "hunter2", "abc.def-123", "QWxsb3dlZA", "hunter3"):
+        assert secret not in text, secret
+    assert "'device_id': 'DEV1'" in got[0]["detail"] and "'access_token': '***'" in got[0]["detail"]
+    assert "user=bob" in got[0]["pair"]
+
+
+def test_a_stdlib_message_with_a_token_is_masked() -> None:
+    out = io.StringIO()
+    logs.configure("gateway", stream=out, fmt="json", env={})
+    import logging
+
+    logging.getLogger("nio.responses").warning("got {'access_token': 'syt_secretvalue_x'}")
+    assert "syt_secretvalue" not in out.getvalue() and "access_token" in out.getvalue()

@@ -313,3 +313,38 @@ def test_record_all_is_the_default_and_a_room_can_record_only_what_is_addressed(
     assert not policy.records_all("!q:x")
     quiet = Config.model_validate({"home": "/nonexistent", "matrix": {"record": "addressed"}})
     assert not build_policy(quiet, BOT).records_all("!any:x")
+
+
+def reply_event(body: str, *, reply: bool = True) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "msgtype": "m.text",
+        "body": body,
+        "format": "org.matrix.custom.html",
+        "formatted_body": "<mx-reply><blockquote>my passport number is P1234567</blockquote>"
+        "</mx-reply>and my pin?",
+    }
+    if reply:
+        content["m.relates_to"] = {"m.in_reply_to": {"event_id": "$orig"}}
+    return {
+        "type": "m.room.message",
+        "event_id": "$reply1",
+        "sender": "@owner:localhost",
+        "origin_server_ts": 1763790000000,
+        "content": content,
+    }
+
+
+def test_a_replys_fallback_quote_is_stripped_and_the_relation_kept() -> None:
+    """The spec's reply fallback is a copy of the earlier message: kept, the model would read it
+    as said now, and erasing the original would leave it in the reply's row."""
+    quote = "> <@bob:localhost> my passport number is P1234567\n> second line\n\n"
+    body = quote + "and my pin?\n> not ours"
+    msg = normalize_event(reply_event(body), DM, POLICY)
+    assert isinstance(msg, InboundMessage), msg
+    assert msg.text == "and my pin?\n> not ours" and "P1234567" not in msg.to_fields().__repr__()
+    assert msg.extra["reply_to"] == "$orig"
+    # without the relation, a leading "> " is the sender's own text (a quote they typed)
+    plain = normalize_event(reply_event(body, reply=False), DM, POLICY)
+    assert isinstance(plain, InboundMessage) and plain.text == body
+    only_quote = normalize_event(reply_event("> <@bob:localhost> hi"), DM, POLICY)
+    assert isinstance(only_quote, Rejected)

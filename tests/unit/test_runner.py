@@ -316,3 +316,33 @@ def test_not_configured_idles_beating_until_sigterm_and_removes_its_heartbeat(
     assert heartbeats(r, cfg.keys) == {}
     assert events(logs, "fake.not_configured")[0]["detail"] == "set [fake]"
     assert events(logs, "fake.stopped")[0]["code"] == 0
+
+
+@pytest.mark.parametrize("name", ["matrix", "email"])
+def test_an_idle_gateway_takes_what_it_would_reload_and_asks_a_restart_for_the_rest(
+    r: fakeredis.FakeRedis, tmp_path: Path, name: str
+) -> None:
+    """Not configured, a gateway said "RESTART NEEDED to apply: owner.aliases" although a
+    running one reloads owner.aliases: an idle one needs no restart for it either."""
+    from contract.config import load_config
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[owner]\naliases = ["a@example.org"]\n')
+    cfg = load_config(home, env={})
+    rt = Runtime(name, r, cfg.keys)
+    watch = runner.watcher(rt, cfg, None)
+    (home / "config.toml").write_text('[owner]\naliases = ["b@example.org", "@b:hs"]\n')
+    for _ in range(3):  # the file is read once its size and time stopped changing
+        watch.check()
+    assert watch.fields()["restart_needed"] is False, watch.fields()
+    assert watch.config.owner.aliases == ["b@example.org", "@b:hs"]
+    section = (
+        '[matrix]\nhomeserver = "http://h"\nuser_id = "@bot:h"\n'
+        if name == "matrix"
+        else '[email]\nimap_host = "imap.example.org"\n'
+    )
+    (home / "config.toml").write_text('[owner]\naliases = ["b@example.org"]\n' + section)
+    for _ in range(3):
+        watch.check()
+    assert watch.fields()["restart_needed"] is True  # configured meanwhile: start it anew
