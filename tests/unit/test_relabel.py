@@ -334,9 +334,11 @@ def test_searching_by_the_owner_finds_the_handle_s_earlier_messages(
 def test_the_merge_command_asks_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from relaybot.cli import main
+    import argparse
 
-    monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path / "home"))
+    from relaybot.cli_entities import cmd_merge
+
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
-    assert main(["entities", "merge", "matrix:@bob:localhost"]) == 1  # nothing sent
+    args = argparse.Namespace(ref="matrix:@bob:localhost", reason="", yes=False, json=False)
+    assert cmd_merge(args, config(tmp_path)) == 1  # nothing sent to the worker
     assert "merging needs confirmation" in capsys.readouterr().err
