@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import structlog
 from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
+from contract.terminal import echo, echo_json
 from relaybot import envfile, private
 
 log = structlog.get_logger(__name__)
@@ -196,7 +196,10 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
         from relaybot.status import collect, render
 
         status = collect(connect(cfg), cfg.keys)
-        print(json.dumps(status, indent=2) if args.json else render(status))
+        if args.json:
+            echo_json(status, indent=2)
+        else:
+            echo(render(status))
         return 0
     if args.command == "redis-cli":
         return _exec_redis_cli(cfg, args.args)
