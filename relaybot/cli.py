@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
@@ -19,6 +19,9 @@ from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
 from contract.terminal import echo, echo_json
 from relaybot import envfile, private
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
     (argparse ignores the OSError and exits 0, or Python fails flushing at exit with status
     120): it reaches :func:`main`, which ends quietly with 141 as for every other command."""
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(message)
 
