@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
+from memory.identity import create_handle
 from memory.store import MemoryStore
 from tests.support.procs import relaybot_env, run_relaybot
 
@@ -160,6 +161,7 @@ def test_a_remote_senders_escape_sequences_are_shown_not_obeyed(tmp_path: Path) 
             event_id="e1",
         )
         store.append_inbound(msg, "1-0", is_owner=False)
+        eve = create_handle(store.conn, "matrix", msg.sender, display="Eve\x1b]0;EVIL\x07")
     env = relaybot_env(home)
 
     def raw_controls(text: str) -> list[str]:
@@ -173,3 +175,8 @@ def test_a_remote_senders_escape_sequences_are_shown_not_obeyed(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     assert raw_controls(done.stdout.rstrip("\n")) == []
     assert json.loads(done.stdout)["text"] == body  # stored verbatim, the JSON value exact
+    for args in (["entities", "list"], ["entities", "show", eve]):
+        done = run_relaybot(args, env)
+        assert done.returncode == 0, done.stderr
+        assert raw_controls(done.stdout) == [], args
+        assert "Eve\\x1b]0;EVIL\\x07" in done.stdout and "\\x1b[8m" in done.stdout, args
