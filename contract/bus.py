@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+from urllib.parse import quote
 
 import redis
 import structlog
@@ -26,7 +27,9 @@ def redis_url(cfg: Config) -> str:
     """The Redis URL: the configured one, or the embedded server's unix socket."""
     if cfg.redis.url is not None:
         return cfg.redis.url.get_secret_value()
-    return f"unix://{embedded_socket(cfg)}"
+    # percent-encoded: redis-py unquotes the path, and reads ? and # in it as the URL's query
+    # and fragment (a RELAYBOT_HOME with %, ? or # would name another socket)
+    return f"unix://{quote(embedded_socket(cfg), safe='/')}"
 
 
 def embedded_socket(cfg: Config) -> str:

@@ -12,6 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -47,11 +48,43 @@ class OwnerConfig(_Section):
     aliases: list[str | OwnerAlias] = Field(default_factory=list)
 
 
+def check_redis_url(url: str) -> None:
+    """ValueError, without the URL in its message, unless ``url`` is one redis-py can use:
+    ``redis://``, ``rediss://`` or ``unix://``, a numeric port, a numeric database."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("not a Redis URL: it must start with redis://, rediss:// or unix://")
+    if parsed.scheme == "unix":
+        if not parsed.path:
+            raise ValueError(
+                "a unix:// Redis URL needs the socket's path (unix:///path/redis.sock)"
+            )
+        return
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ValueError("the port is not a number from 1 to 65535") from None
+    if port == 0:
+        raise ValueError("the port is not a number from 1 to 65535")
+    database = unquote(parsed.path).replace("/", "")
+    if database and not (database.isascii() and database.isdigit()):
+        raise ValueError("the database (after the last /) is not a number")
+
+
 class RedisConfig(_Section):
     url: SecretStr | None = None  # None: the embedded Redis under $RELAYBOT_HOME/redis
     prefix: str = "relaybot:"
     # seconds a command (and a connection attempt) may take before it counts as Redis being away
     socket_timeout: float = Field(default=10.0, ge=1, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _a_redis_url(cls, url: SecretStr | None) -> SecretStr | None:
+        """What redis-py would refuse at the first connection (a ValueError deep in a command)
+        is refused here, as a configuration error that never shows the URL (its password)."""
+        if url is not None:
+            check_redis_url(url.get_secret_value())
+        return url
 
 
 class LogsConfig(_Section):

@@ -30,6 +30,8 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
+from contract.terminal import safe
+
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
@@ -138,6 +140,17 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+def _inert(
+    _logger: Any, _method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Console lines: control characters in string values shown as ``\\x1b`` (the console
+    renderer prints strings as they are; other values it prints with repr, which escapes them)."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = safe(value)
+    return event_dict
+
+
 def configure(
     process: str,
     *,
@@ -168,6 +181,7 @@ def configure(
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
     renderer: Any
     if chosen == "console":
+        shared.append(_inert)  # a sender's handle or subject cannot drive the terminal
         colors = _isatty(out) and not env.get("NO_COLOR")
         renderer = structlog.dev.ConsoleRenderer(
             colors=colors, exception_formatter=structlog.dev.plain_traceback

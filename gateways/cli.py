@@ -25,6 +25,7 @@ from contract.durable import Durable
 from contract.liveness import Heartbeat
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from contract.outage import TRANSIENT, Outage
+from contract.terminal import safe
 from gateways.deliver import ReplyQueue, deliver_next
 
 log = structlog.get_logger(__name__)
@@ -173,7 +174,7 @@ class Terminal:
             self.show(reply)
             return
         prefix = "! " if reply.kind == "error" else ""
-        self.out.write(f"{prefix}{reply.text}\n")
+        self.out.write(f"{prefix}{safe(reply.text)}\n")
         self.out.flush()
 
     def _print_earlier(self, reply: Reply) -> None:

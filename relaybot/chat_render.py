@@ -1,5 +1,7 @@
 """How ``relaybot chat`` shows a reply: Markdown with who answered and when on a terminal, the
-plain text otherwise (so that pipes, scripts and tests read exactly what the model wrote)."""
+plain text otherwise (so that pipes, scripts and tests read what the model wrote). Either way
+control characters are shown as ``\\x1b``, not obeyed (:mod:`contract.terminal`): a reply may
+quote what a remote sender wrote, and a pipe often ends on a terminal too."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from rich.markdown import Markdown
 from rich.text import Text
 
 from contract.messages import Reply, ReplyKind
+from contract.terminal import safe
 
 
 def stamp(created: float, now: float | None = None) -> str:
@@ -40,18 +43,19 @@ class ReplyView:
     def show(self, reply: Reply) -> None:
         if self.console is None:
             prefix = "! " if reply.kind == ReplyKind.ERROR else ""
-            self.out.write(f"{prefix}{reply.text}\n")
+            self.out.write(f"{prefix}{safe(reply.text)}\n")
             self.out.flush()
             return
         style = "bold red" if reply.kind == ReplyKind.ERROR else "bold cyan"
-        self.console.print(Text(header(reply, self.assistant), style=style))
-        self.console.print(Markdown(reply.text))
+        self.console.print(Text(safe(header(reply, self.assistant)), style=style))
+        # links as "text (url)": an OSC 8 hyperlink would hide where it leads behind its text
+        self.console.print(Markdown(safe(reply.text), hyperlinks=False))
         self.console.print()
 
     def note(self, text: str) -> None:
         """A line of the chat itself (a command's answer), never mistaken for a reply."""
         if self.console is None:
-            self.out.write(f"{text}\n")
+            self.out.write(f"{safe(text)}\n")
             self.out.flush()
         else:
-            self.console.print(Text(text, style="dim"), soft_wrap=True)
+            self.console.print(Text(safe(text), style="dim"), soft_wrap=True)

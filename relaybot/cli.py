@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
@@ -17,7 +17,11 @@ import structlog
 from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
+from contract.terminal import echo, echo_json
 from relaybot import envfile, private
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 log = structlog.get_logger(__name__)
 
@@ -27,8 +31,18 @@ EXIT_CONFIG = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a command killed by SIGPIPE
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a closed pipe under ``--help`` or ``--version`` is not swallowed
+    (argparse ignores the OSError and exits 0, or Python fails flushing at exit with status
+    120): it reaches :func:`main`, which ends quietly with 141 as for every other command."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="relaybot",
         description="A self-hosted personal assistant: terminal, Matrix and e-mail, one memory.",
     )
@@ -106,9 +120,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The entry point. A closed pipe (``relaybot memory export | head``) ends the command
-    quietly, as it ends ``cat``: no traceback, exit status 141 (128 + SIGPIPE)."""
+    quietly, as it ends ``cat``: no traceback, exit status 141 (128 + SIGPIPE); so does
+    ``relaybot --help | (exec 0<&-; true)`` (argparse's exit, flushed here, not at exit)."""
     try:
-        code = _main(sys.argv[1:] if argv is None else argv)
+        try:
+            code = _main(sys.argv[1:] if argv is None else argv)
+        except SystemExit:  # argparse: --help, --version, a usage error
+            sys.stdout.flush()
+            raise
         sys.stdout.flush()  # a pipe closed after the last write shows here
     except BrokenPipeError:
         # Python flushes stdout again at exit: point it at /dev/null so that says nothing
@@ -121,8 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str]) -> int:
     private.restrict_new_files()  # before anything is created: files 0600, directories 0700
-    envfile.load_dotenv_here()  # the .env honcho reads, for the commands of a second terminal
-    args = parse_args(argv)
+    try:
+        envfile.load_dotenv_here()  # the .env honcho reads, for the commands of a second terminal
+        damaged = None
+    except envfile.EnvFileError as exc:
+        damaged = exc
+    args = parse_args(argv)  # --help and --version work whatever .env holds
+    if damaged is not None:
+        echo(
+            f"relaybot: cannot read .env: {damaged} (honcho start cannot either: fix the line, "
+            f"or set {envfile.CHOICE}= to read none)",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
@@ -196,7 +226,10 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
         from relaybot.status import collect, render
 
         status = collect(connect(cfg), cfg.keys)
-        print(json.dumps(status, indent=2) if args.json else render(status))
+        if args.json:
+            echo_json(status, indent=2)
+        else:
+            echo(render(status))
         return 0
     if args.command == "redis-cli":
         return _exec_redis_cli(cfg, args.args)

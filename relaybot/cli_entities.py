@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot entities list|show|link|suggest|unlink|reject|merge|unmerge`, `relaybot onboard`.
 
 ``list`` and ``show`` read the memory database read-only. ``link``, ``suggest``, ``unlink``,
@@ -12,12 +11,12 @@ handle ``channel:address`` (``matrix:@bob:example.org``) or by a bare address on
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from contract.terminal import echo, echo_json
 from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
@@ -109,11 +108,11 @@ def cmd_merge(args: argparse.Namespace, cfg: Config) -> int:
             "it). [y/N] "
         )
         if not sys.stdin.isatty():
-            print("relaybot: merging needs confirmation: run it in a terminal, or add --yes",
-                  file=sys.stderr)  # fmt: skip
+            echo("relaybot: merging needs confirmation: run it in a terminal, or add --yes",
+                 file=sys.stderr)  # fmt: skip
             return 1
         if input(question).strip().lower() not in ("y", "yes"):
-            print("nothing merged")
+            echo("nothing merged")
             return 1
     payload = {"ref": args.ref, "reason": args.reason}
     return send_command(
@@ -224,19 +223,19 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
     with store:
         table = entity_table(store.conn, cfg)
     if args.json:
-        print(json.dumps(table, indent=2, ensure_ascii=False))
+        echo_json(table, indent=2, ensure_ascii=False)
         return 0
-    print(f"{'ENTITY':<16} {'KIND':<8} {'MSGS':>6}  {'LAST':<16} {'LINKS':<12} NAME / HANDLES")
+    echo(f"{'ENTITY':<16} {'KIND':<8} {'MSGS':>6}  {'LAST':<16} {'LINKS':<12} NAME / HANDLES")
     for e in table:
         links = ", ".join(f"{n} {s}" for s, n in sorted(e["links"].items())) or "-"
-        print(
+        echo(
             f"{e['id']:<16} {e['kind']:<8} {e['messages']:>6}  {_when(e['last_message']):<16} "
             f"{links:<12} {e['name']}"
         )
         for handle in e["handles"]:
-            print(f"{'':<62} {handle}")
+            echo(f"{'':<62} {handle}")
         for handle in e["owner_aliases"]:
-            print(
+            echo(
                 f"{'':<62} ! {handle} is an owner alias: relaybot entities merge {handle}",
             )
     return 0
@@ -343,34 +342,34 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         try:
             detail = entity_detail(store.conn, cfg, args.ref)
         except LookupError as exc:
-            print(f"relaybot: {exc}", file=sys.stderr)
+            echo(f"relaybot: {exc}", file=sys.stderr)
             return EXIT_FAILED
     if args.json:
-        print(json.dumps(detail, indent=2, ensure_ascii=False))
+        echo_json(detail, indent=2, ensure_ascii=False)
         return 0
-    print(f"{detail['id']}  ({detail['kind']})  {detail['name']}")
-    print(f"  created   {_when(detail['created'])}")
-    print("  handles")
+    echo(f"{detail['id']}  ({detail['kind']})  {detail['name']}")
+    echo(f"  created   {_when(detail['created'])}")
+    echo("  handles")
     for h in detail["handles"] or [{"handle": "(none)", "display": "", "first_seen": None}]:
         shown = f" — {h['display']}" if h["display"] else ""
-        print(f"    {h['handle']}{shown}")
+        echo(f"    {h['handle']}{shown}")
     if len(detail["person"]) > 1:
-        print(f"  person    {', '.join(detail['person'])} (verified links)")
-    print("  links")
+        echo(f"  person    {', '.join(detail['person'])} (verified links)")
+    echo("  links")
     if not detail["links"]:
-        print("    (none)")
+        echo("    (none)")
     for link in detail["links"]:
         why = f" — {link['reason']}" if link["reason"] else ""
         when = _when(link["ts"])
-        print(f"    {link['with']:<16} {link['status']:<10} {when} by {link['actor']}{why}")
+        echo(f"    {link['with']:<16} {link['status']:<10} {when} by {link['actor']}{why}")
     for m in detail["merges"]:
         why = f" — {m['reason']}" if m["reason"] else ""
-        print(f"  merged    {m['handle']}: {m['from']} → {m['to']} {_when(m['ts'])}{why}")
+        echo(f"  merged    {m['handle']}: {m['from']} → {m['to']} {_when(m['ts'])}{why}")
     channels = ", ".join(f"{c} {n}" for c, n in detail["messages_by_channel"].items())
-    print(f"  messages  {detail['messages']}" + (f" ({channels})" if channels else ""))
+    echo(f"  messages  {detail['messages']}" + (f" ({channels})" if channels else ""))
     if detail["messages"]:
-        print(f"  first     {_when(detail['first_message'])}")
-        print(f"  last      {_when(detail['last_message'])}")
+        echo(f"  first     {_when(detail['first_message'])}")
+        echo(f"  last      {_when(detail['last_message'])}")
     for conv in detail["conversations"]:
-        print(f"    {conv['messages']:>6}  {conv['conversation']} ({conv['privacy']})")
+        echo(f"    {conv['messages']:>6}  {conv['conversation']} ({conv['privacy']})")
     return 0

@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot memory status|export|import|erase`: looking after memory as a whole.
 
 ``status`` and ``export`` read the memory database read-only, here (memory/status.py,
@@ -14,7 +13,6 @@ some records were rejected, 2 configuration error.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sqlite3
 import sys
@@ -22,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from contract.terminal import echo, echo_json, json_safe
 
 if TYPE_CHECKING:
     from contract.config import Config
@@ -96,7 +96,7 @@ def _open(cfg: Config) -> MemoryStore:
 
 
 def _fail(message: str) -> int:
-    print(f"relaybot: {message}", file=sys.stderr)
+    echo(f"relaybot: {message}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -108,9 +108,9 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
 
     if not cfg.memory_path.exists():
         if args.json:
-            print(json.dumps({"path": str(cfg.memory_path), "exists": False}))
+            echo_json({"path": str(cfg.memory_path), "exists": False})
         else:
-            print(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
+            echo(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
         return 0
     try:
         with _open(cfg) as store:
@@ -120,9 +120,9 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
     except sqlite3.Error as exc:
         return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
     if args.json:
-        print(json.dumps({"exists": True, **status}, indent=2))
+        echo_json({"exists": True, **status}, indent=2)
     else:
-        print(render_status(status))
+        echo(render_status(status))
     check = status.get("check")
     return EXIT_FAILED if check and check["quick_check"] != "ok" else 0
 
@@ -187,7 +187,7 @@ def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
         with _open(cfg) as store:
             if args.out is None:
                 for line in export_lines(store, stats):
-                    sys.stdout.write(line)
+                    sys.stdout.write(json_safe(line))  # the same JSON, inert on a terminal
                 sys.stdout.flush()
             else:
                 out: Path = args.out
@@ -211,12 +211,12 @@ def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
         return _fail(f"cannot write the export: {exc}")
     where = "standard output" if args.out is None else str(args.out)
     parts = ", ".join(f"{k} {v}" for k, v in stats.records.items() if v)
-    print(
+    echo(
         f"exported {sum(stats.records.values())} records ({parts or 'none'}) to {where}",
         file=sys.stderr,
     )
     if stats.corrupt_rows:
-        print(
+        echo(
             f"skipped {stats.corrupt_rows} corrupt log rows (they cannot be read)", file=sys.stderr
         )
     return 0
@@ -302,9 +302,9 @@ def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
         "error": failed,
     }
     if args.json:
-        print(json.dumps(summary, indent=2, ensure_ascii=False))
+        echo_json(summary, indent=2, ensure_ascii=False)
     else:
-        print(render_import(summary))
+        echo(render_import(summary))
     return EXIT_FAILED if failed or rejected else 0
 
 
@@ -419,7 +419,7 @@ def _preview(cfg: Config, kind: str, target: str) -> str:
         with _open(cfg) as store:
             plan = plan_erasure(store.conn, kind, target)
     except sqlite3.Error as exc:
-        print(f"relaybot: cannot preview ({exc}); the worker will decide", file=sys.stderr)
+        echo(f"relaybot: cannot preview ({exc}); the worker will decide", file=sys.stderr)
         return f"{kind} {target}"
     if plan.empty:
         raise CommandError(f"nothing to erase for {kind} {target} (already erased?)")
@@ -435,7 +435,7 @@ def _preview(cfg: Config, kind: str, target: str) -> str:
 
 
 def _confirmed(preview: str) -> bool:
-    print(f"This erases {preview}.\nIt cannot be undone; a tombstone records what, when, why.")
+    echo(f"This erases {preview}.\nIt cannot be undone; a tombstone records what, when, why.")
     try:
         answer = input("Type 'erase' to go on: ")
     except EOFError:
@@ -460,7 +460,7 @@ def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
         if not sys.stdin.isatty():
             return _fail("erasing needs confirmation: run it in a terminal, or add --yes")
         if not _confirmed(preview):
-            print("nothing erased")
+            echo("nothing erased")
             return EXIT_FAILED
     request = {
         "kind": kind,
@@ -474,11 +474,11 @@ def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
     except CommandFailed as exc:
         return _fail(str(exc))
     if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
+        echo_json(result, indent=2, ensure_ascii=False)
     if not result.get("ok"):
         return _fail(str(result.get("error")))
     if not args.json:
-        print(_erased(kind, target, result))
+        echo(_erased(kind, target, result))
     return 0
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot memory notes list|show|search|add|supersede`: the scoped notes (memory/notes/).
 
 ``list``, ``show`` and ``search`` read the memory database read-only and show the owner every
@@ -16,11 +15,11 @@ is seen in that conversation too.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from contract.terminal import echo, echo_json
 from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
@@ -176,12 +175,12 @@ def _find(args: argparse.Namespace, cfg: Config, query: str | None) -> int:
             include_superseded=args.all,
         )
     if args.json:
-        print(json.dumps([n.as_dict() for n in found], indent=2, ensure_ascii=False))
+        echo_json([n.as_dict() for n in found], indent=2, ensure_ascii=False)
     elif not found:
-        print("no notes" + (f" match {query!r}" if query else ""))
+        echo("no notes" + (f" match {query!r}" if query else ""))
     else:
         for note in found:
-            print(describe(note))
+            echo(describe(note))
     return 0
 
 
@@ -203,20 +202,20 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         versions = note_chain(store, args.id)
     note = next((n for n in versions if n.id == args.id), None)
     if note is None:
-        print(f"relaybot: there is no note #{args.id}", file=sys.stderr)
+        echo(f"relaybot: there is no note #{args.id}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         payload = {"note": note.as_dict(), "versions": [n.as_dict() for n in versions]}
-        print(json.dumps(payload, indent=2, ensure_ascii=False))
+        echo_json(payload, indent=2, ensure_ascii=False)
         return 0
     for key, value in note.as_dict().items():
         shown = _when(float(value)) if key == "created_ts" else value
-        print(f"{key:>20}: {'-' if shown is None else shown}")
+        echo(f"{key:>20}: {'-' if shown is None else shown}")
     if len(versions) > 1:
-        print("\nversions (oldest first):")
+        echo("\nversions (oldest first):")
         for version in versions:
             mark = "*" if version.id == note.id else " "
-            print(f" {mark} {describe(version)}")
+            echo(f" {mark} {describe(version)}")
     return 0
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot memory search QUERY`: the owner's full-text search over the whole history.
 
 The memory database is opened read-only (the worker is its only writer) and searched in the
@@ -10,10 +9,11 @@ tool (memory/search/), with the same filters. Exit codes: 0 (also when nothing m
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import sys
 from typing import TYPE_CHECKING, Any
+
+from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
     from contract.config import Config
@@ -80,7 +80,7 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     from memory.store import MemoryStore
 
     if not cfg.memory_path.exists():
-        print(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
+        echo(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
         return 0
     query = SearchQuery(
         text=" ".join(args.query),
@@ -98,23 +98,23 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
             owners = OwnerView(OwnerResolver(cfg.owner_aliases), owner_handles(store.conn))
             result = search(store, scope, query, owners=owners)
     except SearchError as exc:
-        print(f"relaybot: {exc}", file=sys.stderr)
+        echo(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except sqlite3.Error as exc:
-        print(
+        echo(
             f"relaybot: cannot search the memory database {cfg.memory_path}: {exc}", file=sys.stderr
         )
         return EXIT_FAILED
     if not result.terms:
-        print("relaybot: nothing to search for: give some words", file=sys.stderr)
+        echo("relaybot: nothing to search for: give some words", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         for hit in result.hits:
-            print(json.dumps(hit_record(hit, assistant, owners), ensure_ascii=False))
+            echo_json(hit_record(hit, assistant, owners), ensure_ascii=False)
         if result.corrupt:
-            print(f"relaybot: {result.corrupt} damaged messages skipped", file=sys.stderr)
+            echo(f"relaybot: {result.corrupt} damaged messages skipped", file=sys.stderr)
         return 0
-    print(format_hits(result, assistant, header=OWNER_HEADER, max_chars=1 << 30, owners=owners))
+    echo(format_hits(result, assistant, header=OWNER_HEADER, max_chars=1 << 30, owners=owners))
     return 0
 
 

@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """What several `relaybot` subcommands share: opening memory read-only, sending an owner command.
 
 Imported when the command line starts, so it imports memory and the stream only when a
@@ -7,11 +6,12 @@ subcommand runs.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
     from contract.config import Config
@@ -28,7 +28,7 @@ def open_memory(cfg: Config) -> MemoryStore | None:
     try:
         return MemoryStore(cfg.memory_path, readonly=True)
     except (sqlite3.Error, SchemaError) as exc:
-        print(
+        echo(
             f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
             "(the worker creates it when it first starts)",
             file=sys.stderr,
@@ -51,13 +51,13 @@ def send_command(
     try:
         result = run_command(cfg, op, payload)
     except CommandFailed as exc:
-        print(f"relaybot: {exc}", file=sys.stderr)
+        echo(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if as_json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
+        echo_json(result, indent=2, ensure_ascii=False)
     if not result.get("ok"):
-        print(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
+        echo(f"relaybot: {result.get('error', 'the command failed')}", file=sys.stderr)
         return EXIT_FAILED
     if not as_json:
-        print(describe(result))
+        echo(describe(result))
     return 0

@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot memory summaries|resummarize`: layer 1, the conversation summaries.
 
 ``summaries`` lists them from the memory database, read-only: their conversation, exact log range,
@@ -11,11 +10,12 @@ a conversation; each new version supersedes its old one when the worker applies 
 from __future__ import annotations
 
 import argparse
-import json
 import sqlite3
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
+
+from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
     from contract.config import Config
@@ -48,24 +48,24 @@ def cmd_summaries(args: argparse.Namespace, cfg: Config) -> int:
             found = summaries.listing(store.conn, args.conversation, every=args.all)
             current = {s.id for s in summaries.listing(store.conn, args.conversation)}
     except sqlite3.Error as exc:
-        print(f"relaybot: cannot read the summaries: {exc}", file=sys.stderr)
+        echo(f"relaybot: cannot read the summaries: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
         for s in found:
-            print(json.dumps({**asdict(s), "current": s.id in current}, ensure_ascii=False))
+            echo_json({**asdict(s), "current": s.id in current}, ensure_ascii=False)
         return 0
     if not found:
-        print("no summaries" + (f" of {args.conversation}" if args.conversation else ""))
+        echo("no summaries" + (f" of {args.conversation}" if args.conversation else ""))
         return 0
     for s in found:
         state = "current" if s.id in current else ("erased" if s.erased else "superseded")
         sup = f", supersedes #{s.supersedes}" if s.supersedes is not None else ""
-        print(
+        echo(
             f"#{s.id} {s.conversation} log {s.first_id}..{s.last_id} ({s.rows} messages, "
             f"{stamp(s.first_ts)} to {stamp(s.last_ts)}) {s.method}, {state}{sup}"
         )
         if s.text:
-            print("    " + s.text.replace("\n", "\n    "))
+            echo("    " + s.text.replace("\n", "\n    "))
     return 0
 
 
@@ -84,14 +84,14 @@ def cmd_resummarize(args: argparse.Namespace, cfg: Config) -> int:
         with store:
             planned = resummarize(cfg, r, store, args.conversation)
     except (sqlite3.Error, redis.RedisError) as exc:
-        print(f"relaybot: cannot resummarize: {exc}", file=sys.stderr)
+        echo(f"relaybot: cannot resummarize: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if not planned:
-        print(f"nothing enqueued: {args.conversation} has no current summaries, or their new "
-              "versions are queued, running or were derived a moment ago")  # fmt: skip
+        echo(f"nothing enqueued: {args.conversation} has no current summaries, or their new "
+             "versions are queued, running or were derived a moment ago")  # fmt: skip
         return 0
     for p in planned:
-        print(f"enqueued {p.conversation} log {p.first_id}..{p.last_id} as version {p.version}")
+        echo(f"enqueued {p.conversation} log {p.first_id}..{p.last_id} as version {p.version}")
     return 0
 
 

@@ -38,6 +38,7 @@ from contract.config import (
     parse_config,
 )
 from contract.messages import describe_validation_error
+from contract.terminal import json_safe, safe
 from relaybot.doctor_verdict import (
     Check,
     Verdict,
@@ -79,8 +80,10 @@ def run_cli(args: argparse.Namespace, cfg: Config) -> int:
     """The configuration main() loaded is not used: doctor loads its own, and reports why it
     does not load instead of refusing to run."""
     report = diagnose(cfg.home, timeout=args.timeout)
+    # what servers answered is in the checks: made inert for the terminal (contract.terminal)
     sys.stdout.write(
-        (json.dumps(as_json(report), indent=2) if args.json else render(report)) + "\n"
+        (json_safe(json.dumps(as_json(report), indent=2)) if args.json else safe(render(report)))
+        + "\n"
     )
     return exit_code(report.checks)
 

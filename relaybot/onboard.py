@@ -1,4 +1,3 @@
-# ruff: noqa: T201  (a command line talks to its user on stdout/stderr)
 """`relaybot onboard`: the first-run questions (seed 000), checked, written to ``config.toml``.
 
 It asks for the owner's name (it reaches the model's system prompt: contract.config), the owner's
@@ -39,6 +38,7 @@ from pydantic import ValidationError
 
 from contract.config import Config
 from contract.messages import describe_validation_error
+from contract.terminal import echo
 from relaybot.onboard_ask import (
     Asker,
     Cancelled,
@@ -125,7 +125,7 @@ def merged_config(existing: Mapping[str, Any], answers: Mapping[str, Any]) -> di
 
 
 def _fail(message: str) -> int:
-    print(f"relaybot: {message}", file=sys.stderr)
+    echo(f"relaybot: {message}", file=sys.stderr)
     return EXIT_FAILED
 
 

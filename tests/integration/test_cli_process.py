@@ -69,6 +69,39 @@ def test_a_pipe_closed_early_ends_the_command_quietly(home: Path, args: list[str
     assert "Traceback" not in err and "Broken pipe" not in err and "BrokenPipe" not in err, err
 
 
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["memory", "--help"], ["memory", "search", "--help"]]
+)
+def test_help_and_version_into_a_closed_pipe_end_quietly(home: Path, args: list[str]) -> None:
+    """``relaybot --help | (exec 0<&-; true)``: the reader is gone before a word is written;
+    no "Exception ignored ... BrokenPipeError", status 141 as for every other command."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "relaybot", *args],
+            env=relaybot_env(home), cwd=REPO, stdin=subprocess.DEVNULL, stdout=writer,
+            stderr=subprocess.PIPE, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 141, err
+    assert err == "", err
+
+
+def test_zero_config_chat_under_a_home_with_url_characters(tmp_path: Path) -> None:
+    """A RELAYBOT_HOME with %, ? and # in its name: the embedded Redis's socket is found (its
+    unix:// URL is percent-encoded), the chat answers."""
+    home = tmp_path / "h%41?x=1#y"
+    with FakeModelServer() as model:
+        env = relaybot_env(home, model_url=model.base_url)
+        done = run_relaybot(["chat", "-m", "hello", "--session", "odd"], env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "echo: " in done.stdout and "hello" in done.stdout
+    assert (home / "memory.sqlite3").exists()
+
+
 def test_the_whole_output_through_a_pipe_is_unchanged(home: Path) -> None:
     fill_memory(home, 50)
     done = run_relaybot(["memory", "search", "door", "--limit", "50"], relaybot_env(home))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
+from memory.identity import create_handle
 from memory.store import MemoryStore
 from tests.support.procs import relaybot_env, run_relaybot
 
@@ -140,3 +141,42 @@ def test_a_damaged_row_is_skipped_and_reported(env: dict[str, str]) -> None:
     done = run_relaybot(["memory", "search", "lisbon", "--json"], env)
     assert done.returncode == 0
     assert "1 damaged messages skipped" in done.stderr
+
+
+def test_a_remote_senders_escape_sequences_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """A Matrix sender's body with ESC/BEL/C1 sequences is stored verbatim; ``memory search``
+    shows them as ``\\x1b`` (text) or as JSON escapes, never raw to the owner's terminal."""
+    home = tmp_path / "home"
+    home.mkdir()
+    body = "lisbon \x1b[2J\x1b]0;EVIL\x07\x1b]52;c;ZXZpbA==\x07\x9b31m done"
+    with MemoryStore(home / "memory.sqlite3") as store, store.transaction():
+        msg = InboundMessage(
+            channel="matrix",
+            session="matrix:dm-eve",
+            conversation="matrix:dm-eve",
+            sender="@eve\x1b[8m:m.org",
+            privacy=Privacy.DIRECT,
+            text=body,
+            ts=T0,
+            event_id="e1",
+        )
+        store.append_inbound(msg, "1-0", is_owner=False)
+        eve = create_handle(store.conn, "matrix", msg.sender, display="Eve\x1b]0;EVIL\x07")
+    env = relaybot_env(home)
+
+    def raw_controls(text: str) -> list[str]:
+        return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+
+    done = run_relaybot(["memory", "search", "lisbon"], env)
+    assert done.returncode == 0, done.stderr
+    assert raw_controls(done.stdout) == []
+    assert "lisbon \\x1b[2J\\x1b]0;EVIL\\x07\\x1b]52;c;ZXZpbA==\\x07\\x9b31m done" in done.stdout
+    done = run_relaybot(["memory", "search", "lisbon", "--json"], env)
+    assert done.returncode == 0, done.stderr
+    assert raw_controls(done.stdout.rstrip("\n")) == []
+    assert json.loads(done.stdout)["text"] == body  # stored verbatim, the JSON value exact
+    for args in (["entities", "list"], ["entities", "show", eve]):
+        done = run_relaybot(args, env)
+        assert done.returncode == 0, done.stderr
+        assert raw_controls(done.stdout) == [], args
+        assert "Eve\\x1b]0;EVIL\\x07" in done.stdout and "\\x1b[8m" in done.stdout, args

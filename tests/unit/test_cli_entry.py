@@ -75,7 +75,7 @@ def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
     (tmp_path / ".env").write_text(
         "RELAYBOT_HOME=./data\n"
         "REDIS_URL=redis://:pa${x}ss@127.0.0.1:6390/0\n"  # taken literally, as honcho does
-        "export RELAYBOT_REDIS_PREFIX=app:\n"
+        "RELAYBOT_REDIS_PREFIX=app:\n"
         "RELAYBOT_MODEL=from-dotenv\n",
         encoding="utf-8",
     )
@@ -276,3 +276,129 @@ def test_a_session_name_is_checked_before_anything_is_sent() -> None:
     assert chat.bad_session("work") is None
     for bad in ("a b", "a*b", "-x", "", "x" * 300):
         assert "cannot name a session" in (chat.bad_session(bad) or ""), bad
+
+
+TRICKY_DOTENV = [
+    "RELAYBOT_HOME=/tmp/h#x",  # shlex: a comment from the #
+    "SPACED=a b  c",
+    "QUOTED='a b # c'",
+    'DOUBLE="a\\"b\\\\c $HOME"',
+    "BACKSLASH=a\\ b\\\\c\\n",
+    "NEWLINE=one\\ntwo\\tthree",
+    "EMPTY=",
+    "EMPTY_QUOTED=''",
+    "export EXPORTED=1",
+    "  INDENTED = spaced  ",
+    "# a comment",
+    "",
+    "URL=redis://:pa${x}ss@127.0.0.1:6390/0?x=1&y=2",
+    "NOEQUALS",
+    "1BAD=x",
+    "LATER=first",
+    "LATER=second",
+    "UNICODE=café ✓",
+    "EQ=a=b==c",
+]
+
+
+def test_dotenv_values_are_exactly_what_honcho_gives_its_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from honcho.command import _read_env  # what `honcho start` reads .env with
+
+    (tmp_path / ".env").write_text("\n".join(TRICKY_DOTENV) + "\n", encoding="utf-8")
+    honcho = _read_env(str(tmp_path), ".env")
+    values, ignored = envfile.parse(tmp_path / ".env")
+    assert values == honcho
+    assert values["RELAYBOT_HOME"] == "/tmp/h"  # python-dotenv said /tmp/h#x
+    assert "EMPTY" not in values and "EXPORTED" not in values
+    numbers = {line: n for n, line in enumerate(TRICKY_DOTENV, 1)}
+    assert ignored == [numbers[x] for x in ("EMPTY=", "export EXPORTED=1", "NOEQUALS", "1BAD=x")]
+
+    for name in values:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("RELAYBOT_DOTENV")
+    monkeypatch.chdir(tmp_path)
+    assert envfile.load_dotenv_here() == tmp_path / ".env"
+    assert {name: os.environ[name] for name in values} == honcho
+    assert load_config().home == Path("/tmp/h")
+
+
+def test_a_line_honcho_ignores_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("RELAYBOT_DOTENV")
+    monkeypatch.delenv("RELAYBOT_REDIS_PREFIX", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("# ok\n\nexport RELAYBOT_REDIS_PREFIX=x:\n", encoding="utf-8")
+    envfile.load_dotenv_here()
+    assert "RELAYBOT_REDIS_PREFIX" not in os.environ  # as honcho: not set
+    err = capsys.readouterr().err
+    assert f"{tmp_path / '.env'} line 3 sets nothing" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"OK=1\n\xff\n", ".env line 2: not UTF-8 text"),
+        (b"OK=1\nRELAYBOT_HOME='/tmp/unclosed\n", ".env line 2: No closing quotation"),
+        (b"A=1\\", ".env line 1: No escaped character"),
+    ],
+)
+def test_a_damaged_dotenv_is_a_clear_error_and_help_and_version_still_work(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes,
+    said: str,
+) -> None:
+    monkeypatch.delenv("RELAYBOT_DOTENV")
+    monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_bytes(content)
+    assert cli.main(["status"]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "Traceback" not in err
+    assert "OK" not in os.environ  # nothing of a damaged file is used
+    for flag in (["--version"], ["--help"], ["memory", "--help"]):
+        with pytest.raises(SystemExit) as done:
+            cli.main(flag)
+        assert done.value.code == 0
+        assert capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis://:s3cret@127.0.0.1:badport/0", "the port is not a number"),
+        ("redis://:s3cret@127.0.0.1:70000/0", "the port is not a number"),
+        ("http://s3cret@x", "not a Redis URL"),
+        ("redis://:s3cret@127.0.0.1:6379/zero", "the database"),
+    ],
+)
+def test_a_malformed_redis_url_is_a_configuration_error_that_hides_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    url: str,
+    said: str,
+) -> None:
+    monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("REDIS_URL", url)
+    for command in (["status"], ["chat", "-m", "hi"], ["worker", "--no-wait"]):
+        assert cli.main(command) == cli.EXIT_CONFIG
+        err = capsys.readouterr().err
+        assert "REDIS_URL" in err and said in err, err
+        assert "s3cret" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["h%41x", "h?x=1", "h#x", "h %20 ?#%"])
+def test_the_embedded_sockets_url_names_the_socket_whatever_the_home(
+    tmp_path: Path, name: str
+) -> None:
+    from redis.connection import parse_url
+
+    from contract.bus import redis_url
+
+    cfg = Config(home=tmp_path / name)
+    assert parse_url(redis_url(cfg))["path"] == str(tmp_path / name / "redis" / "redis.sock")

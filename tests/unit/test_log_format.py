@@ -97,6 +97,17 @@ def test_a_console_line_is_readable_without_colours_and_masks_secrets() -> None:
     assert "hunter2" not in line and "sk-live-1" not in line
 
 
+def test_a_console_line_shows_a_senders_escape_sequences_instead_of_sending_them() -> None:
+    [line] = console_lines(sender="@eve\x1b]0;EVIL\x07:m.org", subject="a\x9b2Jb")
+    assert "\x1b" not in line and "\x07" not in line and "\x9b" not in line
+    assert "sender=@eve\\x1b]0;EVIL\\x07:m.org" in line and "subject=a\\x9b2Jb" in line
+    out = io.StringIO()
+    logs.configure("test", stream=out, fmt="console", env={})
+    logging.getLogger("nio").warning("from \x1b[2J%s", "\x9b")
+    assert "\x1b" not in out.getvalue() and "\x9b" not in out.getvalue()
+    assert "from \\x1b[2J\\x9b" in out.getvalue()
+
+
 def test_stdlib_loggers_go_through_the_same_format_and_masking() -> None:
     out = io.StringIO()
     logs.configure("test", stream=out, fmt="console", env={})
