@@ -65,7 +65,10 @@ def test_a_pipe_closed_early_ends_the_command_quietly(home: Path, args: list[str
     assert first, proc.stderr.read()
     proc.stdout.close()  # head has what it wanted
     err = proc.stderr.read().decode(errors="replace")
-    assert proc.wait(timeout=60) == 141, err
+    code = proc.wait(timeout=60)
+    # 141 when the command was still writing; a bounded output (a text search) may fit in the
+    # pipe's buffer and be written whole before the reader closes it: then 0, as cat's would
+    assert code == 141 or (code == 0 and args[1] == "search"), (code, err)
     assert "Traceback" not in err and "Broken pipe" not in err and "BrokenPipe" not in err, err
 
 
