@@ -78,7 +78,13 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 )
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
                 worker.work(burst=burst, with_scheduler=False)
-                return 0  # stopped by a signal (or, in a burst, done)
+                if burst or getattr(worker, "_stop_requested", True):
+                    return 0  # stopped by a signal (or, in a burst, done)
+                # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
+                # that is no reason to stop (under honcho one exit stops every process)
+                log.warning("jobs.rq_loop_ended", detail="no stop was asked: starting it again")
+                if not _ride_out(rq_r, outage, RuntimeError("the rq worker's loop ended")):
+                    return 0
             except TRANSIENT as exc:
                 if not _ride_out(rq_r, outage, exc):
                     return 0

@@ -1,0 +1,40 @@
+"""The jobs process (worker/jobs.py) starts rq's loop again when it ends without a stop request:
+rq quits its loop on a Redis timeout or an error of its own, and one process that exits stops
+every process under honcho."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import fakeredis
+import pytest
+
+from contract.config import Config
+from worker import jobs
+
+
+class FakeWorker:
+    """rq's Worker as run_jobs uses it: the first loop ends as on a Redis timeout, the second
+    as on SIGTERM."""
+
+    made: ClassVar[list[FakeWorker]] = []
+
+    def __init__(self, *_args: Any, **_kw: Any) -> None:
+        self._stop_requested = False
+        FakeWorker.made.append(self)
+
+    def work(self, *, burst: bool, with_scheduler: bool) -> bool:
+        self._stop_requested = len(FakeWorker.made) > 1
+        return False
+
+
+def test_an_rq_loop_that_ends_unasked_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FakeWorker.made.clear()
+    monkeypatch.setattr(jobs, "Worker", FakeWorker)
+    monkeypatch.setattr(jobs, "rq_connection", lambda r, poll=jobs.POLL: r)
+    monkeypatch.setattr(jobs.Outage, "failed", lambda self, exc, **info: 0.01)
+    assert jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis()) == 0
+    assert len(FakeWorker.made) == 2  # the first loop ended unasked: a second one ran
