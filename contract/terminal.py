@@ -5,7 +5,8 @@ A message body is stored verbatim, but printed raw it would be obeyed by the own
 the clipboard, a C1 ``CSI`` (U+009B) does what ``ESC [`` does. Every place that prints stored
 or remote text as text (not JSON, which escapes them) passes it through :func:`safe`: each C0
 control except newline and tab, DEL and each C1 control is shown as a visible escape
-(``\\x1b``, ``\\x9b``), so the owner sees that something was there and nothing acts on it.
+(``\\x1b``, ``\\x9b``; a bidirectional override as ``\\u202e``), so the owner sees that
+something was there and nothing acts on it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import re
 import sys
 from typing import Any, TextIO
 
-# C0 but \t and \n, DEL, C1 (U+0080..U+009F); \r too: it lets a line overwrite what was shown
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 but \t and \n, DEL, C1 (U+0080..U+009F); \r too: it lets a line overwrite what was shown;
+# and the bidirectional embeddings, overrides and isolates (U+202A..U+202E, U+2066..U+2069),
+# which make a line read in another order than it is written (a link or a command disguised)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _visible(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def safe(text: str) -> str:

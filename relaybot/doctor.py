@@ -168,12 +168,14 @@ def disk_group(cfg: Config, timeout: float, add: Add) -> None:
 
 def modes(cfg: Config) -> dict[Path, int]:
     """st_mode of RELAYBOT_HOME, everything under it (symlinks not followed), and the memory
-    database and workspace wherever they are."""
+    database, its WAL, the workspace and config.toml wherever they are (through a link too)."""
     out: dict[Path, int] = {}
 
-    def note(path: Path) -> None:
+    def note(path: Path, *, follow: bool = False) -> None:
         try:
             mode = path.lstat().st_mode
+            if follow and stat.S_ISLNK(mode):  # the data is where the link leads
+                mode = path.stat().st_mode
         except OSError:
             return
         if not stat.S_ISLNK(mode):
@@ -187,7 +189,8 @@ def modes(cfg: Config) -> dict[Path, int]:
             break
     memory = cfg.memory_path
     for path in (memory, Path(f"{memory}-wal"), Path(f"{memory}-shm"), cfg.workspace_dir):
-        note(path)
+        note(path, follow=True)  # every message: a link to a readable file is as bad
+    note(cfg.home / "config.toml", follow=True)
     return out
 
 

@@ -36,7 +36,7 @@ from worker.busy import BusySignal
 from worker.deadletter import Limits, dead_letter
 from worker.derive import Deriver
 from worker.erasures import Erasures
-from worker.model import ModelPort
+from worker.model import ModelPort, NoModel
 from worker.pool import TurnPool
 from worker.replies import ReplyKeeper
 from worker.scrub import Scrubber
@@ -244,6 +244,8 @@ class Consumer:
         if endpoint != old.model and self.make_model is not None:
             self._retired.append(self.turns.model)
             self.turns.model = self.make_model(cfg.model)
+            if self.deriver is not None:  # a model now (or none any more): how pauses are told
+                self.deriver.has_model = not isinstance(self.turns.model, NoModel)
         if cfg.model.concurrency != old.model.concurrency:
             # more turns at once: more threads; fewer: the turns in flight finish, no new one
             # starts until they are below the new limit

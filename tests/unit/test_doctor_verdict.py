@@ -222,3 +222,19 @@ def test_render_and_json(tmp_path: Path) -> None:
         "id": "redis.acl", "group": "redis", "verdict": "fail", "summary": "refused XADD",
         "hint": "give the user its keys", "details": {},
     }  # fmt: skip
+
+
+def test_a_memory_database_linked_to_a_readable_file_is_found(tmp_path: Path) -> None:
+    from contract.config import Config
+    from relaybot.doctor import modes
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    elsewhere = tmp_path / "shared" / "memory.sqlite3"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"")
+    elsewhere.chmod(0o644)
+    (home / "memory.sqlite3").symlink_to(elsewhere)
+    found = modes(Config(home=home))
+    assert stat.S_IMODE(found[home / "memory.sqlite3"]) == 0o644
+    assert permissions(home, found).verdict == "fail"

@@ -94,3 +94,10 @@ def test_a_link_on_a_terminal_shows_where_it_leads() -> None:
     shown = out.getvalue()
     assert "\x1b]8;" not in shown  # no OSC 8 hyperlink hiding its target behind its text
     assert "https://evil.example/login" in shown and "your bank" in shown
+
+
+def test_bidirectional_overrides_are_shown_not_obeyed() -> None:
+    # "evil\u202egpj.exe" reads as "evilexe.jpg" on screen
+    assert safe("evil\u202egpj.exe") == "evil\\u202egpj.exe"
+    assert safe("\u2066x\u2069") == "\\u2066x\\u2069"
+    assert safe("שלום, hello") == "שלום, hello"  # right-to-left text itself is untouched

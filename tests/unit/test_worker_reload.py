@@ -148,3 +148,15 @@ def test_the_concurrency_follows_the_config(
         assert models.made == []  # the endpoint did not change: the same client
     finally:
         c.pool.stop()
+
+
+def test_the_summaries_planner_follows_a_model_added_later(
+    consumer: tuple[Consumer, Models], tmp_path: Path
+) -> None:
+    from worker.derive import Deriver
+
+    c, _models = consumer
+    c.deriver = Deriver(c.cfg, c.r, c.turns.memory, has_model=False)  # started with no model
+    write(tmp_path, BASE + '\n[model]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m2"\n')
+    tick(c)
+    assert c.deriver.has_model  # pauses are now judged by the model, not by the quiet alone
