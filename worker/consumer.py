@@ -51,6 +51,8 @@ T = TypeVar("T")
 
 SWEEP_EVERY = 60.0  # seconds between two sweeps of the reply queues
 IN_HAND_BYTES = 64 << 20  # read entries held at most (and at most 10 * [worker] batch of them)
+# pending entries delivered at most this often (counting the replay) are replayed together
+REPLAY_TOGETHER_UNTIL = 2
 READ_EVERY = 0.01  # seconds between reads while a batch or more is in hand and work goes on
 
 
@@ -473,7 +475,8 @@ class Consumer:
         return wait
 
     def read(self, *, block_ms: int) -> list[Entry]:
-        """Own pending entries first, one at a time and only with nothing else in hand (each
+        """Own pending entries first, only with nothing else in hand: together after one worker
+        died, one at a time once an entry may be killing workers (:meth:`_replay_count`; each
         read counts as a delivery: worker/streams.py), then new ones. Blocks at most
         ``block_ms`` (less when a turn finishes meanwhile), not at all while there is work."""
         while self.deliveries:
@@ -484,7 +487,7 @@ class Consumer:
                     return []
                 # none of the terminal's is left to replay: the owner's new ones go on meanwhile
                 return self._read_streams(wait, self.cfg.worker.batch, [self._cli])
-            found, gone = self.streams.read_pending()
+            found, gone = self.streams.read_pending(self._replay_count())
             if gone:  # deleted from their stream while pending: nothing to answer
                 self.flush(Batch(acks=gone))
             if found:
@@ -495,6 +498,16 @@ class Consumer:
             self._reconcile_due = False
             self.replies.reconcile()
         return self._read_new(self._wait_s((block_ms or 0) / 1000))
+
+    def _replay_count(self) -> int:
+        """How many pending entries to replay at once. After one worker died (each was handed
+        to one worker before) they go together, turns side by side as usual; once an entry has
+        been handed to two workers that did not finish it, one at a time, so an entry that
+        kills the worker is isolated (and dead-lettered after ``max_attempts``) without
+        charging the others more deliveries."""
+        if max(self.deliveries.values(), default=1) <= REPLAY_TOGETHER_UNTIL:
+            return self.cfg.worker.batch
+        return 1
 
     def _read_new(self, wait: float) -> list[Entry]:
         """New entries, waiting at most ``wait`` seconds. With a batch or more in hand reading

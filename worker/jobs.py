@@ -78,7 +78,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 )
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
                 worker.work(burst=burst, with_scheduler=False)
-                if burst or getattr(worker, "_stop_requested", True):
+                if burst or _stop_asked(worker):
                     return 0  # stopped by a signal (or, in a burst, done)
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
                 # that is no reason to stop (under honcho one exit stops every process)
@@ -92,6 +92,14 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         stop_watching.set()
         hb.stop()
         rq_r.close()
+
+
+def _stop_asked(worker: Worker) -> bool:
+    """Whether a signal asked rq's loop to end (rq notes the time of a warm shutdown request,
+    and sets a flag when one comes in the middle of a job); an unknown rq says yes."""
+    return bool(getattr(worker, "_stop_requested", True)) or (
+        getattr(worker, "_shutdown_requested_date", None) is not None
+    )
 
 
 def worker_name() -> str:

@@ -89,25 +89,37 @@ for k = 1, #KEYS - 1 do
   local s = KEYS[k + 1]
   delivered[k] = '$'
   if MODE == '0' then
-    local p = redis.call('xpending', s, GROUP, '-', '+', 1, TOKEN)
+    -- our oldest pending entries, at most COUNT (and about MAXEB bytes), each delivered on its
+    -- own (XREADGROUP from the previous one's id: only what is returned counts a delivery)
+    local p = redis.call('xpending', s, GROUP, '-', '+', COUNT, TOKEN)
     if #p > 0 then
-      local id, times = p[1][1], tonumber(p[1][4]) + 1
-      redis.call('xreadgroup', 'GROUP', GROUP, TOKEN, 'COUNT', 1, 'STREAMS', s, '0')
-      local e = redis.call('xrange', s, id, id)
-      if #e == 0 then
-        redis.call('xack', s, GROUP, id)
-        return {{{'gone', k, id}}}
+      local out, prev, total = {}, '0', 0
+      for _, q in ipairs(p) do
+        if #out > 0 and total >= MAXEB then break end
+        local id, times = q[1], tonumber(q[4]) + 1
+        redis.call('xreadgroup', 'GROUP', GROUP, TOKEN, 'COUNT', 1, 'STREAMS', s, prev)
+        prev = id
+        local e = redis.call('xrange', s, id, id)
+        if #e == 0 then
+          redis.call('xack', s, GROUP, id)
+          out[#out + 1] = {'gone', k, id}
+        else
+          local fields = e[1][2]
+          local nbytes, why = judge(fields, k)
+          total = total + nbytes
+          if why == nil and times > MAXATT then
+            why = 'delivered ' .. times ..
+              ' times without completing (it may be crashing the worker)'
+          end
+          if why then
+            bury(s, id, fields, why, #fields / 2, nbytes)
+            out[#out + 1] = {'dead', k, id, why}
+          else
+            out[#out + 1] = {'ok', k, id, fields}
+          end
+        end
       end
-      local fields = e[1][2]
-      local nbytes, why = judge(fields, k)
-      if why == nil and times > MAXATT then
-        why = 'delivered ' .. times .. ' times without completing (it may be crashing the worker)'
-      end
-      if why then
-        bury(s, id, fields, why, #fields / 2, nbytes)
-        return {{{'dead', k, id, why}}}
-      end
-      return {{{'ok', k, id, fields}}}
+      return {out}
     end
   else
     local last = nil
@@ -272,15 +284,17 @@ class InboundStreams:
                 break
         return found, []
 
-    def read_pending(self) -> tuple[list[Entry], list[Entry]]:
-        """Our oldest pending entry of the first stream that has one (at most one entry: each
-        read counts as a delivery of what it returns, so a batch would charge every entry
-        queued behind one that crashed the worker). One delivered more than ``max_attempts``
-        times, or that is beyond the bounds, is dead-lettered by the script, and one deleted
-        from its stream meanwhile is acked by it; the next one is read then. Nothing found:
-        nothing is pending (the second list, entries to ack, is always empty)."""
+    def read_pending(self, count: int = 1) -> tuple[list[Entry], list[Entry]]:
+        """Our oldest pending entries of the first stream that has some: at most ``count``
+        (and about ``max_entry_bytes`` in all). Each read counts as a delivery of what it
+        returns, so a batch charges every entry in it should one of them crash the worker: the
+        caller reads one at a time once an entry may be doing so (worker/consumer.py). One
+        delivered more than ``max_attempts`` times, or that is beyond the bounds, is
+        dead-lettered by the script, and one deleted from its stream meanwhile is acked by it;
+        the next one is read then. Nothing found: nothing is pending (the second list, entries
+        to ack, is always empty)."""
         while True:
-            found, _ = self._run("0", 1, self._streams)
+            found, _ = self._run("0", count, self._streams)
             if found:
                 return found, []
             if not self._progress:

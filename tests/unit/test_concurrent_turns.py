@@ -498,3 +498,39 @@ def test_collect_or_followup_per_channel_and_per_conversation(make: Callable[...
     rig.until(lambda: bool(rig.replies("cli:together")), "the collected reply")
     rig.until(lambda: rig.c.in_hand() == 0, "all acked")
     assert len(rig.replies("cli:together")) == 1
+
+
+def _left_by_a_dead_worker(rig: Rig, texts: list[str], *, times: int) -> None:
+    """Messages of four sessions that a worker read and died on, ``times`` workers in a row
+    (the delivery count the next worker finds), then the living one recovers them."""
+    for t in texts:
+        rig.add(msg(t, f"cli:{t}"))
+    stream = rig.keys.inbound_of("cli")
+    rig.r.xreadgroup("worker", "worker@gone:1", {stream: ">"}, count=len(texts))
+    for n in range(2, times + 1):  # handed to another worker that died too: one delivery more
+        ids = [p["message_id"] for p in rig.r.xpending_range(stream, "worker", "-", "+", 100)]
+        rig.r.xclaim(stream, "worker", f"worker@gone:{n}", 0, ids)
+    rig.c.recover()
+
+
+def test_after_a_worker_died_its_pending_messages_are_replayed_side_by_side(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(limit=4)
+    texts = ["pa", "pb", "pc", "pd"]
+    _left_by_a_dead_worker(rig, texts, times=1)
+    rig.until(lambda: rig.model.in_flight == 4, "the four replayed turns to run at once")
+    rig.model.open()
+    rig.until(lambda: all(rig.replies(f"cli:{t}") for t in texts), "every reply")
+    assert not rig.c.deliveries
+
+
+def test_messages_two_dead_workers_did_not_finish_are_replayed_one_at_a_time(
+    make: Callable[..., Rig],
+) -> None:
+    rig = make(limit=4)
+    texts = ["qa", "qb", "qc"]
+    _left_by_a_dead_worker(rig, texts, times=2)
+    rig.model.open()
+    rig.until(lambda: all(rig.replies(f"cli:{t}") for t in texts), "every reply")
+    assert rig.model.most == 1  # one may be killing workers: isolated, the others not charged

@@ -22,10 +22,12 @@ class FakeWorker:
 
     def __init__(self, *_args: Any, **_kw: Any) -> None:
         self._stop_requested = False
+        self._shutdown_requested_date: object = None
         FakeWorker.made.append(self)
 
     def work(self, *, burst: bool, with_scheduler: bool) -> bool:
-        self._stop_requested = len(FakeWorker.made) > 1
+        if len(FakeWorker.made) > 1:  # SIGTERM while idle: rq notes the date, raises, returns
+            self._shutdown_requested_date = object()
         return False
 
 
