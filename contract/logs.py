@@ -96,8 +96,23 @@ def _redact_secrets(
             if value not in (None, "", False):
                 event_dict[key] = "***"
         elif isinstance(value, str):
-            event_dict[key] = mask_text(value)  # the event (a stdlib line's message) too
+            event_dict[key] = _masked(value)  # the event (a stdlib line's message) too
     return event_dict
+
+
+_MASKED: dict[str, str] = {}  # short values repeat (events, channels, sessions): masked once
+
+
+def _masked(text: str) -> str:
+    if len(text) > 200:
+        return mask_text(text)
+    done = _MASKED.get(text)
+    if done is None:
+        done = mask_text(text)
+        if len(_MASKED) >= 4096:
+            _MASKED.clear()
+        _MASKED[text] = done
+    return done
 
 
 def under_honcho(ppid: int | None = None, *, levels: int = 3) -> bool:
