@@ -35,7 +35,8 @@ from contract.terminal import safe
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
-_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", re.I)
+# the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
 # ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a Matrix
 # access token on its own. The cheap test first: most lines hold none of these words.

@@ -37,12 +37,13 @@ def echo(*parts: object, sep: str = " ", end: str = "\n", file: TextIO | None = 
     (file or sys.stdout).write(sep.join(safe(str(part)) for part in parts) + end)
 
 
-_JSON_RAW = re.compile("[\x7f-\x9f]")  # json.dumps escapes C0 itself, not DEL and C1
+# json.dumps escapes C0 itself, not DEL, C1 and the bidirectional controls
+_JSON_RAW = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def json_safe(text: str) -> str:
-    """JSON text (``ensure_ascii=False``) with DEL and the C1 controls written ``\\u009b``: the
-    same JSON value, nothing a terminal acts on."""
+    """JSON text (``ensure_ascii=False``) with DEL, the C1 controls and the bidirectional
+    controls written ``\\u009b``: the same JSON value, nothing a terminal acts on."""
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

@@ -146,7 +146,9 @@ def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePla
             (row_id,),
         ).fetchone():
             rows[row_id] = (str(raw[0]), str(raw[1]))
-        _add_replies(conn, rows, [str(raw[1])] if raw[0] == "in" else [])
+        _add_edits(conn, rows, row_id)
+        inbound = [sid for d, sid in rows.values() if d == "in"]
+        _add_replies(conn, rows, inbound)
     else:
         plan.entities = _person(conn, target)
         _rows_of_person(conn, plan.entities, rows)
@@ -209,6 +211,20 @@ def _quoting_rows(conn: sqlite3.Connection, erased: list[int]) -> dict[int, tupl
         if (first is not None and int(id_) > first) or any(t in plain for t in texts):
             found[int(id_)] = (str(d), str(sid))
     return found
+
+
+def _add_edits(conn: sqlite3.Connection, rows: dict[int, tuple[str, str]], row_id: int) -> None:
+    """The edits of a message (Matrix ``m.replace``: rows whose ``extra.edit_of`` names its
+    event, in its conversation): they repeat its text, so they go with it."""
+    sql = (
+        "SELECT l.id, l.direction, l.stream_id FROM log AS l JOIN log AS o "  # noqa: S608
+        "ON o.id = ? AND l.conversation = o.conversation AND o.event_id != '' "
+        "WHERE json_valid(l.extra) AND json_extract(l.extra, '$.edit_of') = o.event_id "
+        f"AND l.{NOT_ERASED}"
+    )
+    found = conn.execute(sql, (row_id,)).fetchall()
+    for id_, d, sid in found:
+        rows[int(id_)] = (str(d), str(sid))
 
 
 def _turn_notes(notes_sql: list[tuple[str, list[Any]]], stream_ids: set[str]) -> None:

@@ -6,8 +6,9 @@ for the Procfile), so ``relaybot chat`` in a second terminal of the same directo
 ``RELAYBOT_HOME``, Redis and worker, whatever the file holds: ``#`` inside a value, spaces,
 backslashes and quotes mean what they mean to honcho (``A=/tmp/h#x`` is ``/tmp/h``; ``A=a b`` is
 ``ab``; ``A=`` and ``export A=1`` set nothing). A line honcho takes nothing from is said on
-stderr, as it is most likely a mistake. A variable already set in the environment wins over the
-file (a one-off ``RELAYBOT_HOME=... relaybot status`` does what it says).
+stderr, as it is most likely a mistake. The file wins over a variable already set in the
+environment, as it does for honcho's processes (so a stale ``export`` in one terminal cannot
+send ``relaybot chat`` to another home than honcho's); a value it replaces is said on stderr.
 
 A file honcho cannot read (not UTF-8, an unclosed quote: ``honcho start`` dies on it) is an
 :class:`EnvFileError` naming the file and the line, never a silent fall-back to another home.
@@ -44,6 +45,9 @@ def parse(path: Path) -> tuple[dict[str, str], list[int]]:
     except UnicodeDecodeError as exc:
         number = raw.count(b"\n", 0, exc.start) + 1
         raise EnvFileError(f"{path} line {number}: not UTF-8 text ({exc.reason})") from exc
+    if "\x00" in text:  # no environment variable can hold it
+        number = text.count("\n", 0, text.index("\x00")) + 1
+        raise EnvFileError(f"{path} line {number}: a NUL byte")
     values: dict[str, str] = {}
     ignored: list[int] = []
     # honcho parses the text line by line (str.splitlines): so does this, to name the bad line
@@ -59,8 +63,9 @@ def parse(path: Path) -> tuple[dict[str, str], list[int]]:
 
 
 def load_dotenv_here(directory: Path | None = None) -> Path | None:
-    """Put the variables of ``<directory or cwd>/.env`` (or of ``$RELAYBOT_DOTENV``) that are
-    not set yet into the environment; the file read, or None when there is none. Raises
+    """Put the variables of ``<directory or cwd>/.env`` (or of ``$RELAYBOT_DOTENV``) into the
+    environment, over what is set there (as honcho does); the file read, or None when there is
+    none. Raises
     :class:`EnvFileError` (and sets nothing) when honcho could not read it either."""
     chosen = os.environ.get(CHOICE)
     if chosen is not None and not chosen.strip():
@@ -75,5 +80,10 @@ def load_dotenv_here(directory: Path | None = None) -> Path | None:
             "an empty value or an `export` prefix is ignored)\n"
         )
     for name, value in values.items():
-        os.environ.setdefault(name, value)
+        before = os.environ.get(name)
+        if before is not None and before != value:
+            sys.stderr.write(
+                f"relaybot: {path} sets {name}, over the value this shell has (as honcho does)\n"
+            )
+        os.environ[name] = value
     return path

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
+from contract.terminal import echo
+
 Decision = Literal["retry", "keep", "skip"]
 OnFailure = Literal["ask", "keep", "skip", "fail"]
 
@@ -48,7 +50,7 @@ class Asker:
         self,
         read: Callable[[str], str] = input,
         secret: Callable[[str], str] | None = None,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = echo,  # what servers answered is shown, never obeyed
         *,
         preset: Mapping[str, str] | None = None,
         interactive: bool = True,

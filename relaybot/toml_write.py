@@ -30,12 +30,15 @@ _ESCAPES = {
 }
 
 
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def _string(value: str) -> str:
     out = []
     for ch in value:
         if ch in _ESCAPES:
             out.append(_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or ch in _BIDI:  # C0, DEL, C1, bidi
             out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)

@@ -112,11 +112,12 @@ def test_the_whole_output_through_a_pipe_is_unchanged(home: Path) -> None:
     assert "\n50. [cli / owner]" in done.stdout and done.stdout.endswith("\n")
 
 
-def test_dotenv_in_the_current_directory_is_read_and_the_environment_wins(
+def test_dotenv_in_the_current_directory_is_read_and_wins_as_for_honcho(
     tmp_path: Path, home: Path, redis_server: RedisServer, real_redis: redis.Redis, prefix: str
 ) -> None:
     """``relaybot status`` in a directory whose .env names a Redis and a prefix (as for
-    ``honcho start``) reports that Redis; a variable set in the shell wins over the file."""
+    ``honcho start``) reports that Redis; the file wins over a variable the shell has, as it
+    does for honcho's processes (and says so)."""
     app = tmp_path / "app"
     app.mkdir()
     (app / ".env").write_text(
@@ -136,7 +137,8 @@ def test_dotenv_in_the_current_directory_is_read_and_the_environment_wins(
     real_redis.xadd(Keys(other).inbound_of("cli"), {"v": "1"})
     done = run_relaybot(["status"], {**env, "RELAYBOT_REDIS_PREFIX": other}, cwd=app)
     assert done.returncode == 0, done.stderr
-    assert f"{other}inbound:cli: 2" in done.stdout, done.stdout
+    assert f"{prefix}inbound:cli: 1" in done.stdout, done.stdout  # honcho's processes' prefix
+    assert "sets RELAYBOT_REDIS_PREFIX, over the value this shell has" in done.stderr
 
 
 def modes(root: Path) -> dict[str, int]:

@@ -66,8 +66,8 @@ def test_redis_cli_as_a_word_of_another_command_is_just_a_word() -> None:
     assert (args.query, args.limit) == (["redis-cli"], 3)
 
 
-def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_dotenv_of_the_current_directory_is_read_as_honcho_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for var in ("RELAYBOT_HOME", "REDIS_URL", "RELAYBOT_REDIS_PREFIX", "RELAYBOT_MODEL"):
         monkeypatch.delenv(var, raising=False)
@@ -79,7 +79,7 @@ def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
         "RELAYBOT_MODEL=from-dotenv\n",
         encoding="utf-8",
     )
-    monkeypatch.setenv("RELAYBOT_MODEL", "from-shell")  # the process environment wins
+    monkeypatch.setenv("RELAYBOT_MODEL", "from-shell")  # .env wins, as for honcho's processes
     monkeypatch.chdir(tmp_path)
     assert envfile.load_dotenv_here() == tmp_path / ".env"
     cfg = load_config()
@@ -87,7 +87,18 @@ def test_dotenv_of_the_current_directory_fills_what_the_environment_lacks(
     assert cfg.redis.url is not None
     assert cfg.redis.url.get_secret_value() == "redis://:pa${x}ss@127.0.0.1:6390/0"
     assert cfg.redis.prefix == "app:"
-    assert cfg.model.model == "from-shell"
+    assert cfg.model.model == "from-dotenv"
+    assert "sets RELAYBOT_MODEL, over the value this shell has" in capsys.readouterr().err
+
+
+def test_a_nul_byte_in_dotenv_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RELAYBOT_DOTENV")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_bytes(b"RELAYBOT_HOME=/tmp/x\nFOO=a\x00b\n")
+    with pytest.raises(envfile.EnvFileError, match="line 2: a NUL byte"):
+        envfile.load_dotenv_here()
 
 
 def test_no_dotenv_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

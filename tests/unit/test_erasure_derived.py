@@ -273,3 +273,20 @@ def test_a_history_span_is_in_time_order_when_imported_rows_came_later(world: Wo
     )
     assert erase_id(world, secret.id)["derived_replies"] == 1
     assert world.text(owner_reply.id) == ""
+
+
+def test_erasing_a_message_erases_its_edits_too(world: World) -> None:
+    original, _ = world.turn("my pin is 0000", "noted")
+    n = next(_n)
+    edit = InboundMessage(
+        kind=Kind.MESSAGE, channel="matrix", session="matrix:dm-bob",
+        conversation="matrix:dm-bob", sender="@bob:m.org", privacy=Privacy.DIRECT,
+        text=f"[edit of an earlier message] my pin is {SECRET}", ts=1_795_000_000.0 + n,
+        event_id=f"ev{n}", extra={"edit_of": original.event_id, "no_reply": True},
+    )  # fmt: skip
+    with world.store.transaction():
+        row = world.identity.append_inbound(
+            world.store, edit, f"matrix/{1_795_000_000_000 + n}-0", is_owner=False
+        )
+    erase_id(world, original.id)
+    assert world.text(row.id) == ""  # the edit repeated the text: it goes with it

@@ -49,6 +49,22 @@ def test_dumps_writes_toml_that_reads_back_the_same() -> None:
     assert "[deep.a.b]" in text and "[deep]" not in text  # implicit parents stay implicit
 
 
+def test_a_value_with_terminal_controls_is_written_escaped_and_reads_back_the_same() -> None:
+    hostile = "good\x1b]0;PWNED\x07\x9b31m\u202eevil"  # a model id a server sent
+    text = dumps({"model": {"model": hostile}})
+    assert all(ch not in text for ch in ("\x1b", "\x07", "\x9b", "\u202e"))  # cat shows it inert
+    assert tomllib.loads(text) == {"model": {"model": hostile}}
+
+
+def test_the_asker_shows_what_a_server_said_without_obeying_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    Asker(read=lambda _q: "", interactive=False).say("models: good\x1b[2J\x9bevil\u202e")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x9b" not in out and "\u202e" not in out
+    assert "good\\x1b[2J\\x9bevil\\u202e" in out
+
+
 def test_write_atomic_replaces_with_mode_0600_and_leaves_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "config.toml"
     write_atomic(path, "a = 1\n")

@@ -72,3 +72,10 @@ def test_a_stdlib_message_with_a_token_is_masked() -> None:
 
     logging.getLogger("nio.responses").warning("got {'access_token': 'syt_secretvalue_x'}")
     assert "syt_secretvalue" not in out.getvalue() and "access_token" in out.getvalue()
+
+
+def test_a_password_holding_an_unencoded_at_sign_is_masked_whole() -> None:
+    from contract.logs import mask_text
+
+    assert mask_text("redis://:PW@SECRET6@127.0.0.1:1") == "redis://:***@127.0.0.1:1"
+    assert "pw" not in mask_text("rediss://u:pw@h:1/0 then http://x:y@z/")
