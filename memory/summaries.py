@@ -288,13 +288,20 @@ def rows_after(
 
 
 def uncovered(conn: sqlite3.Connection, conversation: str, limit: int) -> list[LogRow]:
+    """The conversation's oldest run of rows no current summary covers (:func:`next_uncovered`)."""
+    return next_uncovered(conn, conversation, limit)[0]
+
+
+def next_uncovered(
+    conn: sqlite3.Connection, conversation: str, limit: int
+) -> tuple[list[LogRow], bool]:
     """The conversation's oldest run of rows no current summary covers (erased rows left out):
-    first what a tombstoned summary covered (derived again from what remains: see
-    :func:`reopened`), then what follows the newest summary."""
+    first what a tombstoned summary covered (derived again from what remains: a complete
+    segment, see :func:`reopened`; then True), then what follows the newest summary."""
     found = reopened(conn, conversation)
     if found is not None:
-        return found[:limit]
-    return rows_after(conn, conversation, covered_until(conn, conversation), limit)
+        return found[:limit], True
+    return rows_after(conn, conversation, covered_until(conn, conversation), limit), False
 
 
 def reopened(conn: sqlite3.Connection, conversation: str) -> list[LogRow] | None:

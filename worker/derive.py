@@ -246,12 +246,7 @@ def _lost(job: Job, status: JobStatus) -> bool:
 
 
 def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> tuple[list[LogRow], bool]:
-    """The conversation's next uncovered rows, and whether they are what remains of a range an
-    erasure blanked (a complete segment)."""
-    again = summaries.reopened(store.conn, conversation)
-    if again is not None:
-        return again[:limit], True
-    return summaries.uncovered(store.conn, conversation, limit), False
+    return summaries.next_uncovered(store.conn, conversation, limit)
 
 
 def queue(cfg: Config, r: redis.Redis) -> Queue:
