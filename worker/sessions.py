@@ -87,8 +87,14 @@ class Sessions:
         return session in self.running or bool(self.waiting.get(session))
 
     def has_slot(self, owner: bool) -> bool:
+        """Whether a turn may start: at most ``limit`` run; other people's at most ``limit -
+        reserved`` (the owner's own turns do not count against theirs: with the owner's turns
+        running, the slot kept for the owner is in use already)."""
         n = len(self.running)
-        return n < self.limit if owner else n < self.limit - self.reserved
+        if owner or n >= self.limit:
+            return n < self.limit
+        others = sum(1 for is_owner in self.running.values() if not is_owner)
+        return others < self.limit - self.reserved
 
     def barrier_waiting(self) -> bool:
         return any(q[0].barrier for q in self.waiting.values() if q)

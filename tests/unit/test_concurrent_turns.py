@@ -268,6 +268,23 @@ def test_the_owner_is_not_queued_behind_other_peoples_turns(make: Callable[..., 
     rig.until(lambda: all(rig.replies(f"matrix:room{n}") for n in range(6)), "all replies")
 
 
+def test_the_owners_turns_do_not_shrink_other_peoples_slots(make: Callable[..., Rig]) -> None:
+    """One slot is kept for the owner: other people's turns use at most ``limit - 1``. The
+    owner's own running turns are that slot in use, not a reason to leave the limit unused
+    (three owner turns and a group turn fill a limit of 4)."""
+    rig = make(limit=4)
+    for name in ("cli:a", "cli:b", "cli:c"):
+        rig.add(msg(f"owner {name}", name))
+    rig.until(lambda: rig.model.in_flight == 3, "the owner's three turns")
+    rig.add(group_msg("group 0", "room0"))
+    rig.add(group_msg("group 1", "room1"))
+    rig.until(lambda: rig.model.in_flight == 4, "a group turn in the fourth slot")
+    rig.step()
+    assert rig.model.in_flight == 4  # never more than the limit
+    rig.model.open()
+    rig.until(lambda: bool(rig.replies("matrix:room1")), "every reply")
+
+
 def test_the_owner_goes_first_when_every_slot_is_taken(make: Callable[..., Rig]) -> None:
     rig = make(limit=1)
     for n in range(3):
