@@ -37,7 +37,10 @@ def relaybot_processes(app: App) -> dict[str, int]:
     """The pid of each Procfile line's relaybot process."""
     found: dict[str, int] = {}
     for proc in app.processes():
-        cmdline = " ".join(proc.cmdline())
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except psutil.Error:  # gone since it was listed (the redis-server just killed)
+            continue
         for line in LINES:
             if re.search(rf"relaybot {line}$", cmdline):
                 found[line] = proc.pid
@@ -45,10 +48,13 @@ def relaybot_processes(app: App) -> dict[str, int]:
 
 
 def redis_server(app: App) -> psutil.Process | None:
-    return next(
-        (p for p in app.processes() if p.name().startswith("redis-server")),
-        None,
-    )
+    for proc in app.processes():
+        try:
+            if proc.name().startswith("redis-server"):
+                return proc
+        except psutil.Error:  # gone since it was listed (the one just killed)
+            continue
+    return None
 
 
 def test_a_redis_restart_under_honcho_stops_nothing(tmp_path, model):
