@@ -8,13 +8,14 @@ the same atomic step as the ack, so a replay never queues a reply twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from memory.fence import StaleToken
 from worker.agent import TurnResult
 from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Blocked, Handled, Read
 from worker.busy import BusySignal
+from worker.commit_line import CommitLine
 from worker.deadletter import Limits, dead_letter
 from worker.derive import Deriver
 from worker.erasures import Erasures
@@ -67,6 +69,18 @@ def _log_from_handler(method: Callable[..., Any], event: str, **info: Any) -> No
 
 class LeaseLost(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def _lease_refusal() -> Iterator[None]:
+    """The commit script's refusal (``LEASE``: the worker no longer holds the lease) as
+    :class:`LeaseLost`."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if str(exc).startswith("LEASE"):
+            raise LeaseLost(str(exc)) from None
+        raise
 
 
 class Interrupted(Exception):
@@ -116,7 +130,7 @@ class Consumer:
         )
         self._reconcile_due = True  # once what was left pending is replayed
         self._last_sweep = 0.0
-        self._commit = r.register_script(COMMIT)
+        self._commit = CommitLine(r, COMMIT)  # sent now, its answer read later
         # concurrent turns (module docstring): what is in hand between reading and acking
         self.sessions = Sessions(
             limit=cfg.model.concurrency,
@@ -345,6 +359,8 @@ class Consumer:
             self._idle = False
         self.take(entries)
         self.advance()
+        if not self.in_hand():
+            self.acked()  # nothing else to do: the answer is there (a refusal is seen now)
         if not entries and not self.in_hand():
             self.turns.memory.idle()
         self.maybe_reload()  # between rounds: no turn is being begun or finished
@@ -479,6 +495,8 @@ class Consumer:
         died, one at a time once an entry may be killing workers (:meth:`_replay_count`; each
         read counts as a delivery: worker/streams.py), then new ones. Blocks at most
         ``block_ms`` (less when a turn finishes meanwhile), not at all while there is work."""
+        if self.deliveries or self._reconcile_due:
+            self.acked()  # what this consumer has pending, which replies Redis holds
         while self.deliveries:
             if self.in_hand():  # a replayed entry is in hand: finish it first
                 wait = self._wait_s((block_ms or 0) / 1000)
@@ -569,6 +587,7 @@ class Consumer:
                 if not self.jobs and not self.handled.items:
                     return
             elif not self.in_hand():
+                self.acked()
                 return
             wait = self._wait_s(0.5)
             if wait > 0:
@@ -842,6 +861,7 @@ class Consumer:
         self.todo.clear()
         self.handled = Handled()
         self._held_bytes = 0
+        self._commit.reset()  # its acks are read again from Redis
 
     def _finish(self, items: list[tuple[Read, Outcome, int]]) -> None:
         if not items:
@@ -850,15 +870,21 @@ class Consumer:
         for read, outcome, _ in items:
             self._add(batch, read.entry, outcome)
             self._held_bytes -= read.size
+        if batch.erasures:
+            self.acked()
         self.erasures.finish(batch.replies, batch.erasures)
         self.flush(batch)
-        self.erasures.forget(batch.forget, rewrite=batch.rewrite)
+        if batch.forget:  # deleted from Redis only once acked
+            self.acked()
+            self.erasures.forget(batch.forget, rewrite=batch.rewrite)
 
     def _add(self, batch: Batch, entry: Entry, outcome: Outcome) -> None:
         batch.acks.append(entry)
         reply = outcome.reply
         if reply is not None and outcome.only_if_missing:
             queued = any(r.reply_id == reply.reply_id for r in batch.replies)
+            if not queued:
+                self.acked()  # a reply queued by the call in flight is held
             if queued or self.replies.held(reply):
                 reply = None  # queued before (in this batch, or Redis still has it)
         if outcome.forget_entry and reply is None:  # a summary proposal: applied or refused
@@ -907,16 +933,18 @@ class Consumer:
         args += [json.dumps(d, ensure_ascii=False) for d in batch.dead]
         for ids in by_stream.values():
             args += [len(ids), *ids]
-        try:
-            self._commit(keys=keys, args=args)
-        except redis.ResponseError as exc:
-            if str(exc).startswith("LEASE"):
-                raise LeaseLost(str(exc)) from None
-            raise
+        with _lease_refusal():
+            self._commit.send(keys, args)
         self.processed += len(batch.acks)
         self.dead_lettered += len(batch.dead)
         for entry in batch.acks:
             self.deliveries.pop(entry.sid, None)
+
+    def acked(self) -> None:
+        """Wait for the commit script in flight (its error raised here): before anything that
+        must see its acks and queued replies (worker/commit_line.py)."""
+        with _lease_refusal():
+            self._commit.collect()
 
     def maybe_sweep(self) -> None:
         """Every minute: expire the replies nobody delivered in time (worker/replies.py)."""
@@ -924,6 +952,7 @@ class Consumer:
         if now - self._last_sweep < SWEEP_EVERY:
             return
         self._last_sweep = now
+        self.acked()
         try:
             self.replies.sweep()
         except MemoryUnwritable as exc:  # tried again at the next sweep
@@ -936,5 +965,6 @@ class Consumer:
         if now - self._last_trim < 60:
             return
         self._last_trim = now
+        self.acked()
         self.streams.trim(self.cfg.worker.stream_retention)
         self.streams.trim_dead()
