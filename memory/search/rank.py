@@ -51,6 +51,7 @@ from memory.lines import Owners
 from memory.privacy import EVERYTHING, NOTHING, Scope
 from memory.rows import LogRow
 from memory.search.index import Index, Reader, filters, owner_handles_now, visibility
+from memory.search.names import name_terms
 from memory.search.query import MAX_LIMIT, TOKEN, SearchError, SearchQuery, parse_query
 from memory.store import MemoryStore
 
@@ -226,7 +227,7 @@ def _by_relevance(
         following = {q: a for q, (_b, a) in around.items() if a is not None}
         found = reader.rows([*pool_ids, *following.values()])
         asked = {a: found[q] for q, a in following.items() if q in found}
-    names = _name_terms(reader.conn, terms)
+    names = name_terms(reader.conn, terms)
     final: list[tuple[LogRow, float]] = []
     for i, row in found.items():
         total = first.get(i, 0.0)
@@ -269,32 +270,6 @@ def _first_stage(index: Index, terms: Sequence[str], ranking: Ranking) -> dict[i
 def _names_of(row: LogRow) -> set[str]:
     """The words of a row's sender: handle and display name, case-folded."""
     return {w.casefold() for w in TOKEN.findall(f"{row.sender} {row.sender_name}")}
-
-
-def _name_terms(conn: sqlite3.Connection, terms: Sequence[str]) -> set[str]:
-    """The query's words that are a word of someone's name (memory.identity's entities and
-    handles), case-folded.
-
-    A message *by* someone the query names weighs more: "what did Alice say" is about Alice's
-    own words more than about messages that greet her. (In a history of few people a name is in
-    most messages, so BM25 alone gives it no weight at all.) Like BM25's statistics this looks at
-    the whole memory, not the scope: it changes an order, never what the scope is shown.
-    """
-    out: set[str] = set()
-    for term in terms:
-        word = term.strip('"*')
-        if not word or " " in word or '"' in word:
-            continue
-        like = f"%{word}%"
-        for (name,) in conn.execute(
-            "SELECT display FROM handle WHERE display LIKE ? "
-            "UNION ALL SELECT name FROM entity WHERE name LIKE ? LIMIT 50",
-            (like, like),
-        ):
-            if isinstance(name, str) and word in (t.casefold() for t in TOKEN.findall(name)):
-                out.add(word)
-                break
-    return out
 
 
 def _with_context(reader: Reader, context: Reader, ranked: list[tuple[LogRow, float]]) -> list[Hit]:
