@@ -502,6 +502,7 @@ def _erased(kind: str, target: str, result: dict[str, Any]) -> str:
             f"{redis.get('queued_replies')} queued and {redis.get('inflight_replies')} in-flight "
             f"replies, {redis.get('dead_letters')} dead letters, {redis.get('email_headers')} "
             "cached e-mail headers deleted",
+            f"  Redis streams: {redis.get('streams')}",
             f"  Redis AOF:     {redis.get('aof')}",
             f"  Redis RDB:     {redis.get('rdb')}",
         ]

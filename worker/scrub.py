@@ -12,7 +12,10 @@ command, deletes every copy Redis still holds (memory/copies.py says what they a
   raw reply or mail);
 - the e-mail gateway's cached headers of an erased mail (``email:orig``);
 
-then has Redis rewrite its persistence files from what is left: ``BGREWRITEAOF`` (the old
+then rebuilds every inbound stream and the dead-letter stream from their live entries
+(worker/compact.py: ``XDEL`` only flags an entry deleted inside its storage node, whose bytes
+Redis would otherwise write out as they are), and has Redis rewrite its persistence files from
+what is left: ``BGREWRITEAOF`` (the old
 append-only file, which still holds every XADD, is replaced) when the AOF is on, and
 ``BGSAVE`` (an RDB snapshot, if Redis keeps one, is replaced too). Both wait for the rewrite in
 progress first (it was forked before the deletions) and report ``pending`` when Redis has not
@@ -36,6 +39,7 @@ from contract.bus import text
 from contract.keys import Keys
 from contract.messages import CHANNELS
 from memory.copies import Copies
+from worker.compact import Compactor
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +55,7 @@ class Scrubbed:
     inflight_replies: int = 0
     dead_letters: int = 0
     email_headers: int = 0
+    streams: str = "not rebuilt"
     aof: str = "not enabled"
     rdb: str = "not written"
 
@@ -61,6 +66,7 @@ class Scrubbed:
 class Scrubber:
     def __init__(self, r: redis.Redis, keys: Keys, *, timeout: float = 60.0) -> None:
         self.r, self.keys, self.timeout = r, keys, timeout
+        self.compactor = Compactor(r)
         self.streams: dict[str, str | None] = {keys.inbound: None}
         self.streams.update({keys.inbound_of(c): c for c in CHANNELS})
 
@@ -74,7 +80,7 @@ class Scrubber:
         for channel, event_id in sorted(copies.event_ids):
             if channel == "email":
                 done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
-        done.aof, done.rdb = self.rewrite_files()
+        done.streams, done.aof, done.rdb = self.rewrite_files()
         log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
         return done
 
@@ -114,8 +120,10 @@ class Scrubber:
 
     # -- persistence -----------------------------------------------------------------------------
 
-    def rewrite_files(self) -> tuple[str, str]:
-        """Rewrite the AOF (if on) and the RDB snapshot from the data as it is now."""
+    def rewrite_files(self) -> tuple[str, str, str]:
+        """Rebuild the streams, then rewrite the AOF (if on) and the RDB snapshot from the data
+        as it is now: (streams, aof, rdb), each a status."""
+        streams = self.compact_streams()
         info: Any = self.r.info("persistence")
         aof = "not enabled"
         if int(info.get("aof_enabled", 0)):
@@ -127,7 +135,22 @@ class Scrubber:
             self.r.bgsave, ("rdb_bgsave_in_progress", "aof_rewrite_in_progress"),
             "rdb_last_bgsave_status",
         )  # fmt: skip
-        return aof, rdb
+        return streams, aof, rdb
+
+    def compact_streams(self) -> str:
+        """Rebuild the inbound and dead-letter streams so no storage node keeps the bytes of a
+        deleted entry (worker/compact.py): every one, not only those this erasure deleted from
+        (a replayed erasure deletes nothing, but a crash may have come before the rebuild)."""
+        rebuilt, failed = 0, []
+        for stream in [*self.streams, self.keys.dead]:
+            try:
+                rebuilt += int(self.compactor.compact(stream) > 0)
+            except redis.ResponseError as exc:
+                failed.append(f"{stream}: {exc}")
+        if failed:
+            log.error("memory.erasure_stream_not_rebuilt", failed=failed)
+            return "failed (deleted entries' bytes may stay in Redis's files): " + "; ".join(failed)
+        return f"rebuilt ({rebuilt} streams)"
 
     def _background(self, command: Callable[[], Any], busy: tuple[str, ...], status: str) -> str:
         deadline = time.monotonic() + self.timeout

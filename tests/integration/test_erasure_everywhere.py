@@ -34,6 +34,7 @@ from tests.support.procs import (
     Procs,
     chat,
     relaybot_env,
+    replies,
     run_relaybot,
     wait_for_replies,
     wait_until,
@@ -60,6 +61,8 @@ class AclRedis:
         self.proc = subprocess.Popen(
             [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir),
+             # uncompressed: a grep of the files then finds what LZF would only hide
+             "--rdbcompression", "no",
              "--aclfile", str(acl), "--logfile", str(self.dir / "redis.log")],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -270,3 +273,68 @@ def test_an_erasure_reaches_the_quote_of_it_in_a_later_reply(
     assert "gym is on Tuesdays" in (tmp_path / "after.jsonl").read_text()  # its own text stays
     assert SECRET.encode() not in redis_values(admin), "a stream entry still holds the quote"
     assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+
+
+def test_an_erased_entry_leaves_no_bytes_in_a_stream_node_that_other_entries_keep(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """``XDEL`` only flags an entry deleted inside its listpack node: with live entries after it
+    (alice's, in the same stream), the node and its bytes stay, and the rewrite wrote them to
+    the AOF's RDB preamble and to dump.rdb. The erasure rebuilds the stream, so the rewritten
+    files hold nothing of bob's; alice's second entry, pending while it ran (read, waiting
+    behind the erasure), is still pending afterwards with its consumer and delivery count, so a
+    worker killed right after still answers it, and each of alice's messages is answered once."""
+    home = tmp_path / "home"
+    worker_env = relaybot_env(
+        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",
+    )  # fmt: skip
+    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
+    keys = Keys()
+    admin = acl_redis.client("worker")
+    worker = procs.worker(worker_env, r=admin, keys=keys)
+    matrix = acl_redis.client("matrix")
+    stream = keys.inbound_of("matrix")
+
+    def asked(text: str) -> int:
+        return sum(text in json.dumps(body) for body in model_server.requests)
+
+    def pel() -> list[tuple[bytes, bytes, int]]:
+        found: Any = admin.xpending_range(stream, Keys.GROUP, "-", "+", 10)
+        return [(p["message_id"], p["consumer"], p["times_delivered"]) for p in found]
+
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob", f"pin {SECRET}"))
+    wait_for_replies(admin, keys, "matrix:dm-bob", 1)
+    alice = "matrix:dm-alice"
+    publish(matrix, keys, message("matrix", "@alice:m.org", alice, "[[delay:3]] first of alice"))
+    second = publish(matrix, keys, message("matrix", "@alice:m.org", alice,
+                                           "[[delay:8]] second of alice"))  # fmt: skip
+    wait_until(lambda: asked("first of alice"), timeout=20, message="alice's first turn")
+    nodes: Any = admin.xinfo_stream(stream)
+    assert nodes["radix-tree-keys"] == 1, nodes  # one node: bob's entry shares it with alice's
+    before = wait_until(lambda: p if len(p := pel()) == 2 else None, message="alice's 2 pending")
+
+    erased = run_relaybot(
+        ["memory", "erase", "--entity", "matrix:@bob:m.org", "--reason", "x", "--yes", "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    cleaned = json.loads(erased.stdout)["cleaned"]["redis"]
+    assert cleaned["stream_entries"] == 1 and cleaned["aof"] == "rewritten", cleaned
+    assert cleaned["rdb"] == "rewritten", cleaned
+    files = sorted(p.name for p in acl_redis.dir.rglob("*") if SECRET.encode() in p.read_bytes())
+    assert not files, f"the erased entry's bytes are still in {files}"
+    # alice's first was answered before the erasure ran (it waits for turns); her second, read
+    # and waiting, is pending as it was
+    assert pel() == [p for p in before if p[0].decode() == second.split("/")[1]], (pel(), before)
+
+    # the worker dies in her second turn: the next one finds it pending and answers it, once
+    worker.signal(signal.SIGKILL)
+    worker.popen.wait(10)
+    procs.worker(worker_env, r=admin, keys=keys, timeout=60)  # once the dead one's lease ends
+    wait_for_replies(admin, keys, alice, 2, timeout=60)
+    time.sleep(1.0)  # nothing more comes
+    texts = sorted(r.text for r in replies(admin, keys, alice))
+    assert len(texts) == 2, texts
+    assert "first of alice" in texts[0] and "second of alice" in texts[1], texts
+    wait_until(lambda: not pel(), timeout=20, message="alice's entries acked")
