@@ -10,7 +10,10 @@ command, deletes every copy Redis still holds (memory/copies.py says what they a
   erased entry, are an erased reply, or belong to an erased conversation;
 - the dead letters of such entries (the worker's keep the entry's fields, a gateway's keep the
   raw reply or mail);
-- the e-mail gateway's cached headers of an erased mail (``email:orig``);
+- the e-mail gateway's cached headers of an erased mail (``email:orig``), and the subject in
+  those of the kept mails whose subject repeated an erased mail's (memory/subjects.py): blanked,
+  the rest kept, so a reply to such a mail still goes out in its thread (as ``Re: your
+  message``);
 
 then rebuilds every inbound stream and the dead-letter stream from their live entries
 (worker/compact.py: ``XDEL`` only flags an entry deleted inside its storage node, whose bytes
@@ -55,6 +58,7 @@ class Scrubbed:
     inflight_replies: int = 0
     dead_letters: int = 0
     email_headers: int = 0
+    email_subjects: int = 0
     streams: str = "not rebuilt"
     aof: str = "not enabled"
     rdb: str = "not written"
@@ -80,9 +84,20 @@ class Scrubber:
         for channel, event_id in sorted(copies.event_ids):
             if channel == "email":
                 done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
+        for channel, event_id in sorted(copies.subject_event_ids):
+            if channel == "email":
+                done.email_subjects += self._blank_subject(self.keys.email_orig(event_id))
         done.streams, done.aof, done.rdb = self.rewrite_files()
         log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
         return done
+
+    def _blank_subject(self, key: str) -> int:
+        """Blank the subject in cached reply headers; their time to live stays (KEEPTTL)."""
+        headers = _json(self.r.get(key))
+        if not headers.get("subject"):
+            return 0
+        headers["subject"] = ""
+        return int(bool(self.r.set(key, json.dumps(headers), keepttl=True, xx=True)))
 
     def delete_entry(self, stream: str, raw_id: str) -> None:
         self.r.xdel(stream, raw_id)
