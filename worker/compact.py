@@ -18,8 +18,9 @@ over the old one. Everything a reader can observe stays as it was:
   is dropped, as the worker's read script would ack it).
 
 A stream with no live entry keeps no node at all (a node whose last live entry is deleted is
-freed), so it is left as it is. Redis is busy for the length of the script: about a
-millisecond per thousand entries (the worker trims acked entries, so a stream is small).
+freed), so it is left as it is. Redis answers nobody else for the length of the script: about
+15 ms per thousand entries kept (50,000 in 0.6-0.8 s on Redis 6.2 and Valkey, fsync always; the
+worker trims acked entries, so a stream is small).
 """
 
 from __future__ import annotations
