@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from contract.messages import InboundMessage, Kind, Privacy
+from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory.copies import copies_of
 from memory.erasure import erase, plan_erasure
 from memory.rows import LogRow
@@ -115,3 +115,31 @@ def test_subjects_compare_without_prefixes_case_and_blanks() -> None:
     assert without_subject("Subject: Re: x", "Re: x") == ""
     assert without_subject("Subject: Re: xy\n\nbody", "Re: x") == "Subject: Re: xy\n\nbody"
     assert without_subject("body", "Re: x") == "body"
+
+
+def test_the_reply_that_answered_such_a_mail_is_erased_its_input_held_the_subject(
+    store: MemoryStore,
+) -> None:
+    bobs = mail(store, "bob@example.org", SUBJECT, "we buy them on Friday")
+    alices = mail(store, "alice@example.org", f"Re: {SUBJECT}", "great news")
+    with store.transaction():
+        answer = store.append_reply(
+            Reply(
+                reply_id="r-alice",
+                answers=alices.stream_id,
+                kind=ReplyKind.REPLY,
+                channel="email",
+                session=alices.conversation,
+                conversation=alices.conversation,
+                text="Glad the Zanzibar merger works out",
+                created=alices.ts + 1,
+            ),
+            sender="relaybot",
+            privacy=Privacy.GROUP,
+        )
+    result = erase_id(store, bobs.id)
+    assert result["derived_replies"] == 1
+    assert row(store, answer.id)[0] == ""
+    assert row(store, alices.id)[0] == "great news"
+    copies = copies_of(store.conn, result["erasure"])
+    assert "r-alice" in copies.reply_ids
