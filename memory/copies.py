@@ -1,7 +1,8 @@
 """What finds an erasure's text outside memory: the keys of the copies Redis may still hold.
 
 Memory is not the only place a message lives: its stream entry, its reply in a reply or in-flight
-queue, a dead letter, the e-mail gateway's cached headers. An erasure's tombstone (memory/
+queue, a dead letter, the e-mail gateway's cached headers (and those of the replies in a thread
+whose subject repeats an erased mail's). An erasure's tombstone (memory/
 erasure.py) names the rows it erased; :func:`copies_of` turns it into what those copies are
 known by, for the worker to find and delete them (worker/scrub.py). Read-only, from the
 tombstone and the (blanked) rows, so it gives the same answer when the worker replays the
@@ -31,6 +32,9 @@ class Copies:
     event_ids: frozenset[tuple[str, str]]  # (channel, platform event id) of the erased messages
     handles: frozenset[tuple[str, str]]  # an erased person's (channel, address), casefolded
     conversations: frozenset[str]  # an erased conversation
+    # (channel, platform event id) of the kept mails whose subject repeated an erased one's:
+    # their cached reply headers lose the subject (memory/subjects.py)
+    subject_event_ids: frozenset[tuple[str, str]] = frozenset()
 
     def sender_erased(self, channel: str, sender: str) -> bool:
         return (channel.strip().casefold(), sender.strip().casefold()) in self.handles
@@ -71,6 +75,18 @@ def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
     for key in detail.get("quote_keys", []):
         if isinstance(key, list) and len(key) == 2 and key[0] == "in":
             entries.add(str(key[1]))
+    # kept mails that repeated an erased subject: their entries hold it, their cached headers too
+    subject_event_ids: set[tuple[str, str]] = set()
+    subject_ids = [i for i in detail.get("subject_ids", []) if isinstance(i, int)]
+    for chunk in chunks(subject_ids):
+        for direction, sid, channel, event_id in conn.execute(
+            "SELECT direction, stream_id, channel, event_id FROM log "  # noqa: S608
+            f"WHERE id IN ({marks(len(chunk))})",
+            list(chunk),
+        ):
+            if direction == "in":
+                entries.add(str(sid))
+                subject_event_ids.add((str(channel), str(event_id)))
     entities = [e for e in detail.get("entities", []) if isinstance(e, str)]
     handles = {
         (h.channel.strip().casefold(), h.address.strip().casefold())
@@ -85,4 +101,5 @@ def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
         event_ids=frozenset(event_ids),
         handles=frozenset(handles),
         conversations=frozenset({target} if kind == "conversation" else ()),
+        subject_event_ids=frozenset(subject_event_ids),
     )

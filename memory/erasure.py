@@ -26,6 +26,10 @@ marks, line breaks and case). Its stream entry holds the quote too: the tombston
 (``quote_ids``, ``quote_keys``) and memory/copies.py adds their entries to what the worker
 deletes.
 
+Subjects: an erased mail's subject is repeated by the replies in its thread (``Re: …``): those
+rows lose it (memory/subjects.py; the tombstone names them as ``subject_ids``, ``subject_keys``),
+and the replies whose model input held such a row are derived from it (erased, as above).
+
 A replay (same stream id) returns the tombstone already written; a target with nothing left to
 erase is refused without a tombstone. The worker applies it as the owner command ``memory.erase``
 (:data:`COMMANDS`); ``relaybot memory erase`` previews it with :func:`plan_erasure` first.
@@ -51,6 +55,7 @@ from memory.identity import handles_of, person_of, resolve_ref
 from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
+from memory.subjects import drop_subjects, subject_rows
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +97,8 @@ class ErasurePlan:
     derived_ids: list[int] = field(default_factory=list)  # replies that drew on the text
     quote_ids: list[int] = field(default_factory=list)  # kept rows whose quote is removed
     quote_keys: list[tuple[str, str]] = field(default_factory=list)
+    subject_ids: list[int] = field(default_factory=list)  # kept mails whose subject is removed
+    subject_keys: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -109,6 +116,9 @@ class ErasurePlan:
         if self.quote_ids:
             out["quote_ids"] = self.quote_ids
             out["quote_keys"] = [list(k) for k in self.quote_keys]
+        if self.subject_ids:
+            out["subject_ids"] = self.subject_ids
+            out["subject_keys"] = [list(k) for k in self.subject_keys]
         if self.entities:
             out["entities"] = self.entities
         return out
@@ -163,6 +173,9 @@ def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePla
         rows.update({i: ("out", sid) for i, sid in derived.items()})
         _turn_notes(notes_sql, set(derived.values()))
         plan_notes(conn, plan, notes_sql)
+    subjects = _subjects(conn, plan, rows, derived, notes_sql)
+    plan.subject_ids = sorted(subjects)
+    plan.subject_keys = [subjects[i] for i in plan.subject_ids]
     plan.derived_ids = sorted(derived)
     plan.log_ids = sorted(rows)
     plan.log_keys = [rows[i] for i in plan.log_ids]
@@ -170,6 +183,31 @@ def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePla
     plan.quote_ids = sorted(quotes)
     plan.quote_keys = [quotes[i] for i in plan.quote_ids]
     return plan
+
+
+def _subjects(
+    conn: sqlite3.Connection,
+    plan: ErasurePlan,
+    rows: dict[int, tuple[str, str]],
+    derived: dict[int, str],
+    notes_sql: list[tuple[str, list[Any]]],
+) -> dict[int, tuple[str, str]]:
+    """The kept mails that repeat an erased mail's subject (memory/subjects.py); the replies
+    that answered them or whose input held them join ``rows`` and ``derived`` (their model
+    input held the subject), with the notes of their turns."""
+    subjects = subject_rows(conn, sorted(rows))
+    if not subjects:
+        return subjects
+    answers: dict[int, tuple[str, str]] = {}
+    _add_replies(conn, answers, [sid for d, sid in subjects.values() if d == "in"])
+    more = {i: sid for i, (_d, sid) in answers.items()}
+    more.update(derived_replies(conn, subjects, []))
+    more = {i: sid for i, sid in more.items() if i not in rows}
+    derived.update(more)
+    rows.update({i: ("out", sid) for i, sid in more.items()})
+    _turn_notes(notes_sql, set(more.values()))
+    plan_notes(conn, plan, notes_sql)
+    return subjects
 
 
 _NO_QUOTE = "json_set(json_remove(extra, '$.quoted'), '$.quote_erased', ?)"
@@ -304,10 +342,12 @@ def remove(
     erasure_id: int,
     log_ids: list[int],
     notes: list[int],
+    *,
     quote_ids: Sequence[int] = (),
+    subject_ids: Sequence[int] = (),
 ) -> None:
-    """Blank the log rows, drop the quotes of ``quote_ids`` and delete the notes; the caller
-    holds the grant."""
+    """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
+    and delete the notes; the caller holds the grant."""
     marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
     for chunk in chunks(log_ids):
         conn.execute(
@@ -317,10 +357,12 @@ def remove(
     for chunk in chunks(list(quote_ids)):
         sql = f"UPDATE log SET extra = {_NO_QUOTE} WHERE id IN ({marks(len(chunk))})"  # noqa: S608
         conn.execute(sql, [erasure_id, *chunk])
+    drop_subjects(conn, erasure_id, subject_ids)
     for chunk in chunks(notes):
         conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
-    # a summary of an erased row is blanked; its range is derived again from what remains
-    summaries.tombstone(conn, erasure_id, log_ids)
+    # a summary of an erased row (or of a mail that repeated an erased subject) is blanked;
+    # its range is derived again from what remains
+    summaries.tombstone(conn, erasure_id, [*log_ids, *subject_ids])
 
 
 @contextmanager
@@ -425,7 +467,14 @@ def erase(
                 ),
             )
             erasure_id = int(cur.lastrowid or 0)
-            remove(conn, erasure_id, plan.log_ids, plan.note_ids, plan.quote_ids)
+            remove(
+                conn,
+                erasure_id,
+                plan.log_ids,
+                plan.note_ids,
+                quote_ids=plan.quote_ids,
+                subject_ids=plan.subject_ids,
+            )
         store.invalidate()  # the caches hold the old text
         store.after_commit(lambda: checkpoint_after_erasure(store))
         raw = conn.execute(_TOMBSTONE, (stream_id,)).fetchone()

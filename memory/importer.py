@@ -480,11 +480,9 @@ class Importer:
         self._reapply(int(cur.lastrowid or 0), rec)
         self.tombstones.add(rec.target_kind, rec.target, json.dumps(rec.detail))
 
-    def _reapply(self, erasure_id: int, rec: ErasureRecord) -> None:
-        """Erase here what the imported tombstone erased there (by stream ids and op keys)."""
-        keys = rec.detail.get("log_keys")
-        op_keys = rec.detail.get("note_op_keys")
-        log_ids: list[int] = []
+    def _kept(self, keys: Any) -> list[int]:
+        """The ids of the rows not erased here that these ``[direction, stream id]`` name."""
+        ids: list[int] = []
         for key in keys if isinstance(keys, list) else []:
             if isinstance(key, list) and len(key) == 2:
                 raw = self.conn.execute(
@@ -492,16 +490,23 @@ class Importer:
                     (str(key[0]), str(key[1])),
                 ).fetchone()
                 if raw is not None:
-                    log_ids.append(int(raw[0]))
+                    ids.append(int(raw[0]))
+        return ids
+
+    def _reapply(self, erasure_id: int, rec: ErasureRecord) -> None:
+        """Erase here what the imported tombstone erased there (by stream ids and op keys)."""
+        op_keys = rec.detail.get("note_op_keys")
+        log_ids = self._kept(rec.detail.get("log_keys"))
         plan = ErasurePlan(kind=rec.target_kind, target=rec.target)
         wanted = [k for k in op_keys if isinstance(k, str)] if isinstance(op_keys, list) else []
         where = [(f"op_key IN ({marks(len(c))})", list(c)) for c in chunks(wanted)]
         if where:
             plan_notes(self.conn, plan, where)
-        if not log_ids and not plan.note_ids:
+        subject_ids = self._kept(rec.detail.get("subject_keys"))
+        if not log_ids and not plan.note_ids and not subject_ids:
             return
         with granted(self.conn, rec.requested_by, rec.reason, time.time()):
-            remove(self.conn, erasure_id, sorted(log_ids), plan.note_ids)
+            remove(self.conn, erasure_id, sorted(log_ids), plan.note_ids, subject_ids=subject_ids)
         self.log_added = True  # cached rows may hold the text
         self.store.after_commit(lambda: checkpoint_after_erasure(self.store))
         log.info("memory.erasure_reapplied", erasure=erasure_id, log_rows=len(log_ids))

@@ -428,9 +428,12 @@ def _preview(cfg: Config, kind: str, target: str) -> str:
     derived = f" ({n} of them replies that drew on it)" if n else ""
     q = len(plan.quote_ids)
     quotes = f", the quotes of it in {q} later messages (their own text stays)" if q else ""
+    n = len(plan.subject_ids)
+    subjects = f", its subject in {n} later mails of its thread (their own text stays)" if n else ""
     return (
         f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries{derived} and "
-        f"{len(plan.note_ids)} notes derived from them{quotes}, with every copy Redis holds"
+        f"{len(plan.note_ids)} notes derived from them{quotes}{subjects}, with every copy Redis "
+        "holds"
     )
 
 
@@ -501,7 +504,13 @@ def _erased(kind: str, target: str, result: dict[str, Any]) -> str:
             f"  Redis:         {redis.get('stream_entries')} stream entries, "
             f"{redis.get('queued_replies')} queued and {redis.get('inflight_replies')} in-flight "
             f"replies, {redis.get('dead_letters')} dead letters, {redis.get('email_headers')} "
-            "cached e-mail headers deleted",
+            "cached e-mail headers deleted"
+            + (
+                f" ({redis['email_subjects']} more kept without the erased subject)"
+                if redis.get("email_subjects")
+                else ""
+            ),
+            f"  Redis streams: {redis.get('streams')}",
             f"  Redis AOF:     {redis.get('aof')}",
             f"  Redis RDB:     {redis.get('rdb')}",
         ]

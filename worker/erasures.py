@@ -72,8 +72,10 @@ class Erasures:
         for entry in entries:
             self.scrubber.delete_entry(entry.stream, entry.raw_id)
         if rewrite:
-            aof, rdb = self.scrubber.rewrite_files()
-            log.info("memory.import_forgotten", entries=len(entries), aof=aof, rdb=rdb)
+            streams, aof, rdb = self.scrubber.rewrite_files()
+            log.info(
+                "memory.import_forgotten", entries=len(entries), streams=streams, aof=aof, rdb=rdb
+            )
 
     def retry_wal(self) -> None:
         """Called from the worker's loop: finish a pending WAL truncation."""

@@ -10,9 +10,15 @@ command, deletes every copy Redis still holds (memory/copies.py says what they a
   erased entry, are an erased reply, or belong to an erased conversation;
 - the dead letters of such entries (the worker's keep the entry's fields, a gateway's keep the
   raw reply or mail);
-- the e-mail gateway's cached headers of an erased mail (``email:orig``);
+- the e-mail gateway's cached headers of an erased mail (``email:orig``), and the subject in
+  those of the kept mails whose subject repeated an erased mail's (memory/subjects.py): blanked,
+  the rest kept, so a reply to such a mail still goes out in its thread (as ``Re: your
+  message``);
 
-then has Redis rewrite its persistence files from what is left: ``BGREWRITEAOF`` (the old
+then rebuilds every inbound stream and the dead-letter stream from their live entries
+(worker/compact.py: ``XDEL`` only flags an entry deleted inside its storage node, whose bytes
+Redis would otherwise write out as they are), and has Redis rewrite its persistence files from
+what is left: ``BGREWRITEAOF`` (the old
 append-only file, which still holds every XADD, is replaced) when the AOF is on, and
 ``BGSAVE`` (an RDB snapshot, if Redis keeps one, is replaced too). Both wait for the rewrite in
 progress first (it was forked before the deletions) and report ``pending`` when Redis has not
@@ -36,6 +42,7 @@ from contract.bus import text
 from contract.keys import Keys
 from contract.messages import CHANNELS
 from memory.copies import Copies
+from worker.compact import Compactor
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +58,8 @@ class Scrubbed:
     inflight_replies: int = 0
     dead_letters: int = 0
     email_headers: int = 0
+    email_subjects: int = 0
+    streams: str = "not rebuilt"
     aof: str = "not enabled"
     rdb: str = "not written"
 
@@ -61,6 +70,7 @@ class Scrubbed:
 class Scrubber:
     def __init__(self, r: redis.Redis, keys: Keys, *, timeout: float = 60.0) -> None:
         self.r, self.keys, self.timeout = r, keys, timeout
+        self.compactor = Compactor(r)
         self.streams: dict[str, str | None] = {keys.inbound: None}
         self.streams.update({keys.inbound_of(c): c for c in CHANNELS})
 
@@ -74,9 +84,20 @@ class Scrubber:
         for channel, event_id in sorted(copies.event_ids):
             if channel == "email":
                 done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
-        done.aof, done.rdb = self.rewrite_files()
+        for channel, event_id in sorted(copies.subject_event_ids):
+            if channel == "email":
+                done.email_subjects += self._blank_subject(self.keys.email_orig(event_id))
+        done.streams, done.aof, done.rdb = self.rewrite_files()
         log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
         return done
+
+    def _blank_subject(self, key: str) -> int:
+        """Blank the subject in cached reply headers; their time to live stays (KEEPTTL)."""
+        headers = _json(self.r.get(key))
+        if not headers.get("subject"):
+            return 0
+        headers["subject"] = ""
+        return int(bool(self.r.set(key, json.dumps(headers), keepttl=True, xx=True)))
 
     def delete_entry(self, stream: str, raw_id: str) -> None:
         self.r.xdel(stream, raw_id)
@@ -114,8 +135,10 @@ class Scrubber:
 
     # -- persistence -----------------------------------------------------------------------------
 
-    def rewrite_files(self) -> tuple[str, str]:
-        """Rewrite the AOF (if on) and the RDB snapshot from the data as it is now."""
+    def rewrite_files(self) -> tuple[str, str, str]:
+        """Rebuild the streams, then rewrite the AOF (if on) and the RDB snapshot from the data
+        as it is now: (streams, aof, rdb), each a status."""
+        streams = self.compact_streams()
         info: Any = self.r.info("persistence")
         aof = "not enabled"
         if int(info.get("aof_enabled", 0)):
@@ -127,7 +150,22 @@ class Scrubber:
             self.r.bgsave, ("rdb_bgsave_in_progress", "aof_rewrite_in_progress"),
             "rdb_last_bgsave_status",
         )  # fmt: skip
-        return aof, rdb
+        return streams, aof, rdb
+
+    def compact_streams(self) -> str:
+        """Rebuild the inbound and dead-letter streams so no storage node keeps the bytes of a
+        deleted entry (worker/compact.py): every one, not only those this erasure deleted from
+        (a replayed erasure deletes nothing, but a crash may have come before the rebuild)."""
+        rebuilt, failed = 0, []
+        for stream in [*self.streams, self.keys.dead]:
+            try:
+                rebuilt += int(self.compactor.compact(stream) > 0)
+            except redis.ResponseError as exc:
+                failed.append(f"{stream}: {exc}")
+        if failed:
+            log.error("memory.erasure_stream_not_rebuilt", failed=failed)
+            return "failed (deleted entries' bytes may stay in Redis's files): " + "; ".join(failed)
+        return f"rebuilt ({rebuilt} streams)"
 
     def _background(self, command: Callable[[], Any], busy: tuple[str, ...], status: str) -> str:
         deadline = time.monotonic() + self.timeout

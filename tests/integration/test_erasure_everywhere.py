@@ -30,13 +30,16 @@ from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy
 from deploy.embedded import redis_binary
 from tests.support.fakemodel import FakeModelServer
+from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import (
     Procs,
     chat,
     relaybot_env,
+    replies,
     run_relaybot,
     wait_for_replies,
     wait_until,
+    write_config,
 )
 from tests.support.servers import free_port
 
@@ -60,6 +63,8 @@ class AclRedis:
         self.proc = subprocess.Popen(
             [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir),
+             # uncompressed: a grep of the files then finds what LZF would only hide
+             "--rdbcompression", "no",
              "--aclfile", str(acl), "--logfile", str(self.dir / "redis.log")],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
@@ -270,3 +275,157 @@ def test_an_erasure_reaches_the_quote_of_it_in_a_later_reply(
     assert "gym is on Tuesdays" in (tmp_path / "after.jsonl").read_text()  # its own text stays
     assert SECRET.encode() not in redis_values(admin), "a stream entry still holds the quote"
     assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+
+
+def test_an_erased_entry_leaves_no_bytes_in_a_stream_node_that_other_entries_keep(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """``XDEL`` only flags an entry deleted inside its listpack node: with live entries after it
+    (alice's, in the same stream), the node and its bytes stay, and the rewrite wrote them to
+    the AOF's RDB preamble and to dump.rdb. The erasure rebuilds the stream, so the rewritten
+    files hold nothing of bob's; alice's second entry, pending while it ran (read, waiting
+    behind the erasure), is still pending afterwards with its consumer and delivery count, so a
+    worker killed right after still answers it, and each of alice's messages is answered once."""
+    home = tmp_path / "home"
+    worker_env = relaybot_env(
+        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
+        RELAYBOT_TURNS_MODE="followup",
+    )  # fmt: skip
+    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
+    keys = Keys()
+    admin = acl_redis.client("worker")
+    worker = procs.worker(worker_env, r=admin, keys=keys)
+    matrix = acl_redis.client("matrix")
+    stream = keys.inbound_of("matrix")
+
+    def asked(text: str) -> int:
+        return sum(text in json.dumps(body) for body in model_server.requests)
+
+    def pel() -> list[tuple[bytes, bytes, int]]:
+        found: Any = admin.xpending_range(stream, Keys.GROUP, "-", "+", 10)
+        return [(p["message_id"], p["consumer"], p["times_delivered"]) for p in found]
+
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob", f"pin {SECRET}"))
+    wait_for_replies(admin, keys, "matrix:dm-bob", 1)
+    alice = "matrix:dm-alice"
+    publish(matrix, keys, message("matrix", "@alice:m.org", alice, "[[delay:3]] first of alice"))
+    second = publish(matrix, keys, message("matrix", "@alice:m.org", alice,
+                                           "[[delay:8]] second of alice"))  # fmt: skip
+    wait_until(lambda: asked("first of alice"), timeout=20, message="alice's first turn")
+    nodes: Any = admin.xinfo_stream(stream)
+    assert nodes["radix-tree-keys"] == 1, nodes  # one node: bob's entry shares it with alice's
+    before = wait_until(lambda: p if len(p := pel()) == 2 else None, message="alice's 2 pending")
+
+    erased = run_relaybot(
+        ["memory", "erase", "--entity", "matrix:@bob:m.org", "--reason", "x", "--yes", "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    cleaned = json.loads(erased.stdout)["cleaned"]["redis"]
+    assert cleaned["stream_entries"] == 1 and cleaned["aof"] == "rewritten", cleaned
+    assert cleaned["rdb"] == "rewritten", cleaned
+    files = sorted(p.name for p in acl_redis.dir.rglob("*") if SECRET.encode() in p.read_bytes())
+    assert not files, f"the erased entry's bytes are still in {files}"
+    # alice's first was answered before the erasure ran (it waits for turns); her second, read
+    # and waiting, is pending as it was
+    assert pel() == [p for p in before if p[0].decode() == second.split("/")[1]], (pel(), before)
+
+    # the worker dies in her second turn: the next one finds it pending and answers it, once
+    worker.signal(signal.SIGKILL)
+    worker.popen.wait(10)
+    procs.worker(worker_env, r=admin, keys=keys, timeout=60)  # once the dead one's lease ends
+    wait_for_replies(admin, keys, alice, 2, timeout=60)
+    time.sleep(1.0)  # nothing more comes
+    texts = sorted(r.text for r in replies(admin, keys, alice))
+    assert len(texts) == 2, texts
+    assert "first of alice" in texts[0] and "second of alice" in texts[1], texts
+    wait_until(lambda: not pel(), timeout=20, message="alice's entries acked")
+
+
+def test_an_erased_mail_takes_its_subject_out_of_the_replies_in_its_thread(
+    tmp_path: Path,
+    acl_redis: AclRedis,
+    model_server: FakeModelServer,
+    procs: Procs,
+    imap: ImapServer,
+    smtp: SmtpServer,
+) -> None:
+    """Bob's mail has the secret in its subject; Alice answers in his thread ("Re: …"), and the
+    real e-mail gateway (its own ACL account) publishes both and caches their reply headers.
+    Erasing Bob's mail by id must take the subject out of Alice's row (text and extra), her
+    stream entry, her cached headers (kept, so a reply still threads, without the subject) and
+    Redis's files; her own words stay."""
+    home = tmp_path / "home"
+    write_config(home, f"""
+[owner]
+aliases = [{{ address = "owner@example.org", channel = "email" }}]
+
+[email]
+imap_host = "127.0.0.1"
+imap_port = {imap.port}
+imap_tls = "plain"
+imap_user = "{imap.user}"
+imap_password = "{imap.password}"
+smtp_host = "127.0.0.1"
+smtp_port = {smtp.port}
+smtp_tls = "plain"
+addresses = ["bot@example.org"]
+allowlist = ["*"]
+trusted_authserv_ids = ["mx.test"]
+""")  # fmt: skip
+    worker_env = relaybot_env(home, redis_url=acl_redis.url("worker"),
+                              model_url=model_server.base_url)  # fmt: skip
+    keys = Keys()
+    admin = acl_redis.client("worker")
+    procs.worker(worker_env, r=admin, keys=keys)
+    gateway_env = relaybot_env(home, redis_url=acl_redis.url("email"))
+    procs.start("gateway-email", ["gateway", "email"], gateway_env).wait_for_log(
+        "email.ready", timeout=30
+    )
+    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
+
+    def deliver(msg: Any, domain: str) -> None:  # authenticated by the owner's server
+        msg._headers.insert(
+            0, ("Authentication-Results", f"mx.test; dmarc=pass header.from={domain}")
+        )
+        imap.append(msg)
+
+    def answered(message_id: str) -> Any:
+        return wait_until(
+            lambda: [m for m in smtp.messages() if m["In-Reply-To"] == message_id] or None,
+            timeout=60, message=f"relaybot's reply to {message_id}",
+        )  # fmt: skip
+
+    subject = f"the {SECRET} merger"
+    deliver(make_message(sender="bob@example.org", subject=subject, message_id="<bob-1@ex.org>",
+                         body="we sign on Friday"), "example.org")  # fmt: skip
+    answered("<bob-1@ex.org>")
+    deliver(make_message(sender="alice@example.net", subject=f"Re: {subject}",
+                         message_id="<alice-1@ex.net>", in_reply_to="<bob-1@ex.org>",
+                         references="<bob-1@ex.org>", body="great news, well done"),
+            "example.net")  # fmt: skip
+    answered("<alice-1@ex.net>")
+    alice_headers = keys.email_orig("<alice-1@ex.net>")
+    assert SECRET in json.loads(admin.get(alice_headers) or b"{}")["subject"]
+    with sqlite3.connect(f"file:{home / 'memory.sqlite3'}?mode=ro", uri=True) as conn:
+        (bob_row,) = conn.execute("SELECT id FROM log WHERE event_id = '<bob-1@ex.org>'").fetchone()
+
+    erased = run_relaybot(
+        ["memory", "erase", "--id", str(bob_row), "--reason", "bob asked", "--yes", "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    cleaned = json.loads(erased.stdout)["cleaned"]["redis"]
+    assert cleaned["email_headers"] == 1 and cleaned["email_subjects"] == 1, cleaned
+    assert cleaned["aof"] == "rewritten" and cleaned["rdb"] == "rewritten", cleaned
+
+    exported = run_relaybot(["memory", "export", "--out", str(tmp_path / "after.jsonl")], cli_env)
+    assert exported.returncode == 0, exported.stderr
+    after = (tmp_path / "after.jsonl").read_text()
+    assert SECRET not in after, "a row still holds the erased subject"
+    assert "great news, well done" in after  # alice's own words stay
+    assert SECRET.encode() not in redis_values(admin), "Redis still holds the erased subject"
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the subject"
+    kept = json.loads(admin.get(alice_headers) or b"{}")
+    assert kept["subject"] == "" and kept["message_id"] == "<alice-1@ex.net>", kept
+    assert admin.ttl(alice_headers) > 0  # still expires as it did

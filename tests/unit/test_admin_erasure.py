@@ -288,7 +288,7 @@ def test_an_erasure_is_idempotent_and_refuses_an_empty_target(world: World) -> N
 def test_a_failing_erasure_changes_nothing(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     row, _ = world.say(f"x {SECRET}")
 
-    def broken(*_args: object) -> None:
+    def broken(*_args: object, **_kw: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(erasure, "remove", broken)
