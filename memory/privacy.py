@@ -138,7 +138,7 @@ def log_visibility_sql(
     """A WHERE-clause predicate over the ``log`` table (as ``table``) and its parameters.
 
     ``'1'`` for the owner, ``'0'`` for a scope that sees nothing. For a direct scope the person's
-    rows are matched on the ``(entity, id)`` index and its own conversation on
+    rows are matched on the ``(entity, recorded_ts)`` index and its own conversation on
     ``(conversation, id)``; the caller decides ordering and limits.
     """
     trivial = _all_or_nothing(scope)
@@ -149,7 +149,8 @@ def log_visibility_sql(
     if not people:
         return f"{t}conversation = ?", [scope.conversation]
     return (
-        f"({t}conversation = ? OR ({t}direction = 'in' AND {_in(t + 'entity', people)}))",
+        # (+: the person's rows are found on the entity's index, never on the direction's)
+        f"({t}conversation = ? OR (+{t}direction = 'in' AND {_in(t + 'entity', people)}))",
         [scope.conversation, *people],
     )
 

@@ -2,8 +2,9 @@
 
 The log's full-text index is ``log_fts`` (memory/schema.py, migration 3: FTS5, porter stemming,
 external content). A search never scans the log: every row it reads is found through that index,
-the primary key or the ``(conversation, id)`` / ``(entity, id)`` indexes, so its cost follows what
-matches, not the size of the history (bench/search.py: p95 7 ms at 1M messages for the owner).
+the primary key or the ``(conversation, id)`` / ``(entity, recorded_ts)`` indexes, so its cost
+follows what matches, not the size of the history (bench/search.py: p95 7 ms at 1M messages for
+the owner).
 
 **The filter** (:class:`Where`) is the scope's visibility -- the privacy rule's one predicate,
 :func:`visibility` -- AND the query's filters; every row a search reads is checked against it in
@@ -96,7 +97,7 @@ def filters(
     if query.conversation:
         parts.append("log.conversation = ?")
         params.append(query.conversation)
-    indexed = bool(parts)  # the (conversation, id) and (entity, id) indexes serve these
+    indexed = bool(parts)  # the (conversation, id) and (entity, recorded_ts) indexes serve these
     if query.channel:
         parts.append("log.channel = ? COLLATE NOCASE")
         params.append(query.channel.strip())
@@ -199,8 +200,11 @@ def _ids_passing(store: MemoryStore, sql: str, params: tuple[Any, ...]) -> set[i
         entry = _IdSet({int(i) for (i,) in rows}, top)
     elif entry.top < top:
         # from a little below: ids of rows a rolled-back transaction held may have been reused
+        # the few rows appended since, on the rowid: not every row of the conversation or the
+        # person on their indexes (the planner may prefer those for the equality)
         rows = conn.execute(
-            f"SELECT id FROM log WHERE id > ? AND id <= ? AND {sql}",  # noqa: S608
+            f"WITH log AS MATERIALIZED (SELECT {LOG_COLUMNS} FROM main.log "  # noqa: S608
+            f"WHERE id > ? AND id <= ?) SELECT id FROM log WHERE {sql}",
             (entry.top - _REVISIT, top, *params),
         )
         entry.ids.update(int(i) for (i,) in rows)
@@ -324,7 +328,11 @@ class Reader:
         for chunk in chunks(want, _READ_CHUNK):
             for i in chunk:
                 self._rows[i] = None
-            sql = f"SELECT {LOG_COLUMNS} FROM log WHERE id IN ({marks(len(chunk))}){cond}"  # noqa: S608
+            # by id (NOT INDEXED: the rowid still, never a person's or conversation's rows
+            # walked on their index for the filter's OR)
+            sql = (
+                f"SELECT {LOG_COLUMNS} FROM log NOT INDEXED WHERE id IN ({marks(len(chunk))}){cond}"  # noqa: S608
+            )
             for raw in self.conn.execute(sql, (*chunk, *self.where.params)):
                 row = self.store.decode_row(raw)
                 if row is None:

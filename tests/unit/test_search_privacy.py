@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from memory.privacy import Scope
-from memory.rows import LogRow
+from memory.privacy import Scope, log_visibility_sql
+from memory.rows import LOG_COLUMNS, LogRow
 from memory.search import SearchQuery, format_hits, search
 from memory.store import MemoryStore
 
@@ -192,3 +192,42 @@ def test_an_unknown_scope_sees_nothing(store: MemoryStore, scope: Scope) -> None
 def test_the_owner_sees_everything(store: MemoryStore) -> None:
     rows = every_row(store, Scope(OWNER_CLI, Privacy.OWNER, "owner"), SearchQuery(text=SECRET))
     assert {r.conversation for r in rows} >= {BOB_DM, OWNER_CLI}
+
+
+def test_a_direct_scopes_reads_go_by_index_never_over_the_log(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """A person's rows are found on the (entity, recorded_ts) index (migration 14 dropped the
+    (entity, id) one), never by scanning the log or walking the (direction, stream_id) index
+    (half the log), whatever the planner would prefer; the ids appended since the last search
+    are read on the rowid."""
+    scope = Scope(BOB_DM, Privacy.DIRECT, BOB)
+    with MemoryStore(tmp_path / "fresh.sqlite3") as fresh:  # no statistics: the planner guesses
+        for db, persons in itertools.product((store, fresh), ([BOB], [BOB, BOB_MAIL])):
+            vis, params = log_visibility_sql(scope, persons=persons, table="log")
+            sql = f"EXPLAIN QUERY PLAN SELECT id FROM log WHERE id <= ? AND {vis}"
+            plan = [str(r[3]) for r in db.conn.execute(sql, (2**62, *params))]
+            assert any("log_entity_time (entity=?)" in step for step in plan), plan
+            assert not any(s.startswith("SCAN log") or "(direction=?)" in s for s in plan), plan
+
+    statements: list[str] = []
+    search(store, scope, SearchQuery(text="wiki"))  # the person's ids, read once
+    late = Writer(store)
+    late.n = itertools.count(100)  # stream ids after the fixture's
+    late.said(TEAM, Privacy.GROUP, "@bob:m.org", BOB, "bob again, about the wiki")
+    store.conn.set_trace_callback(statements.append)
+    try:
+        found = search(store, scope, SearchQuery(text="wiki"))  # brought up to date
+    finally:
+        store.conn.set_trace_callback(None)
+    assert "bob again, about the wiki" in [h.row.text for h in found.hits]
+    [since] = [s for s in statements if s.startswith("WITH log AS MATERIALIZED")]
+    plan = [str(r[3]) for r in store.conn.execute("EXPLAIN QUERY PLAN " + since)]
+    assert "SEARCH main.log USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in plan, plan
+    reads = [s for s in statements if s.startswith(f"SELECT {LOG_COLUMNS} FROM log")]
+    assert reads, statements
+    with MemoryStore(tmp_path / "fresh2.sqlite3") as fresh:
+        for sql, db in itertools.product(reads, (store, fresh)):
+            # the hits' rows, by id: never the person's rows walked for the filter's OR
+            plan = [str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + sql)]
+            assert plan == ["SEARCH log USING INTEGER PRIMARY KEY (rowid=?)"], plan
