@@ -33,8 +33,10 @@ from worker.openai_parse import (
     display_url,
     error_detail,
     garbage,
+    hide_echo,
     parse_completion,
     parse_retry_after,
+    request_texts,
     seconds,
 )
 
@@ -43,6 +45,7 @@ log = structlog.get_logger(__name__)
 CONNECT_TIMEOUT_MAX = 10.0  # seconds; connecting never gets longer, whatever the timeout
 BACKOFF_CAP = 30.0  # seconds; no single exponential backoff wait is longer than this
 JITTER = 0.25  # each backoff wait is stretched by a random factor in [1, 1 + JITTER]
+_KEEP_PREFIX = ": "  # an error that echoes the request keeps what comes before this: "(HTTP 400: "
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # a larger body is not an answer we can use
 MIN_ATTEMPT = 0.05  # seconds; less time than this left before the deadline is not worth a try
 
@@ -155,6 +158,7 @@ class OpenAIChatClient:
                 kind="config",
                 retryable=False,
             ) from None
+        texts = request_texts(messages)
         deadline = time.monotonic() + self.deadline
         attempts = 0
         last: Failure | None = None
@@ -179,6 +183,9 @@ class OpenAIChatClient:
             try:
                 completion = self._attempt(payload, budget)
             except Failure as failure:
+                # a server may quote the request in its error: no log line or error reply
+                # may carry the conversation's text (an erasure could not reach it there)
+                failure.message = hide_echo(failure.message, texts, keep=_KEEP_PREFIX)
                 last = failure
                 log.warning(
                     "model.attempt_failed",

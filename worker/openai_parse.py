@@ -12,6 +12,7 @@ import email.utils
 import json
 import math
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,51 @@ def error_detail(body: bytes) -> str:
     if len(text) > DETAIL_CHARS:
         text = text[: DETAIL_CHARS - 1] + "…"
     return text
+
+
+ECHO_WINDOW = 12  # characters of the request repeated in an error that count as an echo
+ECHOED = "(its message repeats part of the request; not shown)"
+
+
+def hide_echo(detail: str, request_texts: Sequence[str], *, keep: str = "") -> str:
+    """``detail`` unless it repeats part of the request (a server that quotes the prompt in
+    its error): then what comes before the first ``keep`` in it (the status, say) and a
+    placeholder, so no log line or error reply carries message text. A text shorter than
+    :data:`ECHO_WINDOW` counts when it appears whole."""
+    flat = " ".join(detail.split()).casefold()
+    if not flat:
+        return detail
+    head = detail.split(keep, 1)[0] + keep if keep and keep in detail else ""
+    echoed = f"{head}{ECHOED}" if head else ECHOED
+    for text in request_texts:
+        src = " ".join(text.split()).casefold()
+        if not src:
+            continue
+        if len(src) < ECHO_WINDOW:
+            if len(src) >= 4 and src in flat:
+                return echoed
+            continue
+        if any(flat[i : i + ECHO_WINDOW] in src for i in range(len(flat) - ECHO_WINDOW + 1)):
+            return echoed
+    return detail
+
+
+def request_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The texts a request carries: every message's content and tool calls' arguments."""
+    out: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out += [
+                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            ]
+        for call in m.get("tool_calls") or ():
+            args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+            if isinstance(args, str):
+                out.append(args)
+    return out
 
 
 def _content_text(content: object) -> str | None:

@@ -296,6 +296,34 @@ def test_a_key_echoed_by_the_server_is_redacted():
     assert KEY not in json.dumps(logs, default=str)
 
 
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_request_echoed_in_an_error_is_not_shown_or_logged(status):
+    """A server that quotes the prompt in its error (validation errors often do): the message's
+    text reaches no log line and no error reply (an erasure could not reach a log line); the
+    status still shows."""
+    secret = "my passport number is QX-55-31"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        quoted = json.dumps(body["messages"])[:150]
+        return httpx.Response(status, json={"error": {"message": f"invalid input: {quoted}"}})
+
+    model = OpenAIChatClient(
+        base_url="http://model.invalid/v1",
+        model="m",
+        timeout=TIMEOUT,
+        retries=1,
+        backoff=0.01,
+        transport=httpx.MockTransport(handler),
+    )
+    with capture_logs() as logs, pytest.raises(ModelError) as info:
+        model.complete(user(secret), [])
+    assert f"HTTP {status}" in str(info.value)
+    assert "repeats part of the request" in str(info.value)
+    assert "QX-55-31" not in str(info.value)
+    assert "QX-55-31" not in json.dumps(logs, default=str)
+
+
 def test_credentials_in_base_url_are_not_shown():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(500, text="down")
