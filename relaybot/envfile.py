@@ -72,6 +72,11 @@ def load_dotenv_here(directory: Path | None = None) -> Path | None:
         return None
     path = Path(chosen).expanduser() if chosen else (directory or Path.cwd()) / DOTENV
     if not path.is_file():
+        if chosen:  # named on purpose: a typo must not start relaybot without its settings
+            what = "is not a file" if path.exists() else "does not exist"
+            raise EnvFileError(
+                f"{CHOICE}={chosen}: {path} {what} (set {CHOICE} empty to read no .env file)"
+            )
         return None
     values, ignored = parse(path)
     for number in ignored:

@@ -124,6 +124,19 @@ def test_relaybot_dotenv_names_another_file_or_none(
     assert os.environ["RELAYBOT_MODEL"] == "other"
 
 
+def test_a_relaybot_dotenv_that_names_no_file_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("RELAYBOT_MODEL=here\n", encoding="utf-8")
+    monkeypatch.setenv("RELAYBOT_DOTENV", str(tmp_path / "typo.env"))
+    with pytest.raises(envfile.EnvFileError, match=r"typo\.env does not exist"):
+        envfile.load_dotenv_here()
+    monkeypatch.setenv("RELAYBOT_DOTENV", str(tmp_path))  # a directory
+    with pytest.raises(envfile.EnvFileError, match="is not a file"):
+        envfile.load_dotenv_here()
+
+
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
