@@ -436,7 +436,12 @@ class Consumer:
         not recorded: what was in hand when Redis went away is still pending (forgotten here,
         the replies of the turns in flight kept for it: :meth:`abandon`)."""
         self.abandon()
-        if self.lease.lost.is_set() or self.lease.holder() != self.name:
+        # epoch 0: the acquire's answer was lost (Redis stalled mid-call), so Redis may name
+        # this worker although it never learnt its token, never fenced memory and renews
+        # nothing: kept, every memory write would be fenced out, forever (a loop of replays
+        # that dead-lettered healthy entries). Released (it is ours) and taken properly.
+        held = self.lease.epoch > 0 and not self.lease.lost.is_set()
+        if not held or self.lease.holder() != self.name:
             holder = self.lease.holder()
             log.warning("worker.lease_regaining", holder=holder, key=self.keys.lease)
             self.lease.release()  # stops the renewal thread; deletes the key only if ours

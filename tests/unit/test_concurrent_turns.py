@@ -551,3 +551,37 @@ def test_messages_two_dead_workers_did_not_finish_are_replayed_one_at_a_time(
     rig.model.open()
     rig.until(lambda: all(rig.replies(f"cli:{t}") for t in texts), "every reply")
     assert rig.model.most == 1  # one may be killing workers: isolated, the others not charged
+
+
+def test_a_lease_won_by_an_acquire_whose_answer_was_lost_is_taken_again_properly(
+    make: Callable[..., Rig], tmp_path: Path
+) -> None:
+    """Redis stalled while the worker was taking the lease back: Redis set the key to this
+    worker's name, the answer (its fencing token) never came back. The resume must not take the
+    key for a lease it holds: it never fenced memory, which another worker fenced meanwhile, so
+    every write was fenced out and the resume looped, replaying (and dead-lettering) healthy
+    entries (adversarial review, Redis frozen under two workers)."""
+    from contract.liveness import Lease
+
+    rig = make(limit=2)
+    c, key = rig.c, rig.keys.lease
+    # another worker took over while this one could not reach Redis, and fenced memory
+    rig.r.delete(key)
+    other = Lease(rig.r, key, "worker@elsewhere:1", 30.0)
+    assert other.try_acquire()
+    with MemoryStore(rig.store.path) as theirs:
+        theirs.fence(other.epoch)
+    # then its lease lapsed too, and this worker's acquire ran in Redis, unanswered
+    rig.r.delete(key)
+    c.lease.release()
+    c.lease = Lease(rig.r, key, c.name, 30.0)  # as _resume makes it before acquiring
+    rig.r.set(key, c.name, px=30_000)
+    rig.r.incr(f"{key}:epoch")
+    assert c.lease.epoch == 0 and c.lease.holder() == c.name
+
+    assert c._resume(wait=False)
+    assert c.lease.epoch > other.epoch  # taken again, and memory fenced with it
+    rig.model.open()
+    rig.add(msg("after the stall", "cli:a"))
+    rig.until(lambda: bool(rig.replies("cli:a")), "the reply")  # memory takes the writes
+    assert rig.r.xlen(rig.keys.dead) == 0
