@@ -19,6 +19,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,17 +136,33 @@ def grep(paths: list[Path]) -> list[str]:
     return [str(p) for p in paths if p.is_file() and SECRET.encode() in p.read_bytes()]
 
 
-def test_an_erasure_leaves_the_text_in_no_store(
-    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
-) -> None:
+@dataclass
+class Setup:
+    """A home whose worker answers one reply per message (the count is the check), the CLI's
+    environment, the keys and the worker's Redis client."""
+
+    home: Path
+    worker_env: dict[str, str]
+    cli_env: dict[str, str]
+    keys: Keys
+    admin: redis.Redis
+
+
+def setup(tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer) -> Setup:
     home = tmp_path / "home"
     worker_env = relaybot_env(
         home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
-        RELAYBOT_TURNS_MODE="followup",  # one reply per message: the count is the check
+        RELAYBOT_TURNS_MODE="followup",
     )  # fmt: skip
     cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
-    keys = Keys()
-    admin = acl_redis.client("worker")
+    return Setup(home, worker_env, cli_env, Keys(), acl_redis.client("worker"))
+
+
+def test_an_erasure_leaves_the_text_in_no_store(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    at = setup(tmp_path, acl_redis, model_server)
+    home, worker_env, cli_env, keys, admin = at.home, at.worker_env, at.cli_env, at.keys, at.admin
     worker = procs.worker(worker_env, r=admin, keys=keys)
     matrix, mail = acl_redis.client("matrix"), acl_redis.client("email")
 
@@ -237,14 +254,8 @@ def test_an_erasure_reaches_the_quote_of_it_in_a_later_reply(
     """A mail with the secret, relaybot's answer, then a reply mail quoting that answer (the
     e-mail gateway keeps the quote in ``extra.quoted``): erasing the first mail by id leaves the
     secret nowhere: not in the later row, the export, its stream entry or Redis's files."""
-    home = tmp_path / "home"
-    worker_env = relaybot_env(
-        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
-        RELAYBOT_TURNS_MODE="followup",
-    )  # fmt: skip
-    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
-    keys = Keys()
-    admin = acl_redis.client("worker")
+    at = setup(tmp_path, acl_redis, model_server)
+    home, worker_env, cli_env, keys, admin = at.home, at.worker_env, at.cli_env, at.keys, at.admin
     procs.worker(worker_env, r=admin, keys=keys)
     mail = acl_redis.client("email")
     conv = "email:t-locker"
@@ -286,14 +297,8 @@ def test_an_erased_entry_leaves_no_bytes_in_a_stream_node_that_other_entries_kee
     files hold nothing of bob's; alice's second entry, pending while it ran (read, waiting
     behind the erasure), is still pending afterwards with its consumer and delivery count, so a
     worker killed right after still answers it, and each of alice's messages is answered once."""
-    home = tmp_path / "home"
-    worker_env = relaybot_env(
-        home, redis_url=acl_redis.url("worker"), model_url=model_server.base_url,
-        RELAYBOT_TURNS_MODE="followup",
-    )  # fmt: skip
-    cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
-    keys = Keys()
-    admin = acl_redis.client("worker")
+    at = setup(tmp_path, acl_redis, model_server)
+    worker_env, cli_env, keys, admin = at.worker_env, at.cli_env, at.keys, at.admin
     worker = procs.worker(worker_env, r=admin, keys=keys)
     matrix = acl_redis.client("matrix")
     stream = keys.inbound_of("matrix")
