@@ -189,10 +189,13 @@ def configure(
         # One processor for what every line gets (it runs on every turn): the process (threads
         # such as the heartbeat start with an empty context), the level, the time (as
         # structlog's TimeStamper(fmt="iso", utc=True)), and no secrets.
+        # (the time after the redaction: it holds no secret, and a value never seen before
+        # would cost a regex search and push a repeated value out of the masked-values memo)
         event_dict.setdefault("process", process)
         event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
+        _redact_secrets(_logger, method_name, event_dict)
         event_dict["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        return _redact_secrets(_logger, method_name, event_dict)
+        return event_dict
 
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
     renderer: Any

@@ -282,6 +282,13 @@ class Memory:
         """The reply recorded for this entry before (a replay), if any."""
         return self.use(lambda s: s.recorded_reply(stream_id))
 
+    def first_sight(self, row: LogRow | None) -> bool:
+        """``row`` (from :meth:`record_inbound`) was inserted just now: memory never saw its
+        entry, so no reply to it can be recorded (a reply is recorded only after its message,
+        and rows are never deleted: an erased row stays, emptied) — the replay lookup is
+        skipped."""
+        return row is not None and self.store is not None and self.store.last_inserted is row
+
     def record_reply(
         self,
         reply: Reply,

@@ -91,6 +91,9 @@ class MemoryStore:
         # the newest message's time: a row appended below it is not the newest (see _append)
         self._top_ts = 0.0 if readonly else self._newest_ts()
         self._stepped_back = False  # said so in the log already
+        # the row the last append inserted (None: it returned a row recorded before): an inbound
+        # row inserted just now was never seen, so nothing can have answered it yet
+        self.last_inserted: LogRow | None = None
         if not readonly and cache_rows > 0:
             self._caches.load(cache_rows)
 
@@ -252,8 +255,9 @@ class MemoryStore:
             params = tuple(scrub(p) if isinstance(p, str) else p for p in params)
             cur = self._conn.execute(INSERT, params)
         if cur.rowcount != 1 or cur.lastrowid is None:
+            self.last_inserted = None
             return self._existing(params[0], params[1])
-        row = build((cur.lastrowid, *params))
+        row = self.last_inserted = build((cur.lastrowid, *params))
         below_top = row.recorded_ts < self._top_ts  # the clock stepped back: not at the top
         if not below_top:
             self._top_ts = row.recorded_ts

@@ -305,16 +305,18 @@ class Turns:
             structlog.contextvars.bind_contextvars(
                 channel=msg.channel, session=msg.session, stream_id=stream_id
             )
+            fresh = False
             with memory.write():
                 first = memory.first_of_event(msg, stream_id)
                 if first == stream_id:
                     row, is_owner = memory.record_inbound(msg, stream_id)
+                    fresh = memory.first_sight(row)
             if first != stream_id:
                 done, ask = self._published_again(stream_id, first, msg)
             elif msg.record_only:
                 self._recorded_only(msg)
                 done, ask = Outcome(), None
-            elif (recorded := memory.recorded_reply(stream_id)) is not None:
+            elif not fresh and (recorded := memory.recorded_reply(stream_id)) is not None:
                 # a replay: the reply recorded before, not a second model call; queued unless
                 # Redis holds it already (the reconciliation after a Redis data loss may have
                 # queued it before this entry, which the loss made unread, came again)

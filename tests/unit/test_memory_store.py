@@ -272,6 +272,20 @@ def test_replaying_a_reply_adds_nothing(store: MemoryStore) -> None:
     assert store.counts() == {"log": 2, "inbound": 1, "outbound": 1}
 
 
+def test_last_inserted_names_only_a_row_inserted_now(store: MemoryStore) -> None:
+    # the worker skips its replay lookup for an inbound row inserted just now (memory never saw
+    # the entry, so nothing answered it): a replay of the same entry must not look inserted,
+    # nor an erased row's entry (erasure empties rows, it never deletes them)
+    first = store.append_inbound(inbound(1), sid(1), is_owner=True)
+    assert store.last_inserted is first
+    again = store.append_inbound(inbound(1), sid(1), is_owner=True)
+    assert again == first and store.last_inserted is None
+    out = store.append_reply(reply_to(sid(1)), sender="relaybot", privacy=Privacy.OWNER)
+    assert store.last_inserted is out
+    store.append_reply(reply_to(sid(1)), sender="relaybot", privacy=Privacy.OWNER)
+    assert store.last_inserted is None
+
+
 def test_mark_reply_is_append_only_and_idempotent(store: MemoryStore) -> None:
     store.mark_reply("r1", "delivered", "to @a")
     first = store.reply_marks("r1")
