@@ -585,3 +585,51 @@ def test_a_lease_won_by_an_acquire_whose_answer_was_lost_is_taken_again_properly
     rig.add(msg("after the stall", "cli:a"))
     rig.until(lambda: bool(rig.replies("cli:a")), "the reply")  # memory takes the writes
     assert rig.r.xlen(rig.keys.dead) == 0
+
+
+def test_turns_that_finish_together_are_recorded_in_one_commit(
+    make: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "TOGETHER_S", 10.0)  # both count as just started
+    monkeypatch.setattr(consumer_module, "TOGETHER_WAIT_S", 2.0)
+    rig = make(limit=4)
+    rig.add(msg("one a", "cli:a"))
+    rig.add(msg("one b", "cli:b"))
+    rig.until(lambda: rig.model.in_flight == 2, "two turns in flight")
+    commits = rig.c.turns.memory.commits
+    rig.model.open("one a")
+    threading.Timer(0.1, rig.model.open, args=("one b",)).start()  # finishes a little later
+    deadline = time.monotonic() + 5
+    while not rig.c.pool.pending():  # the first turn's result waits for the writer
+        assert time.monotonic() < deadline, "the first turn never finished"
+        time.sleep(0.005)
+    rig.step()
+    assert not rig.c.jobs  # the writer waited for the second one: both recorded in this pass
+    assert rig.c.turns.memory.commits - commits <= 1
+
+
+def test_a_turn_still_running_is_waited_for_briefly_and_a_slow_one_not_at_all(
+    make: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.consumer as consumer_module
+
+    monkeypatch.setattr(consumer_module, "TOGETHER_S", 10.0)
+    monkeypatch.setattr(consumer_module, "TOGETHER_WAIT_S", 0.05)
+    rig = make(limit=4)
+    rig.add(msg("two a", "cli:a"))
+    rig.add(msg("two b", "cli:b"))
+    rig.until(lambda: rig.model.in_flight == 2, "two turns in flight")
+    rig.model.open("two a")
+    rig.until(lambda: bool(rig.replies("cli:a")), "the first reply")  # not held up for long
+    assert len(rig.c.jobs) == 1  # the other one runs on
+    monkeypatch.setattr(consumer_module, "TOGETHER_S", 0.0)  # now a turn running "for long"
+    monkeypatch.setattr(consumer_module, "TOGETHER_WAIT_S", 5.0)
+    rig.add(msg("three c", "cli:c"))
+    rig.until(lambda: rig.model.in_flight == 2, "the third turn in flight")
+    rig.model.open("three c")
+    started = time.monotonic()
+    rig.until(lambda: bool(rig.replies("cli:c")), "the third reply")
+    assert time.monotonic() - started < 2.0  # never waited for the slow one
+    assert rig.replies("cli:b") == []
