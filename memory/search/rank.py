@@ -50,7 +50,6 @@ decoded is skipped and counted (:attr:`SearchResult.corrupt`), never fatal.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import sqlite3
 import time
@@ -66,13 +65,13 @@ from memory.rows import LogRow
 from memory.search.index import Index, Reader, filters, owner_handles_now, visibility
 from memory.search.names import name_terms
 from memory.search.query import MAX_LIMIT, TOKEN, SearchError, SearchQuery, parse_query
-from memory.sql import chunks, marks
+from memory.sql import chunks
 from memory.store import MemoryStore
-from memory.summaries import CURRENT, MAX_ID
+from memory.summaries import CURRENT
 
 log = structlog.get_logger(__name__)
 
-_CHUNK = 256  # conversations per "IN (...)" when reading summary ranges
+_CHUNK = 256  # rows per query when reading the summary ranges that cover them
 
 Cluster = tuple[str, int]  # (conversation, first log id of its summarised range, or 0)
 
@@ -272,28 +271,24 @@ def _conversation(row: LogRow) -> Cluster:
 
 def _segments(conn: sqlite3.Connection, rows: Sequence[LogRow]) -> Callable[[LogRow], Cluster]:
     """Each row's cluster: the range of the current summary that covers it (layer 1: a stretch
-    of the conversation between pauses), else the rest of its conversation. One query on the
-    summaries' (conversation, last_id) index, over the conversations of ``rows`` and their ids."""
-    ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    lo, hi = min(r.id for r in rows), max(r.id for r in rows)
-    for chunk in chunks(sorted({r.conversation for r in rows}), _CHUNK):
+    of the conversation between pauses), else the rest of its conversation. For each row, the
+    first current summary of its conversation ending at or after it, on the summaries'
+    (conversation, last_id) index: a lookup per row, however many summaries memory holds."""
+    start: dict[int, int] = {}  # row id -> the first id of the range covering it
+    for chunk in chunks(list({r.id: r for r in rows}.values()), _CHUNK):
         sql = (
-            "SELECT conversation, first_id, last_id FROM summary "  # noqa: S608
-            f"WHERE conversation IN ({marks(len(chunk))}) AND last_id >= ? AND first_id <= ? "
-            f"AND {CURRENT}"
+            f"WITH hit(conversation, id) AS (VALUES {', '.join(['(?, ?)'] * len(chunk))}) "  # noqa: S608
+            "SELECT hit.id, s.first_id FROM hit JOIN summary AS s ON s.id = ("
+            "SELECT summary.id FROM summary WHERE summary.conversation = hit.conversation "
+            f"AND summary.last_id >= hit.id AND {CURRENT} ORDER BY summary.last_id LIMIT 1) "
+            "WHERE s.first_id <= hit.id"
         )
-        for conv, first_id, last_id in conn.execute(sql, (*chunk, lo, hi)):
-            ranges[str(conv)].append((int(first_id), int(last_id)))
-    for spans in ranges.values():
-        spans.sort()
+        params = [x for r in chunk for x in (r.conversation, r.id)]
+        for row_id, first_id in conn.execute(sql, params):
+            start[int(row_id)] = int(first_id)
 
     def cluster(row: LogRow) -> Cluster:
-        spans = ranges.get(row.conversation)
-        if spans:
-            k = bisect.bisect_right(spans, (row.id, MAX_ID)) - 1
-            if k >= 0 and spans[k][0] <= row.id <= spans[k][1]:
-                return (row.conversation, spans[k][0])
-        return (row.conversation, 0)
+        return (row.conversation, start.get(row.id, 0))
 
     return cluster
 
