@@ -278,14 +278,14 @@ def _segments(conn: sqlite3.Connection, rows: Sequence[LogRow]) -> Callable[[Log
     for chunk in chunks(list({r.id: r for r in rows}.values()), _CHUNK):
         sql = (
             f"WITH hit(conversation, id) AS (VALUES {', '.join(['(?, ?)'] * len(chunk))}) "  # noqa: S608
-            "SELECT hit.id, s.first_id FROM hit JOIN summary AS s ON s.id = ("
-            "SELECT summary.id FROM summary WHERE summary.conversation = hit.conversation "
-            f"AND summary.last_id >= hit.id AND {CURRENT} ORDER BY summary.last_id LIMIT 1) "
-            "WHERE s.first_id <= hit.id"
+            "SELECT hit.id, (SELECT first_id FROM summary "
+            "WHERE summary.conversation = hit.conversation AND summary.last_id >= hit.id "
+            f"AND {CURRENT} ORDER BY summary.last_id LIMIT 1) FROM hit"
         )
         params = [x for r in chunk for x in (r.conversation, r.id)]
         for row_id, first_id in conn.execute(sql, params):
-            start[int(row_id)] = int(first_id)
+            if first_id is not None and first_id <= row_id:
+                start[int(row_id)] = int(first_id)
 
     def cluster(row: LogRow) -> Cluster:
         return (row.conversation, start.get(row.id, 0))
