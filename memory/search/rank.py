@@ -24,11 +24,11 @@ against 55% for plain BM25. Deterministic: no model, no download, ties broken by
 of this conversation that match" is no topic. Layer 1 cuts it where the talk paused and
 summarises each stretch (memory/summaries.py): a summary's range is the unit of the cluster
 hypothesis (relevant messages sit together), so the re-ranking groups candidates by the range
-of the current summary that covers them, one indexed query per search. Only the ranges are used,
-never a summary's text: the score is still the visible messages' own. On LoCoMo written as one
-room per conversation (bench/summaries.py) this takes an evidence turn in the top 5 from 72% to
-77% of the questions -- what separate conversations per session give -- with the dataset's
-summaries and the extractive fallback alike (only the ranges count).
+of the current summary that covers them (one query per search: an index lookup per candidate).
+Only the ranges are used, never a summary's text: the score is still the visible messages' own.
+On LoCoMo written as one room per conversation (bench/summaries.py) this takes an evidence
+turn in the top 5 from 72% to 77% of the questions -- what separate conversations per session
+give -- with the dataset's summaries and the extractive fallback alike (only ranges count).
 
 **Time order**: the newest rows holding every term (or, if none holds them all, any term): the
 newest in the log's time order (memory.rows.order_key, as the context: when relaybot recorded a
@@ -83,7 +83,7 @@ class Ranking:
     text_weight: float = 1.0  # bm25 column weight of the message text
     sender_weight: float = 1.0  # ... and of the sender's display name
     window: int = 500  # newest matches read per term
-    pool: int = 100  # best candidates re-ranked with conversation, answers and speakers
+    pool: int = 100  # best candidates re-ranked with segment, answers and speakers
     coverage: float = 0.15  # bonus per extra distinct term matched, times the best term score
     conversation: float = 0.3  # share of the cluster's score added to each of its hits
     conversation_top: int = 3  # its best hits that make a cluster's score
