@@ -133,19 +133,28 @@ def load(name: str) -> Sample:
 # -- ingesting through the worker's write path ----------------------------------------------------
 
 
-def conversation_of(sample: Sample, session: int) -> str:
-    return f"{CHANNEL}:locomo-{sample.name}-s{session}"
+def conversation_of(sample: Sample, session: int, *, room: bool = False) -> str:
+    """Each session a conversation of its own; ``room``: every session in one conversation (a
+    room the two speakers keep talking in, as on a chat platform)."""
+    return f"{CHANNEL}:locomo-{sample.name}" + ("" if room else f"-s{session}")
 
 
-def ingest(store: MemoryStore, sample: Sample, direct: dict[int, str] | None = None) -> None:
+def ingest(
+    store: MemoryStore,
+    sample: Sample,
+    direct: dict[int, str] | None = None,
+    *,
+    room: bool = False,
+) -> None:
     """Every turn as the worker records it. ``direct`` maps a session to the one speaker it is a
-    direct conversation with (the other speaker's turns become the assistant's replies)."""
+    direct conversation with (the other speaker's turns become the assistant's replies);
+    ``room``: all sessions in one conversation (conversation_of)."""
     identity = Identity(OwnerResolver([]), "owner")
     direct = direct or {}
     n = 0
     for s in sorted(sample.sessions):
         start, turns = sample.sessions[s]
-        conv = conversation_of(sample, s)
+        conv = conversation_of(sample, s, room=room)
         with_whom = direct.get(s)
         privacy = Privacy.DIRECT if with_whom else Privacy.GROUP
         last_stream = ""
@@ -371,7 +380,9 @@ def parse_ranking(pairs: list[str]) -> Ranking:
         if key not in names:
             raise SystemExit(f"unknown ranking knob {key!r}; known: {', '.join(names)}")
         num = float(value)
-        ranking = replace(ranking, **{key: int(num) if names[key] in ("int", int) else num})
+        kind = names[key]
+        typed = bool(num) if kind in ("bool", bool) else int(num) if kind in ("int", int) else num
+        ranking = replace(ranking, **{key: typed})
     return ranking
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,6 +26,7 @@ from contract.messages import Privacy
 from memory import summaries
 from memory.lines import estimate_tokens, stamp
 from memory.privacy import Scope, direct_person, log_row_visible, persons_for, privacy_of
+from memory.rows import LogRow
 from memory.search.query import SearchQuery, parse_query
 from memory.store import MemoryStore
 from memory.summaries import COLUMNS, CURRENT, MAX_ID, Summary
@@ -140,12 +142,45 @@ def section_summaries(
 SEARCH_LIMIT = 3
 
 
-def search(store: MemoryStore, scope: Scope, query: SearchQuery) -> list[Summary]:
+def search(
+    store: MemoryStore, scope: Scope, query: SearchQuery, shown: Iterable[LogRow] = ()
+) -> list[Summary]:
     """Current summaries matching the query's words that the scope may see (its conversation
-    and channel filters apply), best first, at most :data:`SEARCH_LIMIT`."""
+    and channel filters apply), best first, at most :data:`SEARCH_LIMIT`.
+
+    ``shown``: the message hits the search shows with them. A summary whose range holds none of
+    them comes first (best first among those), then the others: the summary lines name the
+    places the message hits did not reach, so one call covers more of the history (a question
+    whose answer is spread over several conversations, or several stretches of one)."""
     terms = parse_query(query.text)
     if not terms or privacy_of(scope) is None or query.sender:
         return []  # a summary is nobody's words: none for a search by sender
+    where, params = _filters(query)
+    conn = store.conn
+    persons = persons_for(store, scope) if direct_person(scope) is not None else frozenset()
+    hits: dict[str, list[int]] = defaultdict(list)
+    for row in shown:
+        hits[row.conversation].append(row.id)
+    found: list[Summary] = []
+    holding: list[Summary] = []  # ranges a message hit is in: after the others
+    for s in ranked(conn, terms, where=where, params=params):
+        if any(s.first_id <= i <= s.last_id for i in hits.get(s.conversation, ())):
+            holding.append(s)
+        elif visible(conn, scope, s, persons):
+            found.append(s)
+            if len(found) >= SEARCH_LIMIT:
+                return found
+    for s in holding:
+        if visible(conn, scope, s, persons):
+            found.append(s)
+            if len(found) >= SEARCH_LIMIT:
+                break
+    return found
+
+
+def _filters(query: SearchQuery) -> tuple[str, list[object]]:
+    """The query's filters on summaries, as SQL: the range overlaps from_id/to_id, ends within
+    the days, is of the conversation, of the channel."""
     where: list[str] = ["1"]
     params: list[object] = []
     if query.from_id is not None or query.to_id is not None:  # the range overlaps
@@ -160,15 +195,7 @@ def search(store: MemoryStore, scope: Scope, query: SearchQuery) -> list[Summary
     if query.channel:
         where.append("channel = ? COLLATE NOCASE")
         params.append(query.channel.strip())
-    conn = store.conn
-    persons = persons_for(store, scope) if direct_person(scope) is not None else frozenset()
-    found: list[Summary] = []
-    for s in ranked(conn, terms, where=" AND ".join(where), params=params):
-        if visible(conn, scope, s, persons):
-            found.append(s)
-            if len(found) >= SEARCH_LIMIT:
-                break
-    return found
+    return " AND ".join(where), params
 
 
 def format_found(found: Sequence[Summary]) -> str:

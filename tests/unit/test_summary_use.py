@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from contract.config import Config
 from contract.messages import InboundMessage, Privacy
-from memory import summaries
+from memory import summaries, summary_view
 from memory.erasure import erase
 from memory.facade import Memory
 from memory.privacy import Scope
 from memory.rows import LogRow
+from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore
 from worker.memory_tools import memory_tools
 from worker.tools import ToolRegistry
@@ -187,3 +189,71 @@ def test_summary_hits_follow_the_search_filters(
     assert "Bob offered his Lisbon flat" not in out  # the range does not overlap the filter
     out = world.search(owner, query="Lisbon flat", sender="bob")
     assert "summaries of earlier conversation" not in out  # a summary is nobody's words
+
+
+# -- summaries in the ranking and the summary hits of a search ----------------------------------
+
+ROOM = "matrix:room"
+
+
+def test_a_summarised_stretch_is_a_cluster_of_its_own_in_the_ranking(world: World) -> None:
+    """In a long-lived room, the stretch (a summary's range) where several messages match lifts
+    its messages, not the whole room: of two identical messages, the one in the stretch about
+    the flat ranks first (by the room alone, the newer one would)."""
+    say = lambda t: world.say(t, ROOM, Privacy.GROUP, "@carol:m.org")  # noqa: E731
+    flat = [say(t) for t in ("the flat in Lisbon", "Lisbon flat keys", "a flat viewing",
+                             "the flat")]  # fmt: skip
+    dinner = [say(t) for t in ("dinner plans", "the flat", "pizza tonight")]
+    world.summarise(flat, "Carol found a flat in Lisbon.")
+    world.summarise(dinner, "Carol planned dinner.")
+    in_flat, in_dinner = flat[-1].id, dinner[1].id
+    owner = Scope(HOME, Privacy.OWNER, "owner")
+
+    def order(ranking: Ranking) -> list[int]:
+        hits = search(world.store, owner, SearchQuery(text="flat", limit=10), ranking=ranking)
+        return [h.row.id for h in hits.hits]
+
+    got = order(RANKING)
+    assert got.index(in_flat) < got.index(in_dinner)
+    whole_room = order(replace(RANKING, segments=False))  # the room is one cluster
+    assert whole_room.index(in_dinner) < whole_room.index(in_flat)
+
+
+def test_summary_hits_name_first_the_stretches_the_messages_do_not_reach(world: World) -> None:
+    say = lambda t: world.say(t, ROOM, Privacy.GROUP, "@carol:m.org")  # noqa: E731
+    first = [say(t) for t in ("the boat trip to Porto", "boat tickets bought")]
+    second = [say(t) for t in ("the weather", "sunny")]
+    world.summarise(first, "Carol booked a boat trip to Porto, boat tickets and boat snacks.")
+    world.summarise(second, "Carol mentioned the boat museum.")
+    owner = Scope(HOME, Privacy.OWNER, "owner")
+    out = world.search(owner, query="boat", limit=1)  # its one message hit is in the first
+    lines = out.splitlines()
+    at = {n: i for i, line in enumerate(lines) for n in ("booked a boat", "boat museum")
+          if n in line}  # fmt: skip
+    assert at["boat museum"] < at["booked a boat"], out
+    # without message hits in them, the best summary comes first again
+    found = summary_view.search(world.store, owner, SearchQuery(text="boat"))
+    assert found[0].text.startswith("Carol booked a boat trip")
+
+
+def test_a_direct_range_never_reaches_a_group_through_its_summary(world: World) -> None:
+    """The direct conversation's summary matches best, holds no message hit of the group's
+    search (so it would come first) and its range is a cluster of strong matches: the group still
+    gets neither the summary nor any of its messages, as hits or as context."""
+    dm = [world.say(t, DM, Privacy.DIRECT, "@bob:m.org") for t in
+          ("my Lisbon flat: key code 4711", "the Lisbon flat key is under the mat",
+           "Lisbon flat, Lisbon key")]  # fmt: skip
+    team = [world.say(t, TEAM, Privacy.GROUP, "@carol:m.org") for t in
+            ("who has the key for Lisbon?", "we fly to Lisbon")]  # fmt: skip
+    world.summarise(dm, "Bob's Lisbon flat: key code 4711, the key under the mat.")
+    world.summarise(team, "The team flies to Lisbon.")
+    group = Scope(TEAM, Privacy.GROUP)
+    hits = search(world.store, group, SearchQuery(text="Lisbon flat key code", limit=50)).hits
+    rows = {r.id for h in hits for r in (h.row, h.before, h.after) if r is not None}
+    assert rows and rows <= {r.id for r in team}
+    found = summary_view.search(world.store, group, SearchQuery(text="Lisbon flat key code"),
+                                [h.row for h in hits])  # fmt: skip
+    assert [s.conversation for s in found] == [TEAM]
+    out = world.search(group, query="Lisbon flat key code mat")
+    assert "4711" not in out and "under the mat" not in out and "Bob" not in out
+    assert "The team flies to Lisbon." in out
