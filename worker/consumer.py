@@ -60,12 +60,6 @@ REPLAY_TOGETHER_UNTIL = 2
 # acceptance each one waits for an fsync. Reading on is what lets the owner's terminal overtake a
 # flood, so it goes on, only not more often than this.
 READ_EVERY = 0.02
-# Turns that finish together are recorded together: when some turns are done and the others in
-# flight all started less than TOGETHER_S ago, the writer waits for them up to TOGETHER_WAIT_S
-# (one memory commit and one writer pass for all of them, rather than one per turn or two). A
-# model that takes longer than that (every real one) is never waited for.
-TOGETHER_S = 0.002
-TOGETHER_WAIT_S = 0.0005
 
 
 def _log_from_handler(method: Callable[..., Any], event: str, **info: Any) -> None:
@@ -622,31 +616,13 @@ class Consumer:
         backing off, until memory takes them (:meth:`_refused`)."""
         self.pool.drain()  # before looking: a wake after this is for something not seen yet
         self.pool.serve_calls()
-        for job, result in self._completed():
+        for job, result in self.pool.completed():
             self._complete(job, result)
         unblocked = self.blocked is None or time.monotonic() >= self.blocked.until
         if unblocked and not self.stopping:
             self._take_todo()
             self._dispatch()
         self._maybe_flush()
-
-    def _completed(self) -> list[tuple[Job, TurnResult]]:
-        """The turns finished now, with the ones about to finish (see :data:`TOGETHER_S`)."""
-        pool = self.pool
-        done = pool.completed()
-        if not done or len(done) == len(self.jobs):
-            return done
-        now = time.perf_counter()
-        recent, deadline = now - TOGETHER_S, now + TOGETHER_WAIT_S
-        while (
-            len(done) < len(self.jobs)
-            and all(run.started > recent for run in self.jobs.values())
-            and time.perf_counter() < deadline
-        ):
-            pool.wait(TOGETHER_WAIT_S)
-            pool.serve_calls()  # a turn that calls a tool waits for the writer
-            done += pool.completed()
-        return done
 
     def _take_todo(self) -> None:
         """Parse what was read: dead letters and reports are done at once, the rest waits in
