@@ -693,6 +693,13 @@ class Consumer:
         for run in started:
             self.jobs[id(run.job)] = run
             self.pool.submit(run.job)
+        if started:
+            # Give the turns the GIL now, once: their model calls start at once, all of them,
+            # rather than one at a time whenever the writer next lets go of it (a SQLite call,
+            # or Python's 5 ms switch interval), each of those a forced switch back and forth.
+            # Measured with the instant model (bench.pipeline): -16% worker CPU per message,
+            # every turn of a pass done by the time the writer looks.
+            time.sleep(0)
 
     def _start_session(self, session: str, started: list[Running]) -> bool:
         """Take the session's next entries: False when nothing more may start now."""
