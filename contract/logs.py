@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -116,6 +117,24 @@ def _masked(text: str) -> str:
     return done
 
 
+# the last whole second stamped, and its text: one tuple, replaced whole, so that a thread never
+# pairs one second's number with another's text
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
+def utc_stamp(t: float) -> str:
+    """``t`` as ISO 8601 in UTC, rounded to the microsecond, with a ``Z``: as
+    ``datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds")`` gives it (but for a
+    microsecond where float rounding ties), ``+00:00`` as ``Z``. The date and time of day are
+    formatted once a second (every log line takes one)."""
+    whole, micro = divmod(round(t * 1_000_000), 1_000_000)
+    known, text = _second[0]
+    if whole != known:
+        text = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second[0] = (whole, text)
+    return f"{text}.{micro:06d}Z"
+
+
 def under_honcho(ppid: int | None = None, *, levels: int = 3) -> bool:
     """Whether the process was started by ``honcho`` (it shows each process's output to a person,
     through a pipe): the parent, or an ancestor a few levels up (a Procfile line run by a shell
@@ -194,7 +213,7 @@ def configure(
         event_dict.setdefault("process", process)
         event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
         _redact_secrets(_logger, method_name, event_dict)
-        event_dict["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        event_dict["timestamp"] = utc_stamp(time.time())
         return event_dict
 
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]

@@ -4,6 +4,7 @@ same masking in both; and the start-up wait for Redis saying so at once, then pe
 from __future__ import annotations
 
 import io
+import json
 import logging
 import socket
 import subprocess
@@ -192,3 +193,19 @@ def test_a_redis_that_does_not_answer_is_said_at_once_too(tmp_path: Path) -> Non
     assert first["waited_s"] < 2.0
     assert "Timeout" in first["error"]
     assert time.monotonic() - started < 6  # the probe (1 s), then one try of socket_timeout
+
+
+def test_a_lines_time_is_utc_to_the_microsecond_with_a_z() -> None:
+    from datetime import UTC, datetime
+
+    for t in (0.0, 1.5, 1_764_000_000.25, 1_764_000_059.999_999_7, time.time()):
+        expected = datetime.fromtimestamp(round(t, 6), UTC).isoformat(timespec="microseconds")
+        assert logs.utc_stamp(t) == expected.replace("+00:00", "Z")
+    stream = io.StringIO()
+    logs.configure("worker", stream=stream, fmt="json")
+    before = time.time()
+    structlog.get_logger("t").info("x.done")
+    stamp = json.loads(stream.getvalue().splitlines()[-1])["timestamp"]
+    when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    assert before - 0.001 <= when <= time.time() + 0.001
+    structlog.reset_defaults()
