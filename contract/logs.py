@@ -19,13 +19,15 @@ of secret-looking keys in a dict's repr or JSON, bearer and Matrix tokens; in bo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
+from json import encoder as json_encoder
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -135,6 +137,36 @@ def utc_stamp(t: float) -> str:
     return f"{text}.{micro:06d}Z"
 
 
+def _json_fallback(obj: Any) -> Any:
+    """A value JSON has no type for: its ``__structlog__()`` if it has one, else its repr (as
+    structlog's JSONRenderer does)."""
+    try:
+        return obj.__structlog__()
+    except AttributeError:
+        return repr(obj)
+
+
+class JsonLine:
+    """The ``json`` format's renderer: what structlog's ``JSONRenderer()`` writes, with the C
+    encoder built once (``json.dumps`` with ``default=`` builds one for every line, and the worker
+    writes a line per turn)."""
+
+    def __init__(self) -> None:
+        # (the C accelerator's encoder: no marker dict, which a shared encoder could not keep
+        # per call; json.dumps would find a cycle in a logged value and raise, this recurses
+        # and raises: log values are flat)
+        make: Any = getattr(json_encoder, "c_make_encoder", None)
+        self._encode: Callable[[Any, int], Iterable[str]] | None = None
+        if make is not None:
+            args = (None, _json_fallback, json_encoder.encode_basestring_ascii, None)
+            self._encode = make(*args, ": ", ", ", False, False, True)
+
+    def __call__(self, _logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> str:
+        if self._encode is None:  # no C accelerator
+            return json.dumps(event_dict, default=_json_fallback)
+        return "".join(self._encode(event_dict, 0))
+
+
 def under_honcho(ppid: int | None = None, *, levels: int = 3) -> bool:
     """Whether the process was started by ``honcho`` (it shows each process's output to a person,
     through a pipe): the parent, or an ancestor a few levels up (a Procfile line run by a shell
@@ -226,11 +258,11 @@ def configure(
         )
     else:
         shared.append(structlog.processors.dict_tracebacks)
-        renderer = structlog.processors.JSONRenderer()
+        renderer = JsonLine()
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=structlog.WriteLoggerFactory(out),  # write + flush: print without print
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()

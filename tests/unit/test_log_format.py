@@ -209,3 +209,23 @@ def test_a_lines_time_is_utc_to_the_microsecond_with_a_z() -> None:
     when = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
     assert before - 0.001 <= when <= time.time() + 0.001
     structlog.reset_defaults()
+
+
+def test_the_json_line_is_what_structlogs_json_renderer_writes() -> None:
+    class Thing:
+        def __repr__(self) -> str:
+            return "<thing>"
+
+    class Own:
+        def __structlog__(self) -> str:
+            return "own"
+
+    reference = structlog.processors.JSONRenderer()
+    ours = logs.JsonLine()
+    for event in (
+        {"event": "turn.done", "ms": 0.30000000000000004, "error": None, "rounds": 1},
+        {"event": "x", "text": "héllo \u2028 \x1b[31m \"q\" \\", "big": 10**30, "neg": -1.5e-7},
+        {"event": "x", "nested": {"a": [1, 2.5, None, True], "b": {}}, "empty": []},
+        {"event": "x", "thing": Thing(), "own": Own(), "inf": float("inf")},
+    ):
+        assert ours(None, "info", dict(event)) == reference(None, "info", dict(event))
