@@ -224,7 +224,7 @@ def test_the_json_line_is_what_structlogs_json_renderer_writes() -> None:
     ours = logs.JsonLine()
     for event in (
         {"event": "turn.done", "ms": 0.30000000000000004, "error": None, "rounds": 1},
-        {"event": "x", "text": "héllo \u2028 \x1b[31m \"q\" \\", "big": 10**30, "neg": -1.5e-7},
+        {"event": "x", "text": 'héllo \u2028 \x1b[31m "q" \\', "big": 10**30, "neg": -1.5e-7},
         {"event": "x", "nested": {"a": [1, 2.5, None, True], "b": {}}, "empty": []},
         {"event": "x", "thing": Thing(), "own": Own(), "inf": float("inf")},
     ):
