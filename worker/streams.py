@@ -315,13 +315,16 @@ class InboundStreams:
         try:
             ms = max(1, int(seconds * 1000))
             conn.send_command("XREAD", "BLOCK", ms, "COUNT", 1, "STREAMS", *streams, *after)
+            # Our own clock ends the wait, not Redis's answer: Redis notices a BLOCK timeout
+            # only when its event loop wakes, as late as its next cron tick (hz 10: 100 ms),
+            # and the writer's short waits (until the next flush is due) must end on time.
             if wake is None:
-                conn.can_read(timeout=seconds + 1.0)  # the server answers nil when BLOCK ends
+                conn.can_read(timeout=seconds)
                 return True
             sock = conn._sock
             waits: list[Any] = [wake] if sock is None else [sock, wake]
             with contextlib.suppress(InterruptedError):
-                ready, _, _ = select.select(waits, [], [], seconds + 1.0)
+                ready, _, _ = select.select(waits, [], [], seconds)
                 return wake not in ready
             return True
         finally:

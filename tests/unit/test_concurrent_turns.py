@@ -585,3 +585,21 @@ def test_a_lease_won_by_an_acquire_whose_answer_was_lost_is_taken_again_properly
     rig.add(msg("after the stall", "cli:a"))
     rig.until(lambda: bool(rig.replies("cli:a")), "the reply")  # memory takes the writes
     assert rig.r.xlen(rig.keys.dead) == 0
+
+
+def test_a_reply_is_queued_at_once_while_other_turns_are_at_the_model(
+    make: Callable[..., Rig],
+) -> None:
+    """The writer holds finished replies for a batched flush only while it has other work it
+    can do now; turns at the model and messages waiting for a slot are not that (the owner's
+    reply waited for the flush timer while a flood's turns ran: bench.concurrency)."""
+    rig = make(limit=2)
+    rig.c.flush_after = 30.0  # a held reply would wait for this
+    for n in range(4):
+        rig.add(group_msg(f"flood {n}", f"room{n}"))
+    rig.until(lambda: rig.model.in_flight == 1, "one group turn (the other slot is the owner's)")
+    rig.add(msg("owner asks", "cli:me"))
+    rig.until(lambda: rig.model.in_flight == 2, "the owner's turn")
+    rig.model.open("owner")
+    rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply, before the flush timer")
+    assert rig.model.in_flight == 1  # the group turn still runs; three group messages wait
