@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import structlog
+import structlog.tracebacks
 
 from contract.terminal import safe
 
@@ -125,16 +126,21 @@ _second: list[tuple[int, str]] = [(-1, "")]
 
 
 def utc_stamp(t: float) -> str:
-    """``t`` as ISO 8601 in UTC, rounded to the microsecond, with a ``Z``: as
-    ``datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds")`` gives it (but for a
-    microsecond where float rounding ties), ``+00:00`` as ``Z``. The date and time of day are
-    formatted once a second (every log line takes one)."""
+    """``t`` as ISO 8601 in UTC with microseconds and a ``Z``, as
+    ``datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds")`` writes it but for
+    the last microsecond, which the two may round apart (``t * 1e6`` in binary floating point).
+    The date and time of day are formatted once a second (every log line takes one)."""
     whole, micro = divmod(round(t * 1_000_000), 1_000_000)
     known, text = _second[0]
     if whole != known:
         text = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         _second[0] = (whole, text)
     return f"{text}.{micro:06d}Z"
+
+
+_TRACEBACKS = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+)
 
 
 def _json_fallback(obj: Any) -> Any:
@@ -257,7 +263,9 @@ def configure(
             colors=colors, exception_formatter=structlog.dev.plain_traceback
         )
     else:
-        shared.append(structlog.processors.dict_tracebacks)
+        # a traceback as a dict, without each frame's local variables (they hold message text
+        # and tool arguments: no log line may)
+        shared.append(_TRACEBACKS)
         renderer = JsonLine()
     structlog.configure(
         processors=[*shared, renderer],

@@ -227,19 +227,34 @@ class Reply(BaseModel):
 
 
 _ID_BLOCK = 256  # reply ids drawn from the OS at once
-_ids: list[str] = []
-_ids_lock = threading.Lock()
-os.register_at_fork(after_in_child=_ids.clear)  # a forked child never repeats its parent's ids
+
+
+class _Ids:
+    """Reply ids drawn ahead; a forked child starts afresh (its own ids, and a lock no thread
+    of the parent may be holding)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ready: list[str] = []
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.ready = []
+
+
+_IDS = _Ids()
+os.register_at_fork(after_in_child=_IDS.after_fork)
 
 
 def new_reply_id() -> str:
     """128 random bits from the OS as 32 hex digits (what ``uuid4().hex`` gives), drawn
     :data:`_ID_BLOCK` at a time: one per turn, and each ``os.urandom`` is a system call."""
-    with _ids_lock:
-        if not _ids:
+    ids = _IDS
+    with ids.lock:
+        if not ids.ready:
             block = os.urandom(16 * _ID_BLOCK).hex()
-            _ids.extend(block[i : i + 32] for i in range(0, len(block), 32))
-        return _ids.pop()
+            ids.ready.extend(block[i : i + 32] for i in range(0, len(block), 32))
+        return ids.ready.pop()
 
 
 def new_event_id() -> str:

@@ -92,6 +92,11 @@ class LogRow:
         return self.recorded_ts if self.platform_ts is None else self.platform_ts
 
     @property
+    def erased(self) -> bool:
+        """Blanked by an erasure (memory/erasure.py: ``extra`` is ``{"erased": <id>}``)."""
+        return self.extra.startswith('{"erased":')
+
+    @property
     def extra_data(self) -> dict[str, Any]:
         data = json.loads(self.extra)
         return data if isinstance(data, dict) else {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -118,15 +119,16 @@ ECHOED = "(its message repeats part of the request; not shown)"
 def hide_echo(detail: str, request_texts: Sequence[str], *, keep: str = "") -> str:
     """``detail`` unless it repeats part of the request (a server that quotes the prompt in
     its error): then what comes before the first ``keep`` in it (the status, say) and a
-    placeholder, so no log line or error reply carries message text. A text shorter than
-    :data:`ECHO_WINDOW` counts when it appears whole."""
-    flat = " ".join(detail.split()).casefold()
+    placeholder, so no log line or error reply carries message text. Compared on letters and
+    digits only, after undoing string escapes (a quote in JSON writes a line break as ``\\n``):
+    :data:`ECHO_WINDOW` of them in a row, or a shorter text whole."""
+    flat = _plain(detail)
     if not flat:
         return detail
     head = detail.split(keep, 1)[0] + keep if keep and keep in detail else ""
     echoed = f"{head}{ECHOED}" if head else ECHOED
     for text in request_texts:
-        src = " ".join(text.split()).casefold()
+        src = _plain(text)
         if not src:
             continue
         if len(src) < ECHO_WINDOW:
@@ -136,6 +138,22 @@ def hide_echo(detail: str, request_texts: Sequence[str], *, keep: str = "") -> s
         if any(flat[i : i + ECHO_WINDOW] in src for i in range(len(flat) - ECHO_WINDOW + 1)):
             return echoed
     return detail
+
+
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)", re.S)
+_ESCAPED = {"n": "\n", "t": "\t", "r": "\r", "b": " ", "f": " "}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    if len(code) > 1:  # \uXXXX, \xXX
+        return chr(int(code[1:], 16))
+    return _ESCAPED.get(code, code)
+
+
+def _plain(text: str) -> str:
+    """The letters and digits of ``text``, case-folded, its string escapes undone."""
+    return "".join(c for c in _ESCAPE.sub(_unescape, text).casefold() if c.isalnum())
 
 
 def request_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -319,11 +319,13 @@ class Turns:
             elif not fresh and (recorded := memory.recorded_reply(stream_id)) is not None:
                 # a replay: the reply recorded before, not a second model call; queued unless
                 # Redis holds it already (the reconciliation after a Redis data loss may have
-                # queued it before this entry, which the loss made unread, came again)
-                log.info("turn.replayed", reply_id=recorded.reply_id)
-                reply = self._reply_again(recorded, msg, stream_id)
-                done = Outcome(reply=reply, only_if_missing=True)
-                ask = None
+                # queued it before this entry, which the loss made unread, came again) or an
+                # erasure blanked it (nothing of it is shown again)
+                log.info("turn.replayed", reply_id=recorded.reply_id, erased=recorded.erased)
+                done, ask = Outcome(), None
+                if not recorded.erased:
+                    reply = self._reply_again(recorded, msg, stream_id)
+                    done = Outcome(reply=reply, only_if_missing=True)
             else:
                 done, ask = None, (stream_id, msg, row, is_owner)
             outcomes.append(done)
@@ -411,8 +413,9 @@ class Turns:
                 row, is_owner = self.memory.record_inbound(msg, first)  # the row it has
             return None, (first, msg, row, is_owner)
         status = self.memory.final_status(recorded.reply_id or recorded.event_id)
-        log.info("turn.published_again", stream_id=stream_id, first=first, status=status)
-        if status is not None:
+        log.info("turn.published_again", stream_id=stream_id, first=first, status=status,
+                 erased=recorded.erased)  # fmt: skip
+        if status is not None or recorded.erased:  # delivered, or blanked: nothing to show
             return Outcome(), None
         return Outcome(reply=self._reply_again(recorded, msg, first), only_if_missing=True), None
 

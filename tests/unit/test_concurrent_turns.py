@@ -603,3 +603,37 @@ def test_a_reply_is_queued_at_once_while_other_turns_are_at_the_model(
     rig.model.open("owner")
     rig.until(lambda: bool(rig.replies("cli:me")), "the owner's reply, before the flush timer")
     assert rig.model.in_flight == 1  # the group turn still runs; three group messages wait
+
+
+@pytest.mark.parametrize("again", ["same entry", "event published again"])
+def test_an_erased_messages_reply_is_never_queued_again(
+    make: Callable[..., Rig], again: str
+) -> None:
+    """An erased message whose entry comes again (a replay), or whose event a gateway publishes
+    again under a new stream id (its cursor rolled back): the blanked reply is not queued (the
+    adversarial review: an empty reply with the old reply id was queued)."""
+    from memory.erasure import erase
+
+    rig = make()
+    rig.model.open()
+    m = msg("my secret plan", "cli:er")
+    first = rig.add(m)
+    rig.until(lambda: bool(rig.replies("cli:er")), "the reply")
+    row = rig.store.conn.execute(
+        "SELECT id FROM log WHERE direction = 'in' AND stream_id = ?", (first,)
+    ).fetchone()
+    erase(rig.store, kind="id", target=str(row[0]), reason="asked", requested_by="owner",
+          stream_id="cli/9-0")  # fmt: skip
+    rig.r.delete(rig.keys.reply("cli:er"))  # the worker deletes the queued copy with it
+    if again == "same entry":
+        stream = first.split("/", 1)[0]
+        rig.r.xgroup_setid(rig.keys.inbound_of(stream), "worker", "0")  # delivered again
+        rig.c.deliveries[first] = 2
+    else:
+        rig.add(m)  # the same event, a new stream id
+    for _ in range(5):
+        rig.c.pool.wait(0.02)
+        rig.step()
+    rig.c.acked()
+    assert rig.replies("cli:er") == []
+    assert len(rig.model.started) == 1  # and the model was not asked again

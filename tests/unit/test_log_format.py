@@ -229,3 +229,24 @@ def test_the_json_line_is_what_structlogs_json_renderer_writes() -> None:
         {"event": "x", "thing": Thing(), "own": Own(), "inf": float("inf")},
     ):
         assert ours(None, "info", dict(event)) == reference(None, "info", dict(event))
+
+
+def test_a_json_traceback_never_shows_the_frames_local_variables() -> None:
+    """A failing tool's traceback listed each frame's locals: the message text and the tool's
+    arguments (the adversarial review)."""
+    stream = io.StringIO()
+    logs.configure("worker", stream=stream, fmt="json")
+
+    def tool(text: str) -> None:
+        arguments = {"query": "LEAKQ3"}
+        raise OverflowError(f"too large ({len(text)} {len(arguments)})")
+
+    try:
+        tool("MSGTEXT secret words")
+    except OverflowError:
+        structlog.get_logger("t").warning("tool.failed", exc_info=True)
+    structlog.reset_defaults()
+    line = stream.getvalue().splitlines()[-1]
+    record = json.loads(line)
+    assert record["exception"][0]["exc_type"] == "OverflowError"
+    assert "MSGTEXT" not in line and "LEAKQ3" not in line
