@@ -119,10 +119,11 @@ ECHOED = "(its message repeats part of the request; not shown)"
 def hide_echo(detail: str, request_texts: Sequence[str], *, keep: str = "") -> str:
     """``detail`` unless it repeats part of the request (a server that quotes the prompt in
     its error): then what comes before the first ``keep`` in it (the status, say) and a
-    placeholder, so no log line or error reply carries message text. Compared on letters and
-    digits only, after undoing string escapes (a quote in JSON writes a line break as ``\\n``):
-    :data:`ECHO_WINDOW` of them in a row, or a shorter text whole."""
-    flat = _plain(detail)
+    placeholder, so no log line or error reply carries message text. String escapes are undone
+    first (a quote in JSON writes a line break as ``\\n``); then :data:`ECHO_WINDOW` letters and
+    digits in a row of a text (punctuation and spacing aside) count, and a text with fewer
+    counts when it appears whole, spacing aside."""
+    flat, plain = _flat(detail), _plain(detail)
     if not flat:
         return detail
     head = detail.split(keep, 1)[0] + keep if keep and keep in detail else ""
@@ -132,10 +133,11 @@ def hide_echo(detail: str, request_texts: Sequence[str], *, keep: str = "") -> s
         if not src:
             continue
         if len(src) < ECHO_WINDOW:
-            if len(src) >= 4 and src in flat:
+            short = _flat(text)
+            if len(short) >= 4 and short in flat:
                 return echoed
             continue
-        if any(flat[i : i + ECHO_WINDOW] in src for i in range(len(flat) - ECHO_WINDOW + 1)):
+        if any(plain[i : i + ECHO_WINDOW] in src for i in range(len(plain) - ECHO_WINDOW + 1)):
             return echoed
     return detail
 
@@ -149,6 +151,11 @@ def _unescape(match: re.Match[str]) -> str:
     if len(code) > 1:  # \uXXXX, \xXX
         return chr(int(code[1:], 16))
     return _ESCAPED.get(code, code)
+
+
+def _flat(text: str) -> str:
+    """``text`` case-folded, its string escapes undone and its spacing collapsed."""
+    return " ".join(_ESCAPE.sub(_unescape, text).split()).casefold()
 
 
 def _plain(text: str) -> str:

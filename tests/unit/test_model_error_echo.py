@@ -40,3 +40,10 @@ def test_an_error_quoting_the_message_in_any_form_is_hidden(message, quote) -> N
 def test_an_error_that_quotes_nothing_is_shown_whole() -> None:
     detail = "400 Bad Request: This model's maximum context length is 8192 tokens"
     assert hide_echo(detail, [PROMPT, "pin 4711\nacct 99812"], keep="Bad Request") == detail
+
+
+def test_a_short_request_shares_words_with_an_error_without_hiding_it() -> None:
+    # "[[status:400]]" has the letters of "scripted status 400", not its text (CI caught it)
+    detail = "400 Bad Request: scripted status 400"
+    assert hide_echo(detail, ["[[status:400]]"], keep="Bad Request") == detail
+    assert hide_echo("401: wrong key", ["the key"], keep="401") == "401: wrong key"
