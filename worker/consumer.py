@@ -801,7 +801,7 @@ class Consumer:
         other turns are at the model and the rest wait for a slot, too)."""
         if not self.handled.items:
             return
-        work = (self.todo or self.pool.pending() or self._can_start()) and not self.stopping
+        work = (self.todo or self.pool.pending() or self.sessions.can_start()) and not self.stopping
         due = time.perf_counter() - self.handled.started >= self.flush_after
         if work and self.blocked is None and not due:
             return
@@ -820,12 +820,6 @@ class Consumer:
             raise LeaseLost(str(exc)) from None
         if self.blocked is not None:
             self._resumed(self.blocked)
-
-    def _can_start(self) -> bool:
-        """A turn could start now: a session waits with no turn of its own running, and the
-        model endpoint has a slot for it."""
-        sessions = self.sessions
-        return any(sessions.has_slot(sessions.waiting[s][0].owner) for s in sessions.runnable())
 
     def _refused(self, exc: MemoryUnwritable, back: list[Item]) -> None:
         """Memory refused a write or a commit: what no commit made durable is given back (to be

@@ -99,6 +99,14 @@ class Sessions:
     def barrier_waiting(self) -> bool:
         return any(q[0].barrier for q in self.waiting.values() if q)
 
+    def can_start(self) -> bool:
+        """A turn could start now: a session waits with no turn of its own running, and the
+        model endpoint has a slot for it (what :meth:`runnable` would give, unsorted)."""
+        return any(
+            q and s not in self.running and self.has_slot(q[0].owner)
+            for s, q in self.waiting.items()
+        )
+
     def runnable(self) -> list[str]:
         """Sessions with waiting entries and no turn running: the owner's first, then the
         oldest head first."""
