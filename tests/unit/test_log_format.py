@@ -196,11 +196,16 @@ def test_a_redis_that_does_not_answer_is_said_at_once_too(tmp_path: Path) -> Non
 
 
 def test_a_lines_time_is_utc_to_the_microsecond_with_a_z() -> None:
-    from datetime import UTC, datetime
+    from datetime import UTC, datetime, timedelta
 
-    for t in (0.0, 1.5, 1_764_000_000.25, 1_764_000_059.999_999_7, time.time()):
-        expected = datetime.fromtimestamp(round(t, 6), UTC).isoformat(timespec="microseconds")
-        assert logs.utc_stamp(t) == expected.replace("+00:00", "Z")
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    samples = [0.0, 1.5, 1_764_000_000.25, 1_764_000_059.999_999_7, 1_795_727_336.138_273_5]
+    for t in [*samples, time.time()]:
+        # exact integer microseconds: datetime.fromtimestamp rounds t itself (half to even on a
+        # binary float), which may land one microsecond apart from round(t * 1e6) (CI saw it)
+        expected = epoch + timedelta(microseconds=round(t * 1_000_000))
+        stamp = expected.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        assert logs.utc_stamp(t) == stamp
     stream = io.StringIO()
     logs.configure("worker", stream=stream, fmt="json")
     before = time.time()
