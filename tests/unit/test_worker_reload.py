@@ -134,11 +134,11 @@ def test_the_concurrency_follows_the_config(
     c, models = consumer
     c.pool.start()
     try:
-        write(tmp_path, BASE + "\n[model]\nconcurrency = 6\n")
+        write(tmp_path, BASE + "\n[model]\nconcurrency = 12\n")
         tick(c)
-        assert c.sessions.limit == 6
-        assert c.pool.limit == 6
-        assert len(c.pool._threads) == 6  # more threads for more turns at once
+        assert c.sessions.limit == 12
+        assert c.pool.limit == 12
+        assert len(c.pool._threads) == 12  # more threads for more turns at once
         write(tmp_path, BASE + "\n[model]\nconcurrency = 1\n")
         tick(c)
         assert c.sessions.limit == 1  # no new turn starts above it; spare threads wait
