@@ -56,8 +56,9 @@ def _assistant_message(completion: Completion) -> dict[str, Any]:
 
 
 def model_error_text(exc: ModelError) -> str:
-    """The reply a user sees when the model could not answer."""
-    return f"Sorry — I could not reach the model: {exc}"
+    """The reply a user sees when the model could not answer (never the endpoint's address:
+    the user may be anyone; the worker's log names it)."""
+    return f"Sorry — I could not reach the model: {exc.shown}"
 
 
 def run_turn(

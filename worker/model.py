@@ -27,7 +27,9 @@ NO_MODEL_TEXT = (
 
 
 class ModelError(RuntimeError):
-    """The model could not produce an answer; ``str(error)`` is fit to show to the user.
+    """The model could not produce an answer. ``str(error)`` is for the operator (logs: it
+    names the endpoint); :attr:`shown` is what the user who wrote is shown in the error reply,
+    which may be anyone (a group room, an outside sender): it never names the endpoint.
 
     ``kind`` names what went wrong (``connect``, ``timeout``, ``status``, ``garbage``,
     ``deadline``, ``config``), ``status`` is the last HTTP status if there was one,
@@ -43,8 +45,10 @@ class ModelError(RuntimeError):
         status: int | None = None,
         attempts: int = 0,
         retryable: bool = True,
+        shown: str | None = None,
     ) -> None:
         super().__init__(message)
+        self.shown = message if shown is None else shown
         self.kind = kind
         self.status = status
         self.attempts = attempts

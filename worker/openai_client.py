@@ -38,6 +38,7 @@ from worker.openai_parse import (
     parse_retry_after,
     request_texts,
     seconds,
+    url_secrets,
 )
 
 log = structlog.get_logger(__name__)
@@ -88,6 +89,8 @@ class OpenAIChatClient:
         self._api_key = api_key or None
         self._sleep = sleep
         self._display = display_url(self.base_url)
+        # what an error text must never repeat (a server may echo the request line back)
+        self._secrets = url_secrets(self.base_url) + ([self._api_key] if self._api_key else [])
         self.endpoint = f"{self.base_url}/chat/completions"
         # seconds one complete() may take at most, all attempts and waits included
         self.deadline = (self.retries + 1) * self.timeout + max_backoff_total(
@@ -225,10 +228,13 @@ class OpenAIChatClient:
         if ran_out or last is None:
             # the overall deadline ran out before all attempts were made
             last_what = f"; last: {self._redact(last.message)}" if last else ""
+            rest = (
+                f"did not answer within {seconds(round(self.deadline, 3))} ({attempts} attempt"
+                f"{'' if attempts == 1 else 's'}{last_what})"
+            )
             raise ModelError(
-                f"the model at {self._display} did not answer within "
-                f"{seconds(round(self.deadline, 3))} ({attempts} attempt"
-                f"{'' if attempts == 1 else 's'}{last_what})",
+                f"the model at {self._display} {rest}",
+                shown=f"the model {rest}",
                 kind="deadline",
                 status=last.status if last else None,
                 attempts=attempts,
@@ -336,21 +342,22 @@ class OpenAIChatClient:
         return Failure("timeout", f"timed out ({seconds(round(budget, 3))})", retryable=True)
 
     def _redact(self, text: str) -> str:
-        if self._api_key and self._api_key in text:
-            text = text.replace(self._api_key, "***")
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "***")
         return text
 
     def _final_error(self, failure: Failure, attempts: int) -> ModelError:
         n = f"{attempts} attempt{'' if attempts == 1 else 's'}"
-        where = f"the model at {self._display}"
         if failure.kind == "timeout":
-            message = f"{where} timed out after {n} ({seconds(self.timeout)} each)"
+            rest = f"timed out after {n} ({seconds(self.timeout)} each)"
         elif not failure.retryable:
-            message = f"{where} {failure.message}"
+            rest = failure.message
         else:
-            message = f"{where} {failure.message}, after {n}"
+            rest = f"{failure.message}, after {n}"
         return ModelError(
-            self._redact(message),
+            self._redact(f"the model at {self._display} {rest}"),
+            shown=self._redact(f"the model {rest}"),
             kind=failure.kind,
             status=failure.status,
             attempts=attempts,

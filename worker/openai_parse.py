@@ -57,14 +57,31 @@ def seconds(value: float) -> str:
 
 
 def display_url(base_url: str) -> str:
-    """The base URL without any user:password part, for messages and logs."""
+    """The base URL without any user:password part, query or fragment (a key may ride in
+    either: ``?key=...``), for messages and logs."""
     try:
         url = httpx.URL(base_url)
     except (httpx.InvalidURL, TypeError):
         return "<invalid URL>"
     if url.userinfo:
         url = url.copy_with(username=None, password=None)
+    if url.query or url.fragment:
+        url = url.copy_with(query=None, fragment=None)
     return str(url)
+
+
+def url_secrets(base_url: str) -> list[str]:
+    """The parts of a base URL that may be secrets (its password, its query's values, its
+    fragment), longest first: an error text that repeats one (a server echoing the request
+    line) has it masked."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        return []
+    found = [url.password or "", url.fragment]
+    found += [value for _key, value in url.params.multi_items()]
+    found += [url.query.decode(errors="replace")]
+    return sorted({f for f in found if len(f) >= 3}, key=len, reverse=True)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

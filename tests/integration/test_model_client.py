@@ -230,8 +230,29 @@ def test_loop_is_bounded_by_max_rounds(server, client):
 def test_model_error_becomes_a_reply_in_run_turn(server, client):
     result = run_turn(client, user("[[status:500]]"), default_tools(), max_rounds=3)
     assert result.error
-    assert result.text.startswith("Sorry — I could not reach the model: the model at ")
+    assert result.text.startswith("Sorry — I could not reach the model: the model ")
     assert "HTTP 500" in result.text
+    assert "127.0.0.1" not in result.text  # the reply may go to anyone: no endpoint address
+
+
+def test_the_endpoint_address_and_a_key_in_its_query_reach_neither_the_reply_nor_the_log(
+    server: FakeModelServer,
+) -> None:
+    """Found by the adversarial review: a stranger's message in a group room got 'the model at
+    http://10.255.255.1:8443/v1?key=sk-...' back, and the key was in the worker's log twice."""
+    host_port = server.base_url.split("//", 1)[1].split("/", 1)[0]
+    url = f"http://admin:hunter2@{host_port}/v1?key=sk-querysecret123#frag"
+    c = OpenAIChatClient(base_url=url, model="test-model", timeout=5, retries=0)
+    with capture_logs() as logged:
+        result = run_turn(c, user("[[status:404]]"), default_tools(), max_rounds=1)
+    assert result.error
+    assert result.text.startswith("Sorry — I could not reach the model: the model ")
+    for secret in ("sk-querysecret123", "hunter2", "admin", host_port):
+        assert secret not in result.text
+    lines = json.dumps(logged, default=str)
+    assert host_port in lines  # the operator's log names the endpoint ...
+    for secret in ("sk-querysecret123", "hunter2", "frag"):
+        assert secret not in lines  # ... without its secrets
 
 
 def test_connection_refused_is_retried_then_a_clear_error():

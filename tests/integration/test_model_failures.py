@@ -73,9 +73,8 @@ def test_model_trouble_becomes_an_error_reply_and_the_stream_goes_on(
     failed = chat(env, text, session="trouble", timeout=20)
     elapsed = time.monotonic() - started
     assert failed.returncode == 0, failed.stderr  # an error reply is still a reply
-    assert failed.stdout.startswith(
-        f"! Sorry — I could not reach the model: the model at {base_url}"
-    )
+    assert failed.stdout.startswith("! Sorry — I could not reach the model: the model ")
+    assert base_url not in failed.stdout  # a reply may go to anyone: the log names the endpoint
     assert expected in failed.stdout
     assert elapsed < BOUND + 3  # process start-up included
     if case != "down":

@@ -155,12 +155,17 @@ def test_final_answer_with_content_and_stray_tool_calls_keeps_the_content():
 
 
 def test_model_error_becomes_a_reply():
-    model = ScriptedModel(ModelError("the model at http://x/v1 timed out after 3 attempts"))
+    model = ScriptedModel(
+        ModelError(
+            "the model at http://x/v1 timed out after 3 attempts",
+            shown="the model timed out after 3 attempts",
+        )
+    )
     result = run_turn(model, USER, registry(), max_rounds=3)
     assert result.error
     assert result.rounds == 1
-    assert result.text == (
-        "Sorry — I could not reach the model: the model at http://x/v1 timed out after 3 attempts"
+    assert (
+        result.text == "Sorry — I could not reach the model: the model timed out after 3 attempts"
     )
 
 
