@@ -27,7 +27,7 @@ from contract.config import Config, ModelConfig
 from contract.config_watch import ConfigWatcher
 from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
-from contract.messages import Kind, decode_lenient
+from contract.messages import InboundMessage, Kind, decode_lenient
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
 from memory.facade import FencedOut, MemoryUnwritable
 from memory.fence import StaleToken
@@ -646,11 +646,29 @@ class Consumer:
         entry = read.entry  # one delivered too often never gets here: the read script buries it
         parsed = self._guarded(entry, lambda: self.turns.parse(entry.sid, entry.fields,
                                                                entry.channel))  # fmt: skip
+        if entry.aside:  # dead-lettered already: its sender is told (never a second letter)
+            if isinstance(parsed, Outcome):
+                return Outcome()
+            return self._set_aside(entry, parsed)
         if isinstance(parsed, Outcome):
             return parsed
         if parsed.kind is Kind.DERIVED:
             return self._guarded(entry, lambda: self.turns.apply(entry.sid, parsed))
         return Item(read.seq, entry, read.size, parsed)
+
+    def _set_aside(self, entry: Entry, msg: InboundMessage) -> Outcome:
+        """An entry the read script dead-lettered because workers kept dying while it was in
+        hand: recorded and answered with an error reply (no model call). A failure here costs
+        that reply only: the entry is acked and kept as a dead letter."""
+        try:
+            return self.turns.set_aside(entry.sid, msg, entry.aside)
+        except FencedOut as exc:
+            raise LeaseLost(str(exc)) from None
+        except (redis.RedisError, LeaseLost, MemoryUnwritable):
+            raise
+        except Exception:
+            log.exception("turn.set_aside_failed", stream_id=entry.sid)
+            return Outcome()
 
     def _guarded(self, entry: Entry, step: Callable[[], T]) -> T | Outcome:
         """A step of an entry on the writer; a bug or an unexpected input is retried, then the

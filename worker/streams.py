@@ -39,6 +39,8 @@ log = structlog.get_logger(__name__)
 #       fields, max field bytes, max entry bytes, max attempts, dead-letter maxlen, now, the
 #       channels (comma-separated), then per stream its channel ("": the stream without one).
 # Returns {items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
+#                 | {"aside", index, id, reason, flat fields} (dead-lettered for being delivered
+#                   too often, within the bounds: the worker tells its sender)
 #                 | {"gone", index, id} (deleted while pending: acked);
 #          per stream (mode ">" only): the group's last delivered id after the read, or "$"}.
 # An entry is judged on XRANGE's copy and then delivered with XREADGROUP (same entries: the
@@ -110,8 +112,9 @@ for k = 1, #KEYS - 1 do
           if why == nil and times > MAXATT then
             why = 'delivered ' .. times ..
               ' times without completing (it may be crashing the worker)'
-          end
-          if why then
+            bury(s, id, fields, why, #fields / 2, nbytes)
+            out[#out + 1] = {'aside', k, id, why, fields}
+          elseif why then
             bury(s, id, fields, why, #fields / 2, nbytes)
             out[#out + 1] = {'dead', k, id, why}
           else
@@ -174,6 +177,10 @@ class Entry:
     sid: str  # its stream id: "<channel>/<raw id>", the raw id on the stream without a channel
     channel: str | None  # the channel of its stream (None: the stream without a channel)
     fields: dict[bytes, bytes]
+    # dead-lettered (and acked) for being delivered too often: why. Workers kept dying while
+    # it was in hand (it may be what kills them, or only what was in flight): its sender is
+    # told, the model is not asked (worker/turn.py, Turns.set_aside)
+    aside: str = ""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -355,6 +362,15 @@ class InboundStreams:
                 )
             elif tag == "gone":
                 log.info("entry.gone_while_pending", stream_id=self.sid(stream, rid))
+            elif tag == "aside":
+                self.dead_lettered += 1
+                why = text(item[3])
+                log.warning("entry.dead_lettered", stream_id=self.sid(stream, rid), reason=why)
+                flat = item[4]
+                fields = {flat[j]: flat[j + 1] for j in range(0, len(flat), 2)}
+                found.append(
+                    Entry(stream, rid, self.sid(stream, rid), self.channels[stream], fields, why)
+                )
             else:
                 flat = item[3]
                 fields = {flat[j]: flat[j + 1] for j in range(0, len(flat), 2)}

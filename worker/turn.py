@@ -70,6 +70,13 @@ class Job:
     erasures: int  # memory's erasure mark when it started
 
 
+# the error reply to a message set aside (Turns.set_aside): whoever wrote may be anyone
+SET_ASIDE = (
+    "Sorry — I could not answer this message: handling it failed several times, so it was set "
+    "aside. Please send it again if it still matters."
+)
+
+
 @dataclass
 class Held:
     """A reply the model gave that memory has not durably recorded yet, and what it answers."""
@@ -418,6 +425,39 @@ class Turns:
         if status is not None or recorded.erased:  # delivered, or blanked: nothing to show
             return Outcome(), None
         return Outcome(reply=self._reply_again(recorded, msg, first), only_if_missing=True), None
+
+    def set_aside(self, stream_id: str, msg: InboundMessage, reason: str) -> Outcome:
+        """An entry dead-lettered for being delivered too often (workers kept dying while it
+        was in hand: it may kill them, or it was only what was in flight when something else
+        did): recorded, and its sender told with an error reply instead of silence. The model
+        is not asked (that may be what kills the worker). A reply recorded for it before is
+        queued again instead; a record-only message, a command or a derived entry gets none."""
+        structlog.contextvars.bind_contextvars(
+            channel=msg.channel, session=msg.session, stream_id=stream_id
+        )
+        try:
+            if msg.kind is not Kind.MESSAGE or msg.record_only:
+                return Outcome()
+            with self.memory.write():
+                first = self.memory.first_of_event(msg, stream_id)
+                if first != stream_id:  # published again: the first entry's answer stands
+                    return Outcome()
+                self.memory.record_inbound(msg, stream_id)
+                recorded = self.memory.recorded_reply(stream_id)
+                if recorded is not None:
+                    if recorded.erased:
+                        return Outcome()
+                    again = self._reply_again(recorded, msg, stream_id)
+                    return Outcome(reply=again, only_if_missing=True)
+            log.warning("turn.set_aside", reason=reason)
+            reply = _reply(msg, stream_id, SET_ASIDE, ReplyKind.ERROR, created=self.clock())
+            held = Held(reply, DrewOn(), [stream_id], self.memory.erasure_mark())
+            return Outcome(reply=self._record(held, msg))
+        except MemoryUnwritable:
+            self._lost()
+            raise
+        finally:
+            structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
 
     def _reply_again(self, row: LogRow, msg: InboundMessage, stream_id: str) -> Reply:
         """The reply recorded for the entry ``stream_id`` (``msg``), queued again as it was: a

@@ -16,7 +16,7 @@ from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from worker.consumer import Consumer, LeaseLost
 from worker.tools import default_tools
-from worker.turn import Turns
+from worker.turn import SET_ASIDE, Turns
 
 
 def msg(text: str, session: str = "cli:t", **kw: object) -> InboundMessage:
@@ -190,8 +190,31 @@ def test_entry_delivered_too_often_is_dead_lettered_on_recovery(rig: Rig) -> Non
     rig.pump(c)
     (dead,) = rig.r.xrange(rig.keys.dead)
     assert b"delivered 4 times" in dead[1][b"reason"]
-    assert rig.replies() == []
     assert rig.pending() == 0
+    # its sender is told, not left in silence (the adversarial review: a normal message at the
+    # head of a crash loop's replay was dropped without a word); the model is never asked
+    (reply,) = rig.replies()
+    assert reply.kind == "error" and reply.text == SET_ASIDE
+    assert rig.model.calls == 0
+    assert rig.store.recorded_reply(reply.answers) is not None  # recorded like any reply
+    c.read(block_ms=None)  # type: ignore[arg-type]
+    rig.pump(c)
+    assert len(rig.replies()) == 1  # told once
+
+
+def test_a_set_aside_entry_whose_reply_was_recorded_gets_that_reply_not_an_error(
+    rig: Rig,
+) -> None:
+    """Workers recorded its reply and died before queueing it, too often: the recorded reply
+    is queued (once), not an error."""
+    sid = rig.add(msg("answered before"))
+    c = rig.consumer()
+    rig.pump(c)
+    (first,) = rig.replies()
+    assert rig.store.recorded_reply(sid) is not None
+    out = c.turns.set_aside(sid, msg("answered before"), "delivered 4 times")
+    assert out.reply is not None and out.reply.reply_id == first.reply_id
+    assert out.only_if_missing
 
 
 def test_model_failure_becomes_a_recorded_error_reply(rig: Rig) -> None:
