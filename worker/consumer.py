@@ -643,7 +643,7 @@ class Consumer:
                     self.busy.begin(taken.msg.session)
 
     def _take_in(self, read: Read) -> Outcome | Item:
-        entry = read.entry  # one delivered too often never gets here: the read script buries it
+        entry = read.entry  # one delivered too often comes buried already, as ``aside``
         parsed = self._guarded(entry, lambda: self.turns.parse(entry.sid, entry.fields,
                                                                entry.channel))  # fmt: skip
         if entry.aside:  # dead-lettered already: its sender is told (never a second letter)
