@@ -8,7 +8,9 @@ without a terminal). A skipped section returns None: config.toml keeps what it h
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
+from urllib.parse import urlsplit
 
 from contract.config import Config
 from relaybot import onboard_checks as checks
@@ -60,6 +62,20 @@ def report(asker: Asker, result: checks.Check) -> bool:
 # -- the model -----------------------------------------------------------------------------------
 
 
+def is_local(base_url: str) -> bool:
+    """Whether the endpoint is a server on this machine (``localhost``, a loopback address):
+    most answer one request at a time (llama.cpp's default, Ollama on a small machine), and
+    requests beyond that wait in its queue until they time out. relaybot's default
+    concurrency (8) is a hosted API's."""
+    host = (urlsplit(base_url).hostname or "").casefold()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
     """``[model]`` base_url, model and api_key, tested: the models listed, a test completion."""
     asker.say("\nThe model: any OpenAI-compatible endpoint (Ollama, llama.cpp, vLLM, hosted).")
@@ -98,6 +114,12 @@ def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
         section: dict[str, Any] = {"base_url": base_url, "model": model}
         if api_key:
             section["api_key"] = api_key
+        if is_local(base_url):
+            section["concurrency"] = 1
+            asker.say(
+                "  a server on this machine: concurrency = 1, one request at a time (if it "
+                "has more parallel slots, set [model] concurrency to them)"
+            )
         if tried is not None and tried.ok:
             return section
         decision = asker.after_failure("model")

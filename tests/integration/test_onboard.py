@@ -83,7 +83,9 @@ def test_the_models_are_offered_and_one_is_picked_by_number(
         "base_url": models.base_url,
         "model": "mistral-nemo",
         "api_key": "sk-right",
+        "concurrency": 1,  # a server on this machine: one request at a time (adversarial review)
     }
+    assert "a server on this machine: concurrency = 1" in out
     cfg = load_config(Path(env["RELAYBOT_HOME"]), env={})
     assert cfg.owner.name == "Ada" and "The owner's name is Ada" in cfg.system_prompt
     # the test completion asked for the model chosen, with the key given
@@ -113,6 +115,7 @@ def test_a_wrong_api_key_is_reported_and_retried(
         "base_url": models.base_url,
         "model": "qwen2.5:7b",
         "api_key": "sk-right",
+        "concurrency": 1,
     }
 
 
