@@ -9,6 +9,7 @@ the same atomic step as the ack, so a replay never queues a reply twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sqlite3
@@ -643,12 +644,12 @@ class Consumer:
                     self.busy.begin(taken.msg.session)
 
     def _take_in(self, read: Read) -> Outcome | Item:
-        entry = read.entry  # one delivered too often comes buried already, as ``aside``
+        entry = read.entry  # one delivered too often comes as ``aside``: told, dead-lettered
         parsed = self._guarded(entry, lambda: self.turns.parse(entry.sid, entry.fields,
                                                                entry.channel))  # fmt: skip
-        if entry.aside:  # dead-lettered already: its sender is told (never a second letter)
-            if isinstance(parsed, Outcome):
-                return Outcome()
+        if entry.aside:
+            if isinstance(parsed, Outcome):  # not a message to answer: dead-lettered as such
+                return parsed
             return self._set_aside(entry, parsed)
         if isinstance(parsed, Outcome):
             return parsed
@@ -657,18 +658,21 @@ class Consumer:
         return Item(read.seq, entry, read.size, parsed)
 
     def _set_aside(self, entry: Entry, msg: InboundMessage) -> Outcome:
-        """An entry the read script dead-lettered because workers kept dying while it was in
-        hand: recorded and answered with an error reply (no model call). A failure here costs
-        that reply only: the entry is acked and kept as a dead letter."""
+        """An entry delivered one time too many (workers kept dying while it was in hand):
+        recorded and answered with an error reply (no model call), and dead-lettered with that
+        reply in the same commit script, so its sender is told exactly once. A failure here
+        costs that reply only."""
+        letter = {"dead_reason": entry.aside, "fields": decode_lenient(entry.fields)}
         try:
-            return self.turns.set_aside(entry.sid, msg, entry.aside)
+            told = self.turns.set_aside(entry.sid, msg, entry.aside)
         except FencedOut as exc:
             raise LeaseLost(str(exc)) from None
         except (redis.RedisError, LeaseLost, MemoryUnwritable):
             raise
         except Exception:
             log.exception("turn.set_aside_failed", stream_id=entry.sid)
-            return Outcome()
+            return Outcome(**letter)  # type: ignore[arg-type]
+        return dataclasses.replace(told, **letter)  # type: ignore[arg-type]
 
     def _guarded(self, entry: Entry, step: Callable[[], T]) -> T | Outcome:
         """A step of an entry on the writer; a bug or an unexpected input is retried, then the

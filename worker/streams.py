@@ -39,8 +39,9 @@ log = structlog.get_logger(__name__)
 #       fields, max field bytes, max entry bytes, max attempts, dead-letter maxlen, now, the
 #       channels (comma-separated), then per stream its channel ("": the stream without one).
 # Returns {items: {"ok", stream index, id, flat fields} | {"dead", index, id, reason}
-#                 | {"aside", index, id, reason, flat fields} (dead-lettered for being delivered
-#                   too often, within the bounds: the worker tells its sender)
+#                 | {"aside", index, id, reason, flat fields} (delivered too often, within the
+#                   bounds: not buried, the worker tells its sender, dead-letters it and acks it
+#                   in one step; twice at most, then the read buries it)
 #                 | {"gone", index, id} (deleted while pending: acked);
 #          per stream (mode ">" only): the group's last delivered id after the read, or "$"}.
 # An entry is judged on XRANGE's copy and then delivered with XREADGROUP (same entries: the
@@ -109,11 +110,18 @@ for k = 1, #KEYS - 1 do
           local fields = e[1][2]
           local nbytes, why = judge(fields, k)
           total = total + nbytes
-          if why == nil and times > MAXATT then
+          if why == nil and times > MAXATT and times <= MAXATT + 2 then
+            -- delivered too often: handed over, not buried, so the worker tells its sender,
+            -- dead-letters and acks it in one step (its commit script); should two more
+            -- workers die on it, the next delivery buries it here (so no entry can loop)
+            why = 'delivered ' .. times ..
+              ' times without completing (it may be crashing the worker)'
+            out[#out + 1] = {'aside', k, id, why, fields}
+          elseif why == nil and times > MAXATT then
             why = 'delivered ' .. times ..
               ' times without completing (it may be crashing the worker)'
             bury(s, id, fields, why, #fields / 2, nbytes)
-            out[#out + 1] = {'aside', k, id, why, fields}
+            out[#out + 1] = {'dead', k, id, why}
           elseif why then
             bury(s, id, fields, why, #fields / 2, nbytes)
             out[#out + 1] = {'dead', k, id, why}
@@ -177,9 +185,10 @@ class Entry:
     sid: str  # its stream id: "<channel>/<raw id>", the raw id on the stream without a channel
     channel: str | None  # the channel of its stream (None: the stream without a channel)
     fields: dict[bytes, bytes]
-    # dead-lettered (and acked) for being delivered too often: why. Workers kept dying while
-    # it was in hand (it may be what kills them, or only what was in flight): its sender is
-    # told, the model is not asked (worker/turn.py, Turns.set_aside)
+    # delivered too often (max_attempts + 1 or + 2 times): why. Workers kept dying while it
+    # was in hand (it may be what kills them, or only what was in flight): the worker tells
+    # its sender, without asking the model, and dead-letters and acks it with that reply
+    # (Turns.set_aside)
     aside: str = ""
 
     @property
@@ -363,9 +372,7 @@ class InboundStreams:
             elif tag == "gone":
                 log.info("entry.gone_while_pending", stream_id=self.sid(stream, rid))
             elif tag == "aside":
-                self.dead_lettered += 1
                 why = text(item[3])
-                log.warning("entry.dead_lettered", stream_id=self.sid(stream, rid), reason=why)
                 flat = item[4]
                 fields = {flat[j]: flat[j + 1] for j in range(0, len(flat), 2)}
                 found.append(

@@ -431,18 +431,21 @@ class Turns:
         was in hand: it may kill them, or it was only what was in flight when something else
         did): recorded, and its sender told with an error reply instead of silence. The model
         is not asked (that may be what kills the worker). A reply recorded for it before is
-        queued again instead; a record-only message, a command or a derived entry gets none."""
+        queued again instead; a record-only message is recorded, unanswered; a command or a
+        derived entry gets nothing."""
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
-            if msg.kind is not Kind.MESSAGE or msg.record_only:
+            if msg.kind is not Kind.MESSAGE:
                 return Outcome()
             with self.memory.write():
                 first = self.memory.first_of_event(msg, stream_id)
                 if first != stream_id:  # published again: the first entry's answer stands
                     return Outcome()
                 self.memory.record_inbound(msg, stream_id)
+                if msg.record_only:  # recorded, never answered (an edit, a reaction, ...)
+                    return Outcome()
                 recorded = self.memory.recorded_reply(stream_id)
                 if recorded is not None:
                     if recorded.erased:

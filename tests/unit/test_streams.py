@@ -161,15 +161,24 @@ def test_a_pending_entry_delivered_too_often_is_dead_lettered_by_the_read() -> N
         if n == 2:
             assert [e.raw_id for e in found] == [poison]
             assert found[0].aside == ""
-        else:  # the third delivery is one too many: dead-lettered (and acked), and handed
-            # over only so that its sender is told (worker/turn.py, set_aside)
+        else:  # the third delivery is one too many: handed over as "aside", not buried, so
+            # that the worker tells its sender and dead-letters it in one step (set_aside)
             assert [(e.raw_id, e.aside[:24]) for e in found] == [
                 (poison, "delivered 3 times withou")
             ]
             assert found[0].fields[b"text"] == b"poison"
-            assert r.xpending(stream, Keys.GROUP)["pending"] == 0
+            assert r.xpending(stream, Keys.GROUP)["pending"] == 1
+            assert _dead(r, keys) == []
+    # that worker died too (say, in those few milliseconds): handed over once more, then the
+    # fifth delivery is buried by the read itself (no entry can loop)
+    for n, told in ((4, True), (5, False)):
+        streams = InboundStreams(r, keys, f"w{n}", Limits(max_attempts=2))
+        streams.recover()
+        found = streams.read_pending()[0]
+        assert [e.raw_id for e in found] == ([poison] if told else [])
+    assert r.xpending(stream, Keys.GROUP)["pending"] == 0
     (letter,) = _dead(r, keys)
-    assert letter["reason"].startswith("delivered 3 times without completing")
+    assert letter["reason"].startswith("delivered 5 times without completing")
     assert letter["orig.text"] == "poison"
     assert [e.raw_id for e in streams.read_new(block_ms=None, count=10)[0]] == [after]
 
