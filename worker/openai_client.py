@@ -34,6 +34,7 @@ from worker.openai_parse import (
     error_detail,
     garbage,
     hide_echo,
+    mask,
     parse_completion,
     parse_retry_after,
     request_texts,
@@ -342,10 +343,7 @@ class OpenAIChatClient:
         return Failure("timeout", f"timed out ({seconds(round(budget, 3))})", retryable=True)
 
     def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, "***")
-        return text
+        return mask(text, self._secrets)
 
     def _final_error(self, failure: Failure, attempts: int) -> ModelError:
         n = f"{attempts} attempt{'' if attempts == 1 else 's'}"

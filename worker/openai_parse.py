@@ -8,6 +8,7 @@ else.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
@@ -79,9 +80,19 @@ def url_secrets(base_url: str) -> list[str]:
     except (httpx.InvalidURL, TypeError):
         return []
     found = [url.password or "", url.fragment]
+    if url.password:  # as a Basic auth header carries it, which a server may echo
+        found.append(base64.b64encode(f"{url.username}:{url.password}".encode()).decode())
     found += [value for _key, value in url.params.multi_items()]
     found += [url.query.decode(errors="replace")]
     return sorted({f for f in found if len(f) >= 3}, key=len, reverse=True)
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret replaced by ``***``, in any letter case (a server may echo
+    a header upper-cased: ``BEARER SK-...``)."""
+    for secret in secrets:
+        text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
+    return text
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:

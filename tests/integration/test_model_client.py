@@ -433,3 +433,18 @@ def test_fake_server_runs_as_a_process(tmp_path):
     assert lines[0]["path"] == "/v1/chat/completions"
     assert lines[0]["authorization"] == f"Bearer {KEY}"
     assert lines[0]["body"]["messages"][-1]["content"] == "across processes"
+
+
+def test_an_echoed_secret_is_masked_in_any_case_and_as_basic_auth() -> None:
+    """Adversary round 2: a server echoed 'BEARER SK-...' and 'Basic <base64 user:password>'."""
+    import base64
+
+    from worker.openai_parse import mask, url_secrets
+
+    secrets = [*url_secrets("http://admin:hunter2pw@h:1/v1?key=sk-querysecret"), "sk-apikey42"]
+    basic = base64.b64encode(b"admin:hunter2pw").decode()
+    echoed = f"HTTP 502: rejected BEARER SK-APIKEY42, Basic {basic}, /v1?KEY=SK-QUERYSECRET"
+    shown = mask(echoed, secrets)
+    for secret in ("SK-APIKEY42", basic, "SK-QUERYSECRET", "hunter2pw"):
+        assert secret.casefold() not in shown.casefold()
+    assert shown.startswith("HTTP 502: rejected BEARER ***")
