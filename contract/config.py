@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from contract.keys import Keys
 from contract.messages import describe_validation_error
@@ -71,6 +79,43 @@ def check_redis_url(url: str) -> None:
         raise ValueError("the database (after the last /) is not a number")
 
 
+def check_model_url(url: str) -> None:
+    """ValueError, without the URL in its message (a key may ride in its query or its
+    user:password part), unless ``url`` is one the model client can ask: ``http://`` or
+    ``https://``, a host, a numeric port, no space or control character."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValueError("the URL holds a space or a control character")
+    parsed = urlsplit(url)
+    if parsed.scheme.casefold() not in ("http", "https"):
+        raise ValueError(
+            "not an http:// or https:// URL (e.g. http://127.0.0.1:11434/v1 for Ollama)"
+        )
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ValueError("the port is not a number from 1 to 65535") from None
+    if port == 0:
+        raise ValueError("the port is not a number from 1 to 65535")
+    if not parsed.hostname:
+        raise ValueError("the URL names no host (e.g. http://127.0.0.1:11434/v1)")
+
+
+def _model_url(url: str | None) -> str | None:
+    if url is not None and url != "":
+        check_model_url(url)
+    return url
+
+
+def _one_authorization(base_url: str | None, api_key: SecretStr | None, where: str) -> None:
+    """A base URL's user:password (a proxy's Basic auth) and an API key would both be the
+    request's Authorization header, and the URL's would win: the key would never be sent."""
+    if base_url and api_key is not None and urlsplit(base_url).username is not None:
+        raise ValueError(
+            f"{where}base_url holds a user:password and api_key is set; both would be the "
+            "request's Authorization header (the key would not be sent): keep one"
+        )
+
+
 class RedisConfig(_Section):
     url: SecretStr | None = None  # None: the embedded Redis under $RELAYBOT_HOME/redis
     prefix: str = "relaybot:"
@@ -104,6 +149,11 @@ class DeriveModelConfig(_Section):
     timeout: float | None = Field(default=None, gt=0)
     temperature: float | None = None
 
+    @field_validator("base_url")
+    @classmethod
+    def _a_model_url(cls, url: str | None) -> str | None:
+        return _model_url(url)
+
 
 class ModelConfig(_Section):
     base_url: str | None = None
@@ -121,6 +171,19 @@ class ModelConfig(_Section):
     # 2,000 msg/s with an instant model: bench.pipeline)
     concurrency: int = Field(default=8, ge=1, le=256)
     derive: DeriveModelConfig | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _a_model_url(cls, url: str | None) -> str | None:
+        return _model_url(url)
+
+    @model_validator(mode="after")
+    def _one_authorization_each(self) -> ModelConfig:
+        _one_authorization(self.base_url, self.api_key, "")
+        if self.derive is not None:
+            d = self.for_derive()
+            _one_authorization(d.base_url, d.api_key, "derive: ")
+        return self
 
     @property
     def configured(self) -> bool:

@@ -3,6 +3,7 @@ model calls a tool when asked (one tiny chat completion: a handful of tokens).""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ import httpx
 
 from contract.config import Config
 from relaybot.doctor_verdict import Check, fail, model_exists, ok, skipped, tool_call, warn
-from worker.openai_parse import display_url
+from worker.openai_parse import display_url, endpoint_url, mask, url_secrets
 
 Add = Callable[[Check], None]
 
@@ -45,6 +46,20 @@ def _describe(resp: httpx.Response) -> str:
 
 def model_group(cfg: Config, timeout: float, add: Add) -> None:
     m = cfg.model
+    # what a check says never repeats a secret of the URL or the key (an error text, a
+    # server's message that echoes the request line)
+    secrets = url_secrets(m.base_url or "") + ([m.api_key.get_secret_value()] if m.api_key else [])
+    _probe(cfg, timeout, lambda c: add(_masked(c, secrets)))
+
+
+def _masked(check: Check, secrets: list[str]) -> Check:
+    return dataclasses.replace(
+        check, summary=mask(check.summary, secrets), hint=mask(check.hint, secrets)
+    )
+
+
+def _probe(cfg: Config, timeout: float, add: Add) -> None:
+    m = cfg.model
     if not m.configured:
         add(
             warn(
@@ -58,15 +73,16 @@ def model_group(cfg: Config, timeout: float, add: Add) -> None:
         for cid in ("model.reachable", "model.exists", "model.tools"):
             add(skipped(cid, "no model is configured (model.configured)"))
         return
-    base = str(m.base_url).rstrip("/")
+    base = str(m.base_url)
     where = display_url(base)
+    models_url = endpoint_url(base, "models")
     add(ok("model.configured", f"{m.model} at {where}"))
     headers = {"Authorization": f"Bearer {m.api_key.get_secret_value()}"} if m.api_key else {}
     limits = httpx.Timeout(timeout, connect=timeout)
     with httpx.Client(headers=headers, timeout=limits) as http:
         started = time.monotonic()
         try:
-            resp = http.get(f"{base}/models")
+            resp = http.get(models_url)
         except httpx.HTTPError as exc:
             add(
                 fail(
@@ -97,8 +113,8 @@ def model_group(cfg: Config, timeout: float, add: Add) -> None:
             add(
                 warn(
                     "model.exists",
-                    f"{where}/models does not list models ({_describe(resp)}): cannot tell "
-                    f"whether {m.model} exists",
+                    f"{display_url(models_url)} does not list models ({_describe(resp)}): "
+                    f"cannot tell whether {m.model} exists",
                     "check [model] base_url (most servers serve GET /v1/models); the tool "
                     "check below still tries the model",
                 )
@@ -125,6 +141,7 @@ def _models(resp: httpx.Response) -> list[str] | None:
 
 
 def _tools(http: httpx.Client, base: str, model: str, timeout: float) -> Check:
+    url = endpoint_url(base, "chat/completions")
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": _PROMPT}],
@@ -134,10 +151,10 @@ def _tools(http: httpx.Client, base: str, model: str, timeout: float) -> Check:
         "temperature": 0,
     }
     try:
-        resp = http.post(f"{base}/chat/completions", json=body, timeout=timeout)
+        resp = http.post(url, json=body, timeout=timeout)
         if resp.status_code == 400 and "tool_choice" in resp.text:
             body.pop("tool_choice")  # a server that knows only "auto": the prompt still asks
-            resp = http.post(f"{base}/chat/completions", json=body, timeout=timeout)
+            resp = http.post(url, json=body, timeout=timeout)
     except httpx.TimeoutException:
         return fail(
             "model.tools",

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
+from contract.config import check_model_url
 from contract.terminal import echo
 
 Decision = Literal["retry", "keep", "skip"]
@@ -248,6 +249,15 @@ def url_problem(value: str) -> str | None:
     if _URL.match(value):
         return None
     return f"{value!r} is not an http(s) URL (like http://localhost:11434/v1)"
+
+
+def model_url_problem(value: str) -> str | None:
+    """What the model client could not use (never repeating the URL: a key may ride in it)."""
+    try:
+        check_model_url(value)
+    except ValueError as exc:
+        return f"that base URL cannot be used: {exc}"
+    return None
 
 
 def port_problem(value: str) -> str | None:

@@ -16,6 +16,7 @@ failure of the service; nothing here writes anything.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import imaplib
 import smtplib
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 
 from gateways.email_smtp import DEFAULT_PORTS, is_loopback, tls_context
+from worker.openai_parse import display_url, endpoint_url, mask, url_secrets
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -55,6 +57,7 @@ def _short(text: str) -> str:
 
 
 def _http_problem(exc: httpx.HTTPError, url: str) -> str:
+    url = display_url(url)
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect to {url}: {_short(str(exc)) or 'connection refused'}"
     if isinstance(exc, httpx.TimeoutException):
@@ -83,9 +86,21 @@ def _headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def _masked(check: Check, base_url: str, api_key: str) -> Check:
+    """``check`` without a secret of the URL or the key in its words (a server's error text may
+    echo the request line: ``GET /v1/models?key=...``)."""
+    secrets = url_secrets(base_url) + ([api_key] if api_key else [])
+    return dataclasses.replace(check, detail=mask(check.detail, secrets))
+
+
 def list_models(base_url: str, api_key: str = "") -> Check:
     """``GET <base_url>/models``: the ids of the models the endpoint offers."""
-    url = base_url.rstrip("/") + "/models"
+    return _masked(_list_models(base_url, api_key), base_url, api_key)
+
+
+def _list_models(base_url: str, api_key: str) -> Check:
+    url = endpoint_url(base_url, "models")
+    shown = display_url(url)
     try:
         resp = httpx.get(url, headers=_headers(api_key), timeout=TIMEOUT)
     except httpx.HTTPError as exc:
@@ -96,16 +111,16 @@ def list_models(base_url: str, api_key: str = "") -> Check:
     if resp.status_code == 404:
         return Check(
             False,
-            f"{url} does not exist (404): an OpenAI-compatible base URL usually ends in /v1",
+            f"{shown} does not exist (404): an OpenAI-compatible base URL usually ends in /v1",
             unlisted=True,
         )
     if resp.status_code != 200:
-        return Check(False, f"{url} answered {resp.status_code}: {_error_text(resp)}")
+        return Check(False, f"{shown} answered {resp.status_code}: {_error_text(resp)}")
     try:
         data = resp.json().get("data")
         models = sorted({str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")})
     except (ValueError, AttributeError, TypeError, KeyError):
-        return Check(False, f"{url} did not answer with a model list (is it OpenAI-compatible?)")
+        return Check(False, f"{shown} did not answer with a model list (is it OpenAI-compatible?)")
     if not models:
         return Check(True, "the endpoint answers, but lists no models", models=[])
     return Check(True, f"the endpoint answers and offers {len(models)} model(s)", models=models)
@@ -113,7 +128,11 @@ def list_models(base_url: str, api_key: str = "") -> Check:
 
 def try_completion(base_url: str, api_key: str, model: str) -> Check:
     """A one-token chat completion with ``model``: the endpoint can answer with it."""
-    url = base_url.rstrip("/") + "/chat/completions"
+    return _masked(_try_completion(base_url, api_key, model), base_url, api_key)
+
+
+def _try_completion(base_url: str, api_key: str, model: str) -> Check:
+    url = endpoint_url(base_url, "chat/completions")
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "Reply with the single word: ok"}],

@@ -8,7 +8,9 @@ without a terminal). A skipped section returns None: config.toml keeps what it h
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,10 +20,12 @@ from relaybot.onboard_ask import (
     Asker,
     email_problem,
     matrix_problem,
+    model_url_problem,
     port_problem,
     tls_problem,
     url_problem,
 )
+from worker.openai_parse import has_userinfo
 
 MODEL_KEYS = ("model_url", "api_key", "model")
 MATRIX_KEYS = (
@@ -63,17 +67,44 @@ def report(asker: Asker, result: checks.Check) -> bool:
 
 
 def is_local(base_url: str) -> bool:
-    """Whether the endpoint is a server on this machine (``localhost``, a loopback address):
-    most answer one request at a time (llama.cpp's default, Ollama on a small machine), and
-    requests beyond that wait in its queue until they time out. relaybot's default
-    concurrency (8) is a hosted API's."""
-    host = (urlsplit(base_url).hostname or "").casefold()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
+    """Whether the endpoint is a server on this machine (``localhost``, a loopback address in
+    any spelling: ``127.1``, ``0x7f000001``, ``[::ffff:127.0.0.1]``; the any-address ``0.0.0.0``
+    or ``[::]``, which reaches this machine; this machine's own name): most answer one request
+    at a time (llama.cpp's default, Ollama on a small machine), and requests beyond that wait
+    in its queue until they time out. relaybot's default concurrency (8) is a hosted API's."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        host = (urlsplit(base_url).hostname or "").casefold().rstrip(".")
     except ValueError:
         return False
+    if not host:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    if host == socket.gethostname().casefold().rstrip("."):  # no DNS lookup: onboard may be offline
+        return True
+    return _loopback_address(host)
+
+
+def _loopback_address(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the forms an IPv4 address may also take in a URL: 127.1, 2130706433, 0x7f000001
+            ip = ipaddress.ip_address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
+def _one_authorization(base_url: str, api_key: str) -> str | None:
+    if api_key and has_userinfo(base_url):
+        return (
+            "the base URL holds a user:password, which would be sent instead of an API key "
+            "(both are the Authorization header): give no key, or a base URL without it"
+        )
+    return None
 
 
 def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
@@ -85,11 +116,17 @@ def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
             "Base URL (e.g. http://localhost:11434/v1; empty: set it later)",
             cfg.model.base_url or "",
             key="model_url",
-            check=url_problem,
+            check=model_url_problem,
         )
         if not base_url:
             return None
-        api_key = asker.ask("API key (empty: none)", current_key, key="api_key", secret=True)
+        api_key = asker.ask(
+            "API key (empty: none)",
+            current_key,
+            key="api_key",
+            secret=True,
+            check=functools.partial(_one_authorization, base_url),
+        )
         listing = checks.list_models(base_url, api_key)
         report(asker, listing)
         models = listing.models

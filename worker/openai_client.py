@@ -31,8 +31,10 @@ from worker.openai_parse import (
     Failure,
     Raw,
     display_url,
+    endpoint_url,
     error_detail,
     garbage,
+    has_userinfo,
     hide_echo,
     mask,
     parse_completion,
@@ -79,6 +81,13 @@ class OpenAIChatClient:
                 kind="config",
                 retryable=False,
             )
+        if api_key and has_userinfo(base_url):
+            raise ModelError(  # httpx would send the URL's Basic auth instead of the key
+                "the model's base_url holds a user:password and an API key is set: both would "
+                "be the Authorization header, keep one",
+                kind="config",
+                retryable=False,
+            )
         if timeout <= 0 or retries < 0 or backoff < 0:
             raise ValueError("timeout must be > 0, retries and backoff >= 0")
         self.base_url = base_url.rstrip("/")
@@ -92,7 +101,7 @@ class OpenAIChatClient:
         self._display = display_url(self.base_url)
         # what an error text must never repeat (a server may echo the request line back)
         self._secrets = url_secrets(self.base_url) + ([self._api_key] if self._api_key else [])
-        self.endpoint = f"{self.base_url}/chat/completions"
+        self.endpoint = endpoint_url(base_url, "chat/completions")  # the query kept: ?key=...
         # seconds one complete() may take at most, all attempts and waits included
         self.deadline = (self.retries + 1) * self.timeout + max_backoff_total(
             self.retries, self.backoff
@@ -308,9 +317,12 @@ class OpenAIChatClient:
             reason = self._redact(str(outcome)) or type(outcome).__name__
             raise Failure("connect", f"could not be reached ({reason})", retryable=True)
         if isinstance(outcome, httpx.UnsupportedProtocol | httpx.InvalidURL):
+            # httpx's text repeats the URL (its host, a key in its query): the log line of
+            # the attempt carries it masked, the error names only what went wrong
+            log.warning("model.unusable_url", url=self._display, reason=self._redact(str(outcome)))
             raise Failure(
                 "config",
-                f"has an unusable base_url ({self._redact(str(outcome))})",
+                f"has an unusable base_url ({type(outcome).__name__}; check [model] base_url)",
                 retryable=False,
             )
         if isinstance(outcome, httpx.HTTPError):

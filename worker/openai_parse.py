@@ -71,6 +71,27 @@ def display_url(base_url: str) -> str:
     return str(url)
 
 
+def endpoint_url(base_url: str, path: str) -> str:
+    """``path`` (``chat/completions``, ``models``) under the base URL's path, the base URL's
+    query kept (a key may ride in it: ``/v1?key=...`` asks ``/v1/chat/completions?key=...``)
+    and its fragment dropped (never sent). A URL that cannot be parsed is returned joined as
+    text: the request then fails with the client's own error, which is reported masked."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        return base_url.rstrip("/") + "/" + path
+    joined = url.path.rstrip("/") + "/" + path.lstrip("/")
+    return str(url.copy_with(path=joined, fragment=None))
+
+
+def has_userinfo(base_url: str) -> bool:
+    """Whether the URL carries a ``user:password@`` part (httpx sends it as Basic auth)."""
+    try:
+        return bool(httpx.URL(base_url).userinfo)
+    except (httpx.InvalidURL, TypeError):
+        return False
+
+
 def url_secrets(base_url: str) -> list[str]:
     """The parts of a base URL that may be secrets (its password, its query's values, its
     fragment), longest first: an error text that repeats one (a server echoing the request

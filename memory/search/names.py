@@ -14,9 +14,8 @@ def name_terms(conn: sqlite3.Connection, terms: Sequence[str]) -> set[str]:
 
     A message *by* someone the query names weighs more: "what did Alice say" is about Alice's
     own words more than about messages that greet her. (In a history of few people a name is in
-    most messages, so BM25 alone gives it no weight at all; for the same reason the comparison by
-    meaning, memory.search.semantic, leaves names out.) Like BM25's statistics this looks at the
-    whole memory, not the scope: it changes an order, never what the scope is shown.
+    most messages, so BM25 alone gives it no weight at all.) Like BM25's statistics this looks
+    at the whole memory, not the scope: it changes an order, never what the scope is shown.
     """
     out: set[str] = set()
     for term in terms:

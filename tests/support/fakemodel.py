@@ -20,7 +20,9 @@ Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 ``FakeModelServer(models=[...])`` lists those models at ``/v1/models`` (default: its one model);
 with ``known_models_only=True`` a completion asking for a model not listed is answered 404
 (``model_not_found``), as Ollama and hosted APIs do; with ``api_key="..."`` every request needs
-``Authorization: Bearer <that key>`` (else 401).
+``Authorization: Bearer <that key>`` (else 401); with ``query_key="..."`` every request needs
+``?key=<that key>`` in its URL (else 401: a gateway that takes the key in the query string).
+Every request's path, query included, is kept in ``server.paths`` (``"GET /v1/models?key=.."``).
 
 Behaviour is scripted by directives in the content of the LAST ``role: user`` message (so it
 works across processes). ``TEXT`` below is that whole content, unchanged — including any
@@ -65,6 +67,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 MODEL_ID = "fake-model"
 
@@ -240,14 +243,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refused(self) -> bool:
         """Whether the request lacks the API key the server wants (then answered 401)."""
-        key = self.server.fake.api_key
+        fake = self.server.fake
+        key, query_key = fake.api_key, fake.query_key
+        if query_key is not None and parse_qs(urlsplit(self.path).query).get("key") != [query_key]:
+            self._error(401, f"Missing or wrong key in {self.path}")  # echoes, as some do
+            return True
         if key is None or self.headers.get("Authorization") == f"Bearer {key}":
             return False
         self._error(401, "Incorrect API key provided")
         return True
 
+    def _route(self) -> str:
+        """The request's path without its query (which is kept in ``paths``)."""
+        with self.server.fake._lock:
+            self.server.fake.paths.append(f"{self.command} {self.path}")
+        return urlsplit(self.path).path.rstrip("/")
+
     def do_GET(self) -> None:
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
+        route = self._route()
+        if route in ("/v1/models", "/models"):
             if self._refused():
                 return
             listed = self.server.fake.models
@@ -258,7 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in listed],
                 },
             )
-        elif self.path == "/health":
+        elif route == "/health":
             self._json(200, {"status": "ok"})
         else:
             self._error(404, f"no route for GET {self.path}")
@@ -266,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+        if self._route() not in ("/v1/chat/completions", "/chat/completions"):
             self._error(404, f"no route for POST {self.path}")
             return
         try:
@@ -365,8 +379,11 @@ class FakeModelServer:
         models: list[str] | None = None,
         known_models_only: bool = False,
         api_key: str | None = None,
+        query_key: str | None = None,
     ) -> None:
         self.host = host
+        self.query_key = query_key
+        self.paths: list[str] = []
         self.model = model
         self.ignore_tools = ignore_tools  # a model that answers in text even when told to call
         self.models = list(models) if models is not None else [model]
@@ -449,6 +466,7 @@ class FakeModelServer:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.paths.clear()
             self.request_headers.clear()
             self.peer_ports.clear()
             self._seen.clear()

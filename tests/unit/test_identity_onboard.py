@@ -110,7 +110,7 @@ def test_onboarding_asks_and_writes_a_config_load_config_accepts(cfg: Any, home:
     text = "\n".join(said)
     assert "an answer is needed" in text
     assert "not a Matrix user id" in text
-    assert "not an http(s) URL" in text
+    assert "that base URL cannot be used: not an http:// or https:// URL" in text
     assert (home / "config.toml").read_text().startswith("# relaybot configuration")
 
 
