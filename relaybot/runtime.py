@@ -2,14 +2,25 @@
 
 ``relaybot chat`` attaches to a running worker when there is one (the lease is held); otherwise,
 with the embedded Redis, it starts its own worker and stops it when the chat ends.
+
+However the chat ends. Ctrl-D, a closed terminal (SIGHUP) and SIGTERM leave through
+:meth:`Runtime.__exit__` (relaybot/chat.py). A chat killed outright (SIGKILL, the OOM killer) has
+no say: the worker it started follows it (:func:`following_chat`: it sees its parent gone, stops
+as on SIGTERM, then stops the embedded Redis if that chat started it, in that order, so the
+worker's last acks and replies reach Redis). An embedded Redis started without a worker (for
+``relaybot redis-cli``) is stopped by the kernel when its starter dies (``dies_with_parent``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 import structlog
@@ -21,6 +32,9 @@ from deploy import embedded
 log = structlog.get_logger(__name__)
 
 SUPERVISED_WAIT = 30.0  # seconds to wait for the embedded Redis that `relaybot redis` restarts
+CHAT_PID = "RELAYBOT_CHAT_PID"  # set for the worker a zero-config chat starts: that chat's pid
+CHAT_REDIS = "RELAYBOT_CHAT_REDIS"  # "1": that chat started the embedded Redis too
+FOLLOW_EVERY = 0.5  # seconds between looks at whether the chat is still there
 
 
 class RuntimeProblem(RuntimeError):
@@ -54,7 +68,8 @@ class Runtime:
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
             else:
-                self.redis_proc = embedded.start(cfg)
+                # with a worker of ours, the worker stops it (after itself) if we are killed
+                self.redis_proc = embedded.start(cfg, with_parent=not self.start_worker)
         self._r = connect(cfg)
         try:
             self._r.ping()
@@ -80,6 +95,8 @@ class Runtime:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         logfile = (self.cfg.log_dir / "worker.log").open("ab")
         env = dict(os.environ, RELAYBOT_HOME=str(self.cfg.home))
+        env[CHAT_PID] = str(os.getpid())
+        env[CHAT_REDIS] = "1" if self.redis_proc is not None else "0"
         proc = subprocess.Popen(
             [sys.executable, "-m", "relaybot", "worker"],
             stdin=subprocess.DEVNULL,
@@ -119,3 +136,31 @@ class Runtime:
             deadline = time.monotonic() + 5
             while embedded.ping(self.cfg) and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+
+@contextmanager
+def following_chat(cfg: Config) -> Iterator[None]:
+    """For ``relaybot worker`` started by a zero-config chat (:data:`CHAT_PID` set): when that
+    chat is gone without stopping it (killed: its pid is no longer this process's parent), the
+    worker stops as on SIGTERM (its turns finished, acked), and then the embedded Redis the
+    chat started is shut down (flushing its append-only file). Anything else: nothing."""
+    raw = os.environ.get(CHAT_PID, "")
+    if not raw.isdigit() or int(raw) != os.getppid():  # not started by a chat that is there
+        yield
+        return
+    chat, gone = int(raw), threading.Event()
+
+    def follow() -> None:
+        while os.getppid() == chat:
+            time.sleep(FOLLOW_EVERY)
+        gone.set()
+        log.warning("worker.chat_gone", chat_pid=chat, detail="the chat that started it ended")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=follow, name="relaybot-follow-chat", daemon=True).start()
+    try:
+        yield
+    finally:
+        if gone.is_set() and os.environ.get(CHAT_REDIS) == "1" and cfg.embedded_redis:
+            embedded.shutdown(cfg)
+            log.info("redis.embedded_stopped", detail="the chat that started it ended")
