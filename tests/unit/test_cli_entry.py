@@ -293,6 +293,11 @@ def test_status_in_short() -> None:
     )
     assert "worker:   none running" in none
     assert "not configured" in none
+    keyed = Config.model_validate(
+        {"home": "/tmp/x", "model": {"base_url": "http://u:pw9@m/v1?key=sk-q7", "model": "l"}}
+    )
+    shown = chat.short_status(status, keyed, "s")
+    assert "l at http://m/v1" in shown and "sk-q7" not in shown and "pw9" not in shown
 
 
 def test_a_session_name_is_checked_before_anything_is_sent() -> None:
