@@ -68,6 +68,7 @@ METRICS = (
     ("sess all@1", "session", 1),
     ("sess all@3", "session", 3),
     ("sess all@5", "session", 5),
+    ("sess all@10", "session", 10),
 )
 
 

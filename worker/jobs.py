@@ -77,7 +77,17 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                     [queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15, name=worker_name()
                 )
                 log.info("jobs.started", queue=cfg.keys.jobs_queue)
-                worker.work(burst=burst, with_scheduler=False)
+                try:
+                    worker.work(burst=burst, with_scheduler=False)
+                except redis.RedisError:
+                    # a SIGTERM in the middle of one of rq's own Redis calls: rq's handler
+                    # raises out of it (StopRequested), and a pipeline cut short that way fails
+                    # with "Wrong number of response items" (seen in CI, at start-up): asked
+                    # to stop, so a clean stop, not "cannot reach Redis" and exit 1
+                    if not _stop_asked(worker):
+                        raise
+                    log.info("jobs.stopped", detail="the stop came during a Redis call of rq's")
+                    return 0
                 if burst or _stop_asked(worker):
                     return 0  # stopped by a signal (or, in a burst, done)
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import fakeredis
 import pytest
+import redis
 
 from contract.config import Config
 from worker import jobs
@@ -40,3 +41,27 @@ def test_an_rq_loop_that_ends_unasked_is_started_again(
     monkeypatch.setattr(jobs.Outage, "failed", lambda self, exc, **info: 0.01)
     assert jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis()) == 0
     assert len(FakeWorker.made) == 2  # the first loop ended unasked: a second one ran
+
+
+class CutShortWorker(FakeWorker):
+    """SIGTERM during rq's start-up pipeline (CI): rq's handler raised out of the read, and the
+    pipeline failed with redis-py's ResponseError."""
+
+    asked = True
+
+    def work(self, *, burst: bool, with_scheduler: bool) -> bool:
+        if CutShortWorker.asked:
+            self._shutdown_requested_date = object()  # rq's request_stop, first thing
+        raise redis.ResponseError("Wrong number of response items from pipeline execution")
+
+
+def test_a_stop_during_an_rq_redis_call_is_a_clean_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs, "Worker", CutShortWorker)
+    monkeypatch.setattr(jobs, "rq_connection", lambda r, poll=jobs.POLL: r)
+    CutShortWorker.asked = True
+    assert jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis()) == 0
+    CutShortWorker.asked = False  # the same error with no stop asked is not hidden
+    with pytest.raises(redis.ResponseError):
+        jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis())
