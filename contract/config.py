@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -98,6 +100,12 @@ def check_model_url(url: str) -> None:
         raise ValueError("the port is not a number from 1 to 65535")
     if not parsed.hostname:
         raise ValueError("the URL names no host (e.g. http://127.0.0.1:11434/v1)")
+    if any(unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp") for c in url):
+        raise ValueError("the URL holds an invisible character (pasted with it?)")
+    try:
+        httpx.URL(url)  # what the client will parse: an IDNA host, an IPv6 literal
+    except httpx.InvalidURL:
+        raise ValueError("the host is not a valid host name or IP address") from None
 
 
 def _model_url(url: str | None) -> str | None:
@@ -109,7 +117,8 @@ def _model_url(url: str | None) -> str | None:
 def _one_authorization(base_url: str | None, api_key: SecretStr | None, where: str) -> None:
     """A base URL's user:password (a proxy's Basic auth) and an API key would both be the
     request's Authorization header, and the URL's would win: the key would never be sent."""
-    if base_url and api_key is not None and urlsplit(base_url).username is not None:
+    parts = urlsplit(base_url or "")
+    if base_url and api_key is not None and (parts.username or parts.password):
         raise ValueError(
             f"{where}base_url holds a user:password and api_key is set; both would be the "
             "request's Authorization header (the key would not be sent): keep one"

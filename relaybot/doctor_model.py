@@ -12,7 +12,7 @@ import httpx
 
 from contract.config import Config
 from relaybot.doctor_verdict import Check, fail, model_exists, ok, skipped, tool_call, warn
-from worker.openai_parse import display_url, endpoint_url, mask, url_secrets
+from worker.openai_parse import Masker, clip, display_url, endpoint_url
 
 Add = Callable[[Check], None]
 
@@ -35,30 +35,29 @@ _PROMPT = f"Call the function {TOOL} with status set to ok. Do not answer in tex
 ANSWER_FACTOR = 6  # a completion may take this many times the check timeout (a model loading)
 
 
-def _describe(resp: httpx.Response) -> str:
+def _describe(resp: httpx.Response, hide: Masker) -> str:
     try:
         body: Any = resp.json()
         message = body.get("error", {}).get("message") if isinstance(body, dict) else None
     except ValueError:
         message = None
-    return f"HTTP {resp.status_code}" + (f": {str(message)[:160]}" if message else "")
+    # masked before it is cut: a key cut in two would no longer match
+    return f"HTTP {resp.status_code}" + (f": {clip(str(message), 160, hide)}" if message else "")
 
 
 def model_group(cfg: Config, timeout: float, add: Add) -> None:
     m = cfg.model
     # what a check says never repeats a secret of the URL or the key (an error text, a
     # server's message that echoes the request line)
-    secrets = url_secrets(m.base_url or "") + ([m.api_key.get_secret_value()] if m.api_key else [])
-    _probe(cfg, timeout, lambda c: add(_masked(c, secrets)))
+    hide = Masker(m.base_url or "", m.api_key.get_secret_value() if m.api_key else None)
+    _probe(cfg, timeout, lambda c: add(_masked(c, hide)), hide)
 
 
-def _masked(check: Check, secrets: list[str]) -> Check:
-    return dataclasses.replace(
-        check, summary=mask(check.summary, secrets), hint=mask(check.hint, secrets)
-    )
+def _masked(check: Check, hide: Masker) -> Check:
+    return dataclasses.replace(check, summary=hide(check.summary), hint=hide(check.hint))
 
 
-def _probe(cfg: Config, timeout: float, add: Add) -> None:
+def _probe(cfg: Config, timeout: float, add: Add, hide: Masker) -> None:
     m = cfg.model
     if not m.configured:
         add(
@@ -100,7 +99,7 @@ def _probe(cfg: Config, timeout: float, add: Add) -> None:
             add(
                 fail(
                     "model.reachable",
-                    f"{where} refused the API key ({_describe(resp)})",
+                    f"{where} refused the API key ({_describe(resp, hide)})",
                     "set [model] api_key (or OPENAI_API_KEY) to a key this endpoint accepts",
                 )
             )
@@ -113,7 +112,7 @@ def _probe(cfg: Config, timeout: float, add: Add) -> None:
             add(
                 warn(
                     "model.exists",
-                    f"{display_url(models_url)} does not list models ({_describe(resp)}): "
+                    f"{display_url(models_url)} does not list models ({_describe(resp, hide)}): "
                     f"cannot tell whether {m.model} exists",
                     "check [model] base_url (most servers serve GET /v1/models); the tool "
                     "check below still tries the model",
@@ -125,7 +124,7 @@ def _probe(cfg: Config, timeout: float, add: Add) -> None:
             if check.verdict == "fail":
                 add(skipped("model.tools", f"{m.model} is not served (model.exists)"))
                 return
-        add(_tools(http, base, str(m.model), timeout * ANSWER_FACTOR))
+        add(_tools(http, base, str(m.model), timeout * ANSWER_FACTOR, hide))
 
 
 def _models(resp: httpx.Response) -> list[str] | None:
@@ -140,7 +139,7 @@ def _models(resp: httpx.Response) -> list[str] | None:
     return [str(d["id"]) for d in data if isinstance(d, dict) and "id" in d]
 
 
-def _tools(http: httpx.Client, base: str, model: str, timeout: float) -> Check:
+def _tools(http: httpx.Client, base: str, model: str, timeout: float, hide: Masker) -> Check:
     url = endpoint_url(base, "chat/completions")
     body: dict[str, Any] = {
         "model": model,
@@ -167,12 +166,12 @@ def _tools(http: httpx.Client, base: str, model: str, timeout: float) -> Check:
         if resp.status_code < 500 and "tool" in resp.text.lower():
             return warn(
                 "model.tools",
-                f"the endpoint refuses tools for {model} ({_describe(resp)})",
+                f"the endpoint refuses tools for {model} ({_describe(resp, hide)})",
                 "pick a model with tool calling (Ollama: tagged 'tools'; llama.cpp: --jinja)",
             )
         return fail(
             "model.tools",
-            f"the chat request was refused ({_describe(resp)})",
+            f"the chat request was refused ({_describe(resp, hide)})",
             "check [model] model and the server's logs",
         )
     try:

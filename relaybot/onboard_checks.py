@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import imaplib
 import smtplib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import httpx
 
 from gateways.email_smtp import DEFAULT_PORTS, is_loopback, tls_context
-from worker.openai_parse import display_url, endpoint_url, mask, url_secrets
+from worker.openai_parse import Masker, clip, display_url, endpoint_url
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -51,9 +52,9 @@ class Check:
     unlisted: bool = False  # the endpoint answers but has no model list (a completion may work)
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
+def _short(text: str, hide: Callable[[str], str] = str) -> str:
+    """One line of at most _MAX_DETAIL characters, masked by ``hide`` before it is cut."""
+    return clip(text, _MAX_DETAIL, hide)
 
 
 def _http_problem(exc: httpx.HTTPError, url: str) -> str:
@@ -65,18 +66,18 @@ def _http_problem(exc: httpx.HTTPError, url: str) -> str:
     return f"{url}: {_short(str(exc)) or type(exc).__name__}"
 
 
-def _error_text(resp: httpx.Response) -> str:
+def _error_text(resp: httpx.Response, hide: Callable[[str], str] = str) -> str:
     try:
         data = resp.json()
     except ValueError:
-        return _short(resp.text)
+        return _short(resp.text, hide)
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict):
-            return _short(str(err.get("message") or err))
+            return _short(str(err.get("message") or err), hide)
         if isinstance(err, str):
-            return _short(f"{data.get('errcode', '')} {err}".strip())
-    return _short(resp.text)
+            return _short(f"{data.get('errcode', '')} {err}".strip(), hide)
+    return _short(resp.text, hide)
 
 
 # -- the model endpoint ------------------------------------------------------------------------
@@ -86,19 +87,19 @@ def _headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _masked(check: Check, base_url: str, api_key: str) -> Check:
+def _masked(check: Check, hide: Masker) -> Check:
     """``check`` without a secret of the URL or the key in its words (a server's error text may
-    echo the request line: ``GET /v1/models?key=...``)."""
-    secrets = url_secrets(base_url) + ([api_key] if api_key else [])
-    return dataclasses.replace(check, detail=mask(check.detail, secrets))
+    echo the request line: ``GET /v1/models?key=...``; what was cut is masked already)."""
+    return dataclasses.replace(check, detail=hide(check.detail))
 
 
 def list_models(base_url: str, api_key: str = "") -> Check:
     """``GET <base_url>/models``: the ids of the models the endpoint offers."""
-    return _masked(_list_models(base_url, api_key), base_url, api_key)
+    hide = Masker(base_url, api_key)
+    return _masked(_list_models(base_url, api_key, hide), hide)
 
 
-def _list_models(base_url: str, api_key: str) -> Check:
+def _list_models(base_url: str, api_key: str, hide: Masker) -> Check:
     url = endpoint_url(base_url, "models")
     shown = display_url(url)
     try:
@@ -107,7 +108,7 @@ def _list_models(base_url: str, api_key: str) -> Check:
         return Check(False, _http_problem(exc, url))
     if resp.status_code in (401, 403):
         return Check(False, f"the endpoint refused the API key ({resp.status_code}: "
-                            f"{_error_text(resp)})")  # fmt: skip
+                            f"{_error_text(resp, hide)})")  # fmt: skip
     if resp.status_code == 404:
         return Check(
             False,
@@ -115,7 +116,7 @@ def _list_models(base_url: str, api_key: str) -> Check:
             unlisted=True,
         )
     if resp.status_code != 200:
-        return Check(False, f"{shown} answered {resp.status_code}: {_error_text(resp)}")
+        return Check(False, f"{shown} answered {resp.status_code}: {_error_text(resp, hide)}")
     try:
         data = resp.json().get("data")
         models = sorted({str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")})
@@ -128,10 +129,11 @@ def _list_models(base_url: str, api_key: str) -> Check:
 
 def try_completion(base_url: str, api_key: str, model: str) -> Check:
     """A one-token chat completion with ``model``: the endpoint can answer with it."""
-    return _masked(_try_completion(base_url, api_key, model), base_url, api_key)
+    hide = Masker(base_url, api_key)
+    return _masked(_try_completion(base_url, api_key, model, hide), hide)
 
 
-def _try_completion(base_url: str, api_key: str, model: str) -> Check:
+def _try_completion(base_url: str, api_key: str, model: str, hide: Masker) -> Check:
     url = endpoint_url(base_url, "chat/completions")
     body = {
         "model": model,
@@ -143,18 +145,20 @@ def _try_completion(base_url: str, api_key: str, model: str) -> Check:
     except httpx.HTTPError as exc:
         return Check(False, _http_problem(exc, url))
     if resp.status_code == 404:
-        return Check(False, f"the endpoint has no model {model!r} ({_error_text(resp)})")
+        return Check(False, f"the endpoint has no model {model!r} ({_error_text(resp, hide)})")
     if resp.status_code != 200:
         return Check(
             False, f"a test completion with {model!r} failed: {resp.status_code} "
-                   f"{_error_text(resp)}"
+                   f"{_error_text(resp, hide)}"
         )  # fmt: skip
     try:
         choices = resp.json()["choices"]
         if not isinstance(choices, list) or not choices:
             raise ValueError("no choices")
     except (ValueError, KeyError, TypeError):
-        return Check(False, f"a test completion with {model!r} gave no answer: {_short(resp.text)}")
+        return Check(
+            False, f"a test completion with {model!r} gave no answer: {_short(resp.text, hide)}"
+        )
     return Check(True, f"{model} answered a test completion")
 
 

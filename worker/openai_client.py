@@ -29,6 +29,7 @@ from contract.config import ModelConfig
 from worker.model import Completion, ModelError, ModelPort, NoModel
 from worker.openai_parse import (
     Failure,
+    Masker,
     Raw,
     display_url,
     endpoint_url,
@@ -36,12 +37,10 @@ from worker.openai_parse import (
     garbage,
     has_userinfo,
     hide_echo,
-    mask,
     parse_completion,
     parse_retry_after,
     request_texts,
     seconds,
-    url_secrets,
 )
 
 log = structlog.get_logger(__name__)
@@ -100,7 +99,7 @@ class OpenAIChatClient:
         self._sleep = sleep
         self._display = display_url(self.base_url)
         # what an error text must never repeat (a server may echo the request line back)
-        self._secrets = url_secrets(self.base_url) + ([self._api_key] if self._api_key else [])
+        self._redact = Masker(base_url, self._api_key)
         self.endpoint = endpoint_url(base_url, "chat/completions")  # the query kept: ?key=...
         # seconds one complete() may take at most, all attempts and waits included
         self.deadline = (self.retries + 1) * self.timeout + max_backoff_total(
@@ -258,7 +257,7 @@ class OpenAIChatClient:
         raw = self._post(payload, budget)
         if raw.status == 200:
             return parse_completion(raw.body)
-        detail = error_detail(raw.body)
+        detail = error_detail(raw.body, self._redact)
         suffix = f": {detail}" if detail else ""
         if raw.status == 429 or raw.status >= 500:
             retry_after = parse_retry_after(raw.headers.get("retry-after"), time.time())
@@ -353,9 +352,6 @@ class OpenAIChatClient:
 
     def _timed_out(self, budget: float) -> Failure:
         return Failure("timeout", f"timed out ({seconds(round(budget, 3))})", retryable=True)
-
-    def _redact(self, text: str) -> str:
-        return mask(text, self._secrets)
 
     def _final_error(self, failure: Failure, attempts: int) -> ModelError:
         n = f"{attempts} attempt{'' if attempts == 1 else 's'}"

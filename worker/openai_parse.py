@@ -14,9 +14,10 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -24,6 +25,7 @@ from worker.model import Completion, ToolCall
 
 RETRY_AFTER_CAP = 30.0  # seconds; a server's Retry-After is honoured up to this (and the deadline)
 DETAIL_CHARS = 200  # how much of a server's error message goes into a ModelError
+_MASK_SPAN = 10_000  # characters of an error text masked (far more than is ever shown of it)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ def has_userinfo(base_url: str) -> bool:
 def url_secrets(base_url: str) -> list[str]:
     """The parts of a base URL that may be secrets (its password, its query's values, its
     fragment), longest first: an error text that repeats one (a server echoing the request
-    line) has it masked."""
+    line) has it masked. A query value in every spelling a server may echo it: as written in
+    the URL, decoded, and encoded again the usual ways (``%2F`` or ``/``, ``+`` or ``%20``)."""
     try:
         url = httpx.URL(base_url)
     except (httpx.InvalidURL, TypeError):
@@ -103,8 +106,10 @@ def url_secrets(base_url: str) -> list[str]:
     found = [url.password or "", url.fragment]
     if url.password:  # as a Basic auth header carries it, which a server may echo
         found.append(base64.b64encode(f"{url.username}:{url.password}".encode()).decode())
-    found += [value for _key, value in url.params.multi_items()]
-    found += [url.query.decode(errors="replace")]
+    for _key, value in url.params.multi_items():
+        found += [value, quote(value, safe=""), quote(value), quote_plus(value)]
+    query = url.query.decode(errors="replace")
+    found += [query, *(part.partition("=")[2] for part in query.split("&"))]
     return sorted({f for f in found if len(f) >= 3}, key=len, reverse=True)
 
 
@@ -114,6 +119,30 @@ def mask(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = re.sub(re.escape(secret), "***", text, flags=re.IGNORECASE)
     return text
+
+
+class Masker:
+    """What no error text, check or log line may repeat about an endpoint: the base URL's
+    secrets (:func:`url_secrets`), the API key, and the value after each of the base URL's
+    query parameters however it is spelled (``key=...``, ``key%3D...``): a server may echo its
+    request line encoded its own way. Called on a text, it returns the text masked."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self.secrets = url_secrets(base_url) + ([api_key] if api_key else [])
+        try:
+            names = {name for name, _value in httpx.URL(base_url).params.multi_items() if name}
+        except (httpx.InvalidURL, TypeError):
+            names = set()
+        self._after = [
+            re.compile(rf"(?i)(?<![\w-])({re.escape(n)}(?:=|%3D))[^\s&;,\"'<>()\[\]]+")
+            for n in sorted(names)
+        ]
+
+    def __call__(self, text: str) -> str:
+        text = mask(text, self.secrets)
+        for pattern in self._after:
+            text = pattern.sub(r"\1***", text)
+        return text
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -136,8 +165,10 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     return max(0.0, min(seconds, RETRY_AFTER_CAP))
 
 
-def error_detail(body: bytes) -> str:
-    """A short, single-line description from an error body (OpenAI or plain text)."""
+def error_detail(body: bytes, hide: Callable[[str], str] = str) -> str:
+    """A short, single-line description from an error body (OpenAI or plain text), with
+    ``hide`` (the secrets' mask: :class:`Masker`) applied *before* it is shortened: a key cut
+    in two by the limit would no longer match, and its first part would show."""
     text = ""
     try:
         data = json.loads(body)
@@ -148,17 +179,20 @@ def error_detail(body: bytes) -> str:
             err = data.get("error", data)
             if isinstance(err, dict):
                 msg = err.get("message") or err.get("detail") or err.get("error")
-                text = msg if isinstance(msg, str) else json.dumps(err)[:DETAIL_CHARS]
+                text = msg if isinstance(msg, str) else json.dumps(err)
             elif isinstance(err, str):
                 text = err
             else:
-                text = json.dumps(data)[:DETAIL_CHARS]
+                text = json.dumps(data)
         else:
-            text = json.dumps(data)[:DETAIL_CHARS]
-    text = " ".join(text.split())
-    if len(text) > DETAIL_CHARS:
-        text = text[: DETAIL_CHARS - 1] + "…"
-    return text
+            text = json.dumps(data)
+    return clip(text, DETAIL_CHARS, hide)
+
+
+def clip(text: str, limit: int, hide: Callable[[str], str] = str) -> str:
+    """``text`` on one line, masked by ``hide``, then cut to ``limit`` characters (``…``)."""
+    text = hide(" ".join(text.split())[:_MASK_SPAN])
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 ECHO_WINDOW = 12  # characters of the request repeated in an error that count as an echo

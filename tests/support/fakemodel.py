@@ -21,7 +21,9 @@ Endpoints: ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 with ``known_models_only=True`` a completion asking for a model not listed is answered 404
 (``model_not_found``), as Ollama and hosted APIs do; with ``api_key="..."`` every request needs
 ``Authorization: Bearer <that key>`` (else 401); with ``query_key="..."`` every request needs
-``?key=<that key>`` in its URL (else 401: a gateway that takes the key in the query string).
+``?key=<that key>`` in its URL (else 401: a gateway that takes the key in the query string;
+its message is ``refusal`` with ``{path}`` the request's path and query and ``{value}`` the
+key's value, both as sent: servers echo them).
 Every request's path, query included, is kept in ``server.paths`` (``"GET /v1/models?key=.."``).
 
 Behaviour is scripted by directives in the content of the LAST ``role: user`` message (so it
@@ -246,7 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         key, query_key = fake.api_key, fake.query_key
         if query_key is not None and parse_qs(urlsplit(self.path).query).get("key") != [query_key]:
-            self._error(401, f"Missing or wrong key in {self.path}")  # echoes, as some do
+            sent = [p.partition("=")[2] for p in urlsplit(self.path).query.split("&")]
+            message = fake.refusal.format(path=self.path, value=sent[0])  # echoes, as some do
+            self._error(401, message)
             return True
         if key is None or self.headers.get("Authorization") == f"Bearer {key}":
             return False
@@ -380,9 +384,11 @@ class FakeModelServer:
         known_models_only: bool = False,
         api_key: str | None = None,
         query_key: str | None = None,
+        refusal: str = "Missing or wrong key in {path}",
     ) -> None:
         self.host = host
         self.query_key = query_key
+        self.refusal = refusal
         self.paths: list[str] = []
         self.model = model
         self.ignore_tools = ignore_tools  # a model that answers in text even when told to call

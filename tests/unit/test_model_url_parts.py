@@ -47,6 +47,11 @@ SECRET = "sk-secret-host-31f"
         (f"http://{SECRET}:port/v1", "port"),
         (f"http://{SECRET} /v1", "space or a control character"),
         (f"http://{SECRET}/v1\n", "space or a control character"),
+        # what httpx cannot ask (adversary round 3: accepted, then every turn failed)
+        (f"http://ab\u200b{SECRET}/v1", "invisible character"),
+        (f"http://ab\u00ad{SECRET}/v1", "invisible character"),
+        (f"http://llm\u2024{SECRET}/v1", "not a valid host name"),
+        ("http://[v1.x]/?key=" + SECRET, "not a valid host name"),
     ],
 )
 def test_an_unusable_base_url_is_refused_without_repeating_it(
@@ -79,9 +84,19 @@ def test_the_environments_bad_base_url_is_blamed_on_its_variable(tmp_path: Path)
         "http://user:pw@proxy.example.org/v1",
         "http://[::1]:8080/v1",
         "HTTPS://API.EXAMPLE.ORG/v1",
+        "http://bücher.example/v1",
+        "https://api.example.org:443/v1/?",
     ],
 )
 def test_a_usable_base_url_passes(tmp_path: Path, url: str) -> None:
     cfg = parse_config(f'[model]\nbase_url = "{url}"\nmodel = "m"\n'.encode(), tmp_path, {})
     assert cfg.model.base_url == url
     assert model_url_problem(url) is None
+
+
+def test_an_empty_userinfo_beside_an_api_key_is_no_conflict(tmp_path: Path) -> None:
+    """``http://@host`` sends no Basic auth: the key is the only Authorization header."""
+    raw = '[model]\nbase_url = "http://@127.0.0.1:9/v1"\nmodel = "m"\napi_key = "sk-1"\n'
+    assert parse_config(raw.encode(), tmp_path, {}).model.api_key is not None
+    with pytest.raises(ConfigError):
+        parse_config(raw.replace("@", "u@").encode(), tmp_path, {})
