@@ -131,6 +131,8 @@ def start(
     proc = subprocess.Popen(
         server_args(cfg),
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # it logs to its file: the caller's pipes are not held open
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
         preexec_fn=dies_with_parent() if with_parent else None,  # noqa: PLW1509
     )

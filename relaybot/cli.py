@@ -213,11 +213,12 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
     if args.command == "worker":
-        from relaybot.runtime import following_chat
+        from relaybot import zeroconf
         from worker.main import run_worker
 
-        with following_chat(cfg):
-            return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+        if zeroconf.started_by_chat():  # the zero-config worker: it lives while a chat uses it
+            return zeroconf.run(cfg, lambda r: run_worker(cfg, r, wait_for_lease=not args.no_wait))
+        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
     if args.command == "jobs":
         from worker.jobs import run_jobs
 

@@ -1,40 +1,37 @@
 """Zero-config runs: start what is missing (embedded Redis, the worker) and stop what we started.
 
 ``relaybot chat`` attaches to a running worker when there is one (the lease is held); otherwise,
-with the embedded Redis, it starts its own worker and stops it when the chat ends.
-
-However the chat ends. Ctrl-D, a closed terminal (SIGHUP) and SIGTERM leave through
-:meth:`Runtime.__exit__` (relaybot/chat.py). A chat killed outright (SIGKILL, the OOM killer) has
-no say: the worker it started follows it (:func:`following_chat`: it sees its parent gone, stops
-as on SIGTERM, then stops the embedded Redis if that chat started it, in that order, so the
-worker's last acks and replies reach Redis). An embedded Redis started without a worker (for
-``relaybot redis-cli``) is stopped by the kernel when its starter dies (``dies_with_parent``).
+with the embedded Redis, it starts the zero-config worker (relaybot/zeroconf.py), which runs the
+embedded Redis as its own child and lives as long as a chat uses it. Every zero-config chat
+registers while it is open; the last one to end -- by Ctrl-D, a closed terminal (SIGHUP),
+SIGTERM, or kill -9 -- leaves the worker with no chat, and it stops, then its Redis. A chat
+that ends normally waits for that, so nothing of it is left when it returns.
+``relaybot redis-cli`` starts only the embedded Redis, which the kernel stops if that command
+dies (``dies_with_parent``).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
 import structlog
 
 from contract.bus import connect
 from contract.config import Config
+from contract.outage import TRANSIENT
 from deploy import embedded
+from relaybot import zeroconf
 
 log = structlog.get_logger(__name__)
 
 SUPERVISED_WAIT = 30.0  # seconds to wait for the embedded Redis that `relaybot redis` restarts
-CHAT_PID = "RELAYBOT_CHAT_PID"  # set for the worker a zero-config chat starts: that chat's pid
-CHAT_REDIS = "RELAYBOT_CHAT_REDIS"  # "1": that chat started the embedded Redis too
-FOLLOW_EVERY = 0.5  # seconds between looks at whether the chat is still there
+START_WAIT = 30.0  # seconds for the zero-config worker's Redis to answer
+STOP_WAIT = 30.0  # seconds for the zero-config worker to stop after the last chat ended
+CLOSING_WAIT = 60.0  # seconds to wait for a zero-config worker that shuts down to be gone
 
 
 class RuntimeProblem(RuntimeError):
@@ -54,6 +51,7 @@ class Runtime:
         self.redis_proc: subprocess.Popen[bytes] | None = None
         self.worker_proc: subprocess.Popen[bytes] | None = None
         self._r: redis.Redis | None = None
+        self._token = ""  # this chat's, while it is registered (relaybot/zeroconf.py)
 
     @property
     def r(self) -> redis.Redis:
@@ -64,21 +62,68 @@ class Runtime:
     def __enter__(self) -> Runtime:
         cfg = self.cfg
         cfg.home.mkdir(parents=True, exist_ok=True)
+        zero_config = self.start_worker and cfg.embedded_redis
         if cfg.embedded_redis and not embedded.ping(cfg):
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
+            elif zero_config:  # the zero-config worker runs the embedded Redis
+                self.worker_proc = self._spawn_worker()
+                self._wait_for_workers_redis()
             else:
-                # with a worker of ours, the worker stops it (after itself) if we are killed
-                self.redis_proc = embedded.start(cfg, with_parent=not self.start_worker)
+                self.redis_proc = embedded.start(cfg, with_parent=True)
         self._r = connect(cfg)
         try:
             self._r.ping()
+            if zero_config:
+                self._join()
         except redis.RedisError as exc:
             self.__exit__(None, None, None)
             raise RuntimeProblem(f"cannot reach Redis: {exc}") from None
-        if self.start_worker and cfg.embedded_redis and not worker_alive(self._r, cfg):
-            self.worker_proc = self._spawn_worker()
         return self
+
+    def _join(self) -> None:
+        """Register as a chat that uses the zero-config worker, and start one if none runs. A
+        worker that is shutting down for want of chats (its last chat ended just now) is let
+        go first: its Redis goes with it, and this chat starts both anew."""
+        self._token = zeroconf.register(self.r, self.cfg)
+        if self.worker_proc is None and zeroconf.closing(self.r, self.cfg):
+            zeroconf.unregister(self.r, self.cfg, self._token)
+            self._wait_for_closing()
+            if not embedded.ping(self.cfg):
+                self.r.close()
+                self.worker_proc = self._spawn_worker()
+                self._wait_for_workers_redis()
+                self._r = connect(self.cfg)
+            self._token = zeroconf.register(self.r, self.cfg)
+        if self.worker_proc is None and not worker_alive(self.r, self.cfg):
+            self.worker_proc = self._spawn_worker()  # a Redis someone else runs: it stays
+
+    def _wait_for_closing(self) -> None:
+        deadline = time.monotonic() + CLOSING_WAIT
+        log.info("runtime.waiting", detail="the last chat's worker is stopping")
+        while time.monotonic() < deadline and embedded.ping(self.cfg):
+            try:
+                if not zeroconf.closing(self.r, self.cfg):
+                    return  # it found a chat and works on
+            except TRANSIENT:
+                pass
+            time.sleep(0.1)
+
+    def _wait_for_workers_redis(self) -> None:
+        deadline = time.monotonic() + START_WAIT
+        while not embedded.ping(self.cfg):
+            proc = self.worker_proc
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeProblem(
+                    f"the worker exited with code {proc.returncode} before the embedded Redis "
+                    f"answered; see {self.cfg.log_dir / 'worker.log'}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeProblem(
+                    f"the embedded Redis did not answer within {START_WAIT:.0f} s; see "
+                    f"{self.cfg.log_dir / 'worker.log'} and {self.cfg.log_dir / 'redis.log'}"
+                )
+            time.sleep(0.02)
 
     def _wait_for_embedded(self, timeout: float = SUPERVISED_WAIT) -> None:
         deadline = time.monotonic() + timeout
@@ -95,8 +140,7 @@ class Runtime:
         self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         logfile = (self.cfg.log_dir / "worker.log").open("ab")
         env = dict(os.environ, RELAYBOT_HOME=str(self.cfg.home))
-        env[CHAT_PID] = str(os.getpid())
-        env[CHAT_REDIS] = "1" if self.redis_proc is not None else "0"
+        env[zeroconf.ZEROCONF] = zeroconf.token()
         proc = subprocess.Popen(
             [sys.executable, "-m", "relaybot", "worker"],
             stdin=subprocess.DEVNULL,
@@ -121,13 +165,25 @@ class Runtime:
         return None
 
     def __exit__(self, *exc: object) -> None:
-        if self.worker_proc is not None and self.worker_proc.poll() is None:
-            self.worker_proc.terminate()
+        others: list[str] = []
+        if self._r is not None and self._token:
             try:
-                self.worker_proc.wait(timeout=30)
+                zeroconf.unregister(self._r, self.cfg, self._token)
+                others = zeroconf.others(self._r, self.cfg, self._token)
+            except TRANSIENT:
+                pass
+        proc = self.worker_proc
+        if proc is not None and proc.poll() is None and not others:
+            # the worker sees no chat left within a second and stops, then its Redis
+            try:
+                proc.wait(timeout=STOP_WAIT)
             except subprocess.TimeoutExpired:
-                self.worker_proc.kill()
-                self.worker_proc.wait()
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if self._r is not None:
             self._r.close()
         if self.redis_proc is not None:
@@ -136,31 +192,3 @@ class Runtime:
             deadline = time.monotonic() + 5
             while embedded.ping(self.cfg) and time.monotonic() < deadline:
                 time.sleep(0.05)
-
-
-@contextmanager
-def following_chat(cfg: Config) -> Iterator[None]:
-    """For ``relaybot worker`` started by a zero-config chat (:data:`CHAT_PID` set): when that
-    chat is gone without stopping it (killed: its pid is no longer this process's parent), the
-    worker stops as on SIGTERM (its turns finished, acked), and then the embedded Redis the
-    chat started is shut down (flushing its append-only file). Anything else: nothing."""
-    raw = os.environ.get(CHAT_PID, "")
-    if not raw.isdigit() or int(raw) != os.getppid():  # not started by a chat that is there
-        yield
-        return
-    chat, gone = int(raw), threading.Event()
-
-    def follow() -> None:
-        while os.getppid() == chat:
-            time.sleep(FOLLOW_EVERY)
-        gone.set()
-        log.warning("worker.chat_gone", chat_pid=chat, detail="the chat that started it ended")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=follow, name="relaybot-follow-chat", daemon=True).start()
-    try:
-        yield
-    finally:
-        if gone.is_set() and os.environ.get(CHAT_REDIS) == "1" and cfg.embedded_redis:
-            embedded.shutdown(cfg)
-            log.info("redis.embedded_stopped", detail="the chat that started it ended")

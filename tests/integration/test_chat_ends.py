@@ -4,6 +4,7 @@ its own running (they ran on, unseen, after a closed terminal or a kill -9)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -57,10 +58,15 @@ def _interactive(env: dict[str, str], err: Path, session: str) -> subprocess.Pop
 
 
 def _pids(log: Path) -> tuple[int, int] | None:
+    """The embedded Redis's pid (the zero-config worker starts it) and the worker's."""
     records = json_lines(log.read_text(errors="replace"))
-    redis = [r["pid"] for r in records if r.get("event") == "redis.embedded_started"]
     worker = [r["pid"] for r in records if r.get("event") == "runtime.worker_started"]
-    return (int(redis[0]), int(worker[0])) if redis and worker else None
+    worker_log = log.parent / "home" / "logs" / "worker.log"
+    if not worker or not worker_log.exists():
+        return None
+    started = json_lines(worker_log.read_text(errors="replace"))
+    redis = [r["pid"] for r in started if r.get("event") == "redis.embedded_started"]
+    return (int(redis[0]), int(worker[0])) if redis else None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL])
@@ -129,7 +135,7 @@ def test_a_chat_killed_during_a_turn_loses_nothing_and_leaves_nothing(
             proc.wait()
     worker_log = json_lines((home / "logs" / "worker.log").read_text())
     events = [r.get("event") for r in worker_log]
-    assert "worker.chat_gone" in events and "worker.stopped" in events
+    assert "worker.no_chat_left" in events and "worker.stopped" in events
     assert "worker.abandoning_turn" not in events  # one clean stop, the turn finished
     rows = memory_rows(home / "memory.sqlite3")
     assert [r["direction"] for r in rows] == ["in", "out"]
@@ -141,3 +147,111 @@ def test_a_chat_killed_during_a_turn_loses_nothing_and_leaves_nothing(
     assert again.stdout.rstrip().endswith(": and now?")
     assert model_server.calls == 2  # the first message was not asked again
     assert processes_mentioning(str(home)) == []
+
+
+def _left_nothing(home: Path, timeout: float = 40) -> None:
+    assert _until(lambda: processes_mentioning(str(home)) == [], timeout), processes_mentioning(
+        str(home)
+    )
+    assert not (home / "redis" / "redis.sock").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("after", [0.15, 0.45, 0.8])
+def test_a_chat_that_ends_while_it_starts_leaves_nothing(
+    tmp: Path, sig: signal.Signals, after: float
+) -> None:
+    """Adversary round 3: ended while the worker or the Redis was still starting, the chat left
+    them running for good."""
+    home = tmp / "home"
+    proc = _interactive(relaybot_env(home), tmp / "chat.stderr", "early")
+    try:
+        time.sleep(after)
+        proc.send_signal(sig)
+        proc.wait(timeout=40)
+        _left_nothing(home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_chat_opened_while_the_killed_chats_worker_stops_is_answered(
+    tmp: Path, model_server: FakeModelServer
+) -> None:
+    """Adversary round 3: a chat resumed right after a kill -9 attached to the worker that was
+    finishing the killed chat's turn; that worker then shut its Redis down under it."""
+    home = tmp / "home"
+    env = relaybot_env(home, model_url=model_server.base_url)
+    proc = _interactive(env, tmp / "chat.stderr", "resume")
+    try:
+        assert _until(lambda: _pids(tmp / "chat.stderr") is not None, 30)
+        assert proc.stdin is not None
+        proc.stdin.write(b"[[delay:3]] the first one\n")
+        proc.stdin.flush()
+        assert _until(lambda: model_server.calls == 1, 30)
+        proc.kill()
+        proc.wait(timeout=10)
+        again = chat(env, "the second one", session="resume", deadline=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert again.returncode == 0, again.stderr
+    assert "the first one" in again.stdout  # the reply it missed
+    assert again.stdout.rstrip().endswith(": the second one")
+    assert model_server.calls == 2  # nothing asked twice
+    _left_nothing(home)
+
+
+def test_two_chats_the_first_killed_the_second_goes_on(
+    tmp: Path, model_server: FakeModelServer
+) -> None:
+    """The chat that started the worker is killed: the one that attached is still answered,
+    and when it ends, everything stops."""
+    home = tmp / "home"
+    env = relaybot_env(home, model_url=model_server.base_url)
+    first = _interactive(env, tmp / "chat.stderr", "one")
+    second = None
+    try:
+        assert _until(lambda: _pids(tmp / "chat.stderr") is not None, 30)
+        found = _pids(tmp / "chat.stderr")
+        assert found is not None
+        second = _interactive(env, tmp / "second.stderr", "two")
+        time.sleep(2)  # the second has attached (registered)
+        first.kill()
+        first.wait(timeout=10)
+        time.sleep(2)  # longer than the worker takes to look
+        assert pid_running(found[1]), "the worker stopped though a chat still uses it"
+        assert second.stdin is not None
+        second.stdin.write(b"still there?\n")
+        second.stdin.flush()
+        assert _until(lambda: model_server.calls == 1, 30)
+        assert _until(lambda: len(memory_rows(home / "memory.sqlite3")) == 2, 30)
+        second.stdin.close()  # Ctrl-D
+        assert second.wait(timeout=40) == 0
+        _left_nothing(home)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_the_worker_killed_first_then_the_chat_leaves_nothing(tmp: Path) -> None:
+    """Adversary round 3: worker kill -9 (the OOM killer), then chat kill -9: Redis ran on."""
+    home = tmp / "home"
+    proc = _interactive(relaybot_env(home), tmp / "chat.stderr", "oom")
+    try:
+        assert _until(lambda: _pids(tmp / "chat.stderr") is not None, 30)
+        found = _pids(tmp / "chat.stderr")
+        assert found is not None
+        os.kill(found[1], signal.SIGKILL)
+        time.sleep(0.5)
+        proc.kill()
+        proc.wait(timeout=10)
+        _left_nothing(home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

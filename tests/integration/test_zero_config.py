@@ -58,9 +58,11 @@ def test_zero_config_chat_runs_everything_itself_and_keeps_to_its_home(tmp: Path
 
     records = json_lines(first.stderr)
     assert all("_raw" not in r for r in records), first.stderr
-    redis_pid = int(_event(records, "redis.embedded_started")["pid"])
     worker_pid = int(_event(records, "runtime.worker_started")["pid"])
-    assert _event(records, "redis.embedded_started")["dir"] == str(home / "redis")
+    # the zero-config worker runs the embedded Redis (relaybot/zeroconf.py)
+    worker_records = json_lines((home / "logs" / "worker.log").read_text())
+    redis_pid = int(_event(worker_records, "redis.embedded_started")["pid"])
+    assert _event(worker_records, "redis.embedded_started")["dir"] == str(home / "redis")
 
     # both were stopped when the chat ended
     assert not pid_running(redis_pid)
@@ -71,6 +73,7 @@ def test_zero_config_chat_runs_everything_itself_and_keeps_to_its_home(tmp: Path
     assert _event(worker_log, "worker.lease_acquired")
     assert _event(worker_log, "worker.stopped")["processed"] == 1
     assert {r.get("process") for r in worker_log} == {"worker"}
+    assert _event(worker_log, "redis.embedded_stopped")  # after the worker stopped
 
     # the embedded Redis persisted the stream in an append-only file under RELAYBOT_HOME/redis
     aof = [p for p in (home / "redis").iterdir() if p.name.startswith("appendonly")]

@@ -1,0 +1,211 @@
+"""The zero-config worker: what ``relaybot chat`` starts when nothing is configured, and how long
+it lives (as long as a chat uses it, however the chats end).
+
+A chat with the embedded Redis and no worker running starts ``relaybot worker`` with
+:data:`ZEROCONF` set to its own :func:`token`. That worker
+
+1. starts the embedded Redis as its own child, unless one answers already (then it is someone
+   else's and stays); the kernel stops that Redis if the worker itself dies
+   (``deploy.embedded.dies_with_parent``);
+2. works while a chat uses it: the chat that started it, or any chat that registered in the
+   chats set (:func:`register`: every zero-config chat, when it opens; :func:`unregister` when it
+   ends). It looks every :data:`FOLLOW_EVERY` seconds;
+3. when no chat is left -- they ended by Ctrl-D, a closed terminal, SIGTERM, or kill -9 and had
+   no say -- it stops as on SIGTERM (the turns in hand finished and acked, their replies queued),
+   and if a chat registered meanwhile (it opened while this worker was finishing) it works again;
+4. then shuts down the Redis it started (SHUTDOWN: the append-only file flushed).
+
+A chat that ends normally asks the worker to stop at once when no other chat uses it
+(relaybot/runtime.py); this module is what makes the other endings safe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+import structlog
+
+from contract.bus import wait_for_redis
+from contract.config import Config
+from contract.outage import TRANSIENT
+from deploy import embedded
+
+log = structlog.get_logger(__name__)
+
+ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: that chat's token
+FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
+CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
+LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
+
+
+def token(pid: int | None = None) -> str:
+    """A process as ``pid:start`` (its start time since boot, from /proc, so that a pid used
+    again by another process is not the same token); ``pid`` alone without /proc."""
+    pid = os.getpid() if pid is None else pid
+    start = _start_time(pid)
+    return f"{pid}:{start}" if start else str(pid)
+
+
+def _start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else ""  # field 22 of stat, counted after the name
+
+
+def alive(tok: str) -> bool:
+    """Whether the process of ``tok`` still runs (not a zombie, not another with its pid)."""
+    pid_text, _, start = tok.partition(":")
+    if not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: the signal check is all there is
+    return state != "Z" and (not start or _start_time(pid) == start)
+
+
+def chats_key(cfg: Config) -> str:
+    return f"{cfg.keys.prefix}zeroconf:chats"
+
+
+def register(r: redis.Redis, cfg: Config) -> str:
+    """This chat uses the zero-config worker (until :func:`unregister`, or until it is gone)."""
+    tok = token()
+    r.sadd(chats_key(cfg), tok)
+    return tok
+
+
+def unregister(r: redis.Redis, cfg: Config, tok: str) -> None:
+    """This chat no longer uses the worker; it is marked as left, so a worker it started does
+    not count it as its starter while it waits for that worker to stop."""
+    with r.pipeline(transaction=True) as pipe:
+        pipe.srem(chats_key(cfg), tok)
+        pipe.set(_left_key(cfg, tok), 1, ex=LEFT_TTL)
+        pipe.execute()
+
+
+def _left_key(cfg: Config, tok: str) -> str:
+    return f"{cfg.keys.prefix}zeroconf:left:{tok}"
+
+
+def users(r: redis.Redis, cfg: Config) -> list[str]:
+    """The registered chats that run (those that are gone are removed from the set)."""
+    members = {m.decode() if isinstance(m, bytes) else str(m) for m in r.smembers(chats_key(cfg))}
+    gone = [m for m in members if not alive(m)]
+    if gone:
+        r.srem(chats_key(cfg), *gone)
+    return sorted(members - set(gone))
+
+
+def others(r: redis.Redis, cfg: Config, mine: str) -> list[str]:
+    """The chats besides ``mine`` that use the worker (a chat that ends leaves it to them)."""
+    return [u for u in users(r, cfg) if u != mine]
+
+
+class _Follower:
+    """A thread that asks this process to stop (SIGTERM, once) when no chat uses it."""
+
+    def __init__(self, r: redis.Redis, cfg: Config, starter: str) -> None:
+        self.r, self.cfg, self.starter = r, cfg, starter
+        self.fired = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relaybot-follow", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _starter_stays(self) -> bool:
+        """The chat that started the worker counts until it registers and leaves (it may open
+        and end between two looks) or is gone."""
+        starter = self.starter
+        return bool(starter) and alive(starter) and not self.r.exists(_left_key(self.cfg, starter))
+
+    def _run(self) -> None:
+        while not self._done.wait(FOLLOW_EVERY):
+            try:
+                if users(self.r, self.cfg) or self._starter_stays():
+                    continue
+            except TRANSIENT:
+                if alive(self.starter):  # Redis away a moment: the worker rides it out
+                    continue
+            self.fired.set()
+            log.warning("worker.no_chat_left", detail="the chats that used it have ended")
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def closing_key(cfg: Config) -> str:
+    return f"{cfg.keys.prefix}zeroconf:closing"
+
+
+def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
+    """The zero-config worker (see the module docstring); ``work`` runs the worker once."""
+    starter = os.environ.get(ZEROCONF, "")
+    own: subprocess.Popen[bytes] | None = None
+    if cfg.embedded_redis and not embedded.ping(cfg) and not embedded.supervised(cfg):
+        if not alive(starter):
+            log.info("worker.no_chat_left", detail="the chat that started it ended first")
+            return 0
+        own = embedded.start(cfg, with_parent=True)
+    try:
+        r = wait_for_redis(cfg)
+        r.delete(closing_key(cfg))  # a flag left by a worker that is gone
+        while True:
+            follower = _Follower(r, cfg, starter)
+            follower.start()
+            try:
+                code = work(r)
+            finally:
+                follower.stop()
+            if not follower.fired.is_set() or not _still_used(r, cfg):
+                return code  # a stop asked from outside is honoured as it is
+            log.info("worker.chat_back", detail="a chat opened while it stopped: working on")
+            starter = ""  # its starter is gone: the registered chats are what counts now
+    finally:
+        if own is not None:
+            embedded.stop(own, cfg)
+            log.info("redis.embedded_stopped", detail="no chat uses it")
+
+
+def _still_used(r: redis.Redis, cfg: Config) -> bool:
+    """Whether a chat opened while this worker stopped. The worker raises the closing flag,
+    then looks; a chat registers, then looks at the flag (relaybot/runtime.py): whichever comes
+    second sees the other, so a chat never attaches to a worker that shuts its Redis down."""
+    try:
+        r.set(closing_key(cfg), token(), ex=CLOSING_TTL)
+        if users(r, cfg):
+            r.delete(closing_key(cfg))
+            return True
+    except TRANSIENT:
+        return False
+    return False
+
+
+def closing(r: redis.Redis, cfg: Config) -> bool:
+    """Whether a zero-config worker that still runs is shutting down for want of chats."""
+    raw = r.get(closing_key(cfg))
+    tok = raw.decode() if isinstance(raw, bytes) else raw
+    return bool(tok) and alive(str(tok))
+
+
+def started_by_chat() -> bool:
+    return bool(os.environ.get(ZEROCONF))
