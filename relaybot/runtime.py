@@ -70,7 +70,7 @@ class Runtime:
                 self.worker_proc = self._spawn_worker()
                 self._wait_for_workers_redis()
             else:
-                self.redis_proc = embedded.start(cfg, with_parent=True)
+                self.redis_proc = embedded.start_unless_running(cfg, with_parent=True)
         self._r = connect(cfg)
         try:
             self._r.ping()
@@ -155,7 +155,11 @@ class Runtime:
 
     def problem(self) -> str | None:
         """Why nothing will answer, if we can tell."""
-        if self.worker_proc is not None and self.worker_proc.poll() is not None:
+        if (
+            self.worker_proc is not None
+            and self.worker_proc.poll() is not None
+            and not worker_alive(self.r, self.cfg)  # another worker serves this home
+        ):
             return (
                 f"the worker exited with code {self.worker_proc.returncode}; "
                 f"see {self.cfg.log_dir / 'worker.log'}"

@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,7 @@ ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: 
 FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
 CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
 LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
+OTHERS_WAIT = 30.0  # seconds the Redis's worker waits for the home's other workers to stop
 
 
 def token(pid: int | None = None) -> str:
@@ -157,6 +159,10 @@ def closing_key(cfg: Config) -> str:
     return f"{cfg.keys.prefix}zeroconf:closing"
 
 
+def workers_key(cfg: Config) -> str:
+    return f"{cfg.keys.prefix}zeroconf:workers"
+
+
 def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
     """The zero-config worker (see the module docstring); ``work`` runs the worker once."""
     starter = os.environ.get(ZEROCONF, "")
@@ -165,10 +171,14 @@ def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
         if not alive(starter):
             log.info("worker.no_chat_left", detail="the chat that started it ended first")
             return 0
-        own = embedded.start(cfg, with_parent=True)
+        own = embedded.start_unless_running(cfg, with_parent=True)
+    me = token()
+    r: redis.Redis | None = None
     try:
         r = wait_for_redis(cfg)
-        r.delete(closing_key(cfg))  # a flag left by a worker that is gone
+        r.sadd(workers_key(cfg), me)
+        if own is not None:
+            r.delete(closing_key(cfg))  # a flag left by a worker that is gone
         while True:
             follower = _Follower(r, cfg, starter)
             follower.start()
@@ -181,9 +191,29 @@ def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
             log.info("worker.chat_back", detail="a chat opened while it stopped: working on")
             starter = ""  # its starter is gone: the registered chats are what counts now
     finally:
+        if r is not None:
+            _leave(r, cfg, me, wait_for_others=own is not None)
         if own is not None:
             embedded.stop(own, cfg)
             log.info("redis.embedded_stopped", detail="no chat uses it")
+
+
+def _leave(r: redis.Redis, cfg: Config, me: str, *, wait_for_others: bool) -> None:
+    """Unregister this worker; the one whose Redis it is first lets the other zero-config
+    workers of the home stop (two chats opened at once each started one: the second waits for
+    the lease), so none is left working against a Redis that went away."""
+    deadline = time.monotonic() + OTHERS_WAIT
+    try:
+        r.srem(workers_key(cfg), me)
+        while wait_for_others and time.monotonic() < deadline:
+            members = {
+                m.decode() if isinstance(m, bytes) else str(m) for m in r.smembers(workers_key(cfg))
+            }
+            if not any(alive(m) for m in members):
+                return
+            time.sleep(0.1)
+    except TRANSIENT:
+        return
 
 
 def _still_used(r: redis.Redis, cfg: Config) -> bool:

@@ -255,3 +255,37 @@ def test_the_worker_killed_first_then_the_chat_leaves_nothing(tmp: Path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_two_chats_opened_at_once_share_one_redis(tmp: Path) -> None:
+    """Two chats opened together on a fresh home: each starts a worker, and one embedded Redis
+    runs (a lock file: two servers on one socket and one append-only file would clash)."""
+    home = tmp / "home"
+    env = relaybot_env(home)
+    argv = [sys.executable, "-m", "relaybot", "chat", "-m"]
+    procs = [
+        subprocess.Popen(
+            [*argv, f"hello {n}", "--session", f"s{n}"],
+            env=dict(env),
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(2)
+    ]
+    started_at = time.monotonic()
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    # neither waited out its worker (30 s): the second worker stopped, then the Redis's
+    assert time.monotonic() - started_at < 20
+    assert all(out.startswith(b"No model is configured") for out, _ in outs)
+    started = [
+        r
+        for r in json_lines((home / "logs" / "worker.log").read_text())
+        if r.get("event") == "redis.embedded_started"
+    ]
+    assert len(started) == 1, started
+    _left_nothing(home)
+    rows = memory_rows(home / "memory.sqlite3")
+    assert sorted(r["text"] for r in rows if r["direction"] == "in") == ["hello 0", "hello 1"]
