@@ -106,6 +106,10 @@ def _send_and_await(rt: Runtime, term: Terminal, text: str, timeout: float) -> i
     out within ``timeout``: the line is sent once (:meth:`Terminal.publish_once`) and its reply
     is still printed."""
     started = time.monotonic()
+    died = rt.worker_died()
+    if died is not None:
+        _err(f"{died}; your message was not sent (start the chat again: it starts both)")
+        return EXIT_NO_REDIS
     try:
         sid = term.send(text, patience=timeout)
     except TRANSIENT as exc:
@@ -129,6 +133,13 @@ def _await(rt: Runtime, term: Terminal, sid: str, timeout: float) -> int:
             problem = rt.problem()
             outage.recovered()
         except TRANSIENT as exc:  # the message is accepted: wait for Redis, then its reply
+            died = rt.worker_died()
+            if died is not None:  # nothing will bring Redis back: say so now, not at timeout
+                _err(
+                    f"{died}; your message is queued as {sid} and will be answered when "
+                    f"relaybot runs again (resume with --session {term.session})"
+                )
+                return EXIT_NO_WORKER
             time.sleep(max(0.0, min(outage.failed(exc), deadline - time.monotonic())))
             continue
         if problem and time.monotonic() - started > GRACE:

@@ -153,6 +153,17 @@ class Runtime:
         log.info("runtime.worker_started", pid=proc.pid)
         return proc
 
+    def worker_died(self) -> str | None:
+        """Why nothing will answer when Redis cannot be asked: the zero-config worker this chat
+        started has exited, and the embedded Redis (its child) went with it."""
+        proc = self.worker_proc
+        if proc is None or proc.poll() is None or embedded.ping(self.cfg):
+            return None
+        return (
+            f"the worker exited with code {proc.returncode} and the embedded Redis with it; "
+            f"see {self.cfg.log_dir / 'worker.log'}"
+        )
+
     def problem(self) -> str | None:
         """Why nothing will answer, if we can tell."""
         if (

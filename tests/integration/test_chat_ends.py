@@ -289,3 +289,28 @@ def test_two_chats_opened_at_once_share_one_redis(tmp: Path) -> None:
     _left_nothing(home)
     rows = memory_rows(home / "memory.sqlite3")
     assert sorted(r["text"] for r in rows if r["direction"] == "in") == ["hello 0", "hello 1"]
+
+
+def test_a_chat_whose_worker_died_says_so_at_once(tmp: Path) -> None:
+    """Adversary round 4: the worker killed (its Redis goes with it), the chat's next line
+    waited out the whole timeout, then Ctrl-D hung."""
+    home = tmp / "home"
+    proc = _interactive(relaybot_env(home), tmp / "chat.stderr", "died")
+    try:
+        assert _until(lambda: _pids(tmp / "chat.stderr") is not None, 30)
+        found = _pids(tmp / "chat.stderr")
+        assert found is not None
+        time.sleep(1)
+        os.kill(found[1], signal.SIGKILL)
+        assert _until(lambda: not pid_running(found[0]), 10)  # its Redis went with it
+        assert proc.stdin is not None
+        proc.stdin.write(b"anyone there?\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=20) == 1
+        said = (tmp / "chat.stderr").read_text()
+        assert "the worker exited with code -9" in said and "not sent" in said
+        _left_nothing(home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
