@@ -83,9 +83,9 @@ def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: 
     if (why := bad_session(name)) is not None:
         _err(why)
         return EXIT_USAGE
-    # the terminal closed (SIGHUP) or a stop was asked (SIGTERM): leave as after Ctrl-D, so the
-    # worker and the embedded Redis this chat started stop with it (a SIGKILL: they follow it
-    # by themselves, relaybot/runtime.py)
+    # the terminal closed (SIGHUP) or a stop was asked (SIGTERM): leave as after Ctrl-D (a
+    # chat that cannot, killed or signalled while it starts: the zero-config worker sees it
+    # gone by itself, relaybot/zeroconf.py)
     for sig in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, _stop_on)
     view = ReplyView(sys.stdout, cfg.worker.assistant_name)
