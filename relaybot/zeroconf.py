@@ -43,6 +43,7 @@ ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: 
 FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
 CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
 LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
+LEASE_LOST = 4  # the worker's exit code when another worker took its lease (worker/consumer.py)
 OTHERS_WAIT = 30.0  # seconds the Redis's worker waits for the home's other workers to stop
 
 
@@ -186,10 +187,16 @@ def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
                 code = work(r)
             finally:
                 follower.stop()
-            if not follower.fired.is_set() or not _still_used(r, cfg):
+            if follower.fired.is_set():
+                if not _still_used(r, cfg):
+                    return code
+                log.info("worker.chat_back", detail="a chat opened while it stopped: working on")
+                starter = ""  # its starter is gone: the registered chats are what counts now
+            elif code != LEASE_LOST or not _in_use(r, cfg):
                 return code  # a stop asked from outside is honoured as it is
-            log.info("worker.chat_back", detail="a chat opened while it stopped: working on")
-            starter = ""  # its starter is gone: the registered chats are what counts now
+            else:  # stalled past its lease, another worker of the home took over: chats still
+                # use this Redis, so this worker stays, as the standby
+                log.warning("worker.lease_lost_standing_by", detail="chats use its Redis")
     finally:
         if r is not None:
             _leave(r, cfg, me, wait_for_others=own is not None)
@@ -214,6 +221,13 @@ def _leave(r: redis.Redis, cfg: Config, me: str, *, wait_for_others: bool) -> No
             time.sleep(0.1)
     except TRANSIENT:
         return
+
+
+def _in_use(r: redis.Redis, cfg: Config) -> bool:
+    try:
+        return bool(users(r, cfg))
+    except TRANSIENT:
+        return False
 
 
 def _still_used(r: redis.Redis, cfg: Config) -> bool:

@@ -4,6 +4,7 @@ its own running (they ran on, unseen, after a closed terminal or a kill -9)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -314,3 +315,53 @@ def test_a_chat_whose_worker_died_says_so_at_once(tmp: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_redis_worker_stalled_past_its_lease_keeps_its_redis_for_open_chats(
+    tmp: Path, model_server: FakeModelServer
+) -> None:
+    """Adversary round 4 (F4a): the worker running Redis stalls past its lease (SIGSTOP 12 s);
+    a chat opened meanwhile starts a second worker, which takes over. On waking the first lost
+    its lease, stopped, and shut its Redis down under the open chats."""
+    home = tmp / "home"
+    env = relaybot_env(home, model_url=model_server.base_url)
+    first = _interactive(env, tmp / "c0.stderr", "c0")
+    second, owner = None, -1
+    try:
+        assert _until(lambda: _pids(tmp / "c0.stderr") is not None, 30)
+        found = _pids(tmp / "c0.stderr")
+        assert found is not None
+        redis_pid, owner = found
+        worker_log = home / "logs" / "worker.log"
+        assert _until(lambda: b"worker.lease_acquired" in worker_log.read_bytes(), 30)
+        os.kill(owner, signal.SIGSTOP)
+        time.sleep(11)  # past the 10 s lease
+        second = _interactive(env, tmp / "c1.stderr", "c1")  # starts a worker: none holds it
+        assert _until(lambda: worker_log.read_bytes().count(b"worker.lease_acquired") == 2, 30)
+        os.kill(owner, signal.SIGCONT)
+        assert _until(lambda: b"worker.lease_lost_standing_by" in worker_log.read_bytes(), 20)
+        assert pid_running(redis_pid) and pid_running(owner)
+        for n, chat_proc in enumerate((first, second)):
+            assert chat_proc.stdin is not None
+            chat_proc.stdin.write(f"after the stall {n}\n".encode())
+            chat_proc.stdin.flush()
+
+        def answered() -> int:
+            rows = memory_rows(home / "memory.sqlite3")
+            return sum("after the stall" in r["text"] for r in rows)
+
+        assert _until(lambda: answered() == 4, 40)
+        for chat_proc in (first, second):
+            assert chat_proc.stdin is not None
+            chat_proc.stdin.close()
+        for chat_proc in (first, second):
+            assert chat_proc.wait(timeout=40) == 0
+        _left_nothing(home)
+    finally:
+        if owner > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(owner, signal.SIGCONT)
+        for chat_proc in (first, second):
+            if chat_proc is not None and chat_proc.poll() is None:
+                chat_proc.kill()
+                chat_proc.wait()
