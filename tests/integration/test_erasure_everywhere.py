@@ -229,7 +229,7 @@ def test_an_erasure_leaves_the_text_in_no_store(
     # the worker dies (kill -9) before the reader lets go: the next one finishes the truncation
     worker.signal(signal.SIGKILL)
     worker.popen.wait(10)
-    worker = procs.worker(worker_env, r=admin, keys=keys)
+    worker = procs.worker(worker_env, r=admin, keys=keys, timeout=60)  # the dead one's lease ends
     logs += [worker.log_path, worker.out_path]
     reader.close()
     worker.wait_for_log("memory.erasure_wal_truncated")
