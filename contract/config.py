@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import httpx
 from pydantic import (
@@ -58,6 +58,16 @@ class OwnerConfig(_Section):
     aliases: list[str | OwnerAlias] = Field(default_factory=list)
 
 
+def _check_port(parsed: SplitResult) -> None:
+    """ValueError unless the URL's port, if it names one, is a number from 1 to 65535."""
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ValueError("the port is not a number from 1 to 65535") from None
+    if port == 0:
+        raise ValueError("the port is not a number from 1 to 65535")
+
+
 def check_redis_url(url: str) -> None:
     """ValueError, without the URL in its message, unless ``url`` is one redis-py can use:
     ``redis://``, ``rediss://`` or ``unix://``, a numeric port, a numeric database."""
@@ -70,12 +80,7 @@ def check_redis_url(url: str) -> None:
                 "a unix:// Redis URL needs the socket's path (unix:///path/redis.sock)"
             )
         return
-    try:
-        port = parsed.port
-    except ValueError:
-        raise ValueError("the port is not a number from 1 to 65535") from None
-    if port == 0:
-        raise ValueError("the port is not a number from 1 to 65535")
+    _check_port(parsed)
     database = unquote(parsed.path).replace("/", "")
     if database and not (database.isascii() and database.isdigit()):
         raise ValueError("the database (after the last /) is not a number")
@@ -92,12 +97,7 @@ def check_model_url(url: str) -> None:
         raise ValueError(
             "not an http:// or https:// URL (e.g. http://127.0.0.1:11434/v1 for Ollama)"
         )
-    try:
-        port = parsed.port
-    except ValueError:
-        raise ValueError("the port is not a number from 1 to 65535") from None
-    if port == 0:
-        raise ValueError("the port is not a number from 1 to 65535")
+    _check_port(parsed)
     if not parsed.hostname:
         raise ValueError("the URL names no host (e.g. http://127.0.0.1:11434/v1)")
     if any(unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp") for c in url):
