@@ -107,13 +107,18 @@ def _left_key(cfg: Config, tok: str) -> str:
     return f"{cfg.keys.prefix}zeroconf:left:{tok}"
 
 
-def users(r: redis.Redis, cfg: Config) -> list[str]:
-    """The registered chats that run (those that are gone are removed from the set)."""
-    members = {m.decode() if isinstance(m, bytes) else str(m) for m in r.smembers(chats_key(cfg))}
+def _live(r: redis.Redis, key: str) -> list[str]:
+    """The tokens in the set ``key`` whose processes run (the others are removed from it)."""
+    members = {m.decode() if isinstance(m, bytes) else str(m) for m in r.smembers(key)}
     gone = [m for m in members if not alive(m)]
     if gone:
-        r.srem(chats_key(cfg), *gone)
+        r.srem(key, *gone)
     return sorted(members - set(gone))
+
+
+def users(r: redis.Redis, cfg: Config) -> list[str]:
+    """The registered chats that run (those that are gone are removed from the set)."""
+    return _live(r, chats_key(cfg))
 
 
 def others(r: redis.Redis, cfg: Config, mine: str) -> list[str]:
@@ -213,10 +218,7 @@ def _leave(r: redis.Redis, cfg: Config, me: str, *, wait_for_others: bool) -> No
     try:
         r.srem(workers_key(cfg), me)
         while wait_for_others and time.monotonic() < deadline:
-            members = {
-                m.decode() if isinstance(m, bytes) else str(m) for m in r.smembers(workers_key(cfg))
-            }
-            if not any(alive(m) for m in members):
+            if not _live(r, workers_key(cfg)):
                 return
             time.sleep(0.1)
     except TRANSIENT:
