@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from contract.keys import Keys
-from contract.messages import describe_validation_error
+from contract.messages import CHANNELS, describe_validation_error
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are relaybot, the owner's personal assistant. You are reached from the terminal, "
@@ -56,6 +56,27 @@ class OwnerAlias(_Section):
 class OwnerConfig(_Section):
     name: str = "owner"
     aliases: list[str | OwnerAlias] = Field(default_factory=list)
+    # the channels whose gateways are trusted to say that the owner is speaking (None: all of
+    # them). The owner's turns from another channel see only their own conversation, as a
+    # group would: what a stolen gateway credential can read (README, "The trust model")
+    trusted_channels: list[str] | None = None
+
+    @field_validator("trusted_channels")
+    @classmethod
+    def _known_channels(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - set(CHANNELS))
+        if unknown:
+            raise ValueError(
+                f"unknown channel(s) {', '.join(map(repr, unknown))}: the channels are "
+                f"{', '.join(CHANNELS)}"
+            )
+        return value
+
+    def trusts(self, channel: str) -> bool:
+        """Whether the owner's own turns from ``channel`` see everything."""
+        return self.trusted_channels is None or channel in self.trusted_channels
 
 
 def _check_port(parsed: SplitResult) -> None:

@@ -22,6 +22,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``matrix:seen`` | sorted set | matrix | event ids published |
 | ``matrix:thread:<event id>`` | string (TTL) | matrix | the thread an event was in |
 | ``matrix:members:<room id>`` | string (JSON) | matrix | everyone who was ever a member |
+| ``matrix:sent:<event id>`` | string (TTL) | matrix | the reply id of an event the bot sent |
 | ``email:cursor:<folder>`` | hash | email | UIDVALIDITY and the last UID |
 | ``email:seen`` | sorted set | email | Message-IDs published |
 | ``email:orig:<digest>`` | string (TTL) | email | the headers a reply needs |
@@ -90,6 +91,10 @@ class Keys:
 
     def matrix_thread(self, event_id: str) -> str:
         return f"{self.prefix}matrix:thread:{event_id}"
+
+    def matrix_sent(self, event_id: str) -> str:
+        """The reply id of an event the bot sent (a redaction of it erases that reply)."""
+        return f"{self.prefix}matrix:sent:{event_id}"
 
     def email_cursor(self, folder: str) -> str:
         return f"{self.prefix}email:cursor:{folder}"

@@ -7,12 +7,13 @@ The key names are in :mod:`contract.keys`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -142,6 +143,15 @@ class InboundMessage(BaseModel):
             return cls.model_validate({**fields, "v": SCHEMA_VERSION})
         except ValidationError as exc:
             raise WireError(describe_validation_error(exc)) from None
+
+
+def audience_key(audience: Iterable[str]) -> str:
+    """A short, stable name for a set of addresses: the last part of a conversation id whose
+    audience is that set (``matrix:<room>/<key>``, ``email:<thread>/<key>``), so that a change
+    of audience starts another conversation (gateways/audience.py) and an entry naming a
+    conversation can be checked against the audience it says (worker/claims.py)."""
+    text = "\n".join(sorted({a.strip().lower() for a in audience}))
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
 
 
 def decode_fields(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, str]:

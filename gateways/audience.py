@@ -8,11 +8,6 @@ nothing of the first's.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
+from contract.messages import audience_key
 
-
-def audience_key(audience: Iterable[str]) -> str:
-    """A short, stable name for a set of addresses (part of a conversation id)."""
-    text = "\n".join(sorted({a.strip().lower() for a in audience}))
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
+__all__ = ["audience_key"]

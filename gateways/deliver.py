@@ -14,8 +14,10 @@ that stamped ``Reply.created`` and this gateway share, wherever each runs.
 
 The final status of a reply is told to the worker (the only memory writer) as a ``reply_status``
 derived entry on the channel's own stream, in the same MULTI that takes the reply out of flight:
-``expired`` always, ``failed`` when the platform refused it for good (:class:`Undeliverable`), and
-``delivered`` when the caller asks for it (``report_delivered``: the e-mail gateway does).
+``expired`` always, ``failed`` when the platform refused it for good (:class:`Undeliverable`),
+``withheld`` when the gateway found, right before posting, that the reply would reach people it
+was not written for (:class:`Withheld`), and ``delivered`` when the caller asks for it
+(``report_delivered``: the e-mail gateway does).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import structlog
@@ -39,6 +42,21 @@ MAX_DETAIL = 500  # characters of a status detail (a server's refusal) kept
 
 class Undeliverable(RuntimeError):
     """The platform refused the reply for good (an SMTP 5xx): reported ``failed``, not retried."""
+
+    status = "failed"
+    report: dict[str, Any] | None = None  # what the report adds for the worker (``extra.now``)
+
+
+class Withheld(Undeliverable):
+    """The reply was not posted: the audience it would reach now is wider than the one it was
+    written for (someone joined, the room opened). Reported ``withheld`` with ``report``, the
+    audience now, so the worker can answer again for it or tell the owner why not."""
+
+    status = "withheld"
+
+    def __init__(self, detail: str, report: dict[str, Any]) -> None:
+        super().__init__(detail)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -118,9 +136,16 @@ class ReplyQueue:
         self.finish(claimed, "expired", detail)
         log.warning("reply.expired", reply_id=claimed.reply.reply_id, age=round(age))
 
-    def finish(self, claimed: Claimed, status: str, detail: str = "") -> None:
+    def finish(
+        self,
+        claimed: Claimed,
+        status: str,
+        detail: str = "",
+        now: dict[str, Any] | None = None,
+    ) -> None:
         """Take the reply out of flight and tell the worker (the only memory writer) its final
-        status, atomically: a crash leaves it either in flight or reported, never lost."""
+        status, atomically: a crash leaves it either in flight or reported, never lost.
+        ``now``: a withheld reply's audience now (:class:`Withheld`)."""
         rep = claimed.reply
         note = InboundMessage(
             kind=Kind.DERIVED,
@@ -138,6 +163,7 @@ class ReplyQueue:
                 "answers": rep.answers,
                 "status": status,
                 "detail": detail[:MAX_DETAIL],
+                **({"now": now} if now else {}),
             },
         )
         pipe = self.r.pipeline(transaction=True)
@@ -185,8 +211,14 @@ def deliver_next(
     queue.mark(claimed)
     try:
         send(reply)
+    except Withheld as exc:
+        queue.finish(claimed, exc.status, str(exc), exc.report)
+        log.warning(
+            "reply.withheld", reply_id=reply.reply_id, answers=reply.answers, reason=str(exc)
+        )
+        return None
     except Undeliverable as exc:
-        queue.finish(claimed, "failed", str(exc))
+        queue.finish(claimed, exc.status, str(exc))
         log.error("reply.failed", reply_id=reply.reply_id, answers=reply.answers, error=str(exc))
         return None
     if report_delivered:

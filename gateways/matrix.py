@@ -11,6 +11,7 @@ idempotent sink). A typing notice is kept alive while the worker marks the sessi
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -18,12 +19,22 @@ from typing import Any
 import aiohttp
 import redis
 import structlog
-from nio import AsyncClient, ErrorResponse
+from nio import AsyncClient, ErrorResponse, RoomGetStateResponse
 
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
-from gateways.matrix_events import CHANNEL, GroupPolicy, Policy, room_of, session_of
+from gateways.deliver import Withheld
+from gateways.matrix_events import (
+    CHANNEL,
+    GroupPolicy,
+    Policy,
+    openness_of,
+    room_facts,
+    room_of,
+    session_of,
+)
 from gateways.matrix_login import ErrorValue, FatalMatrixError, check_fatal, describe, login
+from gateways.matrix_recheck import recheck
 from gateways.matrix_render import reply_content
 from gateways.matrix_sync import MatrixSync, optional_text
 from gateways.runner import Backoff, Runtime, TypingHook, run_gateway
@@ -36,6 +47,7 @@ log = structlog.get_logger(__name__)
 HINT = "set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling"
 
 TYPING_MS = 30_000
+SENT_KEEP = 30 * 24 * 3600  # how long a sent event's reply id is kept (for its redaction)
 TYPING_REFRESH = 20.0
 
 
@@ -107,6 +119,7 @@ class MatrixGateway:
     async def send(self, reply: Reply) -> None:
         client = self._client()
         room_id = room_of(reply.session)
+        await self._recheck(reply, room_id)
         thread = (
             optional_text(self.r.get(self.keys.matrix_thread(reply.in_reply_to)))
             if reply.in_reply_to
@@ -124,6 +137,38 @@ class MatrixGateway:
             check_fatal(resp)
             raise RuntimeError(f"room_send failed: {describe(resp)}")
         log.info("matrix.sent", room_id=room_id, reply_id=reply.reply_id, event_id=resp.event_id)
+        # a redaction of it names the event: memory knows the reply by its id
+        self.r.set(self.keys.matrix_sent(resp.event_id), reply.reply_id, ex=SENT_KEEP)
+
+    async def _recheck(self, reply: Reply, room_id: str) -> None:
+        """The room as the homeserver has it now (not as the last sync left it: someone may
+        have been invited since), classified again: :class:`Withheld` when the reply would
+        reach people it was not written for (gateways/matrix_recheck.py)."""
+        client = self._client()
+        resp = await client.room_get_state(room_id)
+        if not isinstance(resp, RoomGetStateResponse):
+            check_fatal(resp)
+            raise RuntimeError(f"the room's state could not be read: {describe(resp)}")
+        events = [e for e in resp.events if isinstance(e, dict)]
+        members = frozenset(
+            str(e.get("state_key"))
+            for e in events
+            if e.get("type") == "m.room.member"
+            and isinstance(e.get("content"), dict)
+            and e["content"].get("membership") in ("join", "invite")
+        )
+        known = optional_text(self.r.get(self.keys.matrix_members(room_id)))
+        ever = frozenset(json.loads(known) if known else ()) | members
+        now = room_facts(
+            room_id, members, own_user_id=client.user_id, ever=ever, display_names={},
+            openness=openness_of(events),
+        )  # fmt: skip
+        policy = (
+            self.sync.policy if self.sync is not None else build_policy(self.cfg, client.user_id)
+        )
+        verdict = recheck(reply, now, policy)
+        if verdict is not None:
+            raise Withheld(verdict.reason, verdict.report)
 
     async def _update_typing(self, busy: frozenset[str]) -> None:
         client, now = self._client(), time.monotonic()

@@ -6,12 +6,17 @@ nio), the facts the gateway knows about the room and the policy, and returns eit
 It never raises on a bad event.
 
 - session = ``matrix:<room_id>`` (where replies go); the conversation is the room and its
-  audience (:func:`room_facts`): the room itself where it shows its history to newcomers, else
-  ``matrix:<room_id>/<audience key>``, a conversation per membership, so someone invited into a
-  DM sees nothing of what was said before they came;
-- privacy, from the audience (the members who can read the event, the bot aside): one person
-  and the owner, the owner's own; one other person, direct; several people, a group. Where
-  history is shared, everyone who was ever a member is in it: a room that shrinks stays a group;
+  audience (:func:`room_facts`): the room itself where newcomers read its history (``shared``
+  or ``world_readable``, not encrypted), else ``matrix:<room_id>/<audience key>``, a
+  conversation per membership, so someone invited into a DM, or into an encrypted room, sees
+  nothing of what was said before they came; the owner's own room is always keyed by its
+  audience, so it is never the conversation of anyone else;
+- privacy, from the audience (everyone who can read the event, now or later, the bot aside) and
+  how open the room is (:attr:`RoomFacts.private`: invite-only, not world-readable): an
+  invite-only room of the owner alone, the owner's own; of one other person, direct; any other
+  room (several people, or anyone may join, knock, come in from another room, or read it
+  without joining), a group. Where history is shared, everyone who was ever
+  a member is in it: a room that shrinks stays a group;
 - its own events are ignored; ``m.notice`` is never answered (bots talk in notices: no bot
   loops): in a group room that records everything it is recorded as the room's context (a CI
   bot's "build failed" is what the room talks about), elsewhere it is dropped;
@@ -27,7 +32,7 @@ It never raises on a bad event.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -76,16 +81,30 @@ class RoomFacts:
     member_count: int  # the audience with the bot: joined + invited (+ earlier members, shared)
     display_names: Mapping[str, str] = field(default_factory=dict)
     audience: frozenset[str] = frozenset()  # who can read the event, the bot aside
-    epoch: str = ""  # the audience's key when the room hides history from newcomers, else ""
+    epoch: str = ""  # the audience's key where newcomers do not read the history, else ""
     public: bool = False  # world_readable: anyone can read it, member or not
+    open: bool = False  # anyone may join, knock, or come in from another room (guests too)
+
+    @property
+    def private(self) -> bool:
+        """Only those the members invite can ever read it: invite-only, not world-readable. A
+        room anyone may join (``public``, guests too where guest access is ``can_join``), ask
+        to join (``knock``), enter from another room (``restricted``), or read without joining
+        (``world_readable``), is not."""
+        return not (self.public or self.open)
 
     @property
     def direct(self) -> bool:
-        """Two people at most, in a room that not everyone can read. ``m.direct`` /
-        ``is_direct`` is not trusted for this: a room created as a DM can grow, and a third
-        person must not see the owner's own context; a world-readable room is public however
-        few its members are."""
-        return self.member_count <= 2 and not self.public
+        """Two people at most, in a room only its members let people into (:attr:`private`).
+        ``m.direct`` / ``is_direct`` is not trusted for this: a room created as a DM can grow,
+        and a third person must not see the owner's own context; a room anyone may join or read
+        is a group however few its members are."""
+        return self.member_count <= 2 and self.private
+
+    @property
+    def key(self) -> str:
+        """The audience's key (part of a conversation id: gateways/audience.py)."""
+        return self.epoch or audience_key(self.audience)
 
 
 @dataclass(frozen=True)
@@ -114,7 +133,68 @@ class Policy:
 
 NOTICE = "m.notice (bots talk in notices; not answered)"
 SHARED_HISTORY = frozenset({"shared", "world_readable"})
+# join rules that keep a room to those its members invite ("private" is the old name of invite);
+# any other value, known (public, knock, restricted, knock_restricted) or not, lets people in
+INVITE_ONLY = frozenset({"invite", "private"})
 _MEMBER = frozenset({"join", "invite"})
+
+
+@dataclass(frozen=True)
+class Openness:
+    """How a room lets people read it, from its state: ``m.room.join_rules``,
+    ``m.room.guest_access``, ``m.room.history_visibility``, ``m.room.encryption``."""
+
+    join_rule: str = "invite"
+    guest_access: str = "forbidden"
+    history_visibility: str = "shared"
+    encrypted: bool = False
+
+    @property
+    def open(self) -> bool:
+        """Anyone may come in without a member's invite. Guest access (``can_join``, which
+        Matrix's ``private_chat`` preset sets) lets guests join only where the join rule lets
+        them in: a guest needs an invite to an invite-only room, as anyone does."""
+        return self.join_rule not in INVITE_ONLY
+
+    @property
+    def shared(self) -> bool:
+        """Newcomers read what was said before they came: the history is shown to them and
+        not encrypted (a newcomer gets no key for what was sent before their join, whatever
+        ``history_visibility`` says)."""
+        return self.history_visibility in SHARED_HISTORY and not self.encrypted
+
+    def describe(self) -> str:
+        return (
+            f"join rule {self.join_rule}, guest access {self.guest_access}, history "
+            f"{self.history_visibility}, {'encrypted' if self.encrypted else 'not encrypted'}"
+        )
+
+
+def openness_of(state: Sequence[Mapping[str, Any]], base: Openness | None = None) -> Openness:
+    """A room's openness from its state events (``GET /rooms/{id}/state``, or the state events
+    of a timeline over ``base``, what was known before them); a value that is missing keeps
+    ``base`` (else the spec's default), one that is malformed counts as open (fail closed)."""
+    was = base or Openness()
+    join_rule, guest = was.join_rule, was.guest_access
+    visibility, encrypted = was.history_visibility, was.encrypted
+    for event in state:
+        if event.get("state_key") != "":
+            continue
+        content = event.get("content")
+        content = content if isinstance(content, Mapping) else {}
+        kind = event.get("type")
+        if kind == "m.room.join_rules":
+            value = content.get("join_rule")
+            join_rule = value if isinstance(value, str) else "unknown"
+        elif kind == "m.room.guest_access":
+            value = content.get("guest_access")
+            guest = value if isinstance(value, str) else "can_join"
+        elif kind == "m.room.history_visibility":
+            value = content.get("history_visibility")
+            visibility = value if isinstance(value, str) else "world_readable"
+        elif kind == "m.room.encryption" and content:
+            encrypted = True
+    return Openness(join_rule, guest, visibility, encrypted)
 
 
 def memberships(events: Sequence[Mapping[str, Any]], now: frozenset[str]) -> list[frozenset[str]]:
@@ -146,24 +226,28 @@ def room_facts(
     members: frozenset[str],
     *,
     own_user_id: str,
-    history_visibility: str,
+    history_visibility: str = "shared",
     ever: frozenset[str],
     display_names: Mapping[str, str],
+    openness: Openness | None = None,
 ) -> RoomFacts:
-    """The facts of an event sent while ``members`` were in the room. Where the room shows its
-    history to newcomers (``shared``, ``world_readable``: Matrix's default), everyone who was ever
-    a member (``ever``) can read it, and the room is one conversation; where it does not
-    (``invited``, ``joined``), the audience is who is in the room now, and each audience is a
-    conversation of its own (its key in ``epoch``), which sees nothing of the others'."""
-    shared = history_visibility in SHARED_HISTORY
-    audience = frozenset((ever | members) if shared else members) - {own_user_id}
+    """The facts of an event sent while ``members`` were in the room. Where newcomers read the
+    room's history (``shared``, ``world_readable``: Matrix's default, and not encrypted),
+    everyone who was ever a member (``ever``) can read it, and the room is one conversation;
+    where they do not (``invited``, ``joined``, or an encrypted room), the audience is who is in
+    the room now, and each audience is a conversation of its own (its key in ``epoch``), which
+    sees nothing of the others'. ``openness`` is the room's state (else only
+    ``history_visibility`` is known: an invite-only room without guests)."""
+    how = openness or Openness(history_visibility=history_visibility)
+    audience = frozenset((ever | members) if how.shared else members) - {own_user_id}
     return RoomFacts(
         room_id,
         member_count=len(audience) + 1,
         display_names=display_names,
         audience=audience,
-        epoch="" if shared else audience_key(audience),
-        public=history_visibility == "world_readable",
+        epoch="" if how.shared else audience_key(audience),
+        public=how.history_visibility == "world_readable",
+        open=how.open,
     )
 
 
@@ -258,6 +342,55 @@ def _text_and_extra(
     return text
 
 
+REDACTION_TEXT = "[redaction]"
+
+
+def _redaction(
+    event: Mapping[str, Any],
+    content: Mapping[str, Any],
+    room: RoomFacts,
+    policy: Policy,
+    *,
+    redacted: Callable[[str], str | None],
+) -> InboundMessage | Rejected:
+    """A redaction, passed on for the worker to erase what it removes from memory (as ``memory
+    erase --id`` would): ``extra.redacts`` names the redacted event (the reply id, for one of
+    the bot's own replies), never answered. The homeserver checked that its sender may redact
+    it (its author, or a moderator of the room)."""
+    event_id, sender = str(event.get("event_id")), str(event.get("sender"))
+    target = event.get("redacts", content.get("redacts"))  # top level before room version 11
+    if not isinstance(target, str) or not target:
+        return Rejected("redaction without a target", event_id, level=WARNING)
+    privacy = classify(room, sender, policy) or Privacy.GROUP
+    own = redacted(target)
+    extra: dict[str, Any] = {
+        "room_id": room.room_id,
+        "audience": sorted(room.audience),
+        "redacts": own or target,
+        "no_reply": "redaction",
+        **({"redacts_event": target} if own else {}),
+    }
+    ts_ms = event.get("origin_server_ts")
+    try:
+        return InboundMessage(
+            kind=Kind.MESSAGE,
+            channel=CHANNEL,
+            session=session_of(room.room_id),
+            conversation=conversation_of(room, privacy),
+            sender=sender,
+            sender_name=room.display_names.get(sender, "")[:320],
+            privacy=privacy,
+            text=REDACTION_TEXT,
+            ts=ts_ms / 1000 if isinstance(ts_ms, int | float) and ts_ms > 0 else 0.0,
+            event_id=event_id,
+            extra=extra,
+        )
+    except ValidationError as exc:
+        return Rejected(
+            f"not a valid redaction: {describe_validation_error(exc)}", event_id, level=WARNING
+        )
+
+
 def strip_reply_fallback(body: str) -> str:
     """A reply's body without the quote of the message it answers (the Matrix spec's reply
     fallback: leading ``> `` lines, then a blank line). That quote is a copy of an earlier
@@ -275,6 +408,34 @@ def strip_reply_fallback(body: str) -> str:
     return f"* {rest}" if emote else rest
 
 
+def classify(room: RoomFacts, sender: str, policy: Policy) -> Privacy | None:
+    """The privacy class of a message from ``sender`` in ``room`` (None: a stranger in a direct
+    room, not answered). Only an invite-only room of the owner alone is the owner's own; only
+    an invite-only room of one allowlisted contact that hides its history from newcomers is
+    direct; every other room is a group."""
+    if not room.direct:
+        return Privacy.GROUP
+    if sender in policy.owners:
+        return Privacy.OWNER if room.audience <= policy.owners else Privacy.GROUP
+    if sender in policy.dm_allowlist:
+        # where the room shows its history to newcomers (no epoch), what is said here is said
+        # to whoever joins later too: the conversation sees only itself (and public
+        # knowledge), not what this person told the assistant elsewhere
+        return Privacy.DIRECT if room.epoch else Privacy.GROUP
+    return None
+
+
+def conversation_of(room: RoomFacts, privacy: Privacy) -> str:
+    """The conversation a message of class ``privacy`` in ``room`` belongs to: the room and
+    its audience's key where newcomers do not read its history, and always for the owner's own
+    room (someone invited later starts another conversation, whatever they may read there);
+    the room itself for a group whose history everyone who joins reads."""
+    session = session_of(room.room_id)
+    if room.epoch or privacy is Privacy.OWNER:
+        return f"{session}/{room.key}"
+    return session
+
+
 def _admit(
     event: Mapping[str, Any],
     *,
@@ -289,14 +450,10 @@ def _admit(
     if room.direct:
         if extra.get("notice"):
             return Rejected(NOTICE, level=DEBUG)
-        if sender in policy.owners:
-            return Privacy.OWNER, ""
-        if sender in policy.dm_allowlist:
-            # where the room shows its history to newcomers (no epoch), what is said here is
-            # said to whoever joins later too: the conversation sees only itself (and public
-            # knowledge), not what this person told the assistant elsewhere
-            return (Privacy.DIRECT if room.epoch else Privacy.GROUP), ""
-        return Rejected("direct message from a sender not on the allowlist")
+        privacy = classify(room, sender, policy)
+        if privacy is None:
+            return Rejected("direct message from a sender not on the allowlist")
+        return privacy, ""
     unanswered = _unanswered(event, content=content, text=text, extra=extra, room=room,
                              policy=policy)  # fmt: skip
     if unanswered and not policy.records_all(room.room_id):
@@ -330,9 +487,14 @@ def _unanswered(
 
 
 def normalize_event(
-    event: Mapping[str, Any], room: RoomFacts, policy: Policy
+    event: Mapping[str, Any],
+    room: RoomFacts,
+    policy: Policy,
+    *,
+    redacted: Callable[[str], str | None] = lambda _e: None,
 ) -> InboundMessage | Rejected:
-    """One room event as a normalized message, or the reason it is not one."""
+    """One room event as a normalized message, or the reason it is not one. ``redacted`` names
+    the reply id of one of the bot's own events (for a redaction of it), else None."""
     event_id = event.get("event_id")
     if not isinstance(event_id, str) or not event_id:
         return Rejected("event without an event_id", level=WARNING)
@@ -344,6 +506,8 @@ def normalize_event(
     content = event.get("content")
     if not isinstance(content, Mapping):
         return Rejected("event without content", event_id, level=WARNING)
+    if event.get("type") == "m.room.redaction":
+        return _redaction(event, content, room, policy, redacted=redacted)
     extra: dict[str, Any] = {"room_id": room.room_id}
     found = _text_and_extra(event, content, extra)
     if isinstance(found, Rejected):
@@ -367,7 +531,7 @@ def normalize_event(
             kind=Kind.MESSAGE,
             channel=CHANNEL,
             session=session,
-            conversation=f"{session}/{room.epoch}" if room.epoch else session,
+            conversation=conversation_of(room, privacy),
             sender=sender,
             sender_name=room.display_names.get(sender, "")[:320],
             privacy=privacy,

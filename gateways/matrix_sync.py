@@ -27,6 +27,7 @@ from nio import (
     AsyncClient,
     ErrorResponse,
     InviteMemberEvent,
+    MatrixRoom,
     RoomMessagesResponse,
     SyncResponse,
 )
@@ -39,11 +40,13 @@ from gateways.matrix_events import (
     CHANNEL,
     DEBUG,
     WARNING,
+    Openness,
     Policy,
     Rejected,
     RoomFacts,
     memberships,
     normalize_event,
+    openness_of,
     room_facts,
 )
 from gateways.matrix_login import ErrorValue, check_fatal
@@ -153,11 +156,15 @@ class MatrixSync:
                         sender=source.get("sender"),
                     )
                     continue
-                self._publish_one(normalize_event(source, facts, self.policy), room_id)
+                out = normalize_event(source, facts, self.policy, redacted=self._sent_reply)
+                self._publish_one(out, room_id)
 
     def _facts(self, room_id: str, sources: list[dict[str, Any]]) -> list[RoomFacts]:
         """The room as each event found it: its members then (memberships undone from now), and
-        everyone who was ever a member (kept in Redis: for rooms that show history to all)."""
+        everyone who was ever a member (kept in Redis: for rooms that show history to all). How
+        open the room is (join rule, guests, history, encryption) is taken as it is now, after
+        the batch: a room opened later in the batch counts as open for its earlier messages too
+        (their turns' replies reach whoever it lets in)."""
         room = self.client.rooms.get(room_id)
         now = frozenset(room.users) if room is not None else frozenset()
         states = memberships(sources, now)
@@ -166,15 +173,15 @@ class MatrixSync:
         ever = frozenset(json.loads(known) if known else ()).union(now, *states)
         self.r.set(key, json.dumps(sorted(ever)))
         names = {uid: u.display_name or "" for uid, u in room.users.items()} if room else {}
-        visibility = room.history_visibility if room is not None else "shared"
+        how = openness_of(sources, openness_of_room(room))
         return [
             room_facts(
                 room_id,
                 members,
                 own_user_id=self.client.user_id,
-                history_visibility=visibility,
                 ever=ever,
                 display_names=names,
+                openness=how,
             )
             for members in states
         ]
@@ -194,6 +201,10 @@ class MatrixSync:
             cursor = resp.end
         log.info("matrix.gap_filled", room_id=room_id, events=len(found))
         return list(reversed(found))
+
+    def _sent_reply(self, event_id: str) -> str | None:
+        """The reply id of an event the bot sent (None: not one of its own)."""
+        return optional_text(self.r.get(self.keys.matrix_sent(event_id)))
 
     def _publish_one(self, out: Any, room_id: str) -> None:
         if isinstance(out, Rejected):  # state events, own events: debug; a policy's no: info
@@ -274,6 +285,19 @@ def _source(event: Any) -> dict[str, Any]:
     """The event's JSON as the homeserver sent it ({} when nio kept none)."""
     source = getattr(event, "source", None)
     return source if isinstance(source, dict) else {}
+
+
+def openness_of_room(room: MatrixRoom | None) -> Openness:
+    """What nio knows of a room's openness (its state as synced); an unknown room is taken as
+    open and shared (fail closed)."""
+    if room is None:
+        return Openness(join_rule="unknown", history_visibility="world_readable")
+    return Openness(
+        join_rule=str(room.join_rule),
+        guest_access=str(room.guest_access),
+        history_visibility=str(room.history_visibility),
+        encrypted=bool(room.encrypted),
+    )
 
 
 def optional_text(value: Any) -> str | None:

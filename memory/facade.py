@@ -67,6 +67,9 @@ class MemorySettings:
     context_tokens: int
     # the [roles] entry of a conversation: (conversation, session) -> its binding
     roles: Callable[[str, str], notes.RoleBinding]
+    # the channels whose owner turns see everything (None: all); the owner's turns from the
+    # others see their own conversation only, as a group would
+    trusted_channels: frozenset[str] | None = None
 
 
 class MemoryUnwritable(Exception):
@@ -271,9 +274,10 @@ class Memory:
         return self._write(read)
 
     def final_status(self, reply_id: str) -> str | None:
-        """The reply's final status in memory (delivered, expired, failed), if it has one."""
+        """The reply's final status in memory (delivered, expired, failed, withheld), if it has
+        one."""
         marks = self._write(lambda s: s.reply_marks(reply_id))
-        for status in ("delivered", "failed", "expired"):
+        for status in ("delivered", "failed", "expired", "withheld"):
             if status in marks:
                 return status
         return None
@@ -281,6 +285,16 @@ class Memory:
     def recorded_reply(self, stream_id: str) -> LogRow | None:
         """The reply recorded for this entry before (a replay), if any."""
         return self.use(lambda s: s.recorded_reply(stream_id))
+
+    def inbound_row(self, stream_id: str) -> LogRow | None:
+        """The inbound row of the stream entry ``stream_id`` (None: not recorded, or memory
+        failing)."""
+        return self.use(lambda s: s.inbound_row(stream_id))
+
+    def owner_row(self, *, not_session: str) -> LogRow | None:
+        """The owner's newest message in the owner's own conversations outside ``not_session``
+        (where the owner can be told something privately), if any."""
+        return self.use(lambda s: s.owner_row(not_session=not_session))
 
     def first_sight(self, row: LogRow | None) -> bool:
         """``row`` (from :meth:`record_inbound`) was inserted just now: memory never saw its
@@ -380,9 +394,15 @@ class Memory:
     # -- a turn's view -------------------------------------------------------------------------
 
     def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
-        """The privacy scope of the conversation this message belongs to."""
+        """The privacy scope of the conversation this message belongs to. The owner's own
+        conversation on a channel that is not trusted (``[owner] trusted_channels``) sees what
+        a group would: itself and public knowledge."""
         entity = row.entity if row is not None else None
-        return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
+        privacy = msg.privacy
+        trusted = self.settings.trusted_channels
+        if privacy is Privacy.OWNER and trusted is not None and msg.channel not in trusted:
+            privacy = Privacy.GROUP
+        return Scope(conversation=msg.conversation, privacy=privacy, entity=entity)
 
     def role_of(self, msg: InboundMessage) -> notes.RoleBinding:
         """The conversation's ``[roles]`` entry (its agent role, project and teams)."""

@@ -123,7 +123,7 @@ class ErasureRecord(_Record):
 class ReplyStatusRecord(_Record):
     type: Literal["reply_status"] = "reply_status"
     reply_id: Key
-    status: Literal["expired", "delivered", "failed"]
+    status: Literal["expired", "delivered", "failed", "withheld"]
     at: float
     detail: Annotated[str, Field(max_length=100_000)] = ""
 

@@ -449,6 +449,14 @@ _MIGRATION_14 = """
 DROP INDEX IF EXISTS log_entity_id;
 """
 
+# A reply may also be 'withheld': right before posting, its gateway found that it would reach
+# people it was not written for (someone invited meanwhile, the room made public), and did not
+# post it (gateways/matrix_recheck.py). The table is rebuilt as in migration 8.
+_MIGRATION_15 = _MIGRATION_8.replace(
+    "CHECK (status IN ('expired', 'delivered', 'failed'))",
+    "CHECK (status IN ('expired', 'delivered', 'failed', 'withheld'))",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -464,6 +472,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "layer 1: conversation summaries over exact log ranges", _MIGRATION_12),
     Migration(13, "the log in its messages' time order", _MIGRATION_13),
     Migration(14, "a person's rows on the time index only", _MIGRATION_14),
+    Migration(15, "reply status 'withheld'", _MIGRATION_15),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

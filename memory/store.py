@@ -32,6 +32,7 @@ from memory.rows import (
     BY_KEY,
     INSERT,
     LOG_COLUMNS,
+    NOT_ERASED,
     LogRow,
     OrderKey,
     RowReader,
@@ -47,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 SYNCHRONOUS_MODES = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
 BUSY_TIMEOUT_MS = 5000
-REPLY_STATUSES = frozenset({"expired", "delivered", "failed"})
+REPLY_STATUSES = frozenset({"expired", "delivered", "failed", "withheld"})
 
 INDEX_EVERY_S = 0.25  # at most this long between a committed row and its full-text indexing
 INDEX_EVERY_ROWS = 256  # ... or at once when one transaction wrote this many (an import)
@@ -360,6 +361,24 @@ class MemoryStore:
             ).fetchone()
             if by is not None:
                 raw = self._conn.execute(BY_KEY, ("out", str(by[0]))).fetchone()
+        return None if raw is None else self._reader.convert(raw)
+
+    def inbound_row(self, stream_id: str) -> LogRow | None:
+        """The inbound row of the stream entry ``stream_id``, if one was recorded."""
+        raw = self._conn.execute(BY_KEY, ("in", stream_id)).fetchone()
+        return None if raw is None else self._reader.convert(raw)
+
+    def owner_row(self, *, not_session: str, within: int = 100_000) -> LogRow | None:
+        """The owner's newest message (not erased) in the owner's own conversations outside the
+        session ``not_session``, among the newest ``within`` rows: where the owner can be told
+        something privately."""
+        top = self._conn.execute("SELECT max(id) FROM log").fetchone()[0]
+        raw = self._conn.execute(
+            f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? AND direction = 'in' "  # noqa: S608
+            "AND privacy = 'owner' AND kind = 'message' AND session != ? "
+            f"AND {NOT_ERASED} ORDER BY recorded_ts DESC, id DESC LIMIT 1",
+            (int(top or 0) - within, not_session),
+        ).fetchone()
         return None if raw is None else self._reader.convert(raw)
 
     def add_covers(self, answered_by: str, stream_ids: Sequence[str]) -> None:

@@ -654,7 +654,11 @@ class Consumer:
         if isinstance(parsed, Outcome):
             return parsed
         if parsed.kind is Kind.DERIVED:
-            return self._guarded(entry, lambda: self.turns.apply(entry.sid, parsed))
+            report = parsed
+            applied = self._guarded(entry, lambda: self.turns.apply(entry.sid, report))
+            if applied.again is None:
+                return applied
+            parsed = applied.again  # a withheld reply's question: a turn of its session
         return Item(read.seq, entry, read.size, parsed)
 
     def _set_aside(self, entry: Entry, msg: InboundMessage) -> Outcome:

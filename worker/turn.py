@@ -33,7 +33,9 @@ from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
+from worker import withheld
 from worker.agent import TurnResult, run_turn
+from worker.claims import audience_refusal
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
@@ -52,6 +54,7 @@ class Outcome:
     forget_entry: bool = False  # an import or a summary: its entry (their text) goes once acked
     rewrite_files: bool = False  # ... and Redis rewrites its files (it held erased text)
     only_if_missing: bool = False  # a reply queued before: queue it only if Redis lost it
+    again: InboundMessage | None = None  # a withheld reply's question, to answer again now
 
 
 @dataclass(eq=False)
@@ -97,6 +100,9 @@ def memory_settings(cfg: Config) -> MemorySettings:
         system_prompt=cfg.system_prompt,  # with the owner's name
         context_tokens=cfg.worker.context_tokens,
         roles=cfg.conversation_role,
+        trusted_channels=(
+            None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
+        ),
     )
 
 
@@ -155,7 +161,10 @@ class Turns:
         if isinstance(parsed, Outcome):
             return parsed
         if parsed.kind is not Kind.MESSAGE:
-            return self.apply(stream_id, parsed)
+            applied = self.apply(stream_id, parsed)
+            if applied.again is None:
+                return applied
+            parsed = applied.again  # a withheld reply: its question, answered again now
         outcomes, job = self.begin([(stream_id, parsed)])
         if job is None:
             return outcomes[0] or Outcome()
@@ -204,6 +213,8 @@ class Turns:
             if msg.kind is Kind.DERIVED:
                 with self.memory.write():
                     self._apply_derived(msg)
+                    if _withheld_report(msg):
+                        return self._withheld(stream_id, msg)
                 return Outcome()
             if not self.memory.available():  # answered: memory is unavailable
                 return self._command(stream_id, msg)
@@ -312,6 +323,13 @@ class Turns:
             structlog.contextvars.bind_contextvars(
                 channel=msg.channel, session=msg.session, stream_id=stream_id
             )
+            again = withheld.again_of(msg)
+            if again is not None:  # a withheld reply's question, answered again: not recorded
+                done, ask = self._answer_again(stream_id, msg, again["question"])
+                outcomes.append(done)
+                if ask is not None:
+                    asks.append(ask)
+                continue
             fresh = False
             with memory.write():
                 first = memory.first_of_event(msg, stream_id)
@@ -402,6 +420,42 @@ class Turns:
         specs, erasures = tools.specs(), memory.erasure_mark()
         return Job(keys, msg, messages, tools, drew, specs, erasures)
 
+    def _withheld(self, stream_id: str, msg: InboundMessage) -> Outcome:
+        """A gateway withheld a reply (it would have reached people it was not written for):
+        its question is answered again for the audience now, or the owner is told privately why
+        not (worker/withheld.py). A replay queues what was recorded for the report before."""
+        recorded = self.memory.recorded_reply(stream_id)
+        if recorded is not None:
+            if recorded.erased:
+                return Outcome()
+            return Outcome(reply=_queued_again(recorded), only_if_missing=True)
+        follow = withheld.follow_up(msg, stream_id, self.memory, self.clock())
+        if follow.again is not None:
+            return Outcome(again=follow.again)
+        if follow.notice is None or follow.notice_for is None:
+            return Outcome()
+        held = Held(follow.notice, DrewOn(), [stream_id], self.memory.erasure_mark())
+        return Outcome(reply=self._record(held, follow.notice_for))
+
+    def _answer_again(
+        self, stream_id: str, msg: InboundMessage, question: str
+    ) -> tuple[Outcome | None, tuple[str, InboundMessage, LogRow | None, bool] | None]:
+        """A re-answer's turn (worker/withheld.py): the question's row is the current message,
+        the reply answers the report entry ``stream_id``. A replay finds that reply recorded."""
+        recorded = self.memory.recorded_reply(stream_id)
+        if recorded is not None:
+            done = (
+                Outcome()
+                if recorded.erased
+                else Outcome(reply=_queued_again(recorded), only_if_missing=True)
+            )
+            return done, None
+        row = self.memory.inbound_row(question)
+        if row is None or row.erased:
+            log.info("turn.not_answered_again", question=question, reason="erased or unknown")
+            return Outcome(), None
+        return None, (stream_id, msg, row, False)
+
     def _published_again(
         self, stream_id: str, first: str, msg: InboundMessage
     ) -> tuple[Outcome | None, tuple[str, InboundMessage, LogRow | None, bool] | None]:
@@ -482,7 +536,7 @@ class Turns:
         owner_claimed = msg.privacy is Privacy.OWNER and msg.kind is not Kind.DERIVED
         if owner_claimed and not self.memory.is_owner(msg):
             return f"privacy owner claimed for {msg.sender!r}, who is not the owner"
-        return ""
+        return audience_refusal(msg, self.memory.owners().is_owner)
 
     def _foreign_reply(self, msg: InboundMessage, channel: str | None) -> str:
         """A gateway reports on its own channel's replies only: the report names the entry the
@@ -515,6 +569,12 @@ class Turns:
             result: dict[str, object] = {
                 "ok": False,
                 "error": "memory commands are accepted only from the owner's terminal",
+            }
+        elif not self.cfg.owner.trusts("cli"):
+            result = {
+                "ok": False,
+                "error": "memory commands are refused: [owner] trusted_channels does not "
+                "trust the terminal (cli)",
             }
         elif self.memory.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
@@ -590,7 +650,8 @@ def _reply(
     created: float | None = None,
     in_reply_to: str | None = None,
 ) -> Reply:
-    """The reply to ``msg`` (the stream entry ``stream_id``), routed back to its session."""
+    """The reply to ``msg`` (the stream entry ``stream_id``), routed back to its session, with
+    the audience it is written for (:func:`written_for`)."""
     return Reply(
         reply_id=reply_id or new_reply_id(),
         answers=stream_id,
@@ -601,6 +662,52 @@ def _reply(
         in_reply_to=msg.event_id if in_reply_to is None else in_reply_to,
         text=text,
         created=created if created is not None else time.time(),
+        extra=written_for(msg),
+    )
+
+
+def written_for(msg: InboundMessage) -> dict[str, Any]:
+    """The audience a reply to ``msg`` is written for, which its gateway checks again right
+    before posting it (gateways/matrix_recheck.py, the e-mail gateway's recipients): the
+    message's privacy class, its sender and its audience as the gateway saw it. A re-answer's
+    reply (worker/withheld.py) also names what it answers again."""
+    out: dict[str, Any] = {"privacy": msg.privacy.value, "sender": msg.sender}
+    audience = msg.extra.get("audience")
+    if isinstance(audience, list):
+        out["audience"] = audience
+    again = withheld.again_of(msg)
+    if again is not None:
+        out[withheld.AGAIN] = again
+        out["in_reply_to"] = msg.event_id
+    return out
+
+
+def _withheld_report(msg: InboundMessage) -> bool:
+    return msg.extra.get("type") == "reply_status" and msg.extra.get("status") == "withheld"
+
+
+def _queued_again(row: LogRow) -> Reply:
+    """A notice or re-answer recorded before (worker/withheld.py), queued again as it was: it
+    answers a report entry, and is routed by its own row (not by the report's session)."""
+    try:
+        extra = json.loads(row.extra or "{}")
+    except ValueError:
+        extra = {}
+    extra = extra if isinstance(extra, dict) else {}
+    kind = ReplyKind(row.kind) if row.kind in ReplyKind._value2member_map_ else ReplyKind.REPLY
+    target = extra.get("in_reply_to")
+    keep = ("privacy", "sender", "audience", withheld.AGAIN, withheld.NOTICE, "in_reply_to")
+    return Reply(
+        reply_id=row.reply_id or row.event_id,
+        answers=row.stream_id,
+        kind=kind,
+        channel=row.channel,
+        session=row.session,
+        conversation=row.conversation,
+        in_reply_to=target if isinstance(target, str) else "",
+        text=row.text,
+        created=row.platform_ts or row.recorded_ts,
+        extra={k: extra[k] for k in keep if k in extra},
     )
 
 

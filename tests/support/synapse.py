@@ -214,23 +214,36 @@ class SynapseServer:
         direct: bool = False,
         name: str = "",
         history_visibility: str | None = None,
+        state: dict[str, dict[str, Any]] | None = None,
     ) -> str:
+        """A room (``private_chat`` preset: invite-only, history shared); ``state`` adds state
+        events by type (``{"m.room.join_rules": {"join_rule": "public"}}``)."""
         body: dict[str, Any] = {"invite": invite, "is_direct": direct, "preset": "private_chat"}
         if name:
             body["name"] = name
+        initial = dict(state or {})
         if history_visibility:
+            initial["m.room.history_visibility"] = {"history_visibility": history_visibility}
+        if initial:
             body["initial_state"] = [
-                {
-                    "type": "m.room.history_visibility",
-                    "state_key": "",
-                    "content": {"history_visibility": history_visibility},
-                }
+                {"type": kind, "state_key": "", "content": content}
+                for kind, content in initial.items()
             ]
         return str(
             self.request("POST", "/_matrix/client/v3/createRoom", body, user.access_token)[
                 "room_id"
             ]
         )
+
+    def set_state(self, user: MatrixUser, room_id: str, kind: str, content: dict[str, Any]) -> str:
+        path = f"/_matrix/client/v3/rooms/{quote(room_id)}/state/{kind}/"
+        return str(self.request("PUT", path, content, user.access_token)["event_id"])
+
+    def redact(self, user: MatrixUser, room_id: str, event_id: str, reason: str = "") -> str:
+        txn = uuid.uuid4().hex
+        path = f"/_matrix/client/v3/rooms/{quote(room_id)}/redact/{quote(event_id)}/{txn}"
+        body = {"reason": reason} if reason else {}
+        return str(self.request("PUT", path, body, user.access_token)["event_id"])
 
     def invite(self, user: MatrixUser, room_id: str, who: str) -> None:
         path = f"/_matrix/client/v3/rooms/{quote(room_id)}/invite"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contract.messages import InboundMessage, Privacy
+from gateways.audience import audience_key
 from gateways.matrix_events import (
     GroupPolicy,
     Policy,
@@ -25,7 +26,7 @@ EVENTS: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "matrix_events.json").read_text(encoding="utf-8")
 )
 BOT = "@bot:localhost"
-DM = RoomFacts("!dm:localhost", member_count=2)
+DM = RoomFacts("!dm:localhost", member_count=2, audience=frozenset({"@owner:localhost"}))
 GROUP = RoomFacts("!group:localhost", member_count=5, display_names={"@carol:localhost": "Carol"})
 POLICY = Policy(
     own_user_id=BOT,
@@ -50,7 +51,10 @@ def rejected(name: str, room: RoomFacts = DM, policy: Policy = POLICY) -> str:
 def test_owner_dm_is_the_owners_own() -> None:
     msg = ok("text")
     assert msg.channel == "matrix"
-    assert msg.session == msg.conversation == "matrix:!dm:localhost"
+    assert msg.session == "matrix:!dm:localhost"
+    # the owner's own room is a conversation of its audience: someone invited later (who may
+    # read the room's history there) starts another one, which sees nothing of it
+    assert msg.conversation == f"matrix:!dm:localhost/{audience_key(['@owner:localhost'])}"
     assert msg.privacy == Privacy.OWNER
     assert (msg.sender, msg.text, msg.event_id) == ("@owner:localhost", "hello bot", "$txt1")
     assert msg.ts == 1763790000.0

@@ -1,0 +1,198 @@
+"""Issue 24, item 4, on the worker's production path (the Consumer, its pool and writer, Redis
+streams; fakeredis here, real Synapse in tests/integration/test_matrix_privacy_round3.py): a
+reply its gateway withheld, because the room would now show it to people it was not written for,
+is answered again for the audience now when the question is still that conversation's, or the
+owner is told privately why not; a replay of the report neither asks the model again nor tells
+twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+
+from contract.config import Config
+from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
+from gateways.deliver import ReplyQueue, Withheld, deliver_next
+from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
+from gateways.matrix_recheck import recheck
+from memory.store import MemoryStore
+from tests.support.fakes import InstantModel
+from worker.consumer import Consumer
+from worker.tools import default_tools
+from worker.turn import Turns
+
+BOT, OWNER, MALLORY = "@bot:x", "@owner:x", "@mallory:x"
+SECRET = "my terminal PIN is 7-7-0-1"
+POLICY = Policy(own_user_id=BOT, owners=frozenset({OWNER}))
+
+
+class Rig:
+    def __init__(self, tmp_path: Path) -> None:
+        self.cfg = Config.model_validate(
+            {
+                "home": tmp_path,
+                "owner": {
+                    "name": "Ada",
+                    "aliases": ["ada", {"address": OWNER, "channel": "matrix"}],
+                },
+                "redis": {"prefix": "rb:"},
+            }
+        )
+        self.r = fakeredis.FakeRedis()
+        self.model = InstantModel()
+        self.store = MemoryStore(tmp_path / "memory.sqlite3")
+        self.consumer = Consumer(self.cfg, self.r, Turns(self.cfg, self.store, self.model,
+                                                         default_tools()))  # fmt: skip
+        assert self.consumer.acquire(wait=False)
+        self.consumer.ensure_group()
+
+    def publish(self, msg: InboundMessage) -> None:
+        self.r.xadd(self.cfg.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
+        self.run()
+
+    def run(self) -> None:
+        while entries := self.consumer.read(block_ms=None):  # type: ignore[arg-type]
+            self.consumer.handle_entries(entries)
+
+    def queued(self, session: str) -> list[Reply]:
+        raw = self.r.lrange(self.cfg.keys.reply(session), 0, -1)
+        return [Reply.from_json(x) for x in raw]  # type: ignore[union-attr]
+
+    def deliver(self, session: str, now: Any) -> list[str]:
+        """The gateway's delivery of the session's replies into the room as it is ``now``
+        (gateways/matrix.py's check, on a send that posts nothing)."""
+        posted: list[str] = []
+
+        def send(reply: Reply) -> None:
+            verdict = recheck(reply, now, POLICY)
+            if verdict is not None:
+                raise Withheld(verdict.reason, verdict.report)
+            posted.append(reply.text)
+
+        queue = ReplyQueue(self.r, self.cfg.keys, session, max_age=3600, gateway="gateway:matrix")
+        while deliver_next(queue, send, timeout=0, idempotent_sink=True):
+            pass
+        while self.r.llen(queue.queue):
+            deliver_next(queue, send, timeout=0, idempotent_sink=True)
+        self.run()  # the worker reads the reports
+        return posted
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    made = Rig(tmp_path)
+    yield made
+    made.consumer.lease.release()
+    made.store.close()
+
+
+def facts(*people: str, **how: Any) -> Any:
+    return room_facts("!r:x", frozenset({BOT, *people}), own_user_id=BOT, ever=frozenset(),
+                      display_names={}, openness=Openness(**how))  # fmt: skip
+
+
+def asked(room: Any, body: str = "what is my PIN?", event_id: str = "$q") -> InboundMessage:
+    event = {"type": "m.room.message", "event_id": event_id, "sender": OWNER,
+             "origin_server_ts": 1_763_790_000_000,
+             "content": {"msgtype": "m.text", "body": body}}  # fmt: skip
+    out = normalize_event(event, room, POLICY)
+    assert isinstance(out, InboundMessage), out
+    return out
+
+
+def terminal(rig: Rig, text: str) -> None:
+    rig.publish(InboundMessage(channel="cli", session="cli:ada-1", conversation="cli:ada-1",
+                               sender="ada", privacy=Privacy.OWNER, text=text, ts=1.0,
+                               event_id="cli-ev-1"))  # fmt: skip
+
+
+def model_inputs(rig: Rig) -> list[str]:
+    return [json.dumps(m) for m in rig.model.seen]
+
+
+def test_invited_before_the_reply_was_posted_the_owner_is_told_privately(rig: Rig) -> None:
+    terminal(rig, SECRET)
+    question = asked(facts(OWNER))
+    assert question.privacy is Privacy.OWNER
+    rig.publish(question)
+    calls = rig.model.calls
+    assert SECRET in model_inputs(rig)[-1]  # the owner's own conversation sees everything
+    # mallory was invited before the reply was posted
+    assert rig.deliver("matrix:!r:x", facts(OWNER, MALLORY)) == []
+    status = rig.store.conn.execute("SELECT status, detail FROM reply_status").fetchall()
+    assert [s for s, _d in status] == ["withheld"] * len(status) and status
+    assert MALLORY in status[0][1]
+    # the question is not mallory's conversation: not answered again there, the owner is told
+    assert rig.model.calls == calls
+    assert rig.queued("matrix:!r:x") == []
+    [notice] = [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.NOTICE]
+    assert notice.kind is ReplyKind.NOTICE
+    assert "did not post my answer" in notice.text and MALLORY in notice.text
+    assert "PIN" not in notice.text and SECRET not in notice.text
+    # a replay of the report tells nothing twice
+    rows = rig.store.conn.execute("SELECT count(*) FROM log WHERE direction = 'out'").fetchone()
+    rig.consumer.turns.handle(_report_sid(rig), _report_fields(rig), channel="matrix")
+    again = rig.store.conn.execute("SELECT count(*) FROM log WHERE direction = 'out'").fetchone()
+    assert again == rows
+
+
+def test_a_room_made_public_with_the_same_people_gets_an_answer_for_a_group(rig: Rig) -> None:
+    terminal(rig, SECRET)
+    question = asked(facts(OWNER, history_visibility="joined"))
+    rig.publish(question)
+    calls = rig.model.calls
+    opened = facts(OWNER, history_visibility="joined", join_rule="public")
+    assert rig.deliver("matrix:!r:x", opened) == []  # withheld
+    posted = rig.deliver("matrix:!r:x", opened)
+    assert len(posted) == 1  # the answer again, for the room as it is now
+    assert rig.model.calls == calls + 1
+    again = model_inputs(rig)[-1]
+    assert "what is my PIN?" in again  # the question is the current message
+    assert SECRET not in again  # a group sees only itself and public knowledge
+    assert "echo:" in posted[0] and SECRET not in posted[0]
+    row = rig.store.conn.execute(
+        "SELECT privacy, conversation, extra FROM log WHERE direction = 'out' ORDER BY id DESC"
+    ).fetchone()
+    assert row[0] == "group" and row[1] == question.conversation
+    assert "again_of" in json.loads(row[2])
+
+
+def _report(rig: Rig) -> tuple[str, dict[bytes, bytes]]:
+    for key in (rig.cfg.keys.inbound_of("matrix"),):
+        for sid, fields in rig.r.xrange(key):  # type: ignore[union-attr]
+            if fields.get(b"kind") == b"derived":
+                return sid.decode(), fields
+    raise AssertionError("no report")
+
+
+def _report_sid(rig: Rig) -> str:
+    return "matrix/" + _report(rig)[0]
+
+
+def _report_fields(rig: Rig) -> dict[bytes, bytes]:
+    return _report(rig)[1]
+
+
+def test_a_reanswer_is_not_asked_twice_and_one_withheld_again_is_told_to_the_owner(
+    rig: Rig,
+) -> None:
+    terminal(rig, SECRET)
+    rig.publish(asked(facts(OWNER, history_visibility="joined")))
+    opened = facts(OWNER, history_visibility="joined", join_rule="public")
+    assert rig.deliver("matrix:!r:x", opened) == []  # withheld; answered again
+    calls = rig.model.calls
+    sid, fields = _report_sid(rig), _report_fields(rig)
+    out = rig.consumer.turns.handle(sid, fields, channel="matrix")  # the report, replayed
+    assert rig.model.calls == calls  # the re-answer recorded before is queued again instead
+    assert out.reply is not None and out.only_if_missing
+    assert "again_of" in out.reply.extra
+    # the room changes again before the re-answer is posted: no third answer, the owner is told
+    assert rig.deliver("matrix:!r:x", facts(OWNER, MALLORY, history_visibility="joined")) == []
+    assert rig.model.calls == calls
+    notices = [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.NOTICE]
+    assert len(notices) == 1 and "did not post" in notices[0].text
