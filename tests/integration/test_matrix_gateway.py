@@ -17,20 +17,11 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from nio import (
-    AsyncClient,
-    AsyncClientConfig,
-    MegolmEvent,
-    RoomCreateResponse,
-    RoomMessageText,
-    RoomSendResponse,
-    SyncResponse,
-)
 
 from contract.keys import Keys
-from gateways.matrix_sync import crypto_housekeeping
 from tests.integration.test_acl import PASSWORDS, acl_redis  # noqa: F401 - a fixture
 from tests.support.fakemodel import FakeModelServer
+from tests.support.matrix_e2e import encrypted_round, open_encrypted_dm, owner_client
 from tests.support.matrix_world import World
 from tests.support.procs import Procs, memory_rows, relaybot_env, wait_until
 from tests.support.synapse import SynapseServer
@@ -324,71 +315,15 @@ def test_encrypted_dm_both_ways(world: World, tmp_path: Path) -> None:
     assert bot_events - {"m.room.member"} == {"m.room.encrypted"}
 
 
-async def _sync_step(client: AsyncClient, timeout_ms: int = 300) -> SyncResponse:
-    resp = await client.sync(timeout=timeout_ms)
-    assert isinstance(resp, SyncResponse), resp
-    await crypto_housekeeping(client)
-    return resp
-
-
-async def _encrypted_round(
-    client: AsyncClient, room_id: str, bot_id: str, text: str
-) -> dict[str, Any]:
-    sent = await client.room_send(
-        room_id,
-        "m.room.message",
-        {"msgtype": "m.text", "body": text},
-        ignore_unverified_devices=True,
-    )
-    assert isinstance(sent, RoomSendResponse), sent
-    deadline = time.monotonic() + 20
-    while True:
-        assert time.monotonic() < deadline, "no decrypted answer from the bot"
-        resp = await _sync_step(client)
-        room = resp.rooms.join.get(room_id)
-        for event in room.timeline.events if room else []:
-            if isinstance(event, MegolmEvent):
-                raise AssertionError(f"the owner could not decrypt {event.event_id}")
-            if isinstance(event, RoomMessageText) and event.sender == bot_id:
-                assert event.decrypted
-                relates = event.source["content"].get("m.relates_to", {})
-                assert relates["m.in_reply_to"]["event_id"] == sent.event_id
-                return {**event.source, "room_id": room_id}
-
-
 async def _owner_encrypted_exchange(
     world: World, store: Path, restart: Callable[[], None]
 ) -> list[dict[str, Any]]:
-    hs, owner, bot = world.hs, world.owner, world.bot
-    store.mkdir()
-    client = AsyncClient(
-        hs.url, owner.user_id, device_id=owner.device_id, store_path=str(store),
-        config=AsyncClientConfig(encryption_enabled=True, store_sync_tokens=False),
-    )  # fmt: skip
-    client.restore_login(owner.user_id, owner.device_id, owner.access_token)
+    client = owner_client(world, store)
     try:
-        await _sync_step(client, 0)
-        created = await client.room_create(
-            is_direct=True,
-            invite=[bot.user_id],
-            initial_state=[
-                {
-                    "type": "m.room.encryption",
-                    "state_key": "",
-                    "content": {"algorithm": "m.megolm.v1.aes-sha2"},
-                }
-            ],
-        )
-        assert isinstance(created, RoomCreateResponse), created
-        room_id = created.room_id
-        deadline = time.monotonic() + 20
-        while not (room_id in client.rooms and bot.user_id in client.rooms[room_id].users):
-            assert time.monotonic() < deadline, "the bot did not join the encrypted DM"
-            await _sync_step(client)
-        await _sync_step(client)  # the bot's device keys
-        first = await _encrypted_round(client, room_id, bot.user_id, "a secret for the bot")
+        room_id = await open_encrypted_dm(client, world)
+        first = await encrypted_round(client, room_id, world.bot.user_id, "a secret for the bot")
         await asyncio.to_thread(restart)
-        second = await _encrypted_round(client, room_id, bot.user_id, "after the restart")
+        second = await encrypted_round(client, room_id, world.bot.user_id, "after the restart")
         return [first, second]
     finally:
         await client.close()

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nio import AsyncClient, AsyncClientConfig, RoomCreateResponse
 
 from contract.bus import publish
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from tests.integration.test_matrix_gateway import _encrypted_round, _sync_step
 from tests.support.fakemodel import FakeModelServer
+from tests.support.matrix_e2e import encrypted_round, open_encrypted_dm, owner_client
 from tests.support.matrix_world import World
 from tests.support.procs import memory_rows, wait_until
 
@@ -140,29 +139,10 @@ def test_in_an_encrypted_dm_a_newcomer_gets_nothing_from_before_their_join(
 async def _encrypted_dm_with_a_secret(world: World, store: Path) -> str:
     """The owner's encrypting client opens an encrypted DM (history ``shared``, Matrix's
     default) with the bot, says a secret, and gets the bot's encrypted answer."""
-    hs, owner, bot = world.hs, world.owner, world.bot
-    store.mkdir()
-    client = AsyncClient(
-        hs.url, owner.user_id, device_id=owner.device_id, store_path=str(store),
-        config=AsyncClientConfig(encryption_enabled=True, store_sync_tokens=False),
-    )  # fmt: skip
-    client.restore_login(owner.user_id, owner.device_id, owner.access_token)
+    client = owner_client(world, store)
     try:
-        await _sync_step(client, 0)
-        created = await client.room_create(
-            is_direct=True,
-            invite=[bot.user_id],
-            initial_state=[{"type": "m.room.encryption", "state_key": "",
-                            "content": {"algorithm": "m.megolm.v1.aes-sha2"}}],
-        )  # fmt: skip
-        assert isinstance(created, RoomCreateResponse), created
-        room_id = created.room_id
-        deadline = time.monotonic() + 20
-        while not (room_id in client.rooms and bot.user_id in client.rooms[room_id].users):
-            assert time.monotonic() < deadline, "the bot did not join the encrypted DM"
-            await _sync_step(client)
-        await _sync_step(client)  # the bot's device keys
-        await _encrypted_round(client, room_id, bot.user_id, "the vault code is QX-5531")
+        room_id = await open_encrypted_dm(client, world)
+        await encrypted_round(client, room_id, world.bot.user_id, "the vault code is QX-5531")
         return room_id
     finally:
         await client.close()
