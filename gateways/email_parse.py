@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 from gateways.audience import audience_key
-from gateways.email_auth import authenticate
+from gateways.email_auth import UNVERIFIED_SENDER, Verdict, authenticate, from_problem
 from gateways.email_loop import loop_guard
 from gateways.email_quote import split_reply
 
@@ -107,6 +107,8 @@ class Headers:
 class Accepted:
     message: InboundMessage
     headers: Headers
+    verdict: Verdict = UNVERIFIED_SENDER  # how the sender was authenticated, or why not
+    owner_refused: bool = False  # from one of the owner's addresses, and not authenticated
 
 
 @dataclass(frozen=True)
@@ -140,12 +142,14 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     guard = loop_guard(msg, lambda name: _header(msg, name), sender, message_id, addrs.own)
     if guard:
         return Rejected(guard, message_id=message_id, sender=sender)
-    authenticated = authenticate(
+    verdict = authenticate(
         _all_headers(msg, "Authentication-Results"),
         sender,
         trusted_ids=addrs.trusted_ids,
         trust_mailbox=addrs.trust_mailbox,
+        from_issue=from_problem(msg),
     )
+    authenticated = verdict.how
     # a sender not on the allowlist is recorded (the worker stores it) but not answered; an
     # unauthenticated one is nobody we know (its own handle), answered only with allowlist "*"
     if authenticated:
@@ -219,7 +223,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
             **({"no_reply": no_reply} if no_reply else {}),
         },
     )
-    return Accepted(inbound, headers)
+    refused = not authenticated and sender in addrs.owner
+    return Accepted(inbound, headers, verdict, owner_refused=refused)
 
 
 QUOTE_NOTE = "[quoted from an earlier mail that relaybot did not receive]"

@@ -11,7 +11,7 @@ import pytest
 
 from contract.messages import Privacy
 from gateways.audience import audience_key
-from gateways.email_auth import aligned, authenticate, parse_auth_results
+from gateways.email_auth import aligned, authenticate
 from gateways.email_parse import Accepted, Addresses, parse_email
 from tests.support.mailservers import make_message
 
@@ -54,16 +54,19 @@ def mail(sender: str, auth: list[str] | None = None, **kw: str) -> EmailMessage:
 # -- the parser of Authentication-Results ---------------------------------------------------------
 
 
-def test_authentication_results_are_parsed_with_comments_and_quotes() -> None:
-    parsed = parse_auth_results(
-        "mx.Home.example (a comment; with a semicolon); dkim=pass (good (nested) sig) "
-        'header.d=friends.example header.b="ab;cd"; spf=fail smtp.mailfrom=x@y; none'
+def test_authentication_results_are_read_with_comments_quotes_and_case() -> None:
+    """RFC 8601 syntax (authres): comments (nested, with semicolons), quoted values holding
+    semicolons, a version after the authserv-id, any letter case; policy.* and unknown
+    properties are not evidence, and do not stop the rest from being read."""
+    value = (
+        "MX.Home.example (a comment; with a semicolon) 1; DKIM=Pass (good (nested) sig) "
+        'header.D=Friends.Example header.b="ab;cd" x-bits=2048; '
+        "spf=fail smtp.mailfrom=x@other.example; "
+        "dmarc=pass policy.dmarc=reject (p=reject) header.from=friends.example"
     )
-    assert parsed is not None
-    assert parsed.authserv_id == "mx.home.example"
-    assert [(r.method, r.result) for r in parsed.results] == [("dkim", "pass"), ("spf", "fail")]
-    assert parsed.results[0].properties["header.d"] == "friends.example"
-    assert parse_auth_results("") is None
+    how = authenticate([value], BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False).how
+    assert how == "mx.home.example: dkim=pass header.d=friends.example"
+    assert aligned("Friends.Example.", "friends.example")
 
 
 @pytest.mark.parametrize(
@@ -85,7 +88,7 @@ def test_relaxed_alignment(a: str, b: str, ok: bool) -> None:
 def test_a_trusted_pass_aligned_with_the_from_domain_authenticates(method: str) -> None:
     how = authenticate(
         [passed("friends.example", method)], BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False
-    )
+    ).how
     assert how is not None and how.startswith(f"mx.home.example: {method}=pass")
 
 
@@ -98,10 +101,26 @@ def test_a_trusted_pass_aligned_with_the_from_domain_authenticates(method: str) 
         ["attacker.example; dkim=pass header.d=friends.example"],  # not a trusted id
         # the receiving server's own header is on top: a forged one below does not count
         ["mx.home.example; dkim=none", "mx.home.example; dkim=pass header.d=friends.example"],
+        # results about another domain, or no result at all
+        ["mx.home.example; dkim=pass header.d=evil.example; spf=pass smtp.mailfrom=e@evil.example"],
+        ["mx.home.example; none"],
+        ["mx.home.example; spf=pass smtp.helo=friends.example"],  # helo is not the sender
+        ["mx.home.example; dmarc=pass"],  # for which domain?
+        # a policy property is not a signing domain
+        ["mx.home.example; dkim=pass policy.d=friends.example header.d=evil.example"],
+        # header values the parser refuses, from the trusted id: not read, never a crash
+        ["mx.home.example; dkim=pass header.d=friends.example; spf="],
+        ["mx.home.example"],
+        ["mx.home.example; dmarc=pass header.from=friends.example, evil.example"],
+        ["mx.home.example; dkim=pass header.d=friends.example\x00; \udcff"],
+        ["", ";;;", "(((", "mx.home.example; dmarc=fail header.from=friends.example"],
+        # a trusted header below an untrusted one is the receiving server's verdict: read
+        ["mx.evil.example; dkim=pass header.d=friends.example", "MX.HOME.EXAMPLE; dkim=fail"],
     ],
 )
 def test_anything_else_does_not(headers: list[str]) -> None:
-    assert authenticate(headers, BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False) is None
+    verdict = authenticate(headers, BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False)
+    assert verdict.how is None and verdict.reason and verdict.detail
 
 
 # -- case 1: a forged From ------------------------------------------------------------------------
