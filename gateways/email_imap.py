@@ -9,8 +9,10 @@ Mail that is not answered (loop guard, allowlist, rate cap) is logged and left u
 cannot be parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's
 replies, from one of that reply's recipients, less than ``[email] reply_window`` seconds after it
 was sent, is recorded, not answered: an auto-responder that sets no header the loop guard knows
-still gets one reply per storm. Network errors reconnect with the runner's capped backoff; a
-refused login is fatal. Redis going away (a restart) is waited out the same way
+still gets one reply per storm. Mail from one of the owner's addresses that is not authenticated
+is logged (``email.owner_unauthenticated``, once an hour per reason, with the authserv-ids seen
+and the fix) and kept for ``relaybot doctor``. Network errors reconnect with the runner's capped
+backoff; a refused login is fatal. Redis going away (a restart) is waited out the same way
 (``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved the
 cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
 XADD's MULTI, keeps a publish whose reply was lost from happening twice).
@@ -30,6 +32,7 @@ import structlog
 from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
+from gateways.email_auth import owner_refusal_hint
 from gateways.email_loop import SENT_ID_PREFIX
 from gateways.email_parse import (
     UNVERIFIED,
@@ -48,6 +51,7 @@ log = structlog.get_logger(__name__)
 _UID = re.compile(rb"UID (\d+)")
 _UIDVALIDITY = re.compile(rb"UIDVALIDITY (\d+)")
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, aioimaplib.AioImapException, ConnectionError)
+REFUSAL_LOG_EVERY = 3600.0  # seconds between two log lines of the owner's mail refused, per reason
 
 
 class ImapLost(ConnectionError):
@@ -62,6 +66,7 @@ class ImapReader:
         self.port = port_of(ecfg, "imap")
         self._lost = asyncio.Event()
         self._redis = Outage("email.imap")
+        self._refusals_logged: dict[str, float] = {}  # reason -> when last logged (monotonic)
 
     async def run(self) -> None:
         backoff = Backoff()
@@ -204,6 +209,7 @@ class ImapReader:
                         message_id=result.message_id,
                     )
                 return False
+            self._owner_check(result)
             if result.message.extra.get("quoted") and not self._received(quoted_mail(result)):
                 result = show_quote(result)  # the quoted mail never reached relaybot
             msg = result.message
@@ -237,6 +243,45 @@ class ImapReader:
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
             return False
+
+    def _owner_check(self, accepted: Accepted) -> None:
+        """The owner's mail refused as unauthenticated is noted for doctor (and logged); once
+        the owner's mail is authenticated again, the note goes."""
+        msg = accepted.message
+        if accepted.owner_refused:
+            self._owner_refused(accepted)
+        elif msg.extra.get("authenticated") and msg.sender in self.addrs.owner:
+            self.state.clear_owner_refused()
+
+    def _owner_refused(self, accepted: Accepted) -> None:
+        verdict, msg = accepted.verdict, accepted.message
+        sender = msg.sender.removesuffix(f" {UNVERIFIED}")
+        hint = owner_refusal_hint(verdict, sorted(self.addrs.trusted_ids))
+        self.state.note_owner_refused(
+            {
+                "at": time.time(),
+                "sender": sender,
+                "message_id": msg.event_id[:300],
+                "reason": verdict.reason,
+                "detail": verdict.detail[:500],
+                "seen": list(verdict.seen),
+                "trusted": sorted(self.addrs.trusted_ids),
+                "hint": hint,
+            }
+        )
+        now = time.monotonic()
+        last = self._refusals_logged.get(verdict.reason)
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            return
+        self._refusals_logged[verdict.reason] = now
+        log.warning(
+            "email.owner_unauthenticated",
+            sender=sender,
+            authserv_ids=list(verdict.seen),
+            reason=verdict.reason,
+            detail=verdict.detail,
+            hint=hint,
+        )
 
     def _received(self, message_id: str) -> bool:
         """Whether relaybot has this mail: one it sent, or one it published."""

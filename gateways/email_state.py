@@ -12,6 +12,10 @@
 - ``email:rate:replied:<digest>`` (string, TTL ``[email] reply_window``): relaybot sent this
   address the reply with this Message-ID within the window; mail from it that answers that reply
   meanwhile is recorded, not answered. The TTL runs on Redis's clock.
+- ``email:owner_refused`` (string, JSON, TTL 30 days): the last mail from one of the owner's
+  addresses that was not authenticated, and why; ``relaybot doctor`` shows it (the gateway may
+  run on another host: Redis is what both can read). Removed when the owner's mail is
+  authenticated again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -30,6 +35,7 @@ from gateways.email_parse import Accepted, Headers
 
 SEEN_KEEP = 90 * 24 * 3600.0
 ORIG_KEEP = 14 * 24 * 3600
+REFUSAL_KEEP = 30 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -159,3 +165,11 @@ class MailState:
             for thread_id in dict.fromkeys(thread_ids)
         ]
         return bool(keys) and bool(self.r.exists(*keys))
+
+    # -- the owner's own mail, refused as unauthenticated ------------------------------------------
+
+    def note_owner_refused(self, record: dict[str, Any]) -> None:
+        self.r.set(self.keys.email_owner_refused, json.dumps(record), ex=REFUSAL_KEEP)
+
+    def clear_owner_refused(self) -> None:
+        self.r.delete(self.keys.email_owner_refused)
