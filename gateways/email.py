@@ -23,7 +23,7 @@ from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Undeliverable
-from gateways.email_compose import recipients
+from gateways.email_compose import envelope
 from gateways.email_imap import ImapReader
 from gateways.email_parse import CHANNEL, Addresses
 from gateways.email_smtp import SmtpSender
@@ -56,6 +56,7 @@ def addresses_of(cfg: Config) -> Addresses:
         allow_all="*" in allow,
         trusted_ids=frozenset(a.strip().lower() for a in cfg.email.trusted_authserv_ids),
         trust_mailbox=cfg.email.trust_unauthenticated,
+        lists=frozenset(a.strip().lower() for a in cfg.email.lists),
     )
 
 
@@ -116,14 +117,15 @@ class EmailGateway:
             detail = "the message it answers is unknown (or older than 14 days); not sent"
             log.error("email.reply_unroutable", reply_id=reply.reply_id, detail=detail)
             raise Undeliverable(detail)
+        msg = self.smtp.compose(reply, original)
+        rcpts = envelope(msg)  # every address of To and Cc, one SMTP recipient each
         # the reply window: an answer to this reply from its recipients within [email]
         # reply_window is recorded, not answered. It opens before the send (an answer may come
         # back while a retry is pending) and again once sent, to run from when the mail went out
-        to, cc = recipients(original, self.smtp.own)
         ids = [self.smtp.message_id(reply)]
-        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
-        await self.smtp.send(reply, original)
-        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
+        await asyncio.to_thread(self.state.note_answered, rcpts, ids, window=self.window)
+        await self.smtp.send(msg, rcpts)
+        await asyncio.to_thread(self.state.note_answered, rcpts, ids, window=self.window)
 
     async def close(self) -> None:
         """Nothing stays open: the IMAP loop logs out when it ends."""

@@ -9,13 +9,15 @@ Mail that is not answered (loop guard, allowlist, rate cap) is logged and left u
 cannot be parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's
 replies, from one of that reply's recipients, less than ``[email] reply_window`` seconds after it
 was sent, is recorded, not answered: an auto-responder that sets no header the loop guard knows
-still gets one reply per storm. Mail from one of the owner's addresses that is not authenticated
-is logged (``email.owner_unauthenticated``, once an hour per reason, with the authserv-ids seen
-and the fix) and kept for ``relaybot doctor``. Network errors reconnect with the runner's capped
-backoff; a refused login is fatal. Redis going away (a restart) is waited out the same way
-(``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved the
-cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
-XADD's MULTI, keeps a publish whose reply was lost from happening twice).
+still gets one reply per storm. The list addresses a mail's ``List-Post``/``List-Id`` name are
+learned (ignored list mail included), and an audience holding one is a group. Mail from one of
+the owner's addresses that is not authenticated is logged (``email.owner_unauthenticated``, once
+an hour per reason, with the authserv-ids seen and the fix) and kept for ``relaybot doctor``.
+Network errors reconnect with the runner's capped backoff; a refused login is fatal. Redis going
+away (a restart) is waited out the same way (``redis.unreachable``, then ``redis.reconnected``): a
+message whose XADD failed has not moved the cursor, so it is fetched and published again (its
+Message-ID in ``email:seen``, written in the XADD's MULTI, keeps a publish whose reply was lost
+from happening twice).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import structlog
 from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
+from gateways.email_audience import handle_address
 from gateways.email_auth import owner_refusal_hint
 from gateways.email_loop import SENT_ID_PREFIX
 from gateways.email_parse import (
@@ -41,6 +44,7 @@ from gateways.email_parse import (
     parse_email,
     quoted_mail,
     show_quote,
+    with_lists,
 )
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
@@ -197,6 +201,8 @@ class ImapReader:
         source = f"imap:{self.ecfg.folder}:{uid}"
         try:
             result = parse_email(raw, self.addrs, time.time())
+            if result.lists_seen:
+                self.state.learn_lists(result.lists_seen)
             if not isinstance(result, Accepted):
                 if result.dead:
                     self.state.dead(raw, result.reason, source)
@@ -209,7 +215,7 @@ class ImapReader:
                         message_id=result.message_id,
                     )
                 return False
-            self._owner_check(result)
+            result = self._audience(result)
             if result.message.extra.get("quoted") and not self._received(quoted_mail(result)):
                 result = show_quote(result)  # the quoted mail never reached relaybot
             msg = result.message
@@ -244,18 +250,23 @@ class ImapReader:
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
             return False
 
-    def _owner_check(self, accepted: Accepted) -> None:
-        """The owner's mail refused as unauthenticated is noted for doctor (and logged); once
-        the owner's mail is authenticated again, the note goes."""
+    def _audience(self, accepted: Accepted) -> Accepted:
+        """The mail with what Redis knows: list addresses learned from earlier mail make its
+        audience a group; the owner's mail refused as unauthenticated is noted for doctor."""
         msg = accepted.message
+        audience = [handle_address(a) for a in msg.extra.get("audience", [])]
+        learned = self.state.known_lists(audience)
+        if learned:
+            accepted = with_lists(accepted, learned)
         if accepted.owner_refused:
             self._owner_refused(accepted)
         elif msg.extra.get("authenticated") and msg.sender in self.addrs.owner:
             self.state.clear_owner_refused()
+        return accepted
 
     def _owner_refused(self, accepted: Accepted) -> None:
         verdict, msg = accepted.verdict, accepted.message
-        sender = msg.sender.removesuffix(f" {UNVERIFIED}")
+        sender = handle_address(msg.sender)
         hint = owner_refusal_hint(verdict, sorted(self.addrs.trusted_ids))
         self.state.note_owner_refused(
             {

@@ -1,17 +1,21 @@
 """Issue 24 (privacy round 3), the e-mail items, through the real e-mail gateway against pymap,
 aiosmtpd and Redis, with the real worker and the fake model where a turn is needed: a forged
-Authentication-Results value never makes a stranger the owner (item 1)."""
+Authentication-Results value never makes a stranger the owner (item 1); every address is its own
+SMTP recipient, a Bcc is answered to its sender alone, and a mailing list makes a group (item
+8)."""
 
 from __future__ import annotations
 
 import json
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from contract.keys import Keys
+from contract.messages import InboundMessage
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import Proc, Procs, relaybot_env, wait_until, write_config
@@ -19,7 +23,14 @@ from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.integration
 
-OWNER, BOT = "owner@example.org", "bot@example.org"
+OWNER, BOT, PEER, CAROL = (
+    "owner@example.org",
+    "bot@example.org",
+    "peer@example.com",
+    "carol@example.net",
+)
+LIST = "dev@lists.example.net"  # a list the gateway learns from the headers of list mail
+TEAM = "team@example.net"  # a list configured with RELAYBOT_EMAIL_LISTS
 MEMORY_MD = "- the owner's bank PIN hint is 'blue heron'"
 OWNER_OK = [("Authentication-Results", "mx.test; dmarc=pass header.from=example.org")]
 
@@ -56,9 +67,11 @@ allowlist = ["*"]
 trusted_authserv_ids = ["mx.test"]
 """,
     )
-    return relaybot_env(
+    env = relaybot_env(
         home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
     )
+    env["RELAYBOT_EMAIL_LISTS"] = TEAM
+    return env
 
 
 @pytest.fixture
@@ -90,6 +103,23 @@ def sent(smtp: SmtpServer, message_id: str, *, timeout: float = 30) -> list[str]
 
     [rcpts] = wait_until(find, timeout=timeout, message=f"the reply to {message_id}")
     return rcpts
+
+
+def entries(r: redis.Redis, keys: Keys) -> list[InboundMessage]:
+    raw: Any = r.xrange(keys.inbound_of("email"))
+    return [InboundMessage.from_fields(fields) for _sid, fields in raw]
+
+
+def entry(r: redis.Redis, keys: Keys, message_id: str) -> tuple[str, InboundMessage]:
+    def find() -> tuple[str, InboundMessage] | None:
+        raw: Any = r.xrange(keys.inbound_of("email"))
+        for sid, fields in raw:
+            msg = InboundMessage.from_fields(fields)
+            if msg.event_id == message_id:
+                return f"email/{sid.decode()}", msg
+        return None
+
+    return wait_until(find, timeout=20, message=f"{message_id} on the stream")
 
 
 def model_input(server: FakeModelServer, marker: str) -> str:
@@ -131,3 +161,49 @@ def test_forged_authentication_results_do_not_make_mallory_the_owner(
         assert f"{OWNER} (unverified)" in seen
         assert sent(smtp, f"<forged-{n}@evil.example>") == [OWNER]  # the forged From's mailbox
         assert memory_md.read_text() == MEMORY_MD + "\n"
+
+
+# -- item 8 ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("worker", "gateway")
+def test_every_address_is_one_recipient_and_a_bcc_is_answered_to_the_sender_alone(
+    imap: ImapServer, smtp: SmtpServer
+) -> None:
+    several = make_message(message_id="<cc-1@example.org>", cc=f"{PEER}, Carol <{CAROL}>")
+    send(imap, several, OWNER_OK)
+    assert sent(smtp, "<cc-1@example.org>") == [OWNER, PEER, CAROL]  # one RCPT TO each
+
+    # the owner writes to Peer and Carol, relaybot only in Bcc: the reply reaches the owner
+    # alone (it is the owner's own conversation), never the recipients the mail shows
+    hidden = make_message(message_id="<bcc-1@example.org>", to=PEER, cc=CAROL)
+    send(imap, hidden, OWNER_OK)
+    assert sent(smtp, "<bcc-1@example.org>") == [OWNER]
+    with smtp.lock:
+        [reply] = [m for _r, m in smtp.received if m["In-Reply-To"] == "<bcc-1@example.org>"]
+    assert reply["To"] == OWNER and reply["Cc"] is None
+
+
+@pytest.mark.usefixtures("gateway")
+def test_a_list_address_makes_the_conversation_a_group(
+    imap: ImapServer, real_redis: redis.Redis, prefix: str
+) -> None:
+    """A list learned from the List-Id of list mail (which itself is ignored, as list traffic),
+    and a list configured with RELAYBOT_EMAIL_LISTS: the owner and a list are a group."""
+    keys = Keys(prefix)
+    through_list = make_message(
+        sender=PEER, message_id="<l-1@lists.example.net>", to=LIST,
+        headers={"List-Id": "Developers <dev.lists.example.net>"},
+    )  # fmt: skip
+    peer_ok = [("Authentication-Results", "mx.test; dmarc=pass header.from=example.com")]
+    send(imap, through_list, peer_ok)
+    send(imap, make_message(message_id="<g-1@example.org>", cc=LIST), OWNER_OK)
+    send(imap, make_message(message_id="<g-2@example.org>", cc=TEAM), OWNER_OK)
+    send(imap, make_message(message_id="<d-1@example.org>", cc=PEER), OWNER_OK)
+    _sid, control = entry(real_redis, keys, "<d-1@example.org>")
+    assert control.privacy == "direct"  # the owner and one person
+    by_id = {m.event_id: m for m in entries(real_redis, keys)}
+    assert "<l-1@lists.example.net>" not in by_id  # list traffic is not answered nor recorded
+    learned = by_id["<g-1@example.org>"]
+    assert (learned.privacy, learned.extra.get("lists")) == ("group", [LIST])
+    assert by_id["<g-2@example.org>"].privacy == "group"

@@ -231,12 +231,18 @@ def test_a_trusted_header_is_not_made_by_adding_another() -> None:
     assert msg.sender == f"{OWNER} (unverified)" and msg.privacy is not Privacy.OWNER
 
 
-def test_the_bot_in_bcc_answers_the_visible_audience_only() -> None:
-    """A mail that reaches the assistant by Bcc: the audience is who the mail shows (From, To,
-    Cc), the assistant aside; nobody hidden is added, and the owner's own context needs the
-    owner alone."""
-    msg = parse(mail(OWNER, [passed("home.example")], to=BOB)).message  # bot only in Bcc
-    assert msg.privacy is Privacy.DIRECT and msg.extra["audience"] == sorted([OWNER, BOB])
+def test_the_bot_in_bcc_answers_the_sender_alone() -> None:
+    """Issue 24, item 8: a mail that reaches the assistant by Bcc is answered to its sender
+    alone, never to the recipients it shows, so its audience is the sender alone too (the
+    owner's own conversation when the owner wrote it)."""
+    got = parse(mail(OWNER, [passed("home.example")], to=BOB, cc=CAROL))  # bot only in Bcc
+    msg = got.message
+    assert msg.extra["audience"] == [OWNER] and msg.privacy is Privacy.OWNER
+    assert msg.conversation.endswith(audience_key([OWNER]))
+    assert (got.headers.sender, got.headers.to, got.headers.cc) == (OWNER, [], [])
+    assert msg.extra["to"] == [BOB] and msg.extra["bcc"] is True  # kept for the record
+    bob = parse(mail(BOB, [passed("friends.example")], to=CAROL, mid="<b@f>")).message
+    assert bob.extra["audience"] == [BOB] and bob.privacy is Privacy.DIRECT
 
 
 def test_a_forwarded_mail_is_the_forwarders_words() -> None:
