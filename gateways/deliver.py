@@ -14,8 +14,10 @@ that stamped ``Reply.created`` and this gateway share, wherever each runs.
 
 The final status of a reply is told to the worker (the only memory writer) as a ``reply_status``
 derived entry on the channel's own stream, in the same MULTI that takes the reply out of flight:
-``expired`` always, ``failed`` when the platform refused it for good (:class:`Undeliverable`), and
-``delivered`` when the caller asks for it (``report_delivered``: the e-mail gateway does).
+``expired`` always, ``failed`` when the platform refused it for good (:class:`Undeliverable`),
+``withheld`` when the gateway refused to post it (:class:`Withheld`: its recipients are not the
+audience it was written for), and ``delivered`` when the caller asks for it
+(``report_delivered``: the e-mail gateway does).
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ MAX_DETAIL = 500  # characters of a status detail (a server's refusal) kept
 
 class Undeliverable(RuntimeError):
     """The platform refused the reply for good (an SMTP 5xx): reported ``failed``, not retried."""
+
+    status = "failed"
+
+
+class Withheld(Undeliverable):
+    """The gateway refused to post the reply (the recheck of its audience right before sending
+    found a recipient the reply was not written for): reported ``withheld``, never retried."""
+
+    status = "withheld"
 
 
 @dataclass(frozen=True)
@@ -186,8 +197,9 @@ def deliver_next(
     try:
         send(reply)
     except Undeliverable as exc:
-        queue.finish(claimed, "failed", str(exc))
-        log.error("reply.failed", reply_id=reply.reply_id, answers=reply.answers, error=str(exc))
+        queue.finish(claimed, exc.status, str(exc))
+        log.error(f"reply.{exc.status}", reply_id=reply.reply_id, answers=reply.answers,
+                  error=str(exc))  # fmt: skip
         return None
     if report_delivered:
         queue.finish(claimed, "delivered")

@@ -7,9 +7,14 @@
 - Mailing lists: an address in the audience that is a list (configured in ``[email] lists``,
   named by this mail's ``List-Post``/``List-Id``, or learned from those headers of mail seen
   earlier) is a group of unknown size, never one person: such an audience is a ``group``.
+- :func:`withheld`: the recheck right before a reply is sent. Its recipients must be exactly
+  within the audience the reply was written for (``Reply.extra["audience"]``, as the inbound
+  entry's ``extra["audience"]`` had it; for a reply of an older worker without it, the audience
+  recomputed from the stored headers of the mail it answers).
 
-Addresses are lowercased addr-specs; the handle of an unverified sender, ``address
-(unverified)``, stands for ``address`` (the reply reaches that mailbox, whoever wrote the mail).
+Addresses are compared as the audience is computed: lowercased addr-specs, relaybot's own
+addresses aside; the handle of an unverified sender, ``address (unverified)``, stands for
+``address`` (the reply reaches that mailbox, whoever wrote the mail).
 """
 
 from __future__ import annotations
@@ -76,3 +81,33 @@ def lists_in(audience: Iterable[str], lists: Iterable[str]) -> list[str]:
     """The audience members that are list addresses (sorted)."""
     known = {a.lower() for a in lists}
     return sorted({handle_address(a) for a in audience} & known)
+
+
+def stored_audience(
+    author: str, sender: str, to: Sequence[str], cc: Sequence[str], own: frozenset[str]
+) -> set[str]:
+    """The audience recomputed from the stored headers of a mail (``author``: its From, ""
+    when stored by an older gateway; ``sender``: where replies go; ``to``/``cc`` as stored,
+    empty when relaybot was not among them)."""
+    return {handle_address(a) for a in [author, sender, *to, *cc] if a} - own
+
+
+def written_for(extra: dict[str, object]) -> set[str] | None:
+    """The audience a reply was written for (``Reply.extra["audience"]``); None when the reply
+    does not say (an older worker); raises ValueError when it is not a list of addresses."""
+    if "audience" not in extra:
+        return None
+    raw = extra["audience"]
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise ValueError(f"the reply's audience is not a list of addresses: {str(raw)[:100]!r}")
+    return {handle_address(a) for a in raw}
+
+
+def withheld(recipients: Iterable[str], audience: set[str], own: frozenset[str]) -> list[str]:
+    """The recipients that are outside ``audience`` (relaybot's own addresses aside)."""
+    out: list[str] = []
+    for r in recipients:
+        addr = handle_address(r)
+        if addr not in own and addr not in audience and addr not in out:
+            out.append(addr)
+    return out

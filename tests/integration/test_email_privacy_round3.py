@@ -1,12 +1,14 @@
 """Issue 24 (privacy round 3), the e-mail items, through the real e-mail gateway against pymap,
 aiosmtpd and Redis, with the real worker and the fake model where a turn is needed: a forged
 Authentication-Results value never makes a stranger the owner (item 1); every address is its own
-SMTP recipient, a Bcc is answered to its sender alone, and a mailing list makes a group (item
-8)."""
+SMTP recipient, a Bcc is answered to its sender alone, and a mailing list makes a group (item 8);
+a reply whose recipients are not the audience it was written for is withheld (item 4)."""
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 import redis
 
 from contract.keys import Keys
-from contract.messages import InboundMessage
+from contract.messages import InboundMessage, Reply
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import Proc, Procs, relaybot_env, wait_until, write_config
@@ -207,3 +209,61 @@ def test_a_list_address_makes_the_conversation_a_group(
     learned = by_id["<g-1@example.org>"]
     assert (learned.privacy, learned.extra.get("lists")) == ("group", [LIST])
     assert by_id["<g-2@example.org>"].privacy == "group"
+
+
+# -- item 4 ---------------------------------------------------------------------------------------
+
+
+def queue_reply(
+    r: redis.Redis, keys: Keys, answered: tuple[str, InboundMessage], text: str, **extra: Any
+) -> Reply:
+    """What the worker would queue for the entry ``answered`` (the test stands in for it)."""
+    sid, msg = answered
+    reply = Reply(
+        reply_id=uuid.uuid4().hex, answers=sid, channel="email", session=msg.session,
+        conversation=msg.conversation, in_reply_to=msg.event_id, text=text,
+        created=time.time(), extra=extra,
+    )  # fmt: skip
+    r.rpush(keys.reply(msg.session), reply.to_json())
+    return reply
+
+
+def status_of(r: redis.Redis, keys: Keys, reply: Reply) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for m in entries(r, keys):
+            if m.extra.get("type") == "reply_status" and m.extra["reply_id"] == reply.reply_id:
+                return m.extra
+        return None
+
+    return wait_until(find, timeout=20, message=f"the status of {reply.reply_id}")
+
+
+def test_a_reply_whose_recipients_are_outside_its_audience_is_withheld(
+    gateway: Proc, imap: ImapServer, smtp: SmtpServer, real_redis: redis.Redis, prefix: str
+) -> None:
+    """The worker wrote a reply for the owner alone (``extra["audience"]``), but the mail it
+    answers copies Peer: the recipients are not the audience, so nothing is sent and the reply
+    is reported ``withheld``. The same reply written for the mail's audience goes out, and so
+    does one from an older worker (no audience: the stored headers' audience)."""
+    keys = Keys(prefix)
+    send(imap, make_message(message_id="<w-1@example.org>", cc=PEER), OWNER_OK)
+    answered = entry(real_redis, keys, "<w-1@example.org>")
+    assert answered[1].extra["audience"] == [OWNER, PEER]
+
+    narrow = queue_reply(real_redis, keys, answered, "for the owner alone", audience=[OWNER])
+    withheld = status_of(real_redis, keys, narrow)
+    assert withheld["status"] == "withheld"
+    assert PEER in withheld["detail"] and "not sent" in withheld["detail"]
+    assert gateway.events("reply.withheld")[0]["reply_id"] == narrow.reply_id
+    bad = queue_reply(real_redis, keys, answered, "audience unreadable", audience="owner")
+    assert status_of(real_redis, keys, bad)["status"] == "withheld"
+
+    right = queue_reply(real_redis, keys, answered, "for both", audience=[OWNER, PEER])
+    assert status_of(real_redis, keys, right)["status"] == "delivered"
+    older = queue_reply(real_redis, keys, answered, "from an older worker")
+    assert status_of(real_redis, keys, older)["status"] == "delivered"
+    with smtp.lock:
+        bodies = [str(m.get_body(("plain",)).get_content()) for _r, m in smtp.received]  # type: ignore[attr-defined]
+        recipients = [r for r, _m in smtp.received]
+    assert not any("for the owner alone" in b or "unreadable" in b for b in bodies)
+    assert recipients == [[OWNER, PEER], [OWNER, PEER]]

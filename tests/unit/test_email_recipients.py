@@ -1,16 +1,25 @@
-"""Issue 24, item 8, in the pure parts: who a reply goes to (every address of To and Cc its own
-SMTP recipient; a Bcc answered to the sender alone), and mailing lists (a group, never one
-person)."""
+"""Issue 24, items 8 and 4 (the e-mail half), in the pure parts: who a reply goes to (every
+address of To and Cc its own SMTP recipient; a Bcc answered to the sender alone), mailing lists
+(a group, never one person), and the recheck of a reply's recipients against the audience it was
+written for."""
 
 from __future__ import annotations
 
 import email.policy
 from email.message import EmailMessage
 
+import pytest
+
 from contract.messages import Privacy, Reply
-from gateways.email_audience import list_addresses
+from gateways.email_audience import (
+    handle_address,
+    list_addresses,
+    stored_audience,
+    withheld,
+    written_for,
+)
 from gateways.email_compose import compose_reply, envelope
-from gateways.email_parse import Accepted, Addresses, Rejected, parse_email, with_lists
+from gateways.email_parse import Accepted, Addresses, Headers, Rejected, parse_email, with_lists
 from tests.support.mailservers import make_message
 
 OWNER, BOT, PEER, CAROL = "owner@example.org", "bot@example.org", "peer@example.com", "c@x.net"
@@ -113,3 +122,25 @@ def test_list_headers_cannot_make_the_owner_relaybot_or_an_allowlisted_person_a_
         assert got.lists_seen == frozenset(), who
     headers = {"List-Post": "<mailto:A@L.org?subject=x>, <https://l.org>", "List-Id": "x <b.l.org>"}
     assert list_addresses(lambda name: headers.get(name, "")) == {"a@l.org", "b@l.org"}
+
+
+# -- the recheck before sending --------------------------------------------------------------------
+
+
+def test_recipients_outside_the_audience_are_withheld() -> None:
+    own = frozenset({BOT})
+    audience = written_for({"audience": [f"{OWNER} (unverified)"]})
+    assert audience == {OWNER}  # an unverified sender's handle stands for its address
+    assert withheld([OWNER, BOT, PEER, "Peer@Example.com"], audience, own) == [PEER]
+    assert withheld(["OWNER@example.org"], audience, own) == []
+    assert written_for({}) is None  # an older worker: the caller recomputes
+    for bad in ("owner@example.org", [1], {"a": 1}, None):
+        with pytest.raises(ValueError, match="not a list"):
+            written_for({"audience": bad})
+    stored = Headers("<m@x>", [], "", sender=CAROL, to=[PEER], cc=[BOT], author=OWNER)
+    assert stored_audience(stored.author, stored.sender, stored.to, stored.cc, own) == {
+        OWNER,
+        CAROL,
+        PEER,
+    }
+    assert handle_address(" Owner@Example.org (unverified) ") == OWNER
