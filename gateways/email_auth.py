@@ -33,6 +33,7 @@ the other.
 from __future__ import annotations
 
 import email.utils
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ _FOLD = re.compile(r"\r?\n(?=[ \t])")
 _CONTEXT = authres.FeatureContext()
 EVIDENCE = ("dmarc", "dkim", "spf")  # the methods that can vouch for (or against) a From domain
 MAX_SEEN = 10
+# the parser's time grows with the square of a value's length: a value longer than this is not
+# parsed (a server's own is a few hundred bytes), and only this many headers from the top are
+# read (the receiving server's are on top; the rest was written by the sender)
+MAX_VALUE = 16_384
+MAX_HEADERS = 50
 
 # why a mail is not authenticated (Verdict.reason): one word each, for logs and doctor
 NO_FROM = "from"  # not exactly one From header with one address
@@ -135,7 +141,7 @@ def sender_domain(sender: str) -> str:
 
 def _peek_id(value: str) -> str:
     """The authserv-id of a header value the parser refused, read as far as it can be."""
-    text = value
+    text = value[:1000]
     previous = None
     while previous != text:  # comments nest
         previous, text = text, _COMMENT.sub(" ", text)
@@ -145,6 +151,8 @@ def _peek_id(value: str) -> str:
 
 def _read(value: str) -> _Header:
     text = _FOLD.sub("", value).strip()
+    if len(text) > MAX_VALUE:
+        return _Header(_peek_id(text), None, f"longer than {MAX_VALUE} characters")
     try:
         parsed = _CONTEXT.parse_value(text)
     except Exception as exc:  # authres.SyntaxError and whatever else bad input makes it raise
@@ -214,7 +222,7 @@ def authenticate(
 ) -> Verdict:
     """How ``sender`` (the From address) is authenticated, or why it is not. ``headers`` are the
     mail's Authentication-Results values, top first; ``from_issue`` is :func:`from_problem`."""
-    read = [_read(v) for v in headers]
+    read = [_read(v) for v in itertools.islice(headers, MAX_HEADERS)]
     seen = tuple(dict.fromkeys(h.authserv_id or "(unreadable)" for h in read))[:MAX_SEEN]
 
     def no(reason: str, detail: str) -> Verdict:

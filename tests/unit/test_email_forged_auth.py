@@ -7,6 +7,8 @@ owner's memory and could rewrite it) before the fix: now she is ``owner@home.exa
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from contract.messages import Privacy
@@ -138,3 +140,17 @@ def test_the_owners_own_mail_refused_says_why_and_how_to_fix_it() -> None:
     # someone else's unauthenticated mail, and the owner's authenticated one, are no refusal
     assert not parse(mail([], sender=EVE)).owner_refused
     assert not parse(mail([f"{TRUSTED}; dmarc=pass header.from=home.example"])).owner_refused
+
+
+def test_a_huge_or_endless_authentication_results_costs_little_and_proves_nothing() -> None:
+    """The parser's time grows with the square of a value's length (a 1 MB header held the
+    gateway for minutes), and deep comments exhaust its recursion: such values are not read,
+    and with the trusted id they make the mail unauthenticated, at once."""
+    huge = f"{TRUSTED}; dmarc=pass header.from=home.example " + "header.x=y " * 100_000
+    deep = f"{TRUSTED}; dmarc=pass header.from=home.example " + "(" * 5000 + ")" * 5000
+    many = [f"mx{i}.evil.example; none" for i in range(10_000)]
+    for headers in ([huge], [deep], [*many, f"{TRUSTED}; dmarc=pass header.from=home.example"]):
+        started = time.monotonic()
+        got = parse(mail(headers))
+        assert time.monotonic() - started < 5
+        assert_stranger(got)
