@@ -383,6 +383,9 @@ class EmailConfig(_Section):
     trusted_authserv_ids: list[str] = Field(default_factory=list)
     # ... or for every mail, when only the owner's own server delivers to this mailbox
     trust_unauthenticated: bool = False
+    # mailing-list addresses: an audience holding one is a group, however few others it holds
+    # (lists are also learned from the List-Post and List-Id headers of mail seen)
+    lists: list[str] = Field(default_factory=list)
     idle: bool = True  # use IMAP IDLE when the server has it; false: always poll
     poll_interval: float = Field(default=60.0, gt=0)  # without IDLE
     idle_renew: float = Field(default=25 * 60.0, gt=0)  # re-issue IDLE before servers drop it
@@ -394,7 +397,7 @@ class EmailConfig(_Section):
     # storm); the authenticated owner is exempt; 0 turns it off
     reply_window: float = Field(default=300.0, ge=0)
 
-    @field_validator("addresses", "allowlist", "trusted_authserv_ids", mode="before")
+    @field_validator("addresses", "allowlist", "trusted_authserv_ids", "lists", mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -524,6 +527,7 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_EMAIL_POLL_INTERVAL", "email", "poll_interval"),
     ("RELAYBOT_EMAIL_TRUSTED_AUTHSERV_IDS", "email", "trusted_authserv_ids"),
     ("RELAYBOT_EMAIL_TRUST_UNAUTHENTICATED", "email", "trust_unauthenticated"),
+    ("RELAYBOT_EMAIL_LISTS", "email", "lists"),
     ("RELAYBOT_MATRIX_HOMESERVER", "matrix", "homeserver"),
     ("RELAYBOT_MATRIX_USER_ID", "matrix", "user_id"),
     ("RELAYBOT_MATRIX_ACCESS_TOKEN", "matrix", "access_token"),

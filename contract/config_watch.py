@@ -87,6 +87,7 @@ EMAIL_RELOADS = (
     "email.allowlist",
     "email.trusted_authserv_ids",
     "email.trust_unauthenticated",
+    "email.lists",
 )
 JOBS_USES = ("redis",)
 # a gateway's (uses, reloads), by channel; a channel that cannot take a reload reloads nothing

@@ -27,6 +27,8 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``email:seen`` | sorted set | email | Message-IDs published |
 | ``email:orig:<digest>`` | string (TTL) | email | the headers a reply needs |
 | ``email:rate:<kind>:<digest>`` | sorted set | email | what was accepted recently |
+| ``email:lists`` | sorted set | email | mailing-list addresses learned from List-Post/List-Id |
+| ``email:owner_refused`` | string (TTL) | email | the owner's last mail not authenticated |
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Keys:
         self.matrix_cursor = f"{prefix}cursor:matrix"
         self.matrix_seen = f"{prefix}matrix:seen"
         self.email_seen = f"{prefix}email:seen"
+        self.email_lists = f"{prefix}email:lists"
+        self.email_owner_refused = f"{prefix}email:owner_refused"
 
     def inbound_of(self, channel: str) -> str:
         """The inbound stream of one channel: only its gateway may write it (the ACL file)."""

@@ -16,7 +16,8 @@ The final status of a reply is told to the worker (the only memory writer) as a 
 derived entry on the channel's own stream, in the same MULTI that takes the reply out of flight:
 ``expired`` always, ``failed`` when the platform refused it for good (:class:`Undeliverable`),
 ``withheld`` when the gateway found, right before posting, that the reply would reach people it
-was not written for (:class:`Withheld`), and ``delivered`` when the caller asks for it
+was not written for (:class:`Withheld`: someone joined the room, a recipient outside the mail's
+audience), and ``delivered`` when the caller asks for it
 (``report_delivered``: the e-mail gateway does).
 """
 
@@ -49,12 +50,13 @@ class Undeliverable(RuntimeError):
 
 class Withheld(Undeliverable):
     """The reply was not posted: the audience it would reach now is wider than the one it was
-    written for (someone joined, the room opened). Reported ``withheld`` with ``report``, the
-    audience now, so the worker can answer again for it or tell the owner why not."""
+    written for (someone joined, the room opened, a recipient outside the mail's audience).
+    Reported ``withheld``, never retried, with ``report`` (the audience now, where the gateway
+    knows it) so the worker can answer again for it or tell the owner why not."""
 
     status = "withheld"
 
-    def __init__(self, detail: str, report: dict[str, Any]) -> None:
+    def __init__(self, detail: str, report: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.report = report
 

@@ -4,9 +4,11 @@ IMAP in (:mod:`gateways.email_imap`), SMTP out (:mod:`gateways.email_smtp`): the
 the replies of the ``email:*`` sessions that have a reply queued or in flight (found with SCAN).
 A send that may have been interrupted (a crash between the delivery mark and the server's answer,
 a connection lost mid-DATA) is sent again with the same Message-ID, derived from the reply id, so
-the resend is recognisably the same mail: a reply is retried rather than dropped. Every reply's
-final status (delivered, failed, expired) is reported to the worker, which records it in memory.
-Without ``[email] imap_host`` the process idles.
+the resend is recognisably the same mail: a reply is retried rather than dropped. Right before
+SMTP, the reply's recipients are checked against the audience it was written for
+(:mod:`gateways.email_audience`): a recipient outside it, and the reply is withheld, not sent.
+Every reply's final status (delivered, failed, withheld, expired) is reported to the worker, which
+records it in memory. Without ``[email] imap_host`` the process idles.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import structlog
 from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
-from gateways.deliver import Undeliverable
-from gateways.email_compose import recipients
+from gateways.deliver import Undeliverable, Withheld
+from gateways.email_audience import stored_audience, withheld, written_for
+from gateways.email_compose import envelope
 from gateways.email_imap import ImapReader
-from gateways.email_parse import CHANNEL, Addresses
+from gateways.email_parse import CHANNEL, Addresses, Headers
 from gateways.email_smtp import SmtpSender
 from gateways.email_state import MailState
 from gateways.runner import Runtime, TypingHook, run_gateway
@@ -56,6 +59,7 @@ def addresses_of(cfg: Config) -> Addresses:
         allow_all="*" in allow,
         trusted_ids=frozenset(a.strip().lower() for a in cfg.email.trusted_authserv_ids),
         trust_mailbox=cfg.email.trust_unauthenticated,
+        lists=frozenset(a.strip().lower() for a in cfg.email.lists),
     )
 
 
@@ -116,14 +120,39 @@ class EmailGateway:
             detail = "the message it answers is unknown (or older than 14 days); not sent"
             log.error("email.reply_unroutable", reply_id=reply.reply_id, detail=detail)
             raise Undeliverable(detail)
+        msg = self.smtp.compose(reply, original)
+        rcpts = envelope(msg)
+        self.recheck(reply, original, rcpts)
         # the reply window: an answer to this reply from its recipients within [email]
         # reply_window is recorded, not answered. It opens before the send (an answer may come
         # back while a retry is pending) and again once sent, to run from when the mail went out
-        to, cc = recipients(original, self.smtp.own)
         ids = [self.smtp.message_id(reply)]
-        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
-        await self.smtp.send(reply, original)
-        await asyncio.to_thread(self.state.note_answered, [*to, *cc], ids, window=self.window)
+        await asyncio.to_thread(self.state.note_answered, rcpts, ids, window=self.window)
+        await self.smtp.send(msg, rcpts)
+        await asyncio.to_thread(self.state.note_answered, rcpts, ids, window=self.window)
+
+    def recheck(self, reply: Reply, original: Headers, rcpts: list[str]) -> None:
+        """The audience, checked again as the reply is posted: every recipient must be in the
+        audience the reply was written for; else :class:`Withheld` (reported, never sent)."""
+        own = self.smtp.own
+        try:
+            audience = written_for(reply.extra)
+        except ValueError as exc:
+            raise Withheld(f"not sent: {exc}") from None
+        said = "written for"
+        if audience is None:  # a reply of an older worker: the audience of the mail it answers
+            said = "recomputed from the mail it answers"
+            audience = stored_audience(
+                original.author, original.sender, original.to, original.cc, own
+            )
+        if not rcpts:
+            raise Undeliverable("not sent: the mail it answers has no address to reply to")
+        outside = withheld(rcpts, audience, own)
+        if outside:
+            raise Withheld(
+                f"not sent: {', '.join(outside)} would get it, outside the audience it was "
+                f"{said} ({', '.join(sorted(audience)) or 'nobody'})"
+            )
 
     async def close(self) -> None:
         """Nothing stays open: the IMAP loop logs out when it ends."""

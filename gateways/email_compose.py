@@ -5,6 +5,7 @@ original) in its thread: ``In-Reply-To``, ``References`` (the thread's plus the 
 a ``Re:`` subject, a Message-ID derived from the reply id (so a resend is recognisable and
 relaybot's own mail is recognised when it comes back), ``Auto-Submitted: auto-replied``, and a
 ``multipart/alternative`` body: the Markdown text as plain text and as sanitized HTML.
+:func:`envelope` is who it goes to: every address of its To and Cc, one SMTP recipient each.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import markdown
 import nh3
 
 from contract.messages import Reply
+from gateways.email_audience import addresses
 from gateways.email_loop import SENT_ID_PREFIX
 from gateways.email_parse import Headers
 
@@ -34,10 +36,17 @@ def re_subject(subject: str) -> str:
 
 
 def recipients(original: Headers, own: frozenset[str]) -> tuple[list[str], list[str]]:
-    """(To, Cc) of a reply to all: the sender, then everyone else except relaybot itself."""
+    """(To, Cc) of a reply to all: the sender, then everyone else except relaybot itself (no one
+    else when relaybot got the mail as a Bcc: the stored To and Cc are empty then)."""
     to = [original.sender]
     cc = [a for a in [*original.to, *original.cc] if a not in own and a not in to]
     return to, list(dict.fromkeys(cc))
+
+
+def envelope(msg: EmailMessage) -> list[str]:
+    """The SMTP recipients of a composed mail: each address of its To and Cc headers (parsed,
+    so that ``a@x, b@y`` is two recipients), lowercased, each once."""
+    return addresses([str(v) for name in ("To", "Cc") for v in msg.get_all(name, [])])
 
 
 def to_html(text: str) -> str:

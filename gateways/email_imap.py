@@ -9,11 +9,15 @@ Mail that is not answered (loop guard, allowlist, rate cap) is logged and left u
 cannot be parsed at all goes to the dead-letter stream. Mail that answers one of relaybot's
 replies, from one of that reply's recipients, less than ``[email] reply_window`` seconds after it
 was sent, is recorded, not answered: an auto-responder that sets no header the loop guard knows
-still gets one reply per storm. Network errors reconnect with the runner's capped backoff; a
-refused login is fatal. Redis going away (a restart) is waited out the same way
-(``redis.unreachable``, then ``redis.reconnected``): a message whose XADD failed has not moved the
-cursor, so it is fetched and published again (its Message-ID in ``email:seen``, written in the
-XADD's MULTI, keeps a publish whose reply was lost from happening twice).
+still gets one reply per storm. The list addresses a mail's ``List-Post``/``List-Id`` name are
+learned (ignored list mail included), and an audience holding one is a group. Mail from one of
+the owner's addresses that is not authenticated is logged (``email.owner_unauthenticated``, once
+an hour per reason, with the authserv-ids seen and the fix) and kept for ``relaybot doctor``.
+Network errors reconnect with the runner's capped backoff; a refused login is fatal. Redis going
+away (a restart) is waited out the same way (``redis.unreachable``, then ``redis.reconnected``): a
+message whose XADD failed has not moved the cursor, so it is fetched and published again (its
+Message-ID in ``email:seen``, written in the XADD's MULTI, keeps a publish whose reply was lost
+from happening twice).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import structlog
 from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
+from gateways.email_audience import handle_address
+from gateways.email_auth import owner_refusal_hint
 from gateways.email_loop import SENT_ID_PREFIX
 from gateways.email_parse import (
     UNVERIFIED,
@@ -38,6 +44,7 @@ from gateways.email_parse import (
     parse_email,
     quoted_mail,
     show_quote,
+    with_lists,
 )
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
 from gateways.email_state import MailState
@@ -48,6 +55,7 @@ log = structlog.get_logger(__name__)
 _UID = re.compile(rb"UID (\d+)")
 _UIDVALIDITY = re.compile(rb"UIDVALIDITY (\d+)")
 _NETWORK_ERRORS = (OSError, asyncio.TimeoutError, aioimaplib.AioImapException, ConnectionError)
+REFUSAL_LOG_EVERY = 3600.0  # seconds between two log lines of the owner's mail refused, per reason
 
 
 class ImapLost(ConnectionError):
@@ -62,6 +70,7 @@ class ImapReader:
         self.port = port_of(ecfg, "imap")
         self._lost = asyncio.Event()
         self._redis = Outage("email.imap")
+        self._refusals_logged: dict[str, float] = {}  # reason -> when last logged (monotonic)
 
     async def run(self) -> None:
         backoff = Backoff()
@@ -192,6 +201,8 @@ class ImapReader:
         source = f"imap:{self.ecfg.folder}:{uid}"
         try:
             result = parse_email(raw, self.addrs, time.time())
+            if result.lists_seen:
+                self.state.learn_lists(result.lists_seen)
             if not isinstance(result, Accepted):
                 if result.dead:
                     self.state.dead(raw, result.reason, source)
@@ -204,6 +215,7 @@ class ImapReader:
                         message_id=result.message_id,
                     )
                 return False
+            result = self._audience(result)
             if result.message.extra.get("quoted") and not self._received(quoted_mail(result)):
                 result = show_quote(result)  # the quoted mail never reached relaybot
             msg = result.message
@@ -237,6 +249,50 @@ class ImapReader:
             log.exception("email.handle_failed")
             self.state.dead(raw, f"gateway error: {type(exc).__name__}: {exc}", source)
             return False
+
+    def _audience(self, accepted: Accepted) -> Accepted:
+        """The mail with what Redis knows: list addresses learned from earlier mail make its
+        audience a group; the owner's mail refused as unauthenticated is noted for doctor."""
+        msg = accepted.message
+        audience = [handle_address(a) for a in msg.extra.get("audience", [])]
+        learned = self.state.known_lists(audience)
+        if learned:
+            accepted = with_lists(accepted, learned)
+        if accepted.owner_refused:
+            self._owner_refused(accepted)
+        elif msg.extra.get("authenticated") and msg.sender in self.addrs.owner:
+            self.state.clear_owner_refused()
+        return accepted
+
+    def _owner_refused(self, accepted: Accepted) -> None:
+        verdict, msg = accepted.verdict, accepted.message
+        sender = handle_address(msg.sender)
+        hint = owner_refusal_hint(verdict, sorted(self.addrs.trusted_ids))
+        self.state.note_owner_refused(
+            {
+                "at": time.time(),
+                "sender": sender,
+                "message_id": msg.event_id[:300],
+                "reason": verdict.reason,
+                "detail": verdict.detail[:500],
+                "seen": list(verdict.seen),
+                "trusted": sorted(self.addrs.trusted_ids),
+                "hint": hint,
+            }
+        )
+        now = time.monotonic()
+        last = self._refusals_logged.get(verdict.reason)
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            return
+        self._refusals_logged[verdict.reason] = now
+        log.warning(
+            "email.owner_unauthenticated",
+            sender=sender,
+            authserv_ids=list(verdict.seen),
+            reason=verdict.reason,
+            detail=verdict.detail,
+            hint=hint,
+        )
 
     def _received(self, message_id: str) -> bool:
         """Whether relaybot has this mail: one it sent, or one it published."""

@@ -8,7 +8,9 @@ attachments are described (name, type, size) instead of included.
 
 Who sent it is established, not claimed (gateways/email_auth.py): an unauthenticated From is
 ``address (unverified)``, nobody we know. The *audience* is everyone who can read the mail:
-From (as established), To, Cc and Reply-To, relaybot's own addresses aside.
+From (as established), To, Cc and Reply-To, relaybot's own addresses aside; the sender alone when
+relaybot is in neither To nor Cc (a Bcc: the reply goes to the sender alone). A mailing list in it
+makes it a group (gateways/email_audience.py).
 
 Threads: the session and conversation are ``email:<thread id>/<audience key>``, where the thread
 id is the root Message-ID of ``References`` (else ``In-Reply-To``, else the message's own
@@ -16,7 +18,8 @@ Message-ID) and the audience key names its audience: a thread is one conversatio
 So naming a private thread's Message-ID, or copying someone new in, or writing to the assistant
 alone inside a group thread, starts a conversation of its own, which sees nothing of the
 others'. Privacy: the audience other than the owner — nobody: ``owner``; one person: ``direct``;
-more: ``group``. A reply goes to the audience only (Reply-To, else From, and To and Cc).
+more, or a mailing list: ``group``. A reply goes to the audience only (Reply-To, else From, and
+To and Cc unless relaybot got the mail as a Bcc).
 
 A reply's text is what its sender wrote: the earlier mail it quotes is cut off
 (gateways/email_quote.py) and kept in ``extra.quoted``, not given to the model as new text (the
@@ -42,12 +45,21 @@ from typing import Any, ClassVar
 
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 from gateways.audience import audience_key
-from gateways.email_auth import authenticate
+from gateways.email_audience import (
+    UNVERIFIED,
+    addresses,
+    list_addresses,
+    lists_in,
+    mail_audience,
+    visible_to,
+)
+from gateways.email_auth import UNVERIFIED_SENDER, Verdict, authenticate, from_problem
 from gateways.email_loop import loop_guard
 from gateways.email_quote import split_reply
 
+__all__ = ["UNVERIFIED", "Accepted", "Addresses", "Headers", "Rejected", "parse_email"]
+
 CHANNEL = "email"
-UNVERIFIED = "(unverified)"  # after the From address of a mail whose sender is not authenticated
 MAX_BODY_CHARS = 20_000
 _ID_CHARS = re.compile(r"^[A-Za-z0-9_.:@+=/!#$-]{1,150}$")
 _MSGID = re.compile(r"<([^<>\s]+)>")
@@ -63,11 +75,17 @@ class Addresses:
     allow_all: bool = False
     trusted_ids: frozenset[str] = frozenset()  # authserv-ids of trusted Authentication-Results
     trust_mailbox: bool = False  # every From is believed (only the owner's server delivers here)
+    lists: frozenset[str] = frozenset()  # mailing-list addresses ([email] lists)
 
     def allowed(self, sender: str) -> bool:
         domain = "@" + sender.rsplit("@", 1)[-1]
         known = sender in self.owner or sender in self.allow
         return self.allow_all or known or domain in self.allow
+
+    def may_be_list(self, address: str) -> bool:
+        """Whether a list header may make ``address`` a list: never relaybot's own, the owner's
+        or a person allowlisted by address (a forged List-Post cannot turn them into a list)."""
+        return address not in self.own and address not in self.owner and address not in self.allow
 
 
 @dataclass(frozen=True)
@@ -78,8 +96,9 @@ class Headers:
     references: list[str]  # with angle brackets, oldest first
     subject: str
     sender: str  # the address replies go to (Reply-To, else From)
-    to: list[str]
+    to: list[str]  # empty when relaybot was in neither To nor Cc (a Bcc): the sender alone
     cc: list[str]
+    author: str = ""  # the From address ("" in what an older gateway stored)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +108,7 @@ class Headers:
             "sender": self.sender,
             "to": self.to,
             "cc": self.cc,
+            "author": self.author,
         }
 
     @classmethod
@@ -100,6 +120,7 @@ class Headers:
             sender=str(data["sender"]),
             to=[str(x) for x in data.get("to", [])],
             cc=[str(x) for x in data.get("cc", [])],
+            author=str(data.get("author", "")),
         )
 
 
@@ -107,6 +128,9 @@ class Headers:
 class Accepted:
     message: InboundMessage
     headers: Headers
+    verdict: Verdict = UNVERIFIED_SENDER  # how the sender was authenticated, or why not
+    lists_seen: frozenset[str] = frozenset()  # list addresses this mail's headers name
+    owner_refused: bool = False  # from one of the owner's addresses, and not authenticated
 
 
 @dataclass(frozen=True)
@@ -116,6 +140,7 @@ class Rejected:
     sender: str = ""
     dead: bool = False  # True: the message could not be parsed at all (dead-letter it)
     extra: dict[str, Any] = field(default_factory=dict)
+    lists_seen: frozenset[str] = frozenset()  # list addresses this mail's headers name
 
 
 def parse_email(raw: bytes, addrs: Addresses, received_at: float) -> Accepted | Rejected:
@@ -137,15 +162,18 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     from_name, sender = _first_address(_header(msg, "From"))
     if not sender:
         return Rejected("no From address", message_id=message_id, dead=True)
+    lists_seen = frozenset(a for a in _lists_named(msg) if addrs.may_be_list(a))
     guard = loop_guard(msg, lambda name: _header(msg, name), sender, message_id, addrs.own)
     if guard:
-        return Rejected(guard, message_id=message_id, sender=sender)
-    authenticated = authenticate(
+        return Rejected(guard, message_id=message_id, sender=sender, lists_seen=lists_seen)
+    verdict = authenticate(
         _all_headers(msg, "Authentication-Results"),
         sender,
         trusted_ids=addrs.trusted_ids,
         trust_mailbox=addrs.trust_mailbox,
+        from_issue=from_problem(msg),
     )
+    authenticated = verdict.how
     # a sender not on the allowlist is recorded (the worker stores it) but not answered; an
     # unauthenticated one is nobody we know (its own handle), answered only with allowlist "*"
     if authenticated:
@@ -165,10 +193,13 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     _reply_name, reply_to = _first_address(_header(msg, "Reply-To"))
     to = _addresses(_header(msg, "To"))
     cc = _addresses(_header(msg, "Cc"))
+    # relaybot in neither To nor Cc (a Bcc): the reply reaches the sender alone, and so the
+    # audience is the sender alone (the others never see what relaybot answers)
+    bcc = not visible_to(addrs.own, to, cc)
+    reply_to_all, reply_cc = ([], []) if bcc else (to, cc)
     # the audience: who can read this mail (relaybot aside); a thread is one conversation per
     # audience, so naming a thread's Message-ID never joins the conversation of other people
-    people = {a for a in [who, *to, *cc, reply_to] if a and a not in addrs.own}
-    audience = sorted(people)
+    audience = mail_audience(who, reply_to, reply_to_all, reply_cc, addrs.own)
     # an unauthenticated sender cannot be told from anyone forging the same From: its mail joins
     # no earlier conversation (naming a thread's Message-ID would show the forger its history)
     joined = root if authenticated else message_id
@@ -186,15 +217,15 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
     if len(text) > MAX_TEXT_CHARS:
         note = "\n[truncated by relaybot]"
         text = text[: MAX_TEXT_CHARS - len(note)] + note
-    others = people - addrs.owner
-    privacy = Privacy.OWNER if not others else Privacy.DIRECT if len(others) == 1 else Privacy.GROUP
+    lists = lists_in(audience, addrs.lists | lists_seen)
     headers = Headers(
         message_id=message_id,
         references=references,
         subject=subject,
         sender=reply_to or sender,
-        to=to,
-        cc=cc,
+        to=reply_to_all,
+        cc=reply_cc,
+        author=sender,
     )
     inbound = InboundMessage(
         kind=Kind.MESSAGE,
@@ -203,7 +234,7 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
         conversation=thread,
         sender=who[:320],
         sender_name=(from_name or who)[:320],
-        privacy=privacy,
+        privacy=privacy_of(audience, addrs.owner, lists),
         text=text,
         ts=_date(msg, received_at),
         event_id=message_id[:1000],
@@ -215,11 +246,41 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
             "audience": audience,
             "authenticated": authenticated,
             "attachments": attachments,
+            **({"bcc": True} if bcc else {}),
+            **({"lists": lists} if lists else {}),
             **({"quoted": split.quoted} if split.quoted else {}),
             **({"no_reply": no_reply} if no_reply else {}),
         },
     )
-    return Accepted(inbound, headers)
+    refused = not authenticated and sender in addrs.owner
+    return Accepted(inbound, headers, verdict, lists_seen, owner_refused=refused)
+
+
+def privacy_of(audience: list[str], owner: frozenset[str], lists: list[str]) -> Privacy:
+    """The owner alone: ``owner``; one other person: ``direct``; more, or a list: ``group``."""
+    others = set(audience) - owner
+    if lists or len(others) > 1:
+        return Privacy.GROUP
+    return Privacy.DIRECT if others else Privacy.OWNER
+
+
+def with_lists(accepted: Accepted, lists: set[str]) -> Accepted:
+    """The mail again, knowing that these audience members are mailing lists (learned from
+    earlier mail): a group conversation."""
+    msg = accepted.message
+    found = lists_in(msg.extra.get("audience", []), {*lists, *msg.extra.get("lists", [])})
+    if found == msg.extra.get("lists", []):
+        return accepted
+    extra = {**msg.extra, "lists": found}
+    shown = msg.model_copy(update={"privacy": Privacy.GROUP, "extra": extra})
+    return replace(accepted, message=shown)
+
+
+def _lists_named(msg: Message) -> set[str]:
+    try:
+        return list_addresses(lambda name: _header(msg, name))
+    except Exception:  # a list header the policy cannot read names no list
+        return set()
 
 
 QUOTE_NOTE = "[quoted from an earlier mail that relaybot did not receive]"
@@ -403,12 +464,7 @@ def _first_id(value: str) -> str:
 
 
 def _addresses(value: str) -> list[str]:
-    out: list[str] = []
-    for _name, raw in email.utils.getaddresses([value]):
-        addr = raw.strip().lower()
-        if "@" in addr and addr not in out:
-            out.append(addr)
-    return out[:100]
+    return addresses([value])[:100]
 
 
 def _first_address(value: str) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import time
+from email.message import EmailMessage
 from pathlib import Path
 
 import aiosmtplib
@@ -111,9 +112,12 @@ class SmtpSender:
             reply.reply_id, self.sender.rsplit("@", 1)[-1] or "relaybot.invalid"
         )
 
-    async def send(self, reply: Reply, original: Headers) -> None:
-        msg = compose_reply(reply, original, sender=self.sender, own=self.own, now=time.time())
-        recipients = [a for a in [*msg.get_all("To", []), *msg.get_all("Cc", [])] if a]
+    def compose(self, reply: Reply, original: Headers) -> EmailMessage:
+        """The mail carrying ``reply`` (a new Date each attempt, the same Message-ID)."""
+        return compose_reply(reply, original, sender=self.sender, own=self.own, now=time.time())
+
+    async def send(self, msg: EmailMessage, recipients: list[str]) -> None:
+        """Hand ``msg`` to the SMTP server for ``recipients`` (one RCPT TO each)."""
         password = self.cfg.smtp_password.get_secret_value() if self.cfg.smtp_password else None
         mode = self.cfg.smtp_tls
         client = aiosmtplib.SMTP(

@@ -12,6 +12,13 @@
 - ``email:rate:replied:<digest>`` (string, TTL ``[email] reply_window``): relaybot sent this
   address the reply with this Message-ID within the window; mail from it that answers that reply
   meanwhile is recorded, not answered. The TTL runs on Redis's clock.
+- ``email:lists`` (sorted set, by when last seen): mailing-list addresses learned from the
+  ``List-Post``/``List-Id`` headers of mail seen (ignored list mail included); an audience holding
+  one is a group. Forgotten a year after they were last seen.
+- ``email:owner_refused`` (string, JSON, TTL 30 days): the last mail from one of the owner's
+  addresses that was not authenticated, and why; ``relaybot doctor`` shows it (the gateway may
+  run on another host: Redis is what both can read). Removed when the owner's mail is
+  authenticated again.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -30,6 +38,8 @@ from gateways.email_parse import Accepted, Headers
 
 SEEN_KEEP = 90 * 24 * 3600.0
 ORIG_KEEP = 14 * 24 * 3600
+LISTS_KEEP = 365 * 24 * 3600.0
+REFUSAL_KEEP = 30 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -159,3 +169,36 @@ class MailState:
             for thread_id in dict.fromkeys(thread_ids)
         ]
         return bool(keys) and bool(self.r.exists(*keys))
+
+    # -- mailing lists -------------------------------------------------------------------------
+
+    def learn_lists(self, addresses: Iterable[str]) -> None:
+        """Remember these addresses as mailing lists (seen now)."""
+        found = sorted(set(addresses))
+        if not found:
+            return
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(self.keys.email_lists, dict.fromkeys(found, now))
+        pipe.zremrangebyscore(self.keys.email_lists, "-inf", now - LISTS_KEEP)
+        pipe.execute()
+
+    def known_lists(self, addresses: Iterable[str]) -> set[str]:
+        """Which of these addresses were learned as mailing lists (seen within a year)."""
+        wanted = list(dict.fromkeys(addresses))
+        if not wanted:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        for address in wanted:
+            pipe.zscore(self.keys.email_lists, address)
+        since = time.time() - LISTS_KEEP
+        scores = pipe.execute()
+        return {a for a, s in zip(wanted, scores, strict=True) if s is not None and s >= since}
+
+    # -- the owner's own mail, refused as unauthenticated ------------------------------------------
+
+    def note_owner_refused(self, record: dict[str, Any]) -> None:
+        self.r.set(self.keys.email_owner_refused, json.dumps(record), ex=REFUSAL_KEEP)
+
+    def clear_owner_refused(self) -> None:
+        self.r.delete(self.keys.email_owner_refused)

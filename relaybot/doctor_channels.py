@@ -1,8 +1,9 @@
-"""``relaybot doctor``'s channel probes: the Matrix login and crypto store, IMAP and SMTP logins.
+"""``relaybot doctor``'s channel probes: the Matrix login and crypto store, IMAP and SMTP logins,
+and the owner's own mail refused as unauthenticated (what the e-mail gateway noted in Redis).
 
 Nothing is sent and nothing is kept: a Matrix password login (only when the gateway has no
 session yet) logs its new device out at once; the crypto store is opened read-only; SMTP stops
-after AUTH.
+after AUTH; Redis is only read.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ import json
 import smtplib
 import sqlite3
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import redis
 
 from contract.config import Config, EmailConfig, MatrixConfig
+from gateways.email import owner_addresses
+from gateways.email_auth import Verdict, owner_refusal_hint
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
-from relaybot.doctor_verdict import Check, fail, ok, skipped, warn
+from relaybot import doctor_redis
+from relaybot.doctor_verdict import OWNER_AUTH, Check, fail, ok, owner_auth, skipped, warn
 
 Add = Callable[[Check], None]
 PICKLE_KEY = "DEFAULT_KEY"  # nio's AsyncClientConfig default, which the gateway keeps
@@ -210,9 +216,47 @@ def email_group(cfg: Config, timeout: float, add: Add) -> None:
         because = "[email] has no imap_host (the e-mail gateway idles)"
         add(skipped("email.imap", because))
         add(skipped("email.smtp", because))
+        add(skipped(OWNER_AUTH, because))
         return
     add(imap_check(e, timeout))
     add(smtp_check(e, timeout))
+    add(owner_auth_check(cfg, timeout))
+
+
+def owner_auth_check(cfg: Config, timeout: float) -> Check:
+    """The last mail from the owner's addresses that the gateway refused as unauthenticated
+    (``email:owner_refused``, written by the gateway wherever it runs), with the fix."""
+    e = cfg.email
+    if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
+        return skipped(OWNER_AUTH, "the embedded Redis is not running (redis.reachable)")
+    r = doctor_redis.client(cfg, timeout)
+    key = cfg.keys.email_owner_refused
+    try:
+        raw = r.get(key)
+    except redis.exceptions.NoPermissionError as exc:
+        return skipped(OWNER_AUTH, f"this Redis user may not read {key} (redis.acl): {exc}")
+    except (redis.RedisError, OSError) as exc:
+        return skipped(OWNER_AUTH, f"Redis is not reachable (redis.reachable): {exc}")
+    finally:
+        r.close()
+    record: dict[str, Any] | None = None
+    if raw is not None:
+        with contextlib.suppress(ValueError, TypeError):
+            loaded = json.loads(raw)
+            record = loaded if isinstance(loaded, dict) else None
+    hint = ""
+    if record is not None:
+        seen = tuple(str(s) for s in record.get("seen", []))
+        refused = Verdict(None, str(record.get("reason", "")), str(record.get("detail", "")), seen)
+        hint = owner_refusal_hint(refused, e.trusted_authserv_ids)
+    return owner_auth(
+        record,
+        trusted=[t.strip().lower() for t in e.trusted_authserv_ids],
+        trust_mailbox=e.trust_unauthenticated,
+        hint=hint,
+        now=time.time(),
+        owner_addresses=bool(owner_addresses(cfg)),
+    )
 
 
 def imap_check(e: EmailConfig, timeout: float) -> Check:

@@ -48,7 +48,10 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
             return [*probes, ("GET", keys.lease)]
         cursor = keys.matrix_cursor if ch == "matrix" else keys.email_cursor("INBOX")
         lease = keys.gateway_lease(ch, _S)
-        return [*probes, ("SET", lease, "x", "NX", "PX", "1"), ("SET", cursor, "x")]
+        probes += [("SET", lease, "x", "NX", "PX", "1"), ("SET", cursor, "x")]
+        if ch == "email":  # the lists it learns, the owner's mail it refused (for doctor)
+            probes += [("ZADD", keys.email_lists, "1", "x"), ("SET", keys.email_owner_refused, "x")]
+        return probes
     if role == "jobs":
         return [
             beat,

@@ -175,6 +175,51 @@ def acl(user: str, refused: Mapping[str, list[str]]) -> Check:
     )
 
 
+# -- e-mail ------------------------------------------------------------------------------------
+
+OWNER_AUTH = "email.owner_auth"
+
+
+def owner_auth(
+    record: Mapping[str, Any] | None,
+    *,
+    trusted: Iterable[str],
+    trust_mailbox: bool,
+    hint: str,
+    now: float,
+    owner_addresses: bool = True,
+) -> Check:
+    """The owner's own mail and its authentication: ``record`` is the last mail from one of the
+    owner's addresses that the gateway did not take as the owner's (``email:owner_refused``),
+    None when there is none; ``hint`` the fix the gateway would give for it today;
+    ``owner_addresses``: whether the owner has e-mail addresses at all."""
+    trusted = sorted(trusted)
+    if record is None:
+        if not trusted and not trust_mailbox and owner_addresses:
+            return warn(
+                OWNER_AUTH,
+                "no sender can be authenticated: mail from your own addresses is a stranger's "
+                "(labelled unverified, never yours)",
+                "set [email] trusted_authserv_ids to the id your mail server writes first in "
+                "Authentication-Results, or trust_unauthenticated = true for a mailbox only your "
+                "own server delivers to",
+            )
+        return ok(OWNER_AUTH, "no mail from your addresses was refused as unauthenticated")
+    seen = [str(s) for s in record.get("seen", [])]
+    ago = max(0.0, now - float(record.get("at", now)))
+    when = f"{ago / 3600:.0f} h ago" if ago >= 3600 else f"{ago / 60:.0f} min ago"
+    said = (
+        f"mail from {record.get('sender', '?')} ({when}) was not taken as yours: "
+        f"{record.get('detail', '?')}; Authentication-Results seen from: "
+        f"{', '.join(seen) or 'none'}"
+    )
+    details = {k: record.get(k) for k in ("sender", "at", "reason", "seen", "message_id")}
+    untrusted = record.get("reason") in ("untrusted", "no_trusted_ids")
+    if trust_mailbox or (untrusted and set(seen) & set(trusted)):
+        return ok(OWNER_AUTH, f"{said} (fixed since: the configuration trusts it now)", **details)
+    return warn(OWNER_AUTH, said, hint, **details)
+
+
 # -- the model ---------------------------------------------------------------------------------
 
 

@@ -27,12 +27,19 @@ from deploy.embedded import redis_binary
 from relaybot import doctor_channels, doctor_model, doctor_redis
 from relaybot.doctor_verdict import Check, config_digest
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, self_signed_cert
+from tests.support.mailservers import (
+    ImapServer,
+    SmtpServer,
+    email_config,
+    make_message,
+    self_signed_cert,
+)
 from tests.support.procs import (
     Procs,
     relaybot_env,
     run_relaybot,
     wait_for_heartbeat,
+    wait_until,
     write_config,
 )
 from tests.support.servers import RedisServer, free_port
@@ -320,7 +327,11 @@ def test_email_over_starttls(tmp_path: Path) -> None:
         cfg = Config.model_validate({"home": tmp_path, "email": settings})
         found: list[Check] = []
         doctor_channels.email_group(cfg, 5.0, found.append)
-        assert [(c.id, c.verdict) for c in found] == [("email.imap", "ok"), ("email.smtp", "ok")]
+        assert [(c.id, c.verdict) for c in found] == [
+            ("email.imap", "ok"),
+            ("email.smtp", "ok"),
+            ("email.owner_auth", "skipped"),  # no Redis runs for this home: nothing to read
+        ]
         assert "(starttls)" in found[0].summary and "IDLE" in found[0].summary
         assert not smtp.messages()
 
@@ -329,7 +340,7 @@ def test_email_over_starttls(tmp_path: Path) -> None:
         )  # the server's certificate is not trusted without its CA: refused, and said so
         found = []
         doctor_channels.email_group(untrusted, 5.0, found.append)
-        assert [c.verdict for c in found] == ["fail", "fail"]
+        assert [c.verdict for c in found] == ["fail", "fail", "skipped"]
         assert "CERTIFICATE_VERIFY_FAILED" in found[0].summary
     finally:
         imap.stop()
@@ -363,3 +374,53 @@ def test_no_config_file_is_the_same_config_and_broken_toml_still_shows_the_proce
     found = processes()
     assert "processes.worker" in found, found  # not skipped because the file does not load
     assert "runs an older config" in found["processes.worker"].summary  # it keeps the last good
+
+
+def test_doctor_shows_the_owners_mail_refused_as_unauthenticated_with_the_fix(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    prefix: str,
+    imap: ImapServer,
+    smtp: SmtpServer,
+    procs: Procs,
+) -> None:
+    """Issue 24, item 1: the owner's server writes another authserv-id than the one configured
+    (``mx.test``), so the owner's own mail is a stranger's. The gateway says so in its log, once
+    an hour per reason, and doctor shows the last such refusal with the fix; Redis is what both
+    read, as the gateway may run on another host. Once the owner's mail is authenticated again,
+    doctor is content."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    config = email_config(imap, smtp, bot="bot@example.org", owner="owner@example.org")
+    config = config.replace("trust_unauthenticated = true", 'trusted_authserv_ids = ["mx.test"]')
+    write_config(home, config).chmod(0o600)
+    env = relaybot_env(home, redis_url=redis_server.url, prefix=prefix)
+    gateway = procs.start("email", ["gateway", "email"], env)
+    gateway.wait_for_log("email.ready", timeout=20)
+    _code, checks = _doctor(env)
+    assert checks["email.owner_auth"]["verdict"] == "ok", checks["email.owner_auth"]
+
+    for n in (1, 2):
+        msg = make_message(message_id=f"<own-{n}@example.org>")
+        verdict = "mx2.test; dmarc=pass header.from=example.org"  # the server's real id
+        msg._headers.insert(0, ("Authentication-Results", verdict))
+        imap.append(msg)
+    wait_until(lambda: len(gateway.events("email.published")) == 2, message="both mails published")
+    [logged] = gateway.events("email.owner_unauthenticated")  # once, not once per mail
+    assert logged["authserv_ids"] == ["mx2.test"] and logged["reason"] == "untrusted"
+
+    code, checks = _doctor(env)
+    check = checks["email.owner_auth"]
+    assert check["verdict"] == "warn" and code == 0, check
+    assert "owner@example.org" in check["summary"] and "mx2.test" in check["summary"]
+    assert '"mx2.test"' in check["hint"] and "trusted_authserv_ids" in check["hint"]
+    shown = run_relaybot(["doctor", "--timeout", "3"], env, timeout=60).stdout
+    assert "WARN  email.owner_auth" in shown and "add it to [email] trusted_authserv_ids" in shown
+
+    good = make_message(message_id="<own-3@example.org>")
+    verdict = "mx.test; dmarc=pass header.from=example.org"
+    good._headers.insert(0, ("Authentication-Results", verdict))
+    imap.append(good)
+    wait_until(lambda: len(gateway.events("email.published")) == 3, message="the third mail")
+    _code, checks = _doctor(env)
+    assert checks["email.owner_auth"]["verdict"] == "ok", checks["email.owner_auth"]

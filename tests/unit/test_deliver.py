@@ -10,7 +10,7 @@ import pytest
 from contract.clock import RedisClock
 from contract.keys import Keys
 from contract.messages import InboundMessage, Reply
-from gateways.deliver import ReplyQueue, Undeliverable, deliver_next
+from gateways.deliver import ReplyQueue, Undeliverable, Withheld, deliver_next
 
 
 def reply(n: int, *, created: float | None = None) -> Reply:
@@ -138,6 +138,22 @@ def test_a_refusal_for_good_is_reported_failed_not_retried(r: fakeredis.FakeRedi
     got: list[str] = []
     deliver_next(q, lambda rep: got.append(rep.reply_id), timeout=0)
     assert got == ["r2"]
+
+
+def test_a_reply_the_gateway_refuses_to_post_is_reported_withheld(r: fakeredis.FakeRedis) -> None:
+    """Issue 24, item 4: the recheck right before posting found a recipient outside the audience
+    the reply was written for: not sent, reported ``withheld`` (not ``failed``), not retried."""
+    push(r, reply(1))
+
+    def recheck(rep: Reply) -> None:
+        raise Withheld("not sent: bob@example.com would get it")
+
+    q = queue(r)
+    assert deliver_next(q, recheck, timeout=0, report_delivered=True) is None
+    assert [(s["status"], s["detail"]) for s in statuses(r)] == [
+        ("withheld", "not sent: bob@example.com would get it")
+    ]
+    assert r.llen(q.inflight) == 0 and r.llen(q.queue) == 0
 
 
 def test_a_delivery_is_reported_when_asked(r: fakeredis.FakeRedis) -> None:

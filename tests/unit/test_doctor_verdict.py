@@ -21,6 +21,7 @@ from relaybot.doctor_verdict import (
     fail,
     model_exists,
     ok,
+    owner_auth,
     permissions,
     persistence,
     redis_version,
@@ -238,3 +239,31 @@ def test_a_memory_database_linked_to_a_readable_file_is_found(tmp_path: Path) ->
     found = modes(Config(home=home))
     assert stat.S_IMODE(found[home / "memory.sqlite3"]) == 0o644
     assert permissions(home, found).verdict == "fail"
+
+
+def test_the_owners_mail_refused_as_unauthenticated_is_a_warning_with_the_fix() -> None:
+    """Issue 24, item 1: doctor shows the last mail from the owner's addresses that the e-mail
+    gateway did not take as the owner's (the record it keeps in Redis), until it is fixed."""
+    now = 10_000.0
+    record = {
+        "at": now - 7200, "sender": "ada@example.org", "reason": "untrusted",
+        "detail": "no Authentication-Results header from a trusted authserv-id",
+        "seen": ["mx2.example.org"], "message_id": "<m@example.org>",
+    }  # fmt: skip
+    check = owner_auth(record, trusted=["mx.example.org"], trust_mailbox=False, hint="H", now=now)
+    assert check.verdict is Verdict.WARN and check.hint == "H"
+    assert "ada@example.org (2 h ago)" in check.summary and "mx2.example.org" in check.summary
+    fixed = owner_auth(record, trusted=["mx2.example.org"], trust_mailbox=False, hint="H", now=now)
+    assert fixed.verdict is Verdict.OK and "fixed since" in fixed.summary
+    assert owner_auth(None, trusted=["mx"], trust_mailbox=False, hint="", now=now).verdict is (
+        Verdict.OK
+    )
+    nobody = owner_auth(None, trusted=[], trust_mailbox=False, hint="", now=now)
+    assert nobody.verdict is Verdict.WARN and "trusted_authserv_ids" in nobody.hint
+    no_owner_mail = owner_auth(
+        None, trusted=[], trust_mailbox=False, hint="", now=now, owner_addresses=False
+    )
+    assert no_owner_mail.verdict is Verdict.OK
+    failed = {**record, "reason": "failed", "seen": ["mx2.example.org"]}
+    still = owner_auth(failed, trusted=["mx2.example.org"], trust_mailbox=False, hint="H", now=now)
+    assert still.verdict is Verdict.WARN  # a failed check is not fixed by trusting the server

@@ -11,7 +11,7 @@ import pytest
 
 from contract.messages import Privacy
 from gateways.audience import audience_key
-from gateways.email_auth import aligned, authenticate, parse_auth_results
+from gateways.email_auth import aligned, authenticate
 from gateways.email_parse import Accepted, Addresses, parse_email
 from tests.support.mailservers import make_message
 
@@ -54,16 +54,19 @@ def mail(sender: str, auth: list[str] | None = None, **kw: str) -> EmailMessage:
 # -- the parser of Authentication-Results ---------------------------------------------------------
 
 
-def test_authentication_results_are_parsed_with_comments_and_quotes() -> None:
-    parsed = parse_auth_results(
-        "mx.Home.example (a comment; with a semicolon); dkim=pass (good (nested) sig) "
-        'header.d=friends.example header.b="ab;cd"; spf=fail smtp.mailfrom=x@y; none'
+def test_authentication_results_are_read_with_comments_quotes_and_case() -> None:
+    """RFC 8601 syntax (authres): comments (nested, with semicolons), quoted values holding
+    semicolons, a version after the authserv-id, any letter case; policy.* and unknown
+    properties are not evidence, and do not stop the rest from being read."""
+    value = (
+        "MX.Home.example (a comment; with a semicolon) 1; DKIM=Pass (good (nested) sig) "
+        'header.D=Friends.Example header.b="ab;cd" x-bits=2048; '
+        "spf=fail smtp.mailfrom=x@other.example; "
+        "dmarc=pass policy.dmarc=reject (p=reject) header.from=friends.example"
     )
-    assert parsed is not None
-    assert parsed.authserv_id == "mx.home.example"
-    assert [(r.method, r.result) for r in parsed.results] == [("dkim", "pass"), ("spf", "fail")]
-    assert parsed.results[0].properties["header.d"] == "friends.example"
-    assert parse_auth_results("") is None
+    how = authenticate([value], BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False).how
+    assert how == "mx.home.example: dkim=pass header.d=friends.example"
+    assert aligned("Friends.Example.", "friends.example")
 
 
 @pytest.mark.parametrize(
@@ -85,7 +88,7 @@ def test_relaxed_alignment(a: str, b: str, ok: bool) -> None:
 def test_a_trusted_pass_aligned_with_the_from_domain_authenticates(method: str) -> None:
     how = authenticate(
         [passed("friends.example", method)], BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False
-    )
+    ).how
     assert how is not None and how.startswith(f"mx.home.example: {method}=pass")
 
 
@@ -98,10 +101,26 @@ def test_a_trusted_pass_aligned_with_the_from_domain_authenticates(method: str) 
         ["attacker.example; dkim=pass header.d=friends.example"],  # not a trusted id
         # the receiving server's own header is on top: a forged one below does not count
         ["mx.home.example; dkim=none", "mx.home.example; dkim=pass header.d=friends.example"],
+        # results about another domain, or no result at all
+        ["mx.home.example; dkim=pass header.d=evil.example; spf=pass smtp.mailfrom=e@evil.example"],
+        ["mx.home.example; none"],
+        ["mx.home.example; spf=pass smtp.helo=friends.example"],  # helo is not the sender
+        ["mx.home.example; dmarc=pass"],  # for which domain?
+        # a policy property is not a signing domain
+        ["mx.home.example; dkim=pass policy.d=friends.example header.d=evil.example"],
+        # header values the parser refuses, from the trusted id: not read, never a crash
+        ["mx.home.example; dkim=pass header.d=friends.example; spf="],
+        ["mx.home.example"],
+        ["mx.home.example; dmarc=pass header.from=friends.example, evil.example"],
+        ["mx.home.example; dkim=pass header.d=friends.example\x00; \udcff"],
+        ["", ";;;", "(((", "mx.home.example; dmarc=fail header.from=friends.example"],
+        # a trusted header below an untrusted one is the receiving server's verdict: read
+        ["mx.evil.example; dkim=pass header.d=friends.example", "MX.HOME.EXAMPLE; dkim=fail"],
     ],
 )
 def test_anything_else_does_not(headers: list[str]) -> None:
-    assert authenticate(headers, BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False) is None
+    verdict = authenticate(headers, BOB, trusted_ids=ADDRS.trusted_ids, trust_mailbox=False)
+    assert verdict.how is None and verdict.reason and verdict.detail
 
 
 # -- case 1: a forged From ------------------------------------------------------------------------
@@ -212,12 +231,18 @@ def test_a_trusted_header_is_not_made_by_adding_another() -> None:
     assert msg.sender == f"{OWNER} (unverified)" and msg.privacy is not Privacy.OWNER
 
 
-def test_the_bot_in_bcc_answers_the_visible_audience_only() -> None:
-    """A mail that reaches the assistant by Bcc: the audience is who the mail shows (From, To,
-    Cc), the assistant aside; nobody hidden is added, and the owner's own context needs the
-    owner alone."""
-    msg = parse(mail(OWNER, [passed("home.example")], to=BOB)).message  # bot only in Bcc
-    assert msg.privacy is Privacy.DIRECT and msg.extra["audience"] == sorted([OWNER, BOB])
+def test_the_bot_in_bcc_answers_the_sender_alone() -> None:
+    """Issue 24, item 8: a mail that reaches the assistant by Bcc is answered to its sender
+    alone, never to the recipients it shows, so its audience is the sender alone too (the
+    owner's own conversation when the owner wrote it)."""
+    got = parse(mail(OWNER, [passed("home.example")], to=BOB, cc=CAROL))  # bot only in Bcc
+    msg = got.message
+    assert msg.extra["audience"] == [OWNER] and msg.privacy is Privacy.OWNER
+    assert msg.conversation.endswith(audience_key([OWNER]))
+    assert (got.headers.sender, got.headers.to, got.headers.cc) == (OWNER, [], [])
+    assert msg.extra["to"] == [BOB] and msg.extra["bcc"] is True  # kept for the record
+    bob = parse(mail(BOB, [passed("friends.example")], to=CAROL, mid="<b@f>")).message
+    assert bob.extra["audience"] == [BOB] and bob.privacy is Privacy.DIRECT
 
 
 def test_a_forwarded_mail_is_the_forwarders_words() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import load_config
+from contract.config_watch import EMAIL_RELOADS
 from gateways.email import addresses_of, owner_addresses
 from gateways.email_smtp import FatalMailError, SmtpSender, check_plain, port_of
 
@@ -46,6 +47,19 @@ allowlist = ["friend@example.com", "*"]
     addrs = addresses_of(cfg)
     assert addrs.allow_all and addrs.allow == {"friend@example.com"}
     assert addrs.own == {"bot@example.org", "relay@example.org"}
+
+
+def test_mailing_lists_from_file_and_environment(tmp_path: Path) -> None:
+    """``[email] lists`` (issue 24, item 8): addresses that are lists, lowercased; the
+    environment variable, comma-separated, wins like the others; a config reload applies it."""
+    (tmp_path / "config.toml").write_text(
+        '[email]\nimap_host = "imap.example.org"\nlists = ["Dev@Lists.example.net"]\n',
+        encoding="utf-8",
+    )
+    assert addresses_of(load_config(tmp_path, {})).lists == {"dev@lists.example.net"}
+    env = {"RELAYBOT_EMAIL_LISTS": "team@example.net, all@example.net"}
+    assert addresses_of(load_config(tmp_path, env)).lists == {"team@example.net", "all@example.net"}
+    assert "email.lists" in EMAIL_RELOADS
 
 
 def test_unconfigured_by_default(tmp_path: Path) -> None:
