@@ -7,17 +7,35 @@ erasure.py) names the rows it erased; :func:`copies_of` turns it into what those
 known by, for the worker to find and delete them (worker/scrub.py). Read-only, from the
 tombstone and the (blanked) rows, so it gives the same answer when the worker replays the
 command after a crash.
+
+A copy that names nothing memory knows it by (a malformed entry without a conversation, a dead
+letter of one, a raw mail a gateway could not parse) is found by the erased text itself
+(:meth:`Copies.holds_text`). The texts are not in the tombstone (it keeps no text): the erasure
+hands them to the worker in the process that applied it (memory.command_types), and a worker
+that replays the command after a crash takes them from the erased entries Redis still holds
+(worker/scrub.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memory.identity import handles_of
 from memory.sql import chunks, marks
+
+MIN_TEXT_MATCH = 8  # shorter texts ("ok", "yes") are found only as a whole value, not inside one
+_QUOTE_MARK = re.compile(r"^[ \t>|]+", re.M)
+
+
+def plain(text: str) -> str:
+    """Text as a copy may carry it: without quote marks (``>``, ``|``) at line starts, line
+    breaks, runs of blanks and case."""
+    return " ".join(_QUOTE_MARK.sub("", text).split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -35,9 +53,24 @@ class Copies:
     # (channel, platform event id) of the kept mails whose subject repeated an erased one's:
     # their cached reply headers lose the subject (memory/subjects.py)
     subject_event_ids: frozenset[tuple[str, str]] = frozenset()
+    # the erased texts, as :func:`plain` makes them (see the module docstring)
+    texts: frozenset[str] = field(default_factory=frozenset)
 
     def sender_erased(self, channel: str, sender: str) -> bool:
         return (channel.strip().casefold(), sender.strip().casefold()) in self.handles
+
+    def with_texts(self, texts: Iterable[str]) -> Copies:
+        """These copies, also found by ``texts`` (raw; blank ones are left out)."""
+        flat = {plain(t) for t in texts}
+        return replace(self, texts=self.texts | {t for t in flat if t})
+
+    def holds_text(self, value: str) -> bool:
+        """Whether ``value`` holds an erased text: inside it (a text of at least
+        :data:`MIN_TEXT_MATCH` characters), or as all of it (a shorter one)."""
+        if not self.texts or not value:
+            return False
+        flat = plain(value)
+        return flat in self.texts or any(len(t) >= MIN_TEXT_MATCH and t in flat for t in self.texts)
 
 
 def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:

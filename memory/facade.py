@@ -110,6 +110,9 @@ class Memory:
         # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
         # this writer adds summaries (apply_summary), and none is ever deleted
         self._summaries_seen: tuple[MemoryStore, bool] | None = None
+        # the texts each erasure applied here removed, until the worker has cleaned Redis of
+        # their copies (memory.copies); never written anywhere
+        self._erased_texts: dict[int, list[str]] = {}
 
     # -- degraded mode -------------------------------------------------------------------------
 
@@ -158,6 +161,7 @@ class Memory:
         except BaseException:
             self._open = False
             self._owners = None  # a merge may have been rolled back with the rest
+            self._erased_texts.clear()  # ... and an erasure: it is applied again
             store.transaction().rollback()
             raise
 
@@ -170,6 +174,7 @@ class Memory:
         try:
             self.store.transaction().commit(lazy_index=True)
         except sqlite3.Error as exc:
+            self._erased_texts.clear()  # nothing was erased: the erasure is applied again
             raise _unwritable(exc, "commit") from exc
         self.commits += 1
 
@@ -359,7 +364,10 @@ class Memory:
 
         def run(store: MemoryStore) -> dict[str, object]:
             ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
-            return commands.apply_atomic(store, ctx, op, args)
+            result = commands.apply_atomic(store, ctx, op, args)
+            if result.get("ok"):
+                self._erased_texts.update(ctx.erased_texts)
+            return result
 
         try:
             return self.use(run)
@@ -369,8 +377,19 @@ class Memory:
     # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
 
     def erased_copies(self, erasure_id: int) -> Copies | None:
-        """What finds erasure ``erasure_id``'s text outside memory (memory.copies)."""
-        return self.use(lambda s: copies_of(s.conn, erasure_id))
+        """What finds erasure ``erasure_id``'s text outside memory (memory.copies), with the
+        texts it removed when it was applied by this process."""
+        texts = self._erased_texts.get(erasure_id, [])
+        found = self.use(lambda s: copies_of(s.conn, erasure_id))
+        return None if found is None else found.with_texts(texts)
+
+    def drop_erased_texts(self, erasure_id: int | None = None) -> None:
+        """Forget the texts of an erasure whose copies are cleaned (None: of every erasure, the
+        batch that applied them was not committed)."""
+        if erasure_id is None:
+            self._erased_texts.clear()
+        else:
+            self._erased_texts.pop(erasure_id, None)
 
     def clear_wal(self) -> bool | None:
         """Checkpoint and truncate the WAL (its old frames still hold erased text): False while a
