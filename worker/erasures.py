@@ -50,10 +50,13 @@ class Erasures:
                 cleaned["redis"] = "not cleaned (memory failed): run the same erasure again"
             else:
                 cleaned["redis"] = self.scrubber.scrub(copies).as_dict()
-            replies[index] = _amend(replies[index], {"cleaned": cleaned})
+                self.memory.drop_erased_texts(erasure)
+            if replies[index] is not None:
+                replies[index] = _amend(replies[index], {"cleaned": cleaned})
 
     def undone(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
         """The batch's commit failed: nothing was erased."""
+        self.memory.drop_erased_texts()
         for index, _erasure in erasures:
             replies[index] = _amend(
                 replies[index],
