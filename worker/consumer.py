@@ -116,6 +116,7 @@ class Consumer:
         self.deriver = deriver
         if deriver is not None:
             deriver.busy = self.conversation_busy
+            turns.worker_commands["memory.resummarize"] = deriver.resummarize_command
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import redis
 import structlog
@@ -186,6 +187,24 @@ class Deriver:
     def enqueue(self, p: Planned) -> bool:
         return enqueue(self.cfg, self.r, p)
 
+    def resummarize_command(self, args: dict[str, Any]) -> dict[str, object]:
+        """The owner command ``memory.resummarize`` (``relaybot memory resummarize``): the
+        worker enqueues the jobs, so the terminal's Redis account needs no access to rq's keys."""
+        conversation = args.get("conversation")
+        if not isinstance(conversation, str) or not conversation.strip():
+            return {"ok": False, "error": "memory.resummarize takes {conversation} as a string"}
+        planned = self.memory.use(partial(_resummarize, self.cfg, self.r, conversation.strip()))
+        if planned is None:
+            return {"ok": False, "error": "memory is unavailable (see the worker log)"}
+        return {
+            "ok": True,
+            "conversation": conversation.strip(),
+            "enqueued": [
+                {"first_id": p.first_id, "last_id": p.last_id, "version": p.version}
+                for p in planned
+            ],
+        }
+
 
 def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
     """Enqueue the job unless it is queued or running, finished a moment ago, or failed (or
@@ -251,6 +270,12 @@ def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> tuple[li
 
 def queue(cfg: Config, r: redis.Redis) -> Queue:
     return Queue(cfg.keys.jobs_queue, connection=r)
+
+
+def _resummarize(
+    cfg: Config, r: redis.Redis, conversation: str, store: MemoryStore
+) -> list[Planned]:
+    return resummarize(cfg, r, store, conversation)
 
 
 def resummarize(

@@ -120,6 +120,8 @@ class Turns:
         self.model = model
         self.tools = tools
         self.thinking = thinking
+        # owner commands the worker itself applies (not memory): op -> handler(args) -> result
+        self.worker_commands: dict[str, Callable[[dict[str, Any]], dict[str, object]]] = {}
         # replies the model gave that memory could not record yet, by each entry they answer
         self._unrecorded: dict[str, Held] = {}
         self._lingering: list[Held] = []  # recorded, not committed yet
@@ -518,6 +520,9 @@ class Turns:
             }
         elif self.memory.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
+        elif isinstance(op := msg.extra.get("op"), str) and op in self.worker_commands:
+            args = msg.extra.get("args", {})
+            result = self.worker_commands[op](args if isinstance(args, dict) else {})
         else:
             op, args = msg.extra.get("op"), msg.extra.get("args", {})
             result = self.memory.apply_command(stream_id, op, args) or {
