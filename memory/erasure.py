@@ -258,10 +258,12 @@ def erase(
     now: float | None = None,
     keep: Iterable[str] = (),
     texts: dict[int, list[str]] | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Apply an erasure (see the module docstring), keeping the derived items ``keep``
     (``reply:N``, ``note:N``); idempotent on ``stream_id``. ``texts`` gets the erased rows' texts
-    under the erasure's id, as they were (the worker looks for copies of them: memory.copies)."""
+    under the erasure's id, as they were (the worker looks for copies of them: memory.copies);
+    ``detail`` joins the tombstone's (ids only, never text: a redaction names its event)."""
     conn = store.conn
     reason = reason.strip()
     if not reason:
@@ -286,7 +288,7 @@ def erase(
                     plan.target,
                     len(plan.log_ids),
                     len(plan.note_ids),
-                    json.dumps(plan.detail(), separators=(",", ":")),
+                    json.dumps({**plan.detail(), **(detail or {})}, separators=(",", ":")),
                     stream_id,
                 ),
             )

@@ -41,6 +41,7 @@ from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, own
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
 from memory.provenance import DrewOn
+from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
@@ -373,6 +374,23 @@ class Memory:
             return self.use(run)
         finally:
             self._owners = None  # a merge, an import: who the owner is may have changed
+
+    def apply_redaction(
+        self, stream_id: str, *, channel: str, room: str, event_id: str, redacted_by: str,
+        redaction_event: str,
+    ) -> Redacted:  # fmt: skip
+        """Erase a redacted event (memory/redactions.py), inside :meth:`write`."""
+
+        def write(store: MemoryStore) -> Redacted:
+            texts: dict[int, list[str]] = {}
+            done = redact(
+                store, channel=channel, room=room, event_id=event_id, redacted_by=redacted_by,
+                stream_id=stream_id, redaction_event=redaction_event, texts=texts,
+            )  # fmt: skip
+            self._erased_texts.update(texts)
+            return done
+
+        return self._write(write)
 
     # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
 

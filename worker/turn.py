@@ -33,6 +33,7 @@ from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
+from worker import redactions
 from worker.agent import TurnResult, run_turn
 from worker.model import ModelPort
 from worker.tools import ToolRegistry
@@ -156,7 +157,7 @@ class Turns:
         parsed = self.parse(stream_id, raw, channel)
         if isinstance(parsed, Outcome):
             return parsed
-        if parsed.kind is not Kind.MESSAGE:
+        if parsed.kind is not Kind.MESSAGE or redactions.is_redaction(parsed):
             return self.apply(stream_id, parsed)
         outcomes, job = self.begin([(stream_id, parsed)])
         if job is None:
@@ -191,11 +192,17 @@ class Turns:
         return msg
 
     def apply(self, stream_id: str, msg: InboundMessage) -> Outcome:
-        """A derived entry or an owner command: applied to memory at once, no model call."""
+        """A derived entry, an owner command or a redaction (worker/redactions.py): applied to
+        memory at once, no model call."""
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
+            if redactions.is_redaction(msg):  # a platform's redaction: an erasure, no reply
+                with self.memory.write():
+                    done = redactions.apply(self.memory, stream_id, msg)
+                return Outcome(erasure=done.erasure, dead_reason=done.dead_reason,
+                               fields=msg.to_fields() if done.dead_reason else {})  # fmt: skip
             if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary":
                 with self.memory.write():
                     refused = self._apply_summary(msg)
@@ -439,7 +446,7 @@ class Turns:
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
-            if msg.kind is not Kind.MESSAGE:
+            if msg.kind is not Kind.MESSAGE or redactions.is_redaction(msg):
                 return Outcome()
             with self.memory.write():
                 first = self.memory.first_of_event(msg, stream_id)

@@ -514,3 +514,51 @@ def test_an_erasure_reaches_two_hops_away_and_the_copies_that_name_nothing(
     assert cleaned["aof"] == "rewritten" and cleaned["rdb"] == "rewritten", cleaned
     # what named no erased conversation and did not hold the text is still there
     assert admin.xlen(keys.inbound_of("matrix")) >= 10
+
+
+def test_a_matrix_redaction_erases_the_event_everywhere_and_is_never_answered(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """Issue 24, item 10b: the Matrix gateway's account publishes a redaction the way the gateway
+    does; the worker erases the redacted event (memory, the reply waiting in its queue, its
+    stream entry, Redis's files) as ``memory erase --id`` would, records and answers nothing for
+    it; a redaction in another room naming the same event erases nothing."""
+    at = setup(tmp_path, acl_redis, model_server)
+    home, keys, admin = at.home, at.keys, at.admin
+    worker = procs.worker(at.worker_env, r=admin, keys=keys)
+    matrix = acl_redis.client("matrix")
+    room = "!team:m.org"
+    conv = f"matrix:{room}"
+    said = message("matrix", "@bob:m.org", conv, f"oops, the vault code is {SECRET}",
+                   privacy=Privacy.GROUP, event_id="$secret")  # fmt: skip
+    publish(matrix, keys, said)
+    publish(matrix, keys, message("matrix", "@carol:m.org", conv, "hello all",
+                                  privacy=Privacy.GROUP))  # fmt: skip
+    wait_for_replies(admin, keys, conv, 2)
+    assert SECRET.encode() in redis_values(admin)
+
+    def redaction(room_id: str, event: str) -> InboundMessage:
+        return message(
+            "matrix", "@bob:m.org", f"matrix:{room_id}", "[redaction]", privacy=Privacy.GROUP,
+            extra={"room_id": room_id, "redacts": event, "no_reply": "redaction"},
+        )  # fmt: skip
+
+    publish(matrix, keys, redaction("!elsewhere:m.org", "$secret"))  # another room: nothing
+    publish(matrix, keys, redaction(room, "$secret"))
+    worker.wait_for_log("memory.erasure_scrubbed", timeout=60)
+    db = home / "memory.sqlite3"
+    rows = memory_rows(db, "SELECT text, extra FROM log ORDER BY id")
+    assert not [r for r in rows if SECRET in r["text"] or "[redaction]" in r["text"]], rows
+    assert any(r["text"] == "hello all" for r in rows)
+    (tomb,) = memory_rows(db, "SELECT reason, requested_by FROM erasure")
+    assert tomb == {"reason": "Matrix redaction by @bob:m.org", "requested_by": "@bob:m.org"}
+    wait_until(lambda: not admin.xpending(keys.inbound_of("matrix"), Keys.GROUP)["pending"],
+               timeout=20, message="the redactions acked")  # fmt: skip
+    # the redactions are not answered: two replies in memory, to bob and to carol, both gone
+    # (carol's was derived: its history held bob's message)
+    out = memory_rows(db, "SELECT text FROM log WHERE direction = 'out'")
+    assert out == [{"text": ""}, {"text": ""}], out
+    assert replies(admin, keys, conv) == []
+    assert SECRET.encode() not in redis_values(admin), "Redis still holds the text"
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+    assert worker.events("redaction.nothing", outcome="other_room")
