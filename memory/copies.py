@@ -23,6 +23,7 @@ import re
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from memory.identity import handles_of
@@ -69,8 +70,43 @@ class Copies:
         :data:`MIN_TEXT_MATCH` characters), or as all of it (a shorter one)."""
         if not self.texts or not value:
             return False
-        flat = plain(value)
-        return flat in self.texts or any(len(t) >= MIN_TEXT_MATCH and t in flat for t in self.texts)
+        return _index(self.texts).found_in(plain(value))
+
+
+@dataclass(frozen=True)
+class _TextIndex:
+    """The erased texts, so that a value is looked through once, not once per text: a text of
+    three words or more is looked for only where one of its inner words (whole in any copy of
+    it) is a word of the value; shorter ones are looked for directly."""
+
+    whole: frozenset[str]
+    keyed: dict[str, list[str]]  # an inner word -> the texts it is the key of
+    direct: list[str]
+
+    def found_in(self, flat: str) -> bool:
+        if flat in self.whole:
+            return True
+        if any(t in flat for t in self.direct):
+            return True
+        for word in set(flat.split(" ")):
+            if any(t in flat for t in self.keyed.get(word, ())):
+                return True
+        return False
+
+
+@lru_cache(maxsize=8)
+def _index(texts: frozenset[str]) -> _TextIndex:
+    keyed: dict[str, list[str]] = {}
+    direct: list[str] = []
+    for text in texts:
+        if len(text) < MIN_TEXT_MATCH:
+            continue  # found only as a whole value
+        words = text.split(" ")
+        if len(words) < 3:
+            direct.append(text)
+        else:  # the first and last words may be glued to what surrounds the text
+            keyed.setdefault(max(words[1:-1], key=len), []).append(text)
+    return _TextIndex(texts, keyed, direct)
 
 
 def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
