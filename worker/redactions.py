@@ -7,10 +7,11 @@ conversation (``matrix:<room>`` or ``matrix:<room>/<epoch>``), ``sender`` who re
 ``event_id`` the redaction's own event id, ``text="[redaction]"`` and ``extra={"room_id":
 "<room>", "redacts": "<the redacted event id>", "no_reply": "redaction"}``.
 
-Recognised by ``extra.no_reply == "redaction"``, it is a barrier (worker/sessions.py: applied
-when no turn runs, so no turn that read the text races its erasure) applied by
-``Turns.apply`` (worker/turn.py), which hands it here: a malformed one (no ``redacts`` or
-``room_id``, or a conversation that is not the room's) is dead-lettered with the reason;
+Recognised by ``extra.no_reply == "redaction"`` on the Matrix channel, it is a barrier
+(worker/sessions.py: applied when no turn runs, so no turn that read the text races its
+erasure) applied by ``Turns.apply`` (worker/turn.py), which hands it here: a malformed one
+(no ``redacts`` or ``room_id``, or a conversation that is not the room's) is dead-lettered with
+the reason;
 otherwise memory erases the event within that room (memory/redactions.py) and the worker
 cleans the copies outside memory as for the owner's erasure (worker/erasures.py), with no reply.
 """
@@ -28,6 +29,7 @@ from memory.redactions import in_room
 log = structlog.get_logger(__name__)
 
 REDACTION = "redaction"  # extra.no_reply of a redaction
+CHANNELS = ("matrix",)  # the channels whose gateway publishes redactions
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,13 @@ class Applied:
 
 
 def is_redaction(msg: InboundMessage) -> bool:
-    return msg.kind is Kind.MESSAGE and msg.extra.get("no_reply") == REDACTION
+    """A redaction of a channel that has them (anywhere else, ``no_reply: "redaction"`` is only
+    a reason not to answer)."""
+    return (
+        msg.kind is Kind.MESSAGE
+        and msg.channel in CHANNELS
+        and msg.extra.get("no_reply") == REDACTION
+    )
 
 
 def malformed(msg: InboundMessage) -> str:

@@ -141,3 +141,19 @@ def test_a_malformed_redaction_is_a_dead_letter(room: Room) -> None:
     assert "room" in (room.handle(sid, fields).dead_reason or "")
     assert room.q("SELECT count(*) FROM erasure") == [(0,)]
     assert not [t for t in room.texts() if "[redaction]" in t]
+
+
+def test_only_a_channel_with_redactions_has_them(room: Room, tmp_path: Path) -> None:
+    """An e-mail entry that says ``no_reply: "redaction"`` is a mail recorded unanswered, never
+    an erasure of anything."""
+    _, event = room.say(f"my pin is {SECRET}")
+    msg = InboundMessage(
+        channel="email", session="email:t", conversation="email:t", sender="eve@example.org",
+        privacy=Privacy.DIRECT, text="[redaction]", ts=1.0, event_id="<x@y>",
+        extra={"no_reply": "redaction", "room_id": "!r:m.org", "redacts": event},
+    )  # fmt: skip
+    outcome = room.turns.handle("email/1-0", msg.to_fields(), channel="email")
+    room.turns.settle()
+    assert outcome.erasure is None
+    assert room.q("SELECT count(*) FROM erasure") == [(0,)]
+    assert any(SECRET in t for t in room.texts())
