@@ -11,9 +11,9 @@ Recognised by ``extra.no_reply == "redaction"`` on the Matrix channel, it is a b
 (worker/sessions.py: applied when no turn runs, so no turn that read the text races its
 erasure) applied by ``Turns.apply`` (worker/turn.py), which hands it here: a malformed one
 (no ``redacts`` or ``room_id``, or a conversation that is not the room's) is dead-lettered with
-the reason;
-otherwise memory erases the event within that room (memory/redactions.py) and the worker
-cleans the copies outside memory as for the owner's erasure (worker/erasures.py), with no reply.
+the reason; otherwise memory erases the event within that room (memory/redactions.py) and the
+worker cleans the copies outside memory as for the owner's erasure (worker/erasures.py), with no
+reply.
 """
 
 from __future__ import annotations
