@@ -49,6 +49,8 @@ class Erasures:
             copies = self.memory.erased_copies(erasure)
             if copies is None:
                 cleaned["redis"] = "not cleaned (memory failed): run the same erasure again"
+                log.error("memory.erasure_not_scrubbed", erasure=erasure,
+                          reason="memory failed while reading the tombstone")  # fmt: skip
             else:
                 cleaned["redis"] = self.scrubber.scrub(copies).as_dict()
                 self.memory.drop_erased_texts(erasure)
