@@ -44,8 +44,8 @@ class Copies:
     """The keys of an erasure's copies (see the module docstring)."""
 
     erasure: int
-    entries: frozenset[str]  # the stream ids of the erased messages and of the kept ones whose
-    # quote of erased text was dropped (their stream entries)
+    entries: frozenset[str]  # the stream ids of the erased messages, of the kept ones whose
+    # quote of erased text was dropped, and of the owner's commands that wrote erased notes
     answers: frozenset[str]  # the stream ids the erased replies answer (in reply queues)
     reply_ids: frozenset[str]  # the erased replies' ids
     event_ids: frozenset[tuple[str, str]]  # (channel, platform event id) of the erased messages
@@ -109,6 +109,21 @@ def _index(texts: frozenset[str]) -> _TextIndex:
     return _TextIndex(texts, keyed, direct)
 
 
+def _more_entries(detail: dict[str, Any]) -> set[str]:
+    """The stream entries that hold erased text besides the erased messages' own: those of the
+    kept rows whose quote of it was dropped, and of the owner's commands that wrote erased notes
+    (``relaybot memory notes add|supersede``: memory/notes/commands.py keys such a note
+    ``cmd:<stream id>``)."""
+    out: set[str] = set()
+    for key in detail.get("quote_keys", []):
+        if isinstance(key, list) and len(key) == 2 and key[0] == "in":
+            out.add(str(key[1]))
+    for key in detail.get("note_op_keys", []):
+        if isinstance(key, str) and key.startswith("cmd:"):
+            out.add(key.removeprefix("cmd:"))
+    return out
+
+
 def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
     """The copies of what erasure ``erasure_id`` erased; an unknown id finds nothing."""
     raw = conn.execute(
@@ -140,10 +155,7 @@ def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
                 answers.add(str(sid))
                 if reply_id:
                     reply_ids.add(str(reply_id))
-    # kept rows whose quote of the erased text was dropped: their stream entries hold the quote
-    for key in detail.get("quote_keys", []):
-        if isinstance(key, list) and len(key) == 2 and key[0] == "in":
-            entries.add(str(key[1]))
+    entries.update(_more_entries(detail))
     # kept mails that repeated an erased subject: their entries hold it, their cached headers too
     subject_event_ids: set[tuple[str, str]] = set()
     subject_ids = [i for i in detail.get("subject_ids", []) if isinstance(i, int)]

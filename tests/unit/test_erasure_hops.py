@@ -289,3 +289,18 @@ def test_a_replay_with_keep_answers_from_the_tombstone(world: World) -> None:
     first = do_erase(world, "conversation", "matrix:dm-bob", keep=[f"note:{locker}"], sid="c/5-0")
     again = do_erase(world, "conversation", "matrix:dm-bob", keep=[f"note:{locker}"], sid="c/5-0")
     assert again == {**first, "replayed": True}
+
+
+def test_a_note_the_owner_wrote_takes_its_commands_entry_with_it(world: World) -> None:
+    """The owner's ``notes supersede`` of a derived note went with it; the command's stream entry
+    holds the new version's text: the copies the worker deletes name it."""
+    from memory.copies import copies_of
+
+    secret, _ = world.terminal(f"the vault code is {SECRET}")
+    asked, _ = world.owner_turn("code?", "noted", drew=DrewOn(history_from=secret.id))
+    first = world.note(f"vault {SECRET}", turn=asked)
+    world.note(f"vault code {SECRET}", supersedes=first, op_key="cmd:cli/1795000000999-0",
+               stream_id="cli/1795000000999-0", author="owner")  # fmt: skip
+    result = do_erase(world, "conversation", "cli:home")
+    assert world.notes() == []
+    assert "cli/1795000000999-0" in copies_of(world.store.conn, result["erasure"]).entries
