@@ -22,12 +22,15 @@ class CommandError(ValueError):
 @dataclass(frozen=True)
 class CommandContext:
     """The entry a command came in (``stream_id``: handlers are idempotent on it), the writer's
-    store, and the owner's name (for the owner's entity, created on first use)."""
+    store, and the owner's name (for the owner's entity, created on first use). An erasure puts
+    the texts it erased in ``erased_texts`` (by erasure id), for the worker to find their copies
+    outside memory; they never go into the command's answer."""
 
     stream_id: str
     store: MemoryStore
     owner_name: str = "owner"
     now: float = field(default_factory=time.time)
+    erased_texts: dict[int, list[str]] = field(default_factory=dict)
 
 
 Handler = Callable[[CommandContext, dict[str, Any]], dict[str, Any]]

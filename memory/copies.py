@@ -7,17 +7,36 @@ erasure.py) names the rows it erased; :func:`copies_of` turns it into what those
 known by, for the worker to find and delete them (worker/scrub.py). Read-only, from the
 tombstone and the (blanked) rows, so it gives the same answer when the worker replays the
 command after a crash.
+
+A copy that names nothing memory knows it by (a malformed entry without a conversation, a dead
+letter of one, a raw mail a gateway could not parse) is found by the erased text itself
+(:meth:`Copies.holds_text`). The texts are not in the tombstone (it keeps no text): the erasure
+hands them to the worker in the process that applied it (memory.command_types), and a worker
+that replays the command after a crash takes them from the erased entries Redis still holds
+(worker/scrub.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from memory.identity import handles_of
 from memory.sql import chunks, marks
+
+MIN_TEXT_MATCH = 8  # shorter texts ("ok", "yes") are found only as a whole value, not inside one
+_QUOTE_MARK = re.compile(r"^[ \t>|]+", re.M)
+
+
+def plain(text: str) -> str:
+    """Text as a copy may carry it: without quote marks (``>``, ``|``) at line starts, line
+    breaks, runs of blanks and case."""
+    return " ".join(_QUOTE_MARK.sub("", text).split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -25,8 +44,8 @@ class Copies:
     """The keys of an erasure's copies (see the module docstring)."""
 
     erasure: int
-    entries: frozenset[str]  # the stream ids of the erased messages and of the kept ones whose
-    # quote of erased text was dropped (their stream entries)
+    entries: frozenset[str]  # the stream ids of the erased messages, of the kept ones whose
+    # quote of erased text was dropped, and of the owner's commands that wrote erased notes
     answers: frozenset[str]  # the stream ids the erased replies answer (in reply queues)
     reply_ids: frozenset[str]  # the erased replies' ids
     event_ids: frozenset[tuple[str, str]]  # (channel, platform event id) of the erased messages
@@ -35,9 +54,74 @@ class Copies:
     # (channel, platform event id) of the kept mails whose subject repeated an erased one's:
     # their cached reply headers lose the subject (memory/subjects.py)
     subject_event_ids: frozenset[tuple[str, str]] = frozenset()
+    # the erased texts, as :func:`plain` makes them (see the module docstring)
+    texts: frozenset[str] = field(default_factory=frozenset)
 
     def sender_erased(self, channel: str, sender: str) -> bool:
         return (channel.strip().casefold(), sender.strip().casefold()) in self.handles
+
+    def with_texts(self, texts: Iterable[str]) -> Copies:
+        """These copies, also found by ``texts`` (raw; blank ones are left out)."""
+        flat = {plain(t) for t in texts}
+        return replace(self, texts=self.texts | {t for t in flat if t})
+
+    def holds_text(self, value: str) -> bool:
+        """Whether ``value`` holds an erased text: inside it (a text of at least
+        :data:`MIN_TEXT_MATCH` characters), or as all of it (a shorter one)."""
+        if not self.texts or not value:
+            return False
+        return _index(self.texts).found_in(plain(value))
+
+
+@dataclass(frozen=True)
+class _TextIndex:
+    """The erased texts, so that a value is looked through once, not once per text: a text of
+    three words or more is looked for only where one of its inner words (whole in any copy of
+    it) is a word of the value; shorter ones are looked for directly."""
+
+    whole: frozenset[str]
+    keyed: dict[str, list[str]]  # an inner word -> the texts it is the key of
+    direct: list[str]
+
+    def found_in(self, flat: str) -> bool:
+        if flat in self.whole:
+            return True
+        if any(t in flat for t in self.direct):
+            return True
+        for word in set(flat.split(" ")):
+            if any(t in flat for t in self.keyed.get(word, ())):
+                return True
+        return False
+
+
+@lru_cache(maxsize=8)
+def _index(texts: frozenset[str]) -> _TextIndex:
+    keyed: dict[str, list[str]] = {}
+    direct: list[str] = []
+    for text in texts:
+        if len(text) < MIN_TEXT_MATCH:
+            continue  # found only as a whole value
+        words = text.split(" ")
+        if len(words) < 3:
+            direct.append(text)
+        else:  # the first and last words may be glued to what surrounds the text
+            keyed.setdefault(max(words[1:-1], key=len), []).append(text)
+    return _TextIndex(texts, keyed, direct)
+
+
+def _more_entries(detail: dict[str, Any]) -> set[str]:
+    """The stream entries that hold erased text besides the erased messages' own: those of the
+    kept rows whose quote of it was dropped, and of the owner's commands that wrote erased notes
+    (``relaybot memory notes add|supersede``: memory/notes/commands.py keys such a note
+    ``cmd:<stream id>``)."""
+    out: set[str] = set()
+    for key in detail.get("quote_keys", []):
+        if isinstance(key, list) and len(key) == 2 and key[0] == "in":
+            out.add(str(key[1]))
+    for key in detail.get("note_op_keys", []):
+        if isinstance(key, str) and key.startswith("cmd:"):
+            out.add(key.removeprefix("cmd:"))
+    return out
 
 
 def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
@@ -71,10 +155,7 @@ def copies_of(conn: sqlite3.Connection, erasure_id: int) -> Copies:
                 answers.add(str(sid))
                 if reply_id:
                     reply_ids.add(str(reply_id))
-    # kept rows whose quote of the erased text was dropped: their stream entries hold the quote
-    for key in detail.get("quote_keys", []):
-        if isinstance(key, list) and len(key) == 2 and key[0] == "in":
-            entries.add(str(key[1]))
+    entries.update(_more_entries(detail))
     # kept mails that repeated an erased subject: their entries hold it, their cached headers too
     subject_event_ids: set[tuple[str, str]] = set()
     subject_ids = [i for i in detail.get("subject_ids", []) if isinstance(i, int)]

@@ -1,16 +1,17 @@
 """The replies derived from erased text: those whose model input held it (memory.provenance).
 
 A reply row keeps what its context drew on (``extra.drew_on``): the oldest history row it held,
-the rows a tool showed, the notes it showed. A reply is *derived* from an erased row when a tool
-showed that row, or when the row lies in the reply's history span (from ``from`` up to the reply,
-in the log's time order, among the rows that were there) and the reply's conversation could see
-it (memory.privacy: the same rule that built the history); from an erased note when the context
-or ``recall`` showed that note.
+the rows a tool showed, the notes it showed, the summaries it was offered. A reply is *derived*
+from a row when a tool showed that row, or when the row lies in the reply's history span (from
+``from`` up to the reply, in the log's time order, among the rows that were there) and the
+reply's conversation could see it (memory.privacy: the same rule that built the history); from a
+note when the context or ``recall`` showed that note; from a summary it was offered whose range
+holds one of the rows.
 
-One hop: a reply that drew on a derived reply is not derived in turn (erasing the derived
-replies takes their text out of every later context; following the chain would take every
-later reply of a busy conversation). Replies from before provenance was recorded drew on
-nothing that can be told, and are left alone (the erasure's tombstone counts only what it found).
+This is one hop; memory/erasure_plan.py calls it once per hop (the rows and notes found at one
+hop are what the next hop looks for), up to its bound. Each reply found says what it drew on
+(:class:`Derived`), for the erasure's preview and tombstone. Replies from before provenance was
+recorded drew on nothing that can be told, and are left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -30,10 +32,27 @@ from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
 from memory.sql import chunks, marks
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A reply whose model input held one of the rows or notes: its stream id, what it drew on
+    (``("log", id)``, ``("note", id)`` or ``("summary", id)``)."""
+
+    stream_id: str
+    source: tuple[str, int]
+
+    @property
+    def drew_on(self) -> str:
+        return f"{self.source[0]} #{self.source[1]}"
+
+
 def derived_replies(
-    conn: sqlite3.Connection, log_ids: Collection[int], note_ids: Collection[int]
-) -> dict[int, str]:
-    """The replies (id -> stream id) derived from these rows and notes, themselves excluded."""
+    conn: sqlite3.Connection,
+    log_ids: Collection[int],
+    note_ids: Collection[int],
+    *,
+    exclude: Collection[int] = (),
+) -> dict[int, Derived]:
+    """The replies derived from these rows and notes, themselves and ``exclude`` left out."""
     erased_rows = _rows(conn, log_ids)
     erased_notes = set(note_ids)
     if not erased_rows and not erased_notes:
@@ -51,17 +70,19 @@ def derived_replies(
     entity_of = _entity_of(conn)
     time_of = _time_of(conn)
     persons = cache(lambda entity: person_of(conn, entity))
-    found: dict[int, str] = {}
+    skip = set(exclude)
+    found: dict[int, Derived] = {}
     for raw in conn.execute(sql, params):
         reply = build(tuple(raw))
-        if reply.id in erased_rows:
+        if reply.id in erased_rows or reply.id in skip:
             continue
         try:
             drew = DrewOn.from_extra(json.loads(reply.extra or "{}"))
         except ValueError:
             continue
-        if drew.rows & erased_rows.keys() or drew.notes & erased_notes or drew.summaries & hit:
-            found[reply.id] = reply.stream_id
+        source = _shown(drew, erased_rows.keys(), erased_notes, hit)
+        if source is not None:
+            found[reply.id] = Derived(reply.stream_id, source)
             continue
         if not drew.history_from or drew.history_from >= reply.id:
             continue
@@ -78,9 +99,25 @@ def derived_replies(
         except ValueError:  # an unknown class sees nothing (memory.privacy fails closed)
             continue
         seen_by = persons(entity) if entity else frozenset()
-        if any(log_row_visible(scope, r, persons=seen_by) for r in span):
-            found[reply.id] = reply.stream_id
+        held = [r.id for r in span if log_row_visible(scope, r, persons=seen_by)]
+        if held:
+            found[reply.id] = Derived(reply.stream_id, ("log", min(held)))
     return found
+
+
+def _shown(
+    drew: DrewOn, rows: Collection[int], notes: Collection[int], summaries_hit: Collection[int]
+) -> tuple[str, int] | None:
+    """What of these a tool, the notes section or the summaries section showed the reply."""
+    for kind, shown, wanted in (
+        ("log", drew.rows, rows),
+        ("note", drew.notes, notes),
+        ("summary", drew.summaries, summaries_hit),
+    ):
+        hits = sorted(i for i in shown if i in wanted)
+        if hits:
+            return (kind, hits[0])
+    return None
 
 
 def _rows(conn: sqlite3.Connection, ids: Collection[int]) -> dict[int, LogRow]:

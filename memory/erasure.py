@@ -8,15 +8,11 @@ through its triggers); deletes what was derived from them (notes learned from th
 that supersede those); writes the tombstone in ``erasure`` (target, when, why, counts, the ids in
 ``detail``); deletes the grant. With ``secure_delete`` on, an FTS ``optimize`` (so no index segment
 keeps a deleted word) and a WAL checkpoint after the commit, none of the text stays in the
-database files. What a target covers:
-
-- ``conversation C``: every row of C, both directions, and notes learned in C or kept for C;
-- ``entity E`` (an entity id or a handle ``channel:address``): everything that *person* said —
-  inbound rows of E and of every entity joined to it by verified links (memory.identity), plus
-  rows from before identity existed whose sender is one of their handles — with the replies that
-  answered those rows, and notes learned from that person;
-- ``id N``: that row, with the reply that answered it if it is a message; notes written in that
-  turn.
+database files. What it covers, the target's own rows and the replies and notes derived from
+them hop by hop (up to a bound), and what the owner may keep, is planned first, read-only, by
+memory/erasure_plan.py; the tombstone's ``detail`` names every derived item with its hop and
+what it drew on (``derived``), the items kept (``kept``) and the replies the bound left
+(``beyond_bound``), never their text.
 
 Quotes: a reply mail keeps the earlier mail it quotes in ``extra.quoted`` (gateways/
 email_quote.py), a copy of text this erasure removes. A kept row loses its quote (``quoted`` is
@@ -38,28 +34,47 @@ erase is refused without a tombstone. The worker applies it as the owner command
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from memory import summaries
 from memory.command_types import CommandContext, CommandError, Handler
-from memory.derived import derived_replies
-from memory.identity import handles_of, person_of, resolve_ref
+from memory.copies import MIN_TEXT_MATCH, plain
+from memory.erasure_plan import (
+    MAX_HOPS,
+    TARGET_KINDS,
+    ErasurePlan,
+    Item,
+    parse_keep,
+    plan_notes,
+)
+from memory.erasure_plan import plan_erasure as plan_items
 from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks, savepoint
 from memory.store import MemoryStore
-from memory.subjects import drop_subjects, subject_rows
+from memory.subjects import drop_subjects
+
+__all__ = [
+    "MAX_HOPS",
+    "TARGET_KINDS",
+    "ErasurePlan",
+    "Item",
+    "checkpoint_after_erasure",
+    "erase",
+    "granted",
+    "parse_keep",
+    "plan_erasure",
+    "plan_notes",
+    "remove",
+    "writing",
+]
 
 log = structlog.get_logger(__name__)
-
-TARGET_KINDS = ("entity", "conversation", "id")
 
 
 @contextmanager
@@ -80,146 +95,24 @@ def writing(store: MemoryStore) -> Iterator[None]:
             yield
 
 
-# -- planning -----------------------------------------------------------------------------------
+# -- planning (memory/erasure_plan.py), then the copies a plan leaves elsewhere ---------------
 
 
-@dataclass
-class ErasurePlan:
-    """What an erasure of ``kind``/``target`` removes (read-only: the CLI previews it too)."""
-
-    kind: str
-    target: str
-    entities: list[str] = field(default_factory=list)
-    log_ids: list[int] = field(default_factory=list)
-    log_keys: list[tuple[str, str]] = field(default_factory=list)
-    note_ids: list[int] = field(default_factory=list)
-    note_keys: list[str] = field(default_factory=list)
-    derived_ids: list[int] = field(default_factory=list)  # replies that drew on the text
-    quote_ids: list[int] = field(default_factory=list)  # kept rows whose quote is removed
-    quote_keys: list[tuple[str, str]] = field(default_factory=list)
-    subject_ids: list[int] = field(default_factory=list)  # kept mails whose subject is removed
-    subject_keys: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not self.log_ids and not self.note_ids
-
-    def detail(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "log_ids": self.log_ids,
-            "log_keys": [list(k) for k in self.log_keys],
-            "note_ids": self.note_ids,
-            "note_op_keys": self.note_keys,
-        }
-        if self.derived_ids:
-            out["derived_replies"] = self.derived_ids
-        if self.quote_ids:
-            out["quote_ids"] = self.quote_ids
-            out["quote_keys"] = [list(k) for k in self.quote_keys]
-        if self.subject_ids:
-            out["subject_ids"] = self.subject_ids
-            out["subject_keys"] = [list(k) for k in self.subject_keys]
-        if self.entities:
-            out["entities"] = self.entities
-        return out
-
-
-def plan_erasure(conn: sqlite3.Connection, kind: str, target: str) -> ErasurePlan:
-    """The rows and notes an erasure would remove; raises CommandError for a bad target."""
-    target = target.strip()
-    if kind not in TARGET_KINDS:
-        raise CommandError(f"erase what? kind must be one of {', '.join(TARGET_KINDS)}")
-    if not target:
-        raise CommandError("erase what? the target is empty")
-    plan = ErasurePlan(kind=kind, target=target)
-    rows: dict[int, tuple[str, str]] = {}  # id -> (direction, stream_id)
-    notes_sql: list[tuple[str, list[Any]]] = []
-    if kind == "conversation":
-        for id_, d, sid in conn.execute(
-            f"SELECT id, direction, stream_id FROM log WHERE conversation = ? AND {NOT_ERASED}",  # noqa: S608
-            (target,),
-        ):
-            rows[int(id_)] = (str(d), str(sid))
-        notes_sql.append(("source_conversation = ? OR chat = ?", [target, target]))
-    elif kind == "id":
-        try:
-            row_id = int(target)
-        except ValueError:
-            raise CommandError(f"not a log id: {target!r}") from None
-        raw = conn.execute(
-            "SELECT direction, stream_id FROM log WHERE id = ?", (row_id,)
-        ).fetchone()
-        if raw is None:
-            raise CommandError(f"there is no log row {row_id}")
-        if conn.execute(
-            f"SELECT 1 FROM log WHERE id = ? AND {NOT_ERASED}",  # noqa: S608
-            (row_id,),
-        ).fetchone():
-            rows[row_id] = (str(raw[0]), str(raw[1]))
-        _add_edits(conn, rows, row_id)
-        inbound = [sid for d, sid in rows.values() if d == "in"]
-        _add_replies(conn, rows, inbound)
-    else:
-        plan.entities = _person(conn, target)
-        _rows_of_person(conn, plan.entities, rows)
-        notes_sql.append((f"source_entity IN ({marks(len(plan.entities))})", plan.entities))
-    if kind == "entity":
-        _add_replies(conn, rows, [sid for d, sid in rows.values() if d == "in"])
-    _turn_notes(notes_sql, {sid for _d, sid in rows.values()})
-    plan_notes(conn, plan, notes_sql)
-    # the replies whose model input held the text, and the notes written in their turns
-    derived = derived_replies(conn, rows, plan.note_ids)
-    if derived:
-        rows.update({i: ("out", sid) for i, sid in derived.items()})
-        _turn_notes(notes_sql, set(derived.values()))
-        plan_notes(conn, plan, notes_sql)
-    subjects = _subjects(conn, plan, rows, derived, notes_sql)
-    plan.subject_ids = sorted(subjects)
-    plan.subject_keys = [subjects[i] for i in plan.subject_ids]
-    plan.derived_ids = sorted(derived)
-    plan.log_ids = sorted(rows)
-    plan.log_keys = [rows[i] for i in plan.log_ids]
+def plan_erasure(
+    conn: sqlite3.Connection, kind: str, target: str, keep: Iterable[str] = ()
+) -> ErasurePlan:
+    """The rows and notes an erasure would remove (memory/erasure_plan.py), and the kept rows
+    whose quote of them goes; raises CommandError for a bad target or ``keep``."""
+    plan = plan_items(conn, kind, target, keep)
     quotes = _quoting_rows(conn, plan.log_ids)
     plan.quote_ids = sorted(quotes)
     plan.quote_keys = [quotes[i] for i in plan.quote_ids]
     return plan
 
 
-def _subjects(
-    conn: sqlite3.Connection,
-    plan: ErasurePlan,
-    rows: dict[int, tuple[str, str]],
-    derived: dict[int, str],
-    notes_sql: list[tuple[str, list[Any]]],
-) -> dict[int, tuple[str, str]]:
-    """The kept mails that repeat an erased mail's subject (memory/subjects.py); the replies
-    that answered them or whose input held them join ``rows`` and ``derived`` (their model
-    input held the subject), with the notes of their turns."""
-    subjects = subject_rows(conn, sorted(rows))
-    if not subjects:
-        return subjects
-    answers: dict[int, tuple[str, str]] = {}
-    _add_replies(conn, answers, [sid for d, sid in subjects.values() if d == "in"])
-    more = {i: sid for i, (_d, sid) in answers.items()}
-    more.update(derived_replies(conn, subjects, []))
-    more = {i: sid for i, sid in more.items() if i not in rows}
-    derived.update(more)
-    rows.update({i: ("out", sid) for i, sid in more.items()})
-    _turn_notes(notes_sql, set(more.values()))
-    plan_notes(conn, plan, notes_sql)
-    return subjects
-
-
 _NO_QUOTE = "json_set(json_remove(extra, '$.quoted'), '$.quote_erased', ?)"
 _QUOTING_COLS = "id, direction, stream_id, conversation, json_extract(extra, '$.quoted')"
 _HAS_QUOTE = "json_valid(extra) AND json_extract(extra, '$.quoted') IS NOT NULL"
-_QUOTE_MARK = re.compile(r"^[ \t>]+", re.M)
-_MIN_QUOTED_MATCH = 8  # shorter erased texts ("ok", "yes") would match every quote
-
-
-def _plain(text: str) -> str:
-    """Text as a quote may carry it: without ``>`` marks, line breaks, runs of blanks, case."""
-    return " ".join(_QUOTE_MARK.sub("", text).split()).casefold()
 
 
 def _quoting_rows(conn: sqlite3.Connection, erased: list[int]) -> dict[int, tuple[str, str]]:
@@ -235,9 +128,9 @@ def _quoting_rows(conn: sqlite3.Connection, erased: list[int]) -> dict[int, tupl
         ):
             conv = str(conversation)
             first_in[conv] = min(first_in.get(conv, int(id_)), int(id_))
-            plain = _plain(str(text or ""))
-            if len(plain) >= _MIN_QUOTED_MATCH:
-                texts.add(plain)
+            flat = plain(str(text or ""))
+            if len(flat) >= MIN_TEXT_MATCH:
+                texts.add(flat)
     erased_set = set(erased)
     found: dict[int, tuple[str, str]] = {}
     quoting = f"SELECT {_QUOTING_COLS} FROM log WHERE {_HAS_QUOTE} AND {NOT_ERASED}"  # noqa: S608
@@ -245,97 +138,10 @@ def _quoting_rows(conn: sqlite3.Connection, erased: list[int]) -> dict[int, tupl
         if int(id_) in erased_set or not isinstance(quoted, str) or not quoted:
             continue
         first = first_in.get(str(conversation))
-        plain = _plain(quoted) if texts else ""
-        if (first is not None and int(id_) > first) or any(t in plain for t in texts):
+        flat = plain(quoted) if texts else ""
+        if (first is not None and int(id_) > first) or any(t in flat for t in texts):
             found[int(id_)] = (str(d), str(sid))
     return found
-
-
-def _add_edits(conn: sqlite3.Connection, rows: dict[int, tuple[str, str]], row_id: int) -> None:
-    """The edits of a message (Matrix ``m.replace``: rows whose ``extra.edit_of`` names its
-    event, in its conversation): they repeat its text, so they go with it."""
-    sql = (
-        "SELECT l.id, l.direction, l.stream_id FROM log AS l JOIN log AS o "  # noqa: S608
-        "ON o.id = ? AND l.conversation = o.conversation AND o.event_id != '' "
-        "WHERE json_valid(l.extra) AND json_extract(l.extra, '$.edit_of') = o.event_id "
-        f"AND l.{NOT_ERASED}"
-    )
-    found = conn.execute(sql, (row_id,)).fetchall()
-    for id_, d, sid in found:
-        rows[int(id_)] = (str(d), str(sid))
-
-
-def _turn_notes(notes_sql: list[tuple[str, list[Any]]], stream_ids: set[str]) -> None:
-    """The notes written in these turns."""
-    for chunk in chunks(sorted(stream_ids)):
-        notes_sql.append((f"stream_id IN ({marks(len(chunk))})", list(chunk)))
-
-
-def _person(conn: sqlite3.Connection, target: str) -> list[str]:
-    try:
-        entity = resolve_ref(conn, target)
-    except LookupError as exc:
-        raise CommandError(str(exc)) from None
-    return sorted(person_of(conn, entity))
-
-
-def _rows_of_person(
-    conn: sqlite3.Connection, entities: list[str], rows: dict[int, tuple[str, str]]
-) -> None:
-    for chunk in chunks(entities):
-        for id_, d, sid in conn.execute(
-            # on the entity's index (+: never on the direction's, half the log)
-            f"SELECT id, direction, stream_id FROM log WHERE +direction = 'in' "  # noqa: S608
-            f"AND entity IN ({marks(len(chunk))}) AND {NOT_ERASED}",
-            list(chunk),
-        ):
-            rows[int(id_)] = (str(d), str(sid))
-    # rows recorded before senders had entities: matched by the person's handles
-    handles = {(h.channel, h.address) for e in entities for h in handles_of(conn, e)}
-    if not handles:
-        return
-    for id_, d, sid, channel, sender in conn.execute(
-        f"SELECT id, direction, stream_id, channel, sender FROM log "  # noqa: S608
-        f"WHERE entity IS NULL AND direction = 'in' AND {NOT_ERASED}"
-    ):
-        if (str(channel).strip().casefold(), str(sender).strip().casefold()) in handles:
-            rows[int(id_)] = (str(d), str(sid))
-
-
-def _add_replies(
-    conn: sqlite3.Connection, rows: dict[int, tuple[str, str]], stream_ids: list[str]
-) -> None:
-    """The replies that answered these inbound entries (derived from them)."""
-    for sid in stream_ids:
-        raw = conn.execute(
-            f"SELECT id FROM log WHERE direction = 'out' AND stream_id = ? AND {NOT_ERASED}",  # noqa: S608
-            (sid,),
-        ).fetchone()
-        if raw is not None:
-            rows[int(raw[0])] = ("out", sid)
-
-
-def plan_notes(
-    conn: sqlite3.Connection, plan: ErasurePlan, where: list[tuple[str, list[Any]]]
-) -> None:
-    found: dict[int, str | None] = {}
-    for sql, params in where:
-        for id_, op_key in conn.execute(f"SELECT id, op_key FROM note WHERE {sql}", params):  # noqa: S608
-            found[int(id_)] = op_key
-    frontier = list(found)
-    while frontier:  # notes that supersede a removed note are versions of it: removed too
-        nxt: list[int] = []
-        for chunk in chunks(frontier):
-            for id_, op_key in conn.execute(
-                f"SELECT id, op_key FROM note WHERE supersedes IN ({marks(len(chunk))})",  # noqa: S608
-                list(chunk),
-            ):
-                if int(id_) not in found:
-                    found[int(id_)] = op_key
-                    nxt.append(int(id_))
-        frontier = nxt
-    plan.note_ids = sorted(found)
-    plan.note_keys = sorted(k for k in found.values() if k)
 
 
 def remove(
@@ -412,10 +218,19 @@ _TOMBSTONE = (
 
 
 def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]:
+    """The command's answer, from the tombstone (a replay answers the same)."""
     try:
-        derived = json.loads(raw[6] or "{}").get("derived_replies", [])
-    except (ValueError, AttributeError):
-        derived = []
+        detail = json.loads(raw[6] or "{}")
+    except ValueError:
+        detail = {}
+    if not isinstance(detail, dict):
+        detail = {}
+
+    def listed(key: str) -> list[Any]:
+        value = detail.get(key)
+        return value if isinstance(value, list) else []
+
+    kept = [k for k in listed("kept") if isinstance(k, dict)]
     return {
         "erasure": int(raw[0]),
         "ts": float(raw[1]),
@@ -423,7 +238,11 @@ def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]
         "target": str(raw[3]),
         "log_rows": int(raw[4]),
         "notes": int(raw[5]),
-        "derived_replies": len(derived) if isinstance(derived, list) else 0,
+        "derived_replies": len(listed("derived_replies")),
+        "derived": [d for d in listed("derived") if isinstance(d, dict)],
+        "kept": [f"{k.get('kind')}:{k.get('id')}" for k in kept],
+        "hop_bound": detail.get("hop_bound", 1),
+        "beyond_bound": listed("beyond_bound"),
         "replayed": replayed,
     }
 
@@ -437,8 +256,14 @@ def erase(
     requested_by: str,
     stream_id: str,
     now: float | None = None,
+    keep: Iterable[str] = (),
+    texts: dict[int, list[str]] | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Apply an erasure (see the module docstring); idempotent on ``stream_id``."""
+    """Apply an erasure (see the module docstring), keeping the derived items ``keep``
+    (``reply:N``, ``note:N``); idempotent on ``stream_id``. ``texts`` gets the erased rows' texts
+    under the erasure's id, as they were (the worker looks for copies of them: memory.copies);
+    ``detail`` joins the tombstone's (ids only, never text: a redaction names its event)."""
     conn = store.conn
     reason = reason.strip()
     if not reason:
@@ -448,7 +273,7 @@ def erase(
         done = conn.execute(_TOMBSTONE, (stream_id,)).fetchone()
         if done is not None:
             return _tombstone_result(done, replayed=True)
-        plan = plan_erasure(conn, kind, target)
+        plan = plan_erasure(conn, kind, target, keep)
         if plan.empty:
             raise CommandError(f"nothing to erase for {kind} {target!r} (already erased?)")
         with savepoint(conn, "erasure"), granted(conn, requested_by, reason, now):
@@ -463,11 +288,13 @@ def erase(
                     plan.target,
                     len(plan.log_ids),
                     len(plan.note_ids),
-                    json.dumps(plan.detail(), separators=(",", ":")),
+                    json.dumps({**plan.detail(), **(detail or {})}, separators=(",", ":")),
                     stream_id,
                 ),
             )
             erasure_id = int(cur.lastrowid or 0)
+            if texts is not None:
+                texts[erasure_id] = erased_texts(conn, plan.log_ids)
             remove(
                 conn,
                 erasure_id,
@@ -485,8 +312,20 @@ def erase(
         kind=kind,
         log_rows=len(plan.log_ids),
         notes=len(plan.note_ids),
+        derived=len(plan.items),
+        kept=len(plan.kept),
+        beyond_bound=len(plan.beyond),
     )
     return _tombstone_result(raw, replayed=False)
+
+
+def erased_texts(conn: sqlite3.Connection, log_ids: Sequence[int]) -> list[str]:
+    """The texts of these rows (read before they are blanked)."""
+    out: list[str] = []
+    for chunk in chunks(list(log_ids)):
+        sql = f"SELECT text FROM log WHERE id IN ({marks(len(chunk))})"  # noqa: S608
+        out += [str(t) for (t,) in conn.execute(sql, list(chunk)) if t]
+    return out
 
 
 # -- the owner command (applied by the worker) ----------------------------------------------------
@@ -497,6 +336,9 @@ def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kind, str) or not isinstance(target, str) or not isinstance(reason, str):
         raise CommandError("memory.erase takes {kind, target, reason} as strings")
     requested_by = args.get("requested_by")
+    keep = args.get("keep", [])
+    if not isinstance(keep, list) or not all(isinstance(k, str) for k in keep):
+        raise CommandError("memory.erase takes keep as a list of strings (reply:N, note:N)")
     return erase(
         ctx.store,
         kind=kind,
@@ -505,6 +347,8 @@ def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
         requested_by=requested_by if isinstance(requested_by, str) and requested_by else "owner",
         stream_id=ctx.stream_id,
         now=ctx.now,
+        keep=keep,
+        texts=ctx.erased_texts,
     )
 
 

@@ -41,6 +41,7 @@ from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, own
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
 from memory.provenance import DrewOn
+from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
@@ -113,6 +114,9 @@ class Memory:
         # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
         # this writer adds summaries (apply_summary), and none is ever deleted
         self._summaries_seen: tuple[MemoryStore, bool] | None = None
+        # the texts each erasure applied here removed, until the worker has cleaned Redis of
+        # their copies (memory.copies); never written anywhere
+        self._erased_texts: dict[int, list[str]] = {}
 
     # -- degraded mode -------------------------------------------------------------------------
 
@@ -161,6 +165,7 @@ class Memory:
         except BaseException:
             self._open = False
             self._owners = None  # a merge may have been rolled back with the rest
+            self._erased_texts.clear()  # ... and an erasure: it is applied again
             store.transaction().rollback()
             raise
 
@@ -173,6 +178,7 @@ class Memory:
         try:
             self.store.transaction().commit(lazy_index=True)
         except sqlite3.Error as exc:
+            self._erased_texts.clear()  # nothing was erased: the erasure is applied again
             raise _unwritable(exc, "commit") from exc
         self.commits += 1
 
@@ -373,18 +379,49 @@ class Memory:
 
         def run(store: MemoryStore) -> dict[str, object]:
             ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
-            return commands.apply_atomic(store, ctx, op, args)
+            result = commands.apply_atomic(store, ctx, op, args)
+            if result.get("ok"):
+                self._erased_texts.update(ctx.erased_texts)
+            return result
 
         try:
             return self.use(run)
         finally:
             self._owners = None  # a merge, an import: who the owner is may have changed
 
+    def apply_redaction(
+        self, stream_id: str, *, channel: str, room: str, event_id: str, redacted_by: str,
+        redaction_event: str,
+    ) -> Redacted:  # fmt: skip
+        """Erase a redacted event (memory/redactions.py), inside :meth:`write`."""
+
+        def write(store: MemoryStore) -> Redacted:
+            texts: dict[int, list[str]] = {}
+            done = redact(
+                store, channel=channel, room=room, event_id=event_id, redacted_by=redacted_by,
+                stream_id=stream_id, redaction_event=redaction_event, texts=texts,
+            )  # fmt: skip
+            self._erased_texts.update(texts)
+            return done
+
+        return self._write(write)
+
     # -- erasure beyond the log (the worker's part: worker/scrub.py) -----------------------------
 
     def erased_copies(self, erasure_id: int) -> Copies | None:
-        """What finds erasure ``erasure_id``'s text outside memory (memory.copies)."""
-        return self.use(lambda s: copies_of(s.conn, erasure_id))
+        """What finds erasure ``erasure_id``'s text outside memory (memory.copies), with the
+        texts it removed when it was applied by this process."""
+        texts = self._erased_texts.get(erasure_id, [])
+        found = self.use(lambda s: copies_of(s.conn, erasure_id))
+        return None if found is None else found.with_texts(texts)
+
+    def drop_erased_texts(self, erasure_id: int | None = None) -> None:
+        """Forget the texts of an erasure whose copies are cleaned (None: of every erasure, the
+        batch that applied them was not committed)."""
+        if erasure_id is None:
+            self._erased_texts.clear()
+        else:
+            self._erased_texts.pop(erasure_id, None)
 
     def clear_wal(self) -> bool | None:
         """Checkpoint and truncate the WAL (its old frames still hold erased text): False while a

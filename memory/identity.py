@@ -417,6 +417,62 @@ def resolve_ref(conn: sqlite3.Connection, ref: str, *, create: bool = False) -> 
     raise LookupError(f"no entity or handle {ref!r} (write handles as channel:address)")
 
 
+# -- a search's sender ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SenderRef:
+    """Whose messages a search's ``sender`` names: the owner, the assistant (its replies), or a
+    person (entities, with every handle of theirs for rows recorded before identity existed;
+    ``None`` as a handle's channel: the address on any channel). Never a display name: anyone can
+    call themselves "Ada"."""
+
+    owner: bool = False
+    assistant: bool = False
+    entities: frozenset[str] = frozenset()
+    handles: frozenset[tuple[str | None, str]] = frozenset()
+
+
+def sender_ref(conn: sqlite3.Connection, ref: str, *, assistant: str = "") -> SenderRef:
+    """What ``ref`` names as a sender: ``owner``, the assistant's name, an entity id
+    (``e-…``), a handle ``channel:address`` or an address (as memory knows them: exactly, never
+    a part of one, never a display name). An address no handle has yet matches the rows recorded
+    with exactly that sender. LookupError: an unknown entity id, or an address on several
+    channels."""
+    who = ref.strip()
+    if not who:
+        raise LookupError("an empty sender names nobody")
+    if who.casefold() == OWNER:
+        return SenderRef(owner=True)
+    if assistant and who.casefold() == assistant.strip().casefold():
+        return SenderRef(assistant=True)
+    if _ENTITY_ID.match(who.casefold()):
+        return _person_ref(conn, resolve_ref(conn, who))
+    channel, sep, address = who.partition(":")
+    if sep and _CHANNEL.match(_norm(channel)) and _norm(address):
+        found = handle_entity(conn, channel, address)
+        if found is None:
+            return SenderRef(handles=frozenset({(_norm(channel), _norm(address))}))
+        return _person_ref(conn, found)
+    rows = conn.execute(
+        "SELECT channel, entity FROM handle WHERE address = ? ORDER BY channel", (_norm(who),)
+    ).fetchall()
+    if len(rows) > 1:
+        where = ", ".join(f"{c}:{_norm(who)}" for c, _e in rows)
+        raise LookupError(f"{who!r} is a handle on several channels; say which: {where}")
+    if rows:
+        return _person_ref(conn, str(rows[0][1]))
+    return SenderRef(handles=frozenset({(None, _norm(who))}))
+
+
+def _person_ref(conn: sqlite3.Connection, entity: str) -> SenderRef:
+    if entity == OWNER:
+        return SenderRef(owner=True)
+    person = person_of(conn, entity)
+    handles = frozenset((h.channel, h.address) for e in person for h in handles_of(conn, e))
+    return SenderRef(entities=person, handles=handles)
+
+
 # -- owner commands ----------------------------------------------------------------------------
 
 # what each command records, and from which current states (None: never linked) it may

@@ -5,10 +5,14 @@ conversation between them, none erased, all of one privacy class (a summary neve
 change, so it is shown only where every message it covers could be shown: it inherits its range's
 privacy and conversation). Summaries are derived by the jobs (worker/summarize_job.py) and applied
 here by the worker, the only writer, after checking the proposal again against memory as it is now
-(:func:`apply`): the range still exists, nothing in it is erased, no current summary covers any of
-it (unless the proposal supersedes exactly that one). A summary is never edited: a new version
-supersedes the old (``supersedes``); an erasure of a covered row tombstones it (:func:`tombstone`,
-under the erasure's grant) and the range is derived again from what remains.
+(:func:`apply`): the range still exists, nothing in it was erased since the job read it (a
+proposal that does not say how many messages it read is refused when the range holds an erased
+one), no current summary covers any of it (unless the proposal supersedes exactly that one). A
+refused proposal is never applied, and its range is planned again as a new job over what
+remains (worker/derive.py notices the erasure: :func:`erased_since`). A summary is never
+edited: a new version supersedes the old (``supersedes``); an erasure of a covered row
+tombstones it (:func:`tombstone`, under the erasure's grant) and the range is derived again from
+what remains.
 
 Applying is idempotent on the job's key (conversation, first id, last id, version): a job run twice,
 or a derived entry replayed after a crash, adds one summary.
@@ -16,6 +20,7 @@ or a derived entry replayed after a crash, adds one summary.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -206,11 +211,15 @@ def check(conn: sqlite3.Connection, p: Proposal) -> list[LogRow]:
         raise Refused(f"an empty range ({p.first_id} > {p.last_id})")
     if not p.text.strip():
         raise Refused("an empty summary")
-    rows = live_rows(conn, p.conversation, p.first_id, p.last_id)
+    every = range_rows(conn, p.conversation, p.first_id, p.last_id)
+    rows = [r for r in every if not is_erased(r)]
     if not rows or rows[0].id != p.first_id or rows[-1].id != p.last_id:
         raise Refused(f"the range {p.first_id}..{p.last_id} is not in {p.conversation!r}")
     if p.rows is not None and len(rows) != p.rows:  # rows only ever go by an erasure
         raise Refused("a message of the range was erased since the job read it")
+    if p.rows is None and len(rows) != len(every):  # it may have read the erased one
+        raise Refused("the range holds an erased message, and the proposal does not say how "
+                      "many it read")  # fmt: skip
     if len({r.privacy for r in rows}) > 1:
         raise Refused("the range spans a change of privacy (an audience change)")
     if p.supersedes is not None:
@@ -274,6 +283,38 @@ def covering(conn: sqlite3.Connection, log_ids: Iterable[int]) -> list[int]:
         )
         hit.update(int(r[0]) for r in conn.execute(sql, list(chunk)))
     return sorted(hit)
+
+
+def erased_since(
+    conn: sqlite3.Connection, after: int | None
+) -> tuple[int, list[tuple[str, int, float]]]:
+    """The newest erasure's id, and the conversations the erasures after ``after`` took rows
+    from, each with its newest row's id and time (``after`` None: the id only). A job that read
+    such a row proposes a summary memory refuses (:func:`check`): the worker plans the range
+    again (worker/derive.py)."""
+    newest = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM erasure").fetchone()[0])
+    if after is None or newest <= after:
+        return newest, []
+    ids: set[int] = set()
+    for (raw,) in conn.execute("SELECT detail FROM erasure WHERE id > ?", (after,)):
+        try:
+            detail = json.loads(raw or "{}")
+        except ValueError:
+            continue
+        logged = detail.get("log_ids", []) if isinstance(detail, dict) else []
+        ids.update(i for i in logged if isinstance(i, int))
+    conversations: set[str] = set()
+    for chunk in chunks(sorted(ids)):
+        sql = f"SELECT DISTINCT conversation FROM log WHERE id IN ({marks(len(chunk))})"  # noqa: S608
+        conversations.update(str(c) for (c,) in conn.execute(sql, list(chunk)))
+    out = []
+    for conversation in sorted(conversations):
+        top, ts = conn.execute(
+            "SELECT MAX(id), MAX(recorded_ts) FROM log WHERE conversation = ?", (conversation,)
+        ).fetchone()
+        if top is not None:
+            out.append((conversation, int(top), float(ts or 0.0)))
+    return newest, out
 
 
 def rows_after(

@@ -1,13 +1,12 @@
-"""`relaybot memory status|export|import|erase`: looking after memory as a whole.
+"""`relaybot memory status|export|import`: looking after memory as a whole (``erase``:
+relaybot/cli_erase.py).
 
 ``status`` and ``export`` read the memory database read-only, here (memory/status.py,
 memory/export.py). ``import`` reads and checks the file here (memory/import_file.py) and sends the
 records to the worker, the only writer, as ``memory.import`` owner commands, each packed to fit
 one stream entry (relaybot/import_parts.py), with the handle mappings of ``--map``/``--map-file``,
-and prints whom the worker took each sender for (mapped, or left an entity of its own); ``erase``
-previews what it would remove, asks, and
-sends one ``memory.erase`` command (memory/erasure.py). Exit codes: 0 done, 1 failed or (import)
-some records were rejected, 2 configuration error.
+and prints whom the worker took each sender for (mapped, or left an entity of its own). Exit
+codes: 0 done, 1 failed or (import) some records were rejected, 2 configuration error.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from memory.store import MemoryStore
 
 EXIT_FAILED = 1
-ERASE_TIMEOUT = 150.0  # the worker waits up to 2 x 60 s for Redis to rewrite its files
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
@@ -76,17 +74,9 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     )
     p.set_defaults(func=cmd_import)
 
-    p = sub.add_parser(
-        "erase", help="erase what a person or conversation said, or one entry (audited)"
-    )
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--entity", help="a person: entity id (e-…) or handle channel:address")
-    target.add_argument("--conversation", help="a conversation id (as `memory search` shows)")
-    target.add_argument("--id", type=int, help="one log entry by its id")
-    p.add_argument("--reason", required=True, help="why (kept in the tombstone)")
-    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_erase)
+    from relaybot import cli_erase
+
+    cli_erase.add_parser(sub)
 
 
 def _open(cfg: Config) -> MemoryStore:
@@ -399,125 +389,4 @@ def render_handles(handles: dict[str, dict[str, str]], more: int) -> list[str]:
     return lines
 
 
-# -- erase -------------------------------------------------------------------------------------
-
-
-def _target(args: argparse.Namespace) -> tuple[str, str]:
-    if args.entity is not None:
-        return "entity", str(args.entity)
-    if args.conversation is not None:
-        return "conversation", str(args.conversation)
-    return "id", str(args.id)
-
-
-def _preview(cfg: Config, kind: str, target: str) -> str:
-    """What the erasure would remove, read here; raises CommandError if there is nothing."""
-    from memory.commands import CommandError
-    from memory.erasure import plan_erasure
-
-    try:
-        with _open(cfg) as store:
-            plan = plan_erasure(store.conn, kind, target)
-    except sqlite3.Error as exc:
-        echo(f"relaybot: cannot preview ({exc}); the worker will decide", file=sys.stderr)
-        return f"{kind} {target}"
-    if plan.empty:
-        raise CommandError(f"nothing to erase for {kind} {target} (already erased?)")
-    people = f" (entities {', '.join(plan.entities)})" if plan.entities else ""
-    n = len(plan.derived_ids)
-    derived = f" ({n} of them replies that drew on it)" if n else ""
-    q = len(plan.quote_ids)
-    quotes = f", the quotes of it in {q} later messages (their own text stays)" if q else ""
-    n = len(plan.subject_ids)
-    subjects = f", its subject in {n} later mails of its thread (their own text stays)" if n else ""
-    return (
-        f"{kind} {target}{people}: the text of {len(plan.log_ids)} log entries{derived} and "
-        f"{len(plan.note_ids)} notes derived from them{quotes}{subjects}, with every copy Redis "
-        "holds"
-    )
-
-
-def _confirmed(preview: str) -> bool:
-    echo(f"This erases {preview}.\nIt cannot be undone; a tombstone records what, when, why.")
-    try:
-        answer = input("Type 'erase' to go on: ")
-    except EOFError:
-        answer = ""
-    return answer.strip().lower() == "erase"
-
-
-def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
-    import getpass
-
-    from memory.commands import CommandError
-    from relaybot.owner_commands import CommandFailed, run_command
-
-    kind, target = _target(args)
-    if not args.reason.strip():
-        return _fail("--reason must say why (it is kept in the tombstone)")
-    try:
-        preview = _preview(cfg, kind, target)
-    except CommandError as exc:
-        return _fail(str(exc))
-    if not args.yes:
-        if not sys.stdin.isatty():
-            return _fail("erasing needs confirmation: run it in a terminal, or add --yes")
-        if not _confirmed(preview):
-            echo("nothing erased")
-            return EXIT_FAILED
-    request = {
-        "kind": kind,
-        "target": target,
-        "reason": args.reason,
-        "requested_by": getpass.getuser(),
-    }
-    try:
-        # the worker also cleans Redis and has it rewrite its files before it answers
-        result = run_command(cfg, "memory.erase", request, timeout=ERASE_TIMEOUT)
-    except CommandFailed as exc:
-        return _fail(str(exc))
-    if args.json:
-        echo_json(result, indent=2, ensure_ascii=False)
-    if not result.get("ok"):
-        return _fail(str(result.get("error")))
-    if not args.json:
-        echo(_erased(kind, target, result))
-    return 0
-
-
-def _erased(kind: str, target: str, result: dict[str, Any]) -> str:
-    """Every place the erasure cleaned, one per line."""
-    derived = int(result.get("derived_replies") or 0)
-    lines = [
-        f"erased {kind} {target}: tombstone #{result['erasure']}",
-        f"  memory:        {result['log_rows']} log entries ({derived} of them replies that drew "
-        f"on the text), {result['notes']} notes",
-    ]
-    cleaned = result.get("cleaned")
-    if not isinstance(cleaned, dict):
-        lines.append("  elsewhere:     not reported (a worker from before this version?)")
-        return "\n".join(lines)
-    lines.append(f"  memory WAL:    {cleaned.get('memory_wal')}")
-    redis = cleaned.get("redis")
-    if isinstance(redis, dict):
-        lines += [
-            f"  Redis:         {redis.get('stream_entries')} stream entries, "
-            f"{redis.get('queued_replies')} queued and {redis.get('inflight_replies')} in-flight "
-            f"replies, {redis.get('dead_letters')} dead letters, {redis.get('email_headers')} "
-            "cached e-mail headers deleted"
-            + (
-                f" ({redis['email_subjects']} more kept without the erased subject)"
-                if redis.get("email_subjects")
-                else ""
-            ),
-            f"  Redis streams: {redis.get('streams')}",
-            f"  Redis AOF:     {redis.get('aof')}",
-            f"  Redis RDB:     {redis.get('rdb')}",
-        ]
-    else:
-        lines.append(f"  Redis:         {redis}")
-    lines.append(f"  process logs:  {cleaned.get('process_logs')}")
-    return "\n".join(lines)
-
-
-__all__ = ["add_parsers", "cmd_erase", "cmd_export", "cmd_import", "cmd_status"]
+__all__ = ["add_parsers", "cmd_export", "cmd_import", "cmd_status"]

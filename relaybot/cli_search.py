@@ -56,7 +56,10 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     p.add_argument("--days", type=_positive(float), help="only the last N days")
     p.add_argument("--channel", help="only this channel (cli, matrix, email, ...)")
     p.add_argument(
-        "--sender", help="only messages whose sender's handle or name contains this; 'owner'"
+        "--sender",
+        help="only messages of this sender: a handle channel:address, an address, an entity "
+        "id e-… (with the handles linked to it), 'owner', or the assistant's name (its replies); "
+        "never a display name",
     )
     p.add_argument("--conversation", help="only this conversation (its id, as in the output)")
     p.add_argument(
@@ -96,7 +99,7 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     try:
         with MemoryStore(cfg.memory_path, readonly=True) as store:
             owners = OwnerView(OwnerResolver(cfg.owner_aliases), owner_handles(store.conn))
-            result = search(store, scope, query, owners=owners)
+            result = search(store, scope, query, owners=owners, assistant=assistant)
     except SearchError as exc:
         echo(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED

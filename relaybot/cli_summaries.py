@@ -2,9 +2,9 @@
 
 ``summaries`` lists them from the memory database, read-only: their conversation, exact log range,
 time span, how they were made (model or extractive fallback), and the versions they superseded
-(``--all``: superseded and erased ones too). ``resummarize`` enqueues a job per current summary of
-a conversation; each new version supersedes its old one when the worker applies it
-(worker/derive.py).
+(``--all``: superseded and erased ones too). ``resummarize`` asks the worker (an owner command) to
+enqueue a job per current summary of a conversation; each new version supersedes its old one when
+the worker applies it (worker/derive.py).
 """
 
 from __future__ import annotations
@@ -70,29 +70,23 @@ def cmd_summaries(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_resummarize(args: argparse.Namespace, cfg: Config) -> int:
-    import redis
+    """An owner command: the worker enqueues the jobs (the terminal's Redis account may not touch
+    rq's keys: deploy/redis/users.acl)."""
+    from relaybot.cli_shared import send_command
 
-    from contract.bus import connect
-    from relaybot.cli_shared import open_memory
-    from worker.derive import resummarize
+    def describe(result: dict[str, Any]) -> str:
+        enqueued = result.get("enqueued") or []
+        if not enqueued:
+            return (f"nothing enqueued: {args.conversation} has no current summaries, or their "
+                    "new versions are queued, running or were derived a moment ago")  # fmt: skip
+        return "\n".join(
+            f"enqueued {args.conversation} log {p['first_id']}..{p['last_id']} as version "
+            f"{p['version']}"
+            for p in enqueued
+        )
 
-    store = open_memory(cfg)
-    if store is None:
-        return EXIT_FAILED
-    try:
-        r = connect(cfg)
-        with store:
-            planned = resummarize(cfg, r, store, args.conversation)
-    except (sqlite3.Error, redis.RedisError) as exc:
-        echo(f"relaybot: cannot resummarize: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    if not planned:
-        echo(f"nothing enqueued: {args.conversation} has no current summaries, or their new "
-             "versions are queued, running or were derived a moment ago")  # fmt: skip
-        return 0
-    for p in planned:
-        echo(f"enqueued {p.conversation} log {p.first_id}..{p.last_id} as version {p.version}")
-    return 0
+    return send_command(cfg, "memory.resummarize", {"conversation": args.conversation},
+                        as_json=False, describe=describe)  # fmt: skip
 
 
 __all__ = ["add_parsers", "cmd_resummarize", "cmd_summaries"]

@@ -71,7 +71,8 @@ class Batch:
     acks: list[Entry] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
     dead: list[list[str]] = field(default_factory=list)
-    erasures: list[tuple[int, int]] = field(default_factory=list)  # (reply index, erasure id)
+    # (the index of the reply that answers it, None: no reply (a redaction); erasure id)
+    erasures: list[tuple[int | None, int]] = field(default_factory=list)
     forget: list[Entry] = field(default_factory=list)  # imports: deleted once acked
     rewrite: bool = False  # Redis rewrites its files after that
 

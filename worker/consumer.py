@@ -116,6 +116,7 @@ class Consumer:
         self.deriver = deriver
         if deriver is not None:
             deriver.busy = self.conversation_busy
+            turns.worker_commands["memory.resummarize"] = deriver.resummarize_command
         self.r = r
         self.keys: Keys = cfg.keys
         self.turns = turns
@@ -933,6 +934,8 @@ class Consumer:
         if outcome.forget_entry and reply is None:  # a summary proposal: applied or refused
             batch.forget.append(entry)
             batch.rewrite |= outcome.rewrite_files
+        if reply is None and outcome.erasure is not None:  # a redaction: its copies go too
+            batch.erasures.append((None, outcome.erasure))
         if reply is not None:
             if outcome.erasure is not None:
                 batch.erasures.append((len(batch.replies), outcome.erasure))

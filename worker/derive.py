@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import redis
 import structlog
@@ -74,15 +75,19 @@ class Planned:
     mode: str  # "judge" or "summarize"
     supersedes: int | None = None
     version: int = 1
+    rows: int = 0  # the range's messages not erased when it was planned (0: not counted)
 
     @property
     def key(self) -> str:
         return summaries.job_key(self.conversation, self.first_id, self.last_id, self.version)
 
     def job_id(self, prefix: str) -> str:
-        """The rq job id: rq's job keys are shared by every prefix on one Redis."""
-        digest = hashlib.sha256(f"{prefix}|{self.key}|{self.mode}".encode()).hexdigest()[:32]
-        return f"relaybot-summary-{digest}"
+        """The rq job id: rq's job keys are shared by every prefix on one Redis. It counts the
+        range's messages: once an erasure took one, the range is a new job, enqueued at once
+        (the job that read the erased text, running or just finished, does not hold it back;
+        its proposal is refused: memory/summaries.py)."""
+        ident = f"{prefix}|{self.key}|{self.mode}|{self.rows}"
+        return f"relaybot-summary-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
 
 
 class Deriver:
@@ -102,6 +107,7 @@ class Deriver:
         self.active: dict[str, Active] = {}
         self._seen: int | None = None
         self._erased = 0  # the newest erasure whose blanked summaries were noticed
+        self._erasure: int | None = None  # the newest erasure whose conversations were noticed
         self._last_check = 0.0
 
     def maybe_plan(self) -> list[Planned]:
@@ -155,7 +161,8 @@ class Deriver:
                     if judged.get(conversation, 0) >= seg.last_id:
                         continue  # the model said "not paused" here: wait for quiet or rows
                     mode = "judge"
-            out.append(Planned(conversation, seg.first_id, seg.last_id, mode))
+            out.append(Planned(conversation, seg.first_id, seg.last_id, mode,
+                               rows=len(seg.rows)))  # fmt: skip
         return out
 
     def _note_changes(self, store: MemoryStore) -> bool:
@@ -171,6 +178,15 @@ class Deriver:
             top = conn.execute(_TOP, (conversation,)).fetchone()[0]
             self.active[str(conversation)] = Active(int(top or 0), 0.0)
             self._erased = max(self._erased, int(erased))
+        # an erasure took rows from a conversation (a job may have read them): planned again,
+        # as it is now (a segment that lost a row is a new job: Planned.job_id)
+        newest, touched = summaries.erased_since(conn, self._erasure)
+        if self._erasure is not None:
+            for conversation, last_id, last_ts in touched:
+                known = self.active.get(conversation)
+                if known is None or known.last_ts > 0.0:
+                    self.active[conversation] = Active(last_id, last_ts)
+        self._erasure = newest
         return True
 
     def _judged(self) -> dict[str, int]:
@@ -185,6 +201,24 @@ class Deriver:
 
     def enqueue(self, p: Planned) -> bool:
         return enqueue(self.cfg, self.r, p)
+
+    def resummarize_command(self, args: dict[str, Any]) -> dict[str, object]:
+        """The owner command ``memory.resummarize`` (``relaybot memory resummarize``): the
+        worker enqueues the jobs, so the terminal's Redis account needs no access to rq's keys."""
+        conversation = args.get("conversation")
+        if not isinstance(conversation, str) or not conversation.strip():
+            return {"ok": False, "error": "memory.resummarize takes {conversation} as a string"}
+        planned = self.memory.use(partial(_resummarize, self.cfg, self.r, conversation.strip()))
+        if planned is None:
+            return {"ok": False, "error": "memory is unavailable (see the worker log)"}
+        return {
+            "ok": True,
+            "conversation": conversation.strip(),
+            "enqueued": [
+                {"first_id": p.first_id, "last_id": p.last_id, "version": p.version}
+                for p in planned
+            ],
+        }
 
 
 def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
@@ -253,6 +287,12 @@ def queue(cfg: Config, r: redis.Redis) -> Queue:
     return Queue(cfg.keys.jobs_queue, connection=r)
 
 
+def _resummarize(
+    cfg: Config, r: redis.Redis, conversation: str, store: MemoryStore
+) -> list[Planned]:
+    return resummarize(cfg, r, store, conversation)
+
+
 def resummarize(
     cfg: Config, r: redis.Redis, store: MemoryStore, conversation: str
 ) -> list[Planned]:
@@ -262,7 +302,7 @@ def resummarize(
     out = []
     for s in summaries.current(store.conn, conversation):
         version = _version(store, s) + 1
-        p = Planned(conversation, s.first_id, s.last_id, "summarize", s.id, version)
+        p = Planned(conversation, s.first_id, s.last_id, "summarize", s.id, version, s.rows)
         if enqueue(cfg, r, p):
             out.append(p)
     return out

@@ -41,20 +41,28 @@ class Erasures:
         self.wal_pending = memory.use(_has_erasures) is True
         self._tried = 0.0
 
-    def finish(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
-        """Clean outside memory what each erasure erased; its answer (``replies[i]``) says where."""
+    def finish(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
+        """Clean outside memory what each erasure erased; its answer (``replies[i]``) says where
+        (a redaction has none: the log says, ``memory.erasure_scrubbed``)."""
         for index, erasure in erasures:
             cleaned: dict[str, Any] = {"memory_wal": self._wal(), "process_logs": LOGS}
             copies = self.memory.erased_copies(erasure)
             if copies is None:
                 cleaned["redis"] = "not cleaned (memory failed): run the same erasure again"
+                log.error("memory.erasure_not_scrubbed", erasure=erasure,
+                          reason="memory failed while reading the tombstone")  # fmt: skip
             else:
                 cleaned["redis"] = self.scrubber.scrub(copies).as_dict()
-            replies[index] = _amend(replies[index], {"cleaned": cleaned})
+                self.memory.drop_erased_texts(erasure)
+            if index is not None:
+                replies[index] = _amend(replies[index], {"cleaned": cleaned})
 
-    def undone(self, replies: list[Reply], erasures: list[tuple[int, int]]) -> None:
+    def undone(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
         """The batch's commit failed: nothing was erased."""
+        self.memory.drop_erased_texts()
         for index, _erasure in erasures:
+            if index is None:
+                continue
             replies[index] = _amend(
                 replies[index],
                 {

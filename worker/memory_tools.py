@@ -279,8 +279,9 @@ def search_history_tool(ctx: TurnContext) -> Tool:
     def search_history(store: MemoryStore, args: dict[str, Any]) -> str:
         try:
             result = search.search(
-                store, ctx.scope, _search_query(args), owners=ctx.memory.owners()
-            )
+                store, ctx.scope, _search_query(args), owners=ctx.memory.owners(),
+                assistant=ctx.memory.settings.assistant_name,
+            )  # fmt: skip
         except search.SearchError as exc:
             return f"error: {exc}"
         except sqlite3.Error as exc:
@@ -324,8 +325,9 @@ def search_history_tool(ctx: TurnContext) -> Tool:
                 "channel": {"type": "string", "description": "Only this channel, e.g. matrix."},
                 "sender": {
                     "type": "string",
-                    "description": "Only messages whose sender's handle or name contains this; "
-                    "'owner' for the owner.",
+                    "description": "Only messages of this sender, as the labels show it: a "
+                    "handle (matrix:@bob:example.org, or @bob:example.org), 'owner' for the "
+                    "owner, or your own name for your replies; not a display name.",
                 },
                 "conversation": {
                     "type": "string",

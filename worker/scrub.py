@@ -5,11 +5,13 @@ command, deletes every copy Redis still holds (memory/copies.py says what they a
 
 - the entries of every inbound stream: the erased rows' own (by stream id), and for an erased
   person or conversation every entry of that sender or conversation still there (unread or
-  pending ones too: they are not answered);
+  pending ones too: they are not answered); and an entry the worker cannot read (malformed) or
+  made a dead letter of, when it holds an erased text (worker/scrub_text.py): these go first,
+  while the erased entries, from which a replayed erasure takes the texts, are still there;
 - the replies waiting in reply queues or being delivered (in-flight queues) that answer an
   erased entry, are an erased reply, or belong to an erased conversation;
 - the dead letters of such entries (the worker's keep the entry's fields, a gateway's keep the
-  raw reply or mail);
+  raw reply or mail), and every dead letter that holds an erased text;
 - the e-mail gateway's cached headers of an erased mail (``email:orig``), and the subject in
   those of the kept mails whose subject repeated an erased mail's (memory/subjects.py): blanked,
   the rest kept, so a reply to such a mail still goes out in its thread (as ``Re: your
@@ -33,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
+from functools import partial
 from typing import Any
 
 import redis
@@ -43,6 +46,7 @@ from contract.keys import Keys
 from contract.messages import CHANNELS
 from memory.copies import Copies
 from worker.compact import Compactor
+from worker.scrub_text import holds, is_malformed
 
 log = structlog.get_logger(__name__)
 
@@ -76,11 +80,19 @@ class Scrubber:
 
     def scrub(self, copies: Copies) -> Scrubbed:
         done = Scrubbed()
+        if not copies.texts:  # a replay after a crash: the texts the erased entries still hold
+            copies = copies.with_texts(self._known_texts(copies))
+        # the copies found only by the text go first, while the entries that hold it are there
+        if copies.texts:
+            made_of = self._dead_sources(copies)
+            for stream in self.streams:
+                found = partial(_text_copy, copies, made_of, stream)
+                done.stream_entries += self._xdel(stream, found)
+        done.dead_letters = self._xdel(self.keys.dead, lambda _i, f: self._dead(copies, f))
         for stream, channel in self.streams.items():
             done.stream_entries += self._xdel(stream, _entry_matcher(copies, channel))
         done.queued_replies = self._lists(self.keys.reply_pattern(), copies)
         done.inflight_replies = self._lists(self.keys.inflight_pattern(), copies)
-        done.dead_letters = self._xdel(self.keys.dead, lambda _i, f: self._dead(copies, f))
         for channel, event_id in sorted(copies.event_ids):
             if channel == "email":
                 done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
@@ -118,7 +130,34 @@ class Scrubber:
                     removed += int(self.r.lrem(key, 0, raw))  # type: ignore[arg-type]
         return removed
 
+    def _known_texts(self, copies: Copies) -> list[str]:
+        """The texts of the erased entries, and of the dead letters made of them, still here."""
+        found: list[str] = []
+        for stream, channel in self.streams.items():
+            for raw_id, fields in _entries(self.r, stream):
+                sid = raw_id if channel is None else f"{channel}/{raw_id}"
+                if sid in copies.entries and fields.get("text"):
+                    found.append(fields["text"])
+        for _raw_id, fields in _entries(self.r, self.keys.dead):
+            stream = fields.get("source_stream", "")
+            channel = self.streams.get(stream)
+            source = fields.get("source_id", "")
+            sid = source if channel is None else f"{channel}/{source}"
+            if stream in self.streams and sid in copies.entries and fields.get("orig.text"):
+                found.append(fields["orig.text"])
+        return found
+
+    def _dead_sources(self, copies: Copies) -> set[tuple[str, str]]:
+        """(stream, entry id) of the entries whose dead letter holds an erased text."""
+        return {
+            (fields.get("source_stream", ""), fields.get("source_id", ""))
+            for _raw_id, fields in _entries(self.r, self.keys.dead)
+            if holds(copies, fields)
+        }
+
     def _dead(self, copies: Copies, fields: dict[str, str]) -> bool:
+        if holds(copies, fields):  # found by the text itself (worker/scrub_text.py)
+            return True
         stream = fields.get("source_stream", "")
         if stream in self.streams and fields.get("source_id"):
             channel = self.streams[stream]
@@ -190,6 +229,15 @@ class Scrubber:
 
 
 # -- matching (pure) ------------------------------------------------------------------------------
+
+
+def _text_copy(
+    copies: Copies, made_of: set[tuple[str, str]], stream: str, raw_id: str, fields: dict[str, str]
+) -> bool:
+    """An entry no reader needs (malformed, or dead-lettered) that holds an erased text."""
+    if (stream, raw_id) not in made_of and not is_malformed(fields):
+        return False
+    return holds(copies, fields)
 
 
 def _entry_matcher(copies: Copies, channel: str | None) -> Callable[[str, dict[str, str]], bool]:

@@ -13,8 +13,9 @@ the one turn already running.
 
 A *group* is what one turn takes from a session: in ``collect`` mode every message waiting in
 it, up to the next entry that is not a plain message of the same conversation; in ``followup``
-mode one message. Memory commands are *barriers*: no turn starts while one waits, and it is
-applied only when no turn runs (an erasure must not race a turn that read what it erases).
+mode one message. Memory commands and redactions are *barriers*: no turn starts while one waits,
+and it is applied only when no turn runs (an erasure must not race a turn that read what it
+erases).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from contract.messages import InboundMessage, Kind, Privacy
 from worker.batch import Read
+from worker.redactions import is_redaction
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,18 +41,20 @@ class Item(Read):
 
     @property
     def barrier(self) -> bool:
-        return self.msg.kind is Kind.COMMAND
+        """An owner command, or a redaction (an erasure: worker/redactions.py)."""
+        return self.msg.kind is Kind.COMMAND or is_redaction(self.msg)
 
     @property
     def record_only(self) -> bool:
         """Recorded, never answered: it needs no model slot."""
-        return self.msg.kind is Kind.MESSAGE and self.msg.record_only
+        return self.msg.kind is Kind.MESSAGE and self.msg.record_only and not self.barrier
 
     def joins(self, first: Item) -> bool:
         """Whether this message may be answered by the same turn as ``first``."""
         m, f = self.msg, first.msg
         return (
-            m.kind is Kind.MESSAGE
+            not self.barrier
+            and m.kind is Kind.MESSAGE
             and f.kind is Kind.MESSAGE
             and m.conversation == f.conversation
             and m.privacy is f.privacy

@@ -33,7 +33,7 @@ from memory.facade import Memory, MemorySettings, MemoryUnwritable
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore
-from worker import withheld
+from worker import redactions, withheld
 from worker.agent import TurnResult, run_turn
 from worker.claims import audience_refusal
 from worker.model import ModelPort
@@ -126,6 +126,8 @@ class Turns:
         self.model = model
         self.tools = tools
         self.thinking = thinking
+        # owner commands the worker itself applies (not memory): op -> handler(args) -> result
+        self.worker_commands: dict[str, Callable[[dict[str, Any]], dict[str, object]]] = {}
         # replies the model gave that memory could not record yet, by each entry they answer
         self._unrecorded: dict[str, Held] = {}
         self._lingering: list[Held] = []  # recorded, not committed yet
@@ -160,7 +162,7 @@ class Turns:
         parsed = self.parse(stream_id, raw, channel)
         if isinstance(parsed, Outcome):
             return parsed
-        if parsed.kind is not Kind.MESSAGE:
+        if parsed.kind is not Kind.MESSAGE or redactions.is_redaction(parsed):
             applied = self.apply(stream_id, parsed)
             if applied.again is None:
                 return applied
@@ -198,11 +200,17 @@ class Turns:
         return msg
 
     def apply(self, stream_id: str, msg: InboundMessage) -> Outcome:
-        """A derived entry or an owner command: applied to memory at once, no model call."""
+        """A derived entry, an owner command or a redaction (worker/redactions.py): applied to
+        memory at once, no model call."""
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
+            if redactions.is_redaction(msg):  # a platform's redaction: an erasure, no reply
+                with self.memory.write():
+                    done = redactions.apply(self.memory, stream_id, msg)
+                return Outcome(erasure=done.erasure, dead_reason=done.dead_reason,
+                               fields=msg.to_fields() if done.dead_reason else {})  # fmt: skip
             if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary":
                 with self.memory.write():
                     refused = self._apply_summary(msg)
@@ -491,7 +499,7 @@ class Turns:
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
-            if msg.kind is not Kind.MESSAGE:
+            if msg.kind is not Kind.MESSAGE or redactions.is_redaction(msg):
                 return Outcome()
             with self.memory.write():
                 first = self.memory.first_of_event(msg, stream_id)
@@ -578,6 +586,9 @@ class Turns:
             }
         elif self.memory.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
+        elif isinstance(op := msg.extra.get("op"), str) and op in self.worker_commands:
+            args = msg.extra.get("args", {})
+            result = self.worker_commands[op](args if isinstance(args, dict) else {})
         else:
             op, args = msg.extra.get("op"), msg.extra.get("args", {})
             result = self.memory.apply_command(stream_id, op, args) or {

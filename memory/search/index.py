@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from memory.identity import sender_ref
 from memory.lines import Owners
 from memory.privacy import Scope, log_visibility_sql, persons_for
 from memory.rows import LOG_COLUMNS, LogRow
@@ -89,9 +90,12 @@ def filters(
     now: float,
     *,
     owner_handles: Sequence[tuple[str, str]] = (),
+    assistant: str = "",
 ) -> Where:
     """The visibility ``vis`` (None: everything) AND the query's filters. ``sender = "owner"``
-    is the rows recorded as the owner's and those of ``owner_handles`` (owner_handles_now)."""
+    is the rows recorded as the owner's and those of ``owner_handles`` (owner_handles_now);
+    ``assistant`` (its name) the assistant's replies; any other sender a person, as memory's
+    identity resolves it (:func:`_sender`)."""
     parts: list[str] = [] if vis is None else [vis]
     params: list[Any] = list(vis_params)
     if query.conversation:
@@ -102,20 +106,9 @@ def filters(
         parts.append("log.channel = ? COLLATE NOCASE")
         params.append(query.channel.strip())
     if query.sender:
-        who = query.sender.strip().casefold()
-        if who == "owner" and owner_handles:
-            pairs = " OR ".join(
-                "(log.channel = ? AND lower(trim(log.sender)) = ?)" for _ in owner_handles
-            )
-            parts.append(f"(log.is_owner = 1 OR {pairs})")
-            params += [x for pair in owner_handles for x in pair]
-        elif who == "owner":
-            parts.append("log.is_owner = 1")
-        else:
-            parts.append(
-                "(instr(lower(log.sender), ?) > 0 OR instr(lower(log.sender_name), ?) > 0)"
-            )
-            params += [who, who]
+        who, values = _sender(store, query.sender, owner_handles, assistant)
+        parts.append(who)
+        params += values
     if query.from_id is not None or query.to_id is not None:
         parts.append("log.id BETWEEN ? AND ?")
         params += [query.from_id or 0, query.to_id if query.to_id is not None else 2**62]
@@ -131,6 +124,40 @@ def filters(
         lo = max(lo, first_id_recorded_since(store.conn, since - DAY))
     sql = " AND ".join(parts) if parts else None
     return Where(sql, tuple(params), narrow, narrow_params, indexed, lo)
+
+
+def _sender(
+    store: MemoryStore, ref: str, owner_handles: Sequence[tuple[str, str]], assistant: str
+) -> tuple[str, list[Any]]:
+    """The rows of the sender ``ref`` names (memory.identity.sender_ref: a handle, an address,
+    an entity and those linked to it, the owner or the assistant; never a display name)."""
+    try:
+        who = sender_ref(store.conn, ref, assistant=assistant)
+    except LookupError as exc:
+        raise SearchError(f"sender: {exc}") from None
+    if who.owner:
+        pairs = " OR ".join("(log.channel = ? AND lower(trim(log.sender)) = ?)"
+                            for _ in owner_handles)  # fmt: skip
+        values = [x for pair in owner_handles for x in pair]
+        return (f"(log.is_owner = 1 OR {pairs})" if pairs else "log.is_owner = 1"), values
+    if who.assistant:
+        return "log.direction = 'out'", []
+    ors: list[str] = []
+    params: list[Any] = []
+    if who.entities:
+        ors.append(f"log.entity IN ({marks(len(who.entities))})")
+        params += sorted(who.entities)
+    for channel, address in sorted(who.handles, key=lambda h: (h[0] or "", h[1])):
+        # rows recorded before identity existed (no entity), by the exact address
+        if channel is None:
+            ors.append("(log.entity IS NULL AND log.direction = 'in' "
+                       "AND lower(trim(log.sender)) = ?)")  # fmt: skip
+            params.append(address)
+        else:
+            ors.append("(log.entity IS NULL AND log.direction = 'in' AND log.channel = ? "
+                       "AND lower(trim(log.sender)) = ?)")  # fmt: skip
+            params += [channel, address]
+    return ("(" + " OR ".join(ors) + ")") if ors else "0", params
 
 
 def first_id_recorded_since(conn: sqlite3.Connection, ts: float) -> int:

@@ -126,11 +126,13 @@ def search(
     now: float | None = None,
     ranking: Ranking = RANKING,
     owners: Owners | None = None,
+    assistant: str = "",
 ) -> SearchResult:
     """Search the log as ``scope`` may see it. Raises :class:`SearchError` for a bad argument and
     ``sqlite3.Error`` if the database fails (the caller reports it; a bad row never raises).
     ``owners`` (who the owner is now: memory.lines) makes ``sender = "owner"`` find the earlier
-    messages of a handle that became the owner's too."""
+    messages of a handle that became the owner's too; ``assistant`` (its name) as the sender
+    means its replies."""
     if not 1 <= query.limit <= MAX_LIMIT:
         raise SearchError(f"limit must be between 1 and {MAX_LIMIT}")
     if query.order not in ("relevance", "time"):
@@ -147,8 +149,9 @@ def search(
     by_owner = (query.sender or "").strip().casefold() == "owner"
     mine = owner_handles_now(store, owners) if owners is not None and by_owner else ()
     where = filters(
-        store, visible, vis_params, query, time.time() if now is None else now, owner_handles=mine
-    )
+        store, visible, vis_params, query, time.time() if now is None else now,
+        owner_handles=mine, assistant=assistant,
+    )  # fmt: skip
     queries = (2 if len(terms) > 1 else 1) if query.order == "time" else len(terms) + 1
     index = Index(store, where, queries)
     corrupt: set[int] = set()

@@ -12,6 +12,7 @@ Before this issue, it was still in all of them but SQLite.
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import sqlite3
@@ -35,6 +36,7 @@ from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import (
     Procs,
     chat,
+    memory_rows,
     relaybot_env,
     replies,
     run_relaybot,
@@ -434,3 +436,129 @@ trusted_authserv_ids = ["mx.test"]
     kept = json.loads(admin.get(alice_headers) or b"{}")
     assert kept["subject"] == "" and kept["message_id"] == "<alice-1@ex.net>", kept
     assert admin.ttl(alice_headers) > 0  # still expires as it did
+
+
+def test_an_erasure_reaches_two_hops_away_and_the_copies_that_name_nothing(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """Issue 24, item 6. A terminal secret; the owner's Matrix DM reply quotes it (hop 1: a
+    search showed the terminal row); later, with the terminal row long out of the window, the
+    next reply quotes that reply (hop 2: a search showed only the first reply). Meanwhile
+    entries the worker could not read carried the text (no conversation field; a field too
+    many), and the e-mail gateway dead-lettered a mail holding it (base64). Erasing the terminal
+    conversation leaves the text in no reply, stream, dead letter, AOF or RDB."""
+    at = setup(tmp_path, acl_redis, model_server)
+    home, cli_env, keys, admin = at.home, at.cli_env, at.keys, at.admin
+    write_config(home, '[owner]\naliases = [{ address = "@ada:m.org", channel = "matrix" }]\n')
+    worker_env = {**at.worker_env, "RELAYBOT_CONTEXT_TOKENS": "600"}
+    procs.worker(worker_env, r=admin, keys=keys)
+    matrix, mail = acl_redis.client("matrix"), acl_redis.client("email")
+    db = home / "memory.sqlite3"
+    dm = "matrix:!dm-ada"
+
+    said = chat(cli_env, f"the vault code is {SECRET}", session="vault")
+    assert said.returncode == 0, said.stderr
+
+    def owner(text: str, count: int) -> None:
+        publish(matrix, keys, message("matrix", "@ada:m.org", dm, text, privacy=Privacy.OWNER))
+        wait_for_replies(admin, keys, dm, count)
+
+    owner('[[tool:search_history:{"query": "vault"}]] what is the code?', 1)
+    first = replies(admin, keys, dm)[0]
+    assert SECRET in first.text  # hop 1: the search showed the terminal row
+    for n in range(8):  # the terminal row and the first reply leave the context window
+        owner(f"filler {n}: " + "the weather and the garden and the trains " * 12, 2 + n)
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        (r1,) = conn.execute("SELECT id FROM log WHERE reply_id = ?", (first.reply_id,)).fetchone()
+    args = json.dumps({"query": "vault", "from_id": r1, "to_id": r1})
+    owner(f"[[tool:search_history:{args}]] again?", 10)
+    second = replies(admin, keys, dm)[-1]
+    assert SECRET in second.text  # hop 2: it quotes the first reply, not the terminal row
+
+    # copies that name no conversation: a malformed entry on two streams, a raw mail
+    matrix.xadd(keys.inbound_of("matrix"), {
+        "v": "1", "kind": "message", "channel": "matrix", "session": "matrix:!junk",
+        "sender": "@eve:m.org", "privacy": "group", "text": f"fwd: the vault code is {SECRET}",
+        "ts": "1", "event_id": "junk-1", "extra": "{}",
+    })  # fmt: skip
+    mail.xadd(keys.inbound_of("email"), {
+        "v": "1", "kind": "message", "channel": "email", "session": "email:x",
+        "conversation": "email:x", "sender": "eve@example.org", "privacy": "direct",
+        "text": "hi", "ts": "1", "event_id": "<junk-2@x>", "extra": "{}",
+        "body": json.dumps({"quoted": f"> the vault code is {SECRET}"}),
+    })  # fmt: skip
+    wait_until(lambda: admin.xlen(keys.dead) == 2, timeout=20, message="two dead letters")
+    body = base64.b64encode(f"Hello, the vault code is {SECRET}.".encode()).decode()
+    raw = (
+        "From: Eve <eve@example.org>\r\nSubject: hi\r\nContent-Type: text/plain\r\n"
+        f"Content-Transfer-Encoding: base64\r\n\r\n{body}\r\n"
+    )
+    mail.xadd(keys.dead, {"reason": "unreadable", "source": "email", "raw": raw})
+    assert SECRET.encode() in redis_values(admin)
+
+    erased = run_relaybot(
+        ["memory", "erase", "--conversation", "cli:vault", "--reason", "x", "--yes", "--json"],
+        cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    result = json.loads(erased.stdout)
+    texts = [r["text"] for r in memory_rows(db, "SELECT text FROM log")]
+    assert not [t for t in texts if SECRET in t], "a row still holds the text"
+    assert SECRET.encode() not in redis_values(admin), "Redis still holds the text"
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+    hops = {d["id"]: d["hop"] for d in result["derived"] if d["kind"] == "reply"}
+    (r2,) = memory_rows(db, "SELECT id FROM log WHERE reply_id = ?", second.reply_id)
+    assert hops.get(r1) == 1 and hops.get(r2["id"]) == 2, result["derived"]
+    cleaned = result["cleaned"]["redis"]
+    assert cleaned["dead_letters"] == 3, cleaned  # the two malformed entries' and the mail
+    assert cleaned["aof"] == "rewritten" and cleaned["rdb"] == "rewritten", cleaned
+    # what named no erased conversation and did not hold the text is still there
+    assert admin.xlen(keys.inbound_of("matrix")) >= 10
+
+
+def test_a_matrix_redaction_erases_the_event_everywhere_and_is_never_answered(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """Issue 24, item 10b: the Matrix gateway's account publishes a redaction the way the gateway
+    does; the worker erases the redacted event (memory, the reply waiting in its queue, its
+    stream entry, Redis's files) as ``memory erase --id`` would, records and answers nothing for
+    it; a redaction in another room naming the same event erases nothing."""
+    at = setup(tmp_path, acl_redis, model_server)
+    home, keys, admin = at.home, at.keys, at.admin
+    worker = procs.worker(at.worker_env, r=admin, keys=keys)
+    matrix = acl_redis.client("matrix")
+    room = "!team:m.org"
+    conv = f"matrix:{room}"
+    said = message("matrix", "@bob:m.org", conv, f"oops, the vault code is {SECRET}",
+                   privacy=Privacy.GROUP, event_id="$secret")  # fmt: skip
+    publish(matrix, keys, said)
+    publish(matrix, keys, message("matrix", "@carol:m.org", conv, "hello all",
+                                  privacy=Privacy.GROUP))  # fmt: skip
+    wait_for_replies(admin, keys, conv, 2)
+    assert SECRET.encode() in redis_values(admin)
+
+    def redaction(room_id: str, event: str) -> InboundMessage:
+        return message(
+            "matrix", "@bob:m.org", f"matrix:{room_id}", "[redaction]", privacy=Privacy.GROUP,
+            extra={"room_id": room_id, "redacts": event, "no_reply": "redaction"},
+        )  # fmt: skip
+
+    publish(matrix, keys, redaction("!elsewhere:m.org", "$secret"))  # another room: nothing
+    publish(matrix, keys, redaction(room, "$secret"))
+    worker.wait_for_log("memory.erasure_scrubbed", timeout=60)
+    db = home / "memory.sqlite3"
+    rows = memory_rows(db, "SELECT text, extra FROM log ORDER BY id")
+    assert not [r for r in rows if SECRET in r["text"] or "[redaction]" in r["text"]], rows
+    assert any(r["text"] == "hello all" for r in rows)
+    (tomb,) = memory_rows(db, "SELECT reason, requested_by FROM erasure")
+    assert tomb == {"reason": "Matrix redaction by @bob:m.org", "requested_by": "@bob:m.org"}
+    wait_until(lambda: not admin.xpending(keys.inbound_of("matrix"), Keys.GROUP)["pending"],
+               timeout=20, message="the redactions acked")  # fmt: skip
+    # the redactions are not answered: two replies in memory, to bob and to carol, both gone
+    # (carol's was derived: its history held bob's message)
+    out = memory_rows(db, "SELECT text FROM log WHERE direction = 'out'")
+    assert out == [{"text": ""}, {"text": ""}], out
+    assert replies(admin, keys, conv) == []
+    assert SECRET.encode() not in redis_values(admin), "Redis still holds the text"
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+    assert worker.events("redaction.nothing", outcome="other_room")

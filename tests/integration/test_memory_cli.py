@@ -336,3 +336,49 @@ def test_erase_a_conversation_end_to_end(
     assert "weather" not in json.dumps(model_server.requests[-1])
     status = json.loads(relaybot(env, "memory", "status", "--json").stdout)
     assert status["counts"]["erasures"] == 1 and status["counts"]["erased_log_rows"] == 5
+
+
+def test_the_erasure_preview_lists_what_goes_and_keep_keeps_it(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    real_redis: redis.Redis,
+    model_server: FakeModelServer,
+    procs: Procs,
+) -> None:
+    """Issue 24, item 7: two messages of small talk with bob; later, in the owner's terminal, a
+    turn whose history window held them wrote an unrelated note (a locker code). The preview of
+    erasing bob's conversation names that note (its words, its hop, the row it drew on), not
+    only "1 notes"; --keep note:N keeps it, the tombstone says so; --yes still works."""
+    env, keys = make_env(tmp_path, "home", redis_server, model_server)
+    procs.worker(env, r=real_redis, keys=keys)
+    tell(real_redis, keys, "nice weather today", sender="@bob:m.org", conversation="matrix:dm-bob")
+    tell(real_redis, keys, "yes, lovely", sender="@bob:m.org", conversation="matrix:dm-bob")
+    wait_for_replies(real_redis, keys, "matrix:dm-bob", 2)
+    remember = json.dumps({"text": "locker code 4711", "type": "fact"})
+    assert chat(env, f"[[tool:remember:{remember}]] my locker", session="own").returncode == 0
+    path = db(env)
+    (note,) = memory_rows(path, "SELECT id FROM note WHERE text = 'locker code 4711'")
+    (first,) = memory_rows(
+        path, "SELECT id FROM log WHERE text = 'nice weather today' AND direction = 'in'"
+    )
+
+    dry = relaybot(env, "memory", "erase", "--conversation", "matrix:dm-bob", "--reason", "x",
+                   "--dry-run")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    line = next(ln for ln in dry.stdout.splitlines() if f"note:{note['id']}" in ln)
+    assert "hop 1" in line and f"drew on log #{first['id']}" in line, dry.stdout
+    assert '"locker code 4711"' in line, dry.stdout
+    assert "--keep" in dry.stdout
+    assert memory_rows(path, "SELECT count(*) AS n FROM erasure")[0]["n"] == 0  # nothing erased
+    bad = relaybot(env, "memory", "erase", "--conversation", "matrix:dm-bob", "--reason", "x",
+                   "--keep", "note:999999", "--yes")  # fmt: skip
+    assert bad.returncode == 1 and "not among" in bad.stderr, bad.stderr
+
+    erased = relaybot(env, "memory", "erase", "--conversation", "matrix:dm-bob", "--reason",
+                      "bob asked", "--keep", f"note:{note['id']}", "--yes")  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    assert f"kept:          note:{note['id']}" in erased.stdout, erased.stdout
+    assert memory_rows(path, "SELECT text FROM note") == [{"text": "locker code 4711"}]
+    (tomb,) = memory_rows(path, "SELECT detail FROM erasure")
+    kept = json.loads(tomb["detail"])["kept"]
+    assert kept == [{"kind": "note", "id": note["id"], "hop": 1, "drew_on": f"log #{first['id']}"}]

@@ -96,7 +96,11 @@ def test_json_lines_and_filters(env: dict[str, str]) -> None:
         return [json.loads(line)["text"] for line in done.stdout.splitlines()]
 
     assert texts("lisbon", "--channel", "email") == ["invoice for the Lisbon hotel"]
-    assert texts("lisbon", "--sender", "bob") == ["my flat in Lisbon is free in March"]
+    assert texts("lisbon", "--sender", "@bob:m.org") == ["my flat in Lisbon is free in March"]
+    assert texts("lisbon", "--sender", "matrix:@bob:m.org") == [
+        "my flat in Lisbon is free in March"
+    ]
+    assert texts("lisbon", "--sender", "bob") == []  # a part of a handle names nobody
     assert texts("lisbon", "--conversation", "matrix:dm-bob") == [
         "my flat in Lisbon is free in March"
     ]
@@ -180,3 +184,30 @@ def test_a_remote_senders_escape_sequences_are_shown_not_obeyed(tmp_path: Path) 
         assert done.returncode == 0, done.stderr
         assert raw_controls(done.stdout) == [], args
         assert "Eve\\x1b]0;EVIL\\x07" in done.stdout and "\\x1b[8m" in done.stdout, args
+
+
+def test_sender_names_a_handle_or_an_entity_never_a_display_name(tmp_path: Path) -> None:
+    """Issue 24, item 9: ``--sender Ada`` found a stranger whose display name is "Ada"."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with MemoryStore(home / "memory.sqlite3") as store, store.transaction():
+        for n, (sender, name) in enumerate([("@ada:m.org", "Ada"), ("@eve:evil.org", "Ada")], 1):
+            entity = create_handle(store.conn, "matrix", sender, display=name)
+            msg = InboundMessage(
+                channel="matrix", session="matrix:room", conversation="matrix:room",
+                sender=sender, sender_name=name, privacy=Privacy.GROUP,
+                text=f"the lisbon plan, says {sender}", ts=T0 + n, event_id=f"e{n}",
+            )  # fmt: skip
+            store.append_inbound(msg, f"{n}-0", is_owner=False, entity=entity)
+    env = relaybot_env(home)
+
+    def texts(*args: str) -> list[str]:
+        done = run_relaybot(["memory", "search", "lisbon", *args, "--json"], env)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line)["text"] for line in done.stdout.splitlines()]
+
+    assert texts("--sender", "Ada") == []
+    assert texts("--sender", "matrix:@ada:m.org") == ["the lisbon plan, says @ada:m.org"]
+    assert texts("--sender", "@eve:evil.org") == ["the lisbon plan, says @eve:evil.org"]
+    bad = run_relaybot(["memory", "search", "lisbon", "--sender", "e-00000000"], env)
+    assert bad.returncode == 1 and "no entity" in bad.stderr

@@ -3,6 +3,7 @@ worker applies (real Redis, real processes)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import redis
 from rq import Queue
 
 from contract.keys import Keys
+from contract.messages import InboundMessage, Privacy
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,
@@ -211,3 +213,43 @@ def test_a_model_that_is_down_makes_the_job_retry_then_the_cli_lists_and_resumma
     assert f"supersedes #{made['id']}" in listed and "superseded" in listed
     current = run_relaybot(["memory", "summaries", "--json"], env).stdout.splitlines()
     assert len(current) == 1 and f'"supersedes": {made["id"]}' in current[0]
+
+
+def test_a_proposal_that_read_an_erased_message_is_refused_and_derived_again(rig: Rig) -> None:
+    """Issue 24, item 10c, the race with a real rq worker: the job reads a room's three messages
+    and asks the model (slow: 6 s); meanwhile the owner erases the middle one. Its proposal,
+    which holds the erased text, is refused, and the range is derived again at once over what
+    remains (same first and last id: the job of the same range had finished a moment ago, which
+    held it back for ten minutes), never applied with the erased text."""
+    write_config(rig.home, "[derive]\njudge_after = 0\nquiet = 0\ncheck_every = 0.2\n"
+                 "min_rows = 2\n")  # fmt: skip
+    env = relaybot_env(rig.home, redis_url=rig.redis_url, prefix=rig.keys.prefix,
+                       model_url=rig.model.base_url)  # fmt: skip
+    worker = rig.procs.worker(env, r=rig.r, keys=rig.keys)
+    rig.procs.jobs(env)
+    room = "matrix:!room:m.org"
+    texts = ["the boat leaves at nine", "the locker code is zanzibarquux [[delay:6]]",
+             "bring the blue tent"]  # fmt: skip
+    with rig.r.pipeline(transaction=True) as pipe:  # one read: no summary of fewer rows
+        for n, text in enumerate(texts):
+            msg = InboundMessage(
+                channel="matrix", session=room, conversation=room, sender="@bob:m.org",
+                privacy=Privacy.GROUP, text=text, ts=time.time(), event_id=f"$e{n}",
+                extra={"no_reply": True},
+            )  # fmt: skip
+            pipe.xadd(rig.keys.inbound_of("matrix"), msg.to_fields())  # type: ignore[arg-type]
+        pipe.execute()
+    db = Path(env["RELAYBOT_HOME"]) / "memory.sqlite3"
+    wait_until(lambda: any("Summarise" in json.dumps(b) for b in rig.model.requests),
+               timeout=30, message="the job asking the model for the summary")  # fmt: skip
+    (secret,) = memory_rows(db, "SELECT id FROM log WHERE text LIKE '%zanzibarquux%'")
+    erased = run_relaybot(["memory", "erase", "--id", str(secret["id"]), "--reason", "x",
+                           "--yes"], env, timeout=120)  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    worker.wait_for_log("summary.refused", timeout=30)
+    made = wait_until(lambda: summaries(env), timeout=30,
+                      message="the range derived again over what remains")  # fmt: skip
+    [summary] = made  # one summary of the three: no earlier one of two
+    assert summary["first_id"] == secret["id"] - 1 and summary["last_id"] == secret["id"] + 1
+    assert summary["rows"] == 2 and "zanzibarquux" not in summary["text"], summary
+    assert "the boat leaves at nine" in summary["text"] and "blue tent" in summary["text"]

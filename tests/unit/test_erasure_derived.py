@@ -142,16 +142,26 @@ def test_a_reply_whose_history_held_the_text_is_erased_one_that_could_not_see_it
     _, dm_reply = world.turn(
         "what is my pin?", f"it is {SECRET}", drew=DrewOn(history_from=secret.id)
     )
-    # a span that starts after the secret did not hold it
+    # a span that starts after the secret did not hold it, but held a reply that did: derived
+    # at the second hop (memory/erasure_plan.py)
     _, late_reply = world.turn("bye", "bye bob", drew=DrewOn(history_from=dm_reply.id))
+    # a span that holds neither
+    bye_again = world.turn("bye again", "see you", drew=None)[1]
 
     plan = plan_erasure(world.store.conn, "id", str(secret.id))
-    assert plan.derived_ids == sorted([owner_reply.id, dm_reply.id])
+    assert plan.derived_ids == sorted([owner_reply.id, dm_reply.id, late_reply.id])
+    assert {i.id: i.hop for i in plan.items if i.kind == "reply"} == {
+        _secret_reply.id: 1,
+        owner_reply.id: 1,
+        dm_reply.id: 1,
+        late_reply.id: 2,
+    }
     result = erase_id(world, secret.id)
-    assert result["derived_replies"] == 2
+    assert result["derived_replies"] == 3
     assert world.text(owner_reply.id) == "" and world.text(dm_reply.id) == ""
+    assert world.text(late_reply.id) == ""
     assert world.text(group_reply.id) == "hello group"
-    assert world.text(late_reply.id) == "bye bob"
+    assert world.text(bye_again.id) == "see you"
     assert world.text(before.id) == "hello" and world.text(before_reply.id) == "hi bob"
     assert (
         SECRET.encode()

@@ -186,9 +186,9 @@ def mixed(log: Log) -> Log:
     return log
 
 
-def found(store: MemoryStore, **kw: object) -> set[str]:
+def found(store: MemoryStore, assistant: str = "", **kw: object) -> set[str]:
     query = SearchQuery(text="budget", limit=MAX_LIMIT, **kw)  # type: ignore[arg-type]
-    return set(texts(search(store, OWNER, query, now=T0)))
+    return set(texts(search(store, OWNER, query, now=T0, assistant=assistant)))
 
 
 def test_days_counts_back_from_now(store: MemoryStore, mixed: Log) -> None:
@@ -203,12 +203,44 @@ def test_channel_filter(store: MemoryStore, mixed: Log) -> None:
     assert found(store, channel="MATRIX") == {"budget from alice"}
 
 
-def test_sender_filter_by_handle_name_or_owner(store: MemoryStore, mixed: Log) -> None:
-    assert found(store, sender="alice") == {"budget from alice"}
-    assert found(store, sender="liddell") == {"budget from alice"}
+def test_sender_filter_by_handle_address_or_owner(store: MemoryStore, mixed: Log) -> None:
+    assert found(store, sender="matrix:@alice:m.org") == {"budget from alice"}
+    assert found(store, sender="@Alice:m.org") == {"budget from alice"}
     assert found(store, sender="bob@example.org") == {"budget from bob"}
     assert found(store, sender="owner") == {"budget review old", "budget review recent"}
-    assert found(store, sender="relaybot") == {"budget noted"}
+    assert found(store, sender="relaybot", assistant="relaybot") == {"budget noted"}
+    # never a part of a handle, never a display name (issue 24, item 9)
+    assert found(store, sender="alice") == set()
+    assert found(store, sender="liddell") == set()
+    assert found(store, sender="Alice Liddell") == set()
+    assert found(store, sender="email:@alice:m.org") == set()  # another channel's handle
+
+
+def test_a_stranger_named_like_someone_is_not_them(store: MemoryStore, log: Log) -> None:
+    """Issue 24, item 9: ``--sender Ada`` matched a stranger whose display name is "Ada". The
+    filter resolves handles and entities (memory.identity), linked ones included."""
+    from memory.identity import create_handle
+
+    conn = store.conn
+    with store.transaction():
+        ada_m = create_handle(conn, "matrix", "@ada:m.org", display="Ada")
+        ada_e = create_handle(conn, "email", "ada@example.org", display="Ada L.")
+        eve = create_handle(conn, "matrix", "@eve:evil.org", display="Ada")
+        a, b = sorted([ada_m, ada_e])
+        conn.execute("INSERT INTO entity_link (a, b, status, actor, ts) "
+                     "VALUES (?, ?, 'verified', 'owner', 1)", (a, b))  # fmt: skip
+    log.msg("matrix:room", "budget by ada", sender="@ada:m.org", name="Ada",
+            privacy=Privacy.GROUP, entity=ada_m)  # fmt: skip
+    log.msg("email:t", "budget by mail", sender="ada@example.org", name="Ada L.",
+            privacy=Privacy.DIRECT, entity=ada_e)  # fmt: skip
+    log.msg("matrix:room", "budget by eve", sender="@eve:evil.org", name="Ada",
+            privacy=Privacy.GROUP, entity=eve)  # fmt: skip
+    assert found(store, sender="Ada") == set()  # a display name names nobody
+    assert found(store, sender="matrix:@ada:m.org") == {"budget by ada", "budget by mail"}
+    assert found(store, sender=ada_e) == {"budget by ada", "budget by mail"}
+    assert found(store, sender="@eve:evil.org") == {"budget by eve"}
+    with pytest.raises(SearchError, match="no entity"):
+        found(store, sender="e-0000000000")
 
 
 def test_conversation_filter(store: MemoryStore, mixed: Log) -> None:

@@ -101,7 +101,7 @@ QUERIES = [
         {},
         {"conversation": BOB_DM},
         {"conversation": TEAM},
-        {"sender": "bob"},
+        {"sender": "@bob:m.org"},
         {"channel": "matrix"},
         {"days": 100_000.0},
     )

@@ -128,7 +128,9 @@ def test_arguments(tmp_path: Path, store: MemoryStore) -> None:
     assert MAX_LIMIT == 50
     one = registry.call("search_history", {"query": "Lisbon", "limit": 1, "order": "time"})
     assert one.count("   > ") == 1 and "mallory" in one and "newest first" in one
-    bob = registry.call("search_history", {"query": "Lisbon", "sender": "bob", "channel": "matrix"})
+    bob = registry.call(
+        "search_history", {"query": "Lisbon", "sender": "@bob:m.org", "channel": "matrix"}
+    )
     assert bob.count("   > ") == 1 and "flat is free" in bob
     recent = registry.call("search_history", {"query": "Lisbon", "days": 1})
     assert "no matching messages" in recent  # T0 is years ago

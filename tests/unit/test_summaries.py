@@ -407,3 +407,31 @@ def test_a_job_lost_between_the_queue_and_its_start_is_enqueued_again(
     monkeypatch.setattr(derive_mod, "LOST_AFTER", 0.0)
     assert enqueue(world.cfg, r, p) is True
     assert q.get_job_ids() == [p.job_id(world.cfg.keys.prefix)]
+
+
+def test_a_proposal_that_read_an_erased_message_is_refused_and_planned_again_as_a_new_job(
+    world: World,
+) -> None:
+    """Issue 24, item 10c: a job read four messages; an erasure took one before its proposal
+    came. The proposal is refused (never applied with the erased text), and the deriver plans the
+    range again at once, as a job of its own (the finished one would hold the same id back)."""
+    rows = [world.say(f"m{i}") for i in range(4)]
+    last_ts = max(r.recorded_ts for r in rows)
+    d = deriver(world, has_model=False, now=last_ts + 10_000, quiet=600, min_rows=2)
+    [first] = d.plan()
+    assert first.rows == 4
+    erase(world.store, kind="id", target=str(rows[1].id), reason="asked", requested_by="ada",
+          stream_id="cli/1795999999996-0")  # fmt: skip
+    stale = proposal(rows[0].id, rows[-1].id, "m0 m1 m2 m3", rows=4)
+    with pytest.raises(summaries.Refused, match="erased since the job read it"):
+        world.apply(stale)
+    # a proposal that does not say how many messages it read is refused too: the range holds
+    # an erased one, which it may have read
+    with pytest.raises(summaries.Refused, match="erased"):
+        world.apply(proposal(rows[0].id, rows[-1].id, "m0 m1 m2 m3"))
+    d.active.pop(CONV, None)  # even a conversation the deriver had let go of
+    [again] = d.plan()
+    assert (again.first_id, again.last_id, again.rows) == (rows[0].id, rows[-1].id, 3)
+    assert again.job_id("p:") != first.job_id("p:")
+    made = world.apply(proposal(rows[0].id, rows[-1].id, "m0 m2 m3", rows=3))
+    assert made.rows == 3

@@ -1,0 +1,101 @@
+"""Finding an erased text in a copy that names nothing memory knows it by (pure, no I/O).
+
+A stream entry that did not validate (no conversation, a field too many, not UTF-8) was never a
+message memory recorded, so no stream id, conversation or sender of the erasure finds it; nor its
+dead letter, nor a raw mail a gateway could not parse. worker/scrub.py deletes such copies when
+they hold an erased text (memory.copies.Copies.holds_text), looking into every field value, the
+strings inside a value that is JSON (``extra``, a dead-lettered reply) and the decoded text
+parts of a raw mail (quoted-printable, base64).
+
+Only copies no reader still needs are matched so: a malformed entry (the worker cannot read it:
+it is, or will be, a dead letter), an entry a dead letter was made of, and dead letters. A valid
+entry of another message that merely repeats the text is that message, which memory keeps.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+from collections.abc import Iterator, Mapping
+from email.message import EmailMessage
+from typing import Any
+
+from contract.messages import InboundMessage, WireError
+from memory.copies import Copies
+
+MAX_DEPTH = 8  # of JSON inside JSON that is looked into
+
+
+def is_malformed(fields: Mapping[str, str]) -> bool:
+    """Whether the worker cannot read this entry as a message."""
+    try:
+        InboundMessage.from_fields(dict(fields))
+    except WireError:
+        return True
+    return False
+
+
+def holds(copies: Copies, fields: Mapping[str, str]) -> bool:
+    """Whether any value of ``fields`` (or a string inside it) holds an erased text."""
+    if not copies.texts:
+        return False
+    return any(copies.holds_text(s) for value in fields.values() for s in strings(value))
+
+
+def strings(value: str) -> Iterator[str]:
+    """``value``, the strings inside it when it is JSON, and the text parts of a raw mail."""
+    yield value
+    parsed = _json(value)
+    if parsed is not None:
+        yield from _inside(parsed, 0)
+    elif "\n" in value and ":" in value.split("\n", 1)[0]:
+        yield from mail_parts(value)
+
+
+def mail_parts(raw: str) -> Iterator[str]:
+    """The decoded text parts of a raw mail and its Subject (nothing when it does not parse)."""
+    try:
+        msg = email.message_from_string(raw, policy=email.policy.default)
+    except Exception:  # a malformed mail: its raw text was looked at already
+        return
+    if not isinstance(msg, EmailMessage):
+        return
+    subject = msg.get("Subject")
+    if subject:
+        yield str(subject)
+    for part in msg.walk():
+        if part.get_content_maintype() != "text":
+            continue
+        try:
+            content = part.get_content()
+        except Exception:  # an undecodable part  # noqa: S112
+            continue
+        if isinstance(content, str):
+            yield content
+
+
+def _inside(value: Any, depth: int) -> Iterator[str]:
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, str):
+        yield value
+        nested = _json(value)
+        if nested is not None:
+            yield from _inside(nested, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _inside(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _inside(item, depth + 1)
+
+
+def _json(value: str) -> Any:
+    text = value.strip()
+    if not text or text[0] not in "[{":
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
