@@ -137,8 +137,9 @@ class MatrixGateway:
             check_fatal(resp)
             raise RuntimeError(f"room_send failed: {describe(resp)}")
         log.info("matrix.sent", room_id=room_id, reply_id=reply.reply_id, event_id=resp.event_id)
-        # a redaction of it names the event: memory knows the reply by its id
-        self.r.set(self.keys.matrix_sent(resp.event_id), reply.reply_id, ex=SENT_KEEP)
+        # a redaction of it names the event: memory knows the reply by its id and its entry
+        sent = json.dumps({"reply_id": reply.reply_id, "answers": reply.answers})
+        self.r.set(self.keys.matrix_sent(resp.event_id), sent, ex=SENT_KEEP)
 
     async def _recheck(self, reply: Reply, room_id: str) -> None:
         """The room as the homeserver has it now (not as the last sync left it: someone may

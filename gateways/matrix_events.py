@@ -351,12 +351,13 @@ def _redaction(
     room: RoomFacts,
     policy: Policy,
     *,
-    redacted: Callable[[str], str | None],
+    redacted: Callable[[str], tuple[str, str] | None],
 ) -> InboundMessage | Rejected:
     """A redaction, passed on for the worker to erase what it removes from memory (as ``memory
-    erase --id`` would): ``extra.redacts`` names the redacted event (the reply id, for one of
-    the bot's own replies), never answered. The homeserver checked that its sender may redact
-    it (its author, or a moderator of the room)."""
+    erase --id`` would): ``extra.redacts`` names the redacted event (for one of the bot's own
+    replies: the reply id, with the entry it answers in ``extra.redacts_reply``), never
+    answered. The homeserver checked that its sender may redact it (its author, or a moderator
+    of the room)."""
     event_id, sender = str(event.get("event_id")), str(event.get("sender"))
     target = event.get("redacts", content.get("redacts"))  # top level before room version 11
     if not isinstance(target, str) or not target:
@@ -366,9 +367,9 @@ def _redaction(
     extra: dict[str, Any] = {
         "room_id": room.room_id,
         "audience": sorted(room.audience),
-        "redacts": own or target,
+        "redacts": own[0] if own else target,
         "no_reply": "redaction",
-        **({"redacts_event": target} if own else {}),
+        **({"redacts_event": target, "redacts_reply": own[1]} if own else {}),
     }
     ts_ms = event.get("origin_server_ts")
     try:
@@ -491,10 +492,11 @@ def normalize_event(
     room: RoomFacts,
     policy: Policy,
     *,
-    redacted: Callable[[str], str | None] = lambda _e: None,
+    redacted: Callable[[str], tuple[str, str] | None] = lambda _e: None,
 ) -> InboundMessage | Rejected:
     """One room event as a normalized message, or the reason it is not one. ``redacted`` names
-    the reply id of one of the bot's own events (for a redaction of it), else None."""
+    the reply id of one of the bot's own events and the entry it answers (for a redaction of
+    it), else None."""
     event_id = event.get("event_id")
     if not isinstance(event_id, str) or not event_id:
         return Rejected("event without an event_id", level=WARNING)

@@ -202,9 +202,20 @@ class MatrixSync:
         log.info("matrix.gap_filled", room_id=room_id, events=len(found))
         return list(reversed(found))
 
-    def _sent_reply(self, event_id: str) -> str | None:
-        """The reply id of an event the bot sent (None: not one of its own)."""
-        return optional_text(self.r.get(self.keys.matrix_sent(event_id)))
+    def _sent_reply(self, event_id: str) -> tuple[str, str] | None:
+        """The reply id of an event the bot sent, and the entry it answers (None: not one of
+        its own, or sent too long ago)."""
+        raw = optional_text(self.r.get(self.keys.matrix_sent(event_id)))
+        try:
+            sent = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        if not isinstance(sent, dict):
+            return None
+        reply_id, answers = sent.get("reply_id"), sent.get("answers")
+        if not isinstance(reply_id, str) or not isinstance(answers, str):
+            return None
+        return reply_id, answers
 
     def _publish_one(self, out: Any, room_id: str) -> None:
         if isinstance(out, Rejected):  # state events, own events: debug; a policy's no: info

@@ -391,15 +391,17 @@ class Memory:
 
     def apply_redaction(
         self, stream_id: str, *, channel: str, room: str, event_id: str, redacted_by: str,
-        redaction_event: str,
+        redaction_event: str, reply_of: str = "",
     ) -> Redacted:  # fmt: skip
-        """Erase a redacted event (memory/redactions.py), inside :meth:`write`."""
+        """Erase a redacted event (memory/redactions.py), inside :meth:`write`; ``reply_of``:
+        the entry a redacted reply of relaybot's own answers."""
 
         def write(store: MemoryStore) -> Redacted:
             texts: dict[int, list[str]] = {}
             done = redact(
                 store, channel=channel, room=room, event_id=event_id, redacted_by=redacted_by,
-                stream_id=stream_id, redaction_event=redaction_event, texts=texts,
+                stream_id=stream_id, redaction_event=redaction_event, reply_of=reply_of,
+                texts=texts,
             )  # fmt: skip
             self._erased_texts.update(texts)
             return done

@@ -8,8 +8,9 @@ id is the redacted one and whose conversation is the room's (``<channel>:<room>`
 names another room's event erases nothing (the homeserver let its sender redact in its own room
 only), nor does one of an event memory never saw, or saw erased already; each is logged.
 Idempotent on the redaction's stream id, like every erasure. Replies relaybot sent are recorded
-under their reply id, not the Matrix event id the homeserver gave them, so a redaction of one of
-relaybot's own messages finds nothing here.
+under their reply id, not the Matrix event id the homeserver gave them: for a redaction of one of
+relaybot's own messages the gateway names the reply (its id, and the stream entry it answers:
+``reply_of``), and the reply row is found by that entry (its unique key).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _ROWS = (
     "ORDER BY id"
 )
 _DONE = "SELECT id FROM erasure WHERE stream_id = ?"
+_REPLY = (
+    "SELECT id, conversation FROM log WHERE direction = 'out' AND stream_id = ? "
+    "AND channel = ? AND event_id = ?"
+)
 
 
 @dataclass
@@ -56,6 +61,7 @@ def redact(
     redacted_by: str,
     stream_id: str,
     redaction_event: str = "",
+    reply_of: str = "",
     now: float | None = None,
     texts: dict[int, list[str]] | None = None,
 ) -> Redacted:
@@ -66,6 +72,8 @@ def redact(
     if done is not None:
         return Redacted(erasure=int(done[0]), outcome="replayed")
     found = _rows(conn, channel, event_id)
+    if reply_of:  # one of relaybot's own replies: its row, by the entry it answers
+        found += [(int(i), str(c)) for i, c in conn.execute(_REPLY, (reply_of, channel, event_id))]
     mine = [i for i, conv in found if in_room(conv, channel, room)]
     if not mine:
         outcome = "other_room" if found else "unknown_event"

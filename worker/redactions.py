@@ -75,6 +75,7 @@ def apply(memory: Memory, stream_id: str, msg: InboundMessage) -> Applied:
         event_id=str(msg.extra["redacts"]),
         redacted_by=msg.sender,
         redaction_event=msg.event_id,
+        reply_of=str(msg.extra.get("redacts_reply") or ""),
     )
     log.info("redaction.applied", stream_id=stream_id, outcome=done.outcome,
              erasure=done.erasure)  # fmt: skip

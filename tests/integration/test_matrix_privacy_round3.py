@@ -187,3 +187,38 @@ def test_someone_invited_before_the_answer_is_posted_never_reads_it(
     )
     assert "did not post my answer" in notice.text
     assert mallory.user_id in notice.text and "7-7-0-1" not in notice.text
+
+
+def test_a_redacted_message_and_a_redacted_reply_are_erased_from_memory(
+    world: World, model_server: FakeModelServer
+) -> None:
+    """Item 10: a redaction on Matrix erases like ``memory erase --id``: a redaction of one of
+    the bot's own replies (the gateway knows which reply that event was) erases that reply, and
+    the owner's redaction of her message erases it with the reply derived from it."""
+    hs, owner = world.hs, world.owner
+    world.gateway().wait_for_log("matrix.backlog_skipped")
+    room = hs.create_room(owner, [world.bot.user_id], direct=True)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join the DM")
+
+    def rows() -> list[dict[str, Any]]:
+        return memory_rows(world.db, "SELECT direction, text FROM log ORDER BY id")
+
+    def erasures(n: int) -> list[dict[str, Any]]:
+        return wait_until(
+            lambda: e if len(e := memory_rows(world.db, "SELECT * FROM erasure")) >= n else None,
+            timeout=30,
+            message=f"{n} erasure(s)",
+        )
+
+    hs.send_text(owner, room, "the bike lock is 9911")
+    [answer] = world.wait_bot_messages(owner, room, 1)
+    hs.redact(owner, room, answer["event_id"])  # the bot's own reply
+    erasures(1)
+    assert [r["text"] for r in rows() if "9911" in r["text"]] == ["the bike lock is 9911"]
+    said = hs.send_text(owner, room, "my locker code is 4455")
+    world.wait_bot_messages(owner, room, 2)
+    hs.redact(owner, room, said, reason="oops")
+    done = erasures(2)
+    assert not any("4455" in r["text"] for r in rows())  # the message and its echo
+    assert all(e["reason"].startswith("Matrix redaction by") for e in done)
+    assert not any(r["text"] == "[redaction]" for r in rows())  # never recorded as a message

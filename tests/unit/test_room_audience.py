@@ -219,9 +219,12 @@ def test_a_redaction_is_passed_on_to_be_erased_never_answered() -> None:
     del v11["redacts"]
     assert message(v11, facts(OWNER)).extra["redacts"] == "$q2"
     # the bot's own message: memory knows it by its reply id
-    own = normalize_event(redaction, facts(OWNER), POLICY, redacted=lambda e: "reply-7")
+    own = normalize_event(
+        redaction, facts(OWNER), POLICY, redacted=lambda e: ("reply-7", "matrix/5-0")
+    )
     assert isinstance(own, InboundMessage)
     assert (own.extra["redacts"], own.extra["redacts_event"]) == ("reply-7", "$q")
+    assert own.extra["redacts_reply"] == "matrix/5-0"
     # a stranger's redaction in a DM-shaped room is passed on too (the server allowed it)
     assert message({**redaction, "sender": MALLORY}, facts(MALLORY)).privacy is Privacy.GROUP
     bad = normalize_event({**redaction, "redacts": 5}, facts(OWNER), POLICY)
