@@ -298,9 +298,10 @@ class Memory:
         return self.use(lambda s: s.inbound_row(stream_id))
 
     def owner_row(self, *, not_session: str) -> LogRow | None:
-        """The owner's newest message in the owner's own conversations outside ``not_session``
-        (where the owner can be told something privately), if any."""
-        return self.use(lambda s: s.owner_row(not_session=not_session))
+        """The owner's newest message in the owner's own conversations outside ``not_session``,
+        on a channel the owner trusts (where the owner can be told something privately)."""
+        trusted = self.settings.trusted_channels
+        return self.use(lambda s: s.owner_row(not_session=not_session, channels=trusted))
 
     def first_sight(self, row: LogRow | None) -> bool:
         """``row`` (from :meth:`record_inbound`) was inserted just now: memory never saw its

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -368,16 +368,24 @@ class MemoryStore:
         raw = self._conn.execute(BY_KEY, ("in", stream_id)).fetchone()
         return None if raw is None else self._reader.convert(raw)
 
-    def owner_row(self, *, not_session: str, within: int = 100_000) -> LogRow | None:
+    def owner_row(
+        self,
+        *,
+        not_session: str,
+        channels: Collection[str] | None = None,
+        within: int = 100_000,
+    ) -> LogRow | None:
         """The owner's newest message (not erased) in the owner's own conversations outside the
-        session ``not_session``, among the newest ``within`` rows: where the owner can be told
-        something privately."""
+        session ``not_session`` (and on one of ``channels``, when given), among the newest
+        ``within`` rows: where the owner can be told something privately."""
         top = self._conn.execute("SELECT max(id) FROM log").fetchone()[0]
+        only = sorted(channels) if channels is not None else []
+        on = f"AND channel IN ({', '.join('?' * len(only))}) " if channels is not None else ""
         raw = self._conn.execute(
             f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? AND direction = 'in' "  # noqa: S608
-            "AND privacy = 'owner' AND kind = 'message' AND session != ? "
+            f"AND privacy = 'owner' AND kind = 'message' AND session != ? {on}"
             f"AND {NOT_ERASED} ORDER BY recorded_ts DESC, id DESC LIMIT 1",
-            (int(top or 0) - within, not_session),
+            (int(top or 0) - within, not_session, *only),
         ).fetchone()
         return None if raw is None else self._reader.convert(raw)
 

@@ -86,18 +86,29 @@ def follow_up(report: InboundMessage, report_sid: str, memory: Memory, now_ts: f
     question = memory.inbound_row(str(question_sid)) if question_sid else None
     same = now.get("conversation") == withheld.conversation
     if question is not None and not question.erased and same and not again:
-        msg = _again(question, now, reply_id)
+        msg = _again(question, now, reply_id, was=withheld.privacy)
         if msg is not None:
             log.info("reply.answered_again", reply_id=reply_id, privacy=msg.privacy.value)
             return FollowUp(again=msg)
     return _tell_owner(report, report_sid, withheld, question, memory=memory, now_ts=now_ts)
 
 
-def _again(question: LogRow, now: dict[str, Any], reply_id: str) -> InboundMessage | None:
+WIDER = {Privacy.OWNER.value: 0, Privacy.DIRECT.value: 1, Privacy.GROUP.value: 2}
+
+
+def _again(
+    question: LogRow, now: dict[str, Any], reply_id: str, *, was: str
+) -> InboundMessage | None:
     """The question as a message of the class it has now (not recorded again: the turn
-    answers the report entry, with the question's row as its current message)."""
+    answers the report entry, with the question's row as its current message). None unless
+    the class now is wider than the one the withheld reply was written for (a report cannot
+    make a turn see more than the reply it withheld did) and is not the owner's."""
     raw = now.get("privacy")
     if not isinstance(raw, str) or raw not in Privacy._value2member_map_:
+        return None
+    if raw == Privacy.OWNER.value or WIDER[raw] <= WIDER.get(was, 2):
+        log.warning("reply.not_answered_again", reply_id=reply_id, was=was, now=raw,
+                    detail="the report names no wider audience")  # fmt: skip
         return None
     audience = now.get("audience")
     try:

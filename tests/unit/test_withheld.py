@@ -15,13 +15,15 @@ from typing import Any
 import fakeredis
 import pytest
 
-from contract.config import Config
+from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
 from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
 from gateways.matrix_recheck import recheck
+from memory.identity import Identity, OwnerResolver
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.turns import record_turn
 from worker.consumer import Consumer
 from worker.tools import default_tools
 from worker.turn import Turns
@@ -196,3 +198,42 @@ def test_a_reanswer_is_not_asked_twice_and_one_withheld_again_is_told_to_the_own
     assert rig.model.calls == calls
     notices = [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.NOTICE]
     assert len(notices) == 1 and "did not post" in notices[0].text
+
+
+def test_a_report_cannot_make_a_reanswer_see_more_than_the_withheld_reply(rig: Rig) -> None:
+    """A gateway's report names the audience now; a forged one claiming the owner's class (or
+    no widening at all) gets no second turn: the owner is told instead."""
+    terminal(rig, SECRET)
+    content = {"msgtype": "m.text", "body": "bot?", "m.mentions": {"user_ids": [BOT]}}
+    ask = {"type": "m.room.message", "event_id": "$g", "sender": MALLORY,
+           "origin_server_ts": 1_763_790_000_000, "content": content}  # fmt: skip
+    group = normalize_event(ask, facts(OWNER, MALLORY, history_visibility="joined"), POLICY)
+    assert isinstance(group, InboundMessage) and group.privacy is Privacy.GROUP
+    rig.publish(group)
+    calls = rig.model.calls
+
+    def forged(reply: Reply) -> None:
+        raise Withheld("forged", {"conversation": reply.conversation, "privacy": "owner",
+                                  "audience": [OWNER]})  # fmt: skip
+
+    queue = ReplyQueue(rig.r, rig.cfg.keys, "matrix:!r:x", max_age=3600, gateway="gateway:matrix")
+    deliver_next(queue, forged, timeout=0, idempotent_sink=True)
+    rig.run()
+    assert rig.model.calls == calls  # no turn with the owner's view for mallory's question
+    assert [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.NOTICE]
+
+
+def test_the_owner_is_told_only_on_a_channel_she_trusts(tmp_path: Path) -> None:
+    with MemoryStore(tmp_path / "m.sqlite3") as store:
+        aliases = ["ada", OwnerAlias(address=OWNER, channel="matrix")]
+        identity = Identity(OwnerResolver(aliases), "Ada")
+        with store.transaction():
+            record_turn(store, identity, 1, conversation="cli:t", sender="ada", text="a",
+                        privacy=Privacy.OWNER)  # fmt: skip
+            record_turn(store, identity, 2, conversation="matrix:!dm:x", sender=OWNER, text="b",
+                        privacy=Privacy.OWNER)  # fmt: skip
+        newest = store.owner_row(not_session="matrix:!r:x")
+        assert newest is not None and newest.channel == "matrix"
+        trusted = store.owner_row(not_session="matrix:!r:x", channels=["cli", "email"])
+        assert trusted is not None and trusted.channel == "cli"
+        assert store.owner_row(not_session="matrix:!r:x", channels=[]) is None
