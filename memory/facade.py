@@ -434,15 +434,9 @@ class Memory:
     # -- a turn's view -------------------------------------------------------------------------
 
     def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
-        """The privacy scope of the conversation this message belongs to. The owner's own
-        conversation on a channel that is not trusted (``[owner] trusted_channels``) sees what
-        a group would: itself and public knowledge."""
+        """The privacy scope of the conversation this message belongs to."""
         entity = row.entity if row is not None else None
-        privacy = msg.privacy
-        trusted = self.settings.trusted_channels
-        if privacy is Privacy.OWNER and trusted is not None and msg.channel not in trusted:
-            privacy = Privacy.GROUP
-        return Scope(conversation=msg.conversation, privacy=privacy, entity=entity)
+        return Scope(conversation=msg.conversation, privacy=msg.privacy, entity=entity)
 
     def role_of(self, msg: InboundMessage) -> notes.RoleBinding:
         """The conversation's ``[roles]`` entry (its agent role, project and teams)."""

@@ -13,6 +13,13 @@ entity of the other person (:class:`Scope`; a turn gets it from ``Memory.scope_o
 - anything else (an unknown privacy value, a direct or group scope without a conversation) sees
   nothing: the rule fails closed.
 
+*Its own conversation* is the rows of that conversation said in a class at least as wide as the
+scope's (:func:`seen_classes`): a group sees the conversation's group rows, a direct scope its
+direct and group rows. A conversation keeps its audience, but its class can widen (the owner's
+room made public, its members the same); what was said there while it was narrower (and a reply
+the gateway withheld because the room widened before it was posted) was written for that
+narrower class, and a wider one's turns never see it. Only the owner sees every class.
+
 *Public knowledge* is notes (memory/schema.py, migration 4) with ``scope='shared'`` and
 ``visibility='public'`` that were written from the owner's own conversations
 (``source_privacy='owner'``). The privacy half of the notes rule is :func:`note_privacy_sql`;
@@ -109,6 +116,23 @@ def _persons(scope: Scope, persons: Collection[str]) -> list[str]:
     return sorted(out)
 
 
+_CLASSES: dict[Privacy, tuple[str, ...]] = {
+    Privacy.DIRECT: (Privacy.DIRECT.value, Privacy.GROUP.value),
+    Privacy.GROUP: (Privacy.GROUP.value,),
+}
+
+
+def seen_classes(privacy: Privacy) -> tuple[str, ...] | None:
+    """The privacy classes of its own conversation's rows a scope of ``privacy`` sees (None:
+    every class, the owner's)."""
+    return _CLASSES.get(privacy, ()) if privacy is not Privacy.OWNER else None
+
+
+def _own_rows(scope: Scope) -> tuple[str, ...]:
+    privacy = privacy_of(scope)
+    return () if privacy is None else (seen_classes(privacy) or ())
+
+
 def _all_or_nothing(scope: Scope) -> tuple[str, list[Any]] | None:
     """The predicate of a scope that sees nothing or everything; None for one that sees some."""
     privacy = privacy_of(scope)
@@ -146,12 +170,14 @@ def log_visibility_sql(
         return trivial
     t = _column(table)
     people = _persons(scope, persons)
+    classes = list(_own_rows(scope))
+    own = f"({t}conversation = ? AND {_in(t + 'privacy', classes)})"
     if not people:
-        return f"{t}conversation = ?", [scope.conversation]
+        return own, [scope.conversation, *classes]
     return (
         # (+: the person's rows are found on the entity's index, never on the direction's)
-        f"({t}conversation = ? OR (+{t}direction = 'in' AND {_in(t + 'entity', people)}))",
-        [scope.conversation, *people],
+        f"({own} OR (+{t}direction = 'in' AND {_in(t + 'entity', people)}))",
+        [scope.conversation, *classes, *people],
     )
 
 
@@ -162,7 +188,7 @@ def log_row_visible(scope: Scope, row: LogRow, *, persons: Collection[str] = ())
         return False
     if privacy is Privacy.OWNER:
         return True
-    if row.conversation == scope.conversation:
+    if row.conversation == scope.conversation and row.privacy in _own_rows(scope):
         return True
     return (
         row.direction == "in" and row.entity is not None and row.entity in _persons(scope, persons)
@@ -199,7 +225,8 @@ def visible_history(
         people = _persons(scope, persons_for(store, scope) if persons is None else persons)
     else:
         people = []
-    own = _pages(store, limit, before, after, conversation=scope.conversation)
+    classes = frozenset(_own_rows(scope))
+    own = _pages(store, limit, before, after, conversation=scope.conversation, classes=classes)
     if not people:
         yield from own
         return
@@ -210,10 +237,9 @@ def visible_history(
         if row.id == last:  # the person's rows in this conversation come twice
             continue
         last = row.id
-        if row.conversation != scope.conversation and not (
-            row.direction == "in" and row.entity in people
-        ):
-            return  # belt and braces: never another conversation's row that is not theirs
+        theirs = row.direction == "in" and row.entity in people
+        if not theirs and (row.conversation != scope.conversation or row.privacy not in classes):
+            return  # belt and braces: never a row the scope may not see
         yield row
         count += 1
         if count >= limit:
@@ -232,11 +258,12 @@ def _pages(
     *,
     conversation: str | None = None,
     entity: str | None = None,
+    classes: frozenset[str] | None = None,
 ) -> Iterator[LogRow]:
     """Up to ``limit`` rows, newest first, a page at a time: one sender entity's inbound rows
-    (``entity``), one conversation's rows (``conversation``), or the whole log. A conversation's
-    stream ends at the first row of another conversation (belt and braces: it never yields
-    one)."""
+    (``entity``), one conversation's rows (``conversation``; only those of ``classes``, when
+    given: :func:`seen_classes`), or the whole log. A conversation's stream ends at the first
+    row of another conversation (belt and braces: it never yields one)."""
     remaining = limit
     while remaining > 0:
         page = min(PAGE_ROWS, remaining)
@@ -246,14 +273,17 @@ def _pages(
             rows = store.recent(page, conversation=conversation, before=before, after=after)
         if conversation is None:
             yield from rows
+            remaining -= page
         else:
             for row in rows:
                 if row.conversation != conversation:
                     return
+                if classes is not None and row.privacy not in classes:
+                    continue  # said in a narrower class than the scope's: not for it
                 yield row
+                remaining -= 1
         if len(rows) < page:
             return
-        remaining -= page
         before = (rows[-1].recorded_ts, rows[-1].id)
 
 
@@ -273,7 +303,8 @@ def note_privacy_sql(
     The owner's own conversations see every note. Any other scope sees no ``private`` note (those
     are the owner's), and otherwise only notes
 
-    - learned in this very conversation (``source_conversation``), or
+    - learned in this very conversation (``source_conversation``) in a class at least as wide
+      as the scope's (:func:`seen_classes`), or
     - written in the owner's own conversations (by the owner or the model there:
       ``source_privacy='owner'``) and marked ``public`` explicitly: where they then reach is
       their placement's business (:func:`note_visibility_sql`; ``scope='shared'`` is public
@@ -288,11 +319,12 @@ def note_privacy_sql(
         return trivial
     t = _column(table)
     conv = scope.conversation
+    classes = list(_own_rows(scope))
     origin = [
-        f"{t}source_conversation = ?",
+        f"({t}source_conversation = ? AND {_in(t + 'source_privacy', classes)})",
         f"({t}source_privacy = 'owner' AND {t}visibility = 'public')",
     ]
-    params: list[Any] = [conv]
+    params: list[Any] = [conv, *classes]
     people = _persons(scope, persons)
     if people:
         origin.append(f"({t}source_privacy = 'direct' AND {_in(t + 'source_entity', people)})")
@@ -316,7 +348,7 @@ def note_privacy_visible(
         return False
     source_entity = get("source_entity")
     return bool(
-        get("source_conversation") == conv
+        (get("source_conversation") == conv and get("source_privacy") in _own_rows(scope))
         or (get("source_privacy") == "owner" and visibility == "public")
         or (
             get("source_privacy") == "direct"

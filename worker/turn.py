@@ -188,6 +188,15 @@ class Turns:
         if refused:
             log.warning("entry.refused", stream_id=stream_id, reason=refused)
             return Outcome(dead_reason=refused, fields=decode_lenient(raw))
+        if (
+            msg.kind is Kind.MESSAGE
+            and msg.privacy is Privacy.OWNER
+            and not self.cfg.owner.trusts(msg.channel)
+        ):
+            # [owner] trusted_channels: the owner's words from a channel whose gateway is not
+            # trusted with everything are a group's: they see their own conversation only
+            log.info("entry.owner_confined", stream_id=stream_id, channel=msg.channel)
+            msg = msg.model_copy(update={"privacy": Privacy.GROUP})
         if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary" and channel:
             reason = "a summary comes only from the jobs (the stream without a channel)"
             log.warning("entry.refused", stream_id=stream_id, reason=reason)

@@ -191,7 +191,13 @@ BOB_DM = Scope(HERE, Privacy.DIRECT, BOB)
         # chat notes stay in their chat
         (
             GROUP,
-            note(scope="chat", chat=HERE, visibility="internal", source_conversation=HERE),
+            note(
+                scope="chat",
+                chat=HERE,
+                visibility="internal",
+                source_conversation=HERE,
+                source_privacy="group",
+            ),
             {},
             True,
         ),
@@ -201,7 +207,7 @@ BOB_DM = Scope(HERE, Privacy.DIRECT, BOB)
         # role notes: same role only; internal ones only in their chat too
         (
             GROUP,
-            note(scope="agent", role="coder", source_conversation=HERE),
+            note(scope="agent", role="coder", source_conversation=HERE, source_privacy="group"),
             {"role": "coder"},
             True,
         ),
@@ -222,7 +228,7 @@ BOB_DM = Scope(HERE, Privacy.DIRECT, BOB)
         # team notes: same team only
         (
             GROUP,
-            note(scope="team", team="core", source_conversation=HERE),
+            note(scope="team", team="core", source_conversation=HERE, source_privacy="group"),
             {"teams": ["core"]},
             True,
         ),

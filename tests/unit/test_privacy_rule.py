@@ -192,7 +192,8 @@ def test_the_owner_is_never_the_person_of_a_direct_conversation(world: World) ->
     # persons handed in by a caller cannot widen it to the owner either
     where, params = log_visibility_sql(bob_mail(world), persons={OWNER, "e-000000"})
     assert OWNER not in params
-    assert params == [BOB_MAIL, "e-000000", world.entities["bob@example.org"]]
+    # the conversation and the classes it sees of its own rows (never the owner's), then persons
+    assert params == [BOB_MAIL, "direct", "group", "e-000000", world.entities["bob@example.org"]]
     assert "entity IN" in where
 
 
@@ -226,7 +227,7 @@ def test_a_scope_without_a_conversation_sees_nothing(
 
 def test_the_predicate_takes_a_table_alias_and_refuses_anything_else(world: World) -> None:
     where, params = log_visibility_sql(bob_mail(world), table="l")
-    assert where.startswith("(l.conversation = ?")
+    assert where.startswith("((l.conversation = ? AND l.privacy IN (?, ?))")
 
     def search(words: str) -> int:
         sql = (

@@ -156,6 +156,9 @@ def test_a_room_made_public_with_the_same_people_gets_an_answer_for_a_group(rig:
     again = model_inputs(rig)[-1]
     assert "what is my PIN?" in again  # the question is the current message
     assert SECRET not in again  # a group sees only itself and public knowledge
+    # nor the withheld reply, written for the owner alone (found by the adversarial review: it
+    # was in the re-answer's history)
+    assert "echo:" not in again
     assert "echo:" in posted[0] and SECRET not in posted[0]
     row = rig.store.conn.execute(
         "SELECT privacy, conversation, extra FROM log WHERE direction = 'out' ORDER BY id DESC"
