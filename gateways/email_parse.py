@@ -191,8 +191,8 @@ def _parse(msg: EmailMessage, addrs: Addresses, received_at: float) -> Accepted 
         references = in_reply_to[:1]
     root = references[0] if references else message_id
     _reply_name, reply_to = _first_address(_header(msg, "Reply-To"))
-    to = _addresses(_header(msg, "To"))
-    cc = _addresses(_header(msg, "Cc"))
+    to = _addresses(*_every(msg, "To"))  # a mail may (wrongly) carry several To or Cc headers:
+    cc = _addresses(*_every(msg, "Cc"))  # everyone each names received it
     # relaybot in neither To nor Cc (a Bcc): the reply reaches the sender alone, and so the
     # audience is the sender alone (the others never see what relaybot answers)
     bcc = not visible_to(addrs.own, to, cc)
@@ -463,8 +463,16 @@ def _first_id(value: str) -> str:
     return f"<{bare[:900]}>" if bare and " " not in bare else ""
 
 
-def _addresses(value: str) -> list[str]:
-    return addresses([value])[:100]
+def _addresses(*values: str) -> list[str]:
+    return addresses(values)[:100]
+
+
+def _every(msg: Message, name: str) -> list[str]:
+    """Every value of a header, as the parser reads it (the raw text where it cannot)."""
+    try:
+        return [str(v) for v in msg.get_all(name) or []]
+    except Exception:  # a header the policy cannot parse
+        return _all_headers(msg, name)
 
 
 def _first_address(value: str) -> tuple[str, str]:

@@ -10,7 +10,10 @@ land in the same conversation with a class no wider than it was written for (own
 group); otherwise it is withheld, and the worker is told what the audience is now.
 
 A group reply in a room whose newcomers read the history stays postable when someone joins:
-the turn saw only that conversation (and public knowledge), which the newcomer reads anyway.
+the turn saw only that conversation (and public knowledge), which the newcomer reads anyway. A
+reply whose room narrowed (made encrypted, its history hidden from newcomers) is posted too:
+the conversation changed, but everyone who can read the reply now could read what it was
+written for.
 """
 
 from __future__ import annotations
@@ -47,10 +50,18 @@ def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
     conversation = conversation_of(now, privacy)
     if then is None:  # not said: postable only where any message is a group's, as it was
         then = Privacy.GROUP
-    if conversation == reply.conversation and RANK[privacy] <= RANK[then]:
-        return None
     before = reply.extra.get("audience")
     known = {a for a in before if isinstance(a, str)} if isinstance(before, list) else set()
+    if RANK[privacy] <= RANK[then]:
+        if conversation == reply.conversation:
+            return None
+        # another conversation now, but nobody who could not read what the turn was written
+        # for: the room narrowed (made encrypted, its history hidden from newcomers), or the
+        # only change is people who left. Whoever joins later reads this reply only where
+        # newcomers read the history of a room anyone may join or read: then nobody is known
+        anyone = not now.epoch and (now.open or now.public)
+        if isinstance(before, list) and not anyone and now.audience <= known:
+            return None
     reasons = []
     if known and (new := sorted(now.audience - known)):
         reasons.append(f"{', '.join(new[:5])}{' and others' if len(new) > 5 else ''} can read it")

@@ -27,7 +27,7 @@ from nio import (
     AsyncClient,
     ErrorResponse,
     InviteMemberEvent,
-    MatrixRoom,
+    RoomGetStateResponse,
     RoomMessagesResponse,
     SyncResponse,
 )
@@ -68,6 +68,7 @@ class MatrixSync:
         self.client, self.policy = client, policy
         self.published = 0
         self.durable = Durable(r)
+        self.openness: dict[str, Openness] = {}  # room id -> its state's openness, as read
         self._filter: dict[str, Any] = {
             "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
             "presence": {"types": []},
@@ -143,8 +144,11 @@ class MatrixSync:
             sources = [
                 s if isinstance(s := getattr(e, "source", None), dict) else {} for e in events
             ]
+            state = [_source(e) for e in info.state]  # what changed outside the timeline
+            stale = info.timeline.limited or _changes_openness([*state, *sources])
+            how = await self._openness(room_id, refresh=stale)
             for event, source, facts in zip(
-                events, sources, self._facts(room_id, sources), strict=True
+                events, sources, self._facts(room_id, sources, how), strict=True
             ):
                 if not source:
                     continue
@@ -159,12 +163,28 @@ class MatrixSync:
                 out = normalize_event(source, facts, self.policy, redacted=self._sent_reply)
                 self._publish_one(out, room_id)
 
-    def _facts(self, room_id: str, sources: list[dict[str, Any]]) -> list[RoomFacts]:
+    async def _openness(self, room_id: str, *, refresh: bool) -> Openness:
+        """How open the room is, from its state as the homeserver has it (``GET /state``: the
+        raw events, not what the client library parsed of them, which keeps an old join rule
+        when a new one is one it does not know, and takes a setting from a state event whose
+        state key is not empty). Read again when the batch changed any of it (or skipped
+        events); an error is retried with the batch (the token does not move)."""
+        known = self.openness.get(room_id)
+        if known is not None and not refresh:
+            return known
+        resp = await self.client.room_get_state(room_id)
+        if not isinstance(resp, RoomGetStateResponse):
+            raise ErrorValue(resp)
+        how = openness_of([e for e in resp.events if isinstance(e, dict)])
+        self.openness[room_id] = how
+        return how
+
+    def _facts(self, room_id: str, sources: list[dict[str, Any]], how: Openness) -> list[RoomFacts]:
         """The room as each event found it: its members then (memberships undone from now), and
         everyone who was ever a member (kept in Redis: for rooms that show history to all). How
-        open the room is (join rule, guests, history, encryption) is taken as it is now, after
-        the batch: a room opened later in the batch counts as open for its earlier messages too
-        (their turns' replies reach whoever it lets in)."""
+        open the room is (``how``: join rule, guests, history, encryption) is taken as it is
+        now, after the batch: a room opened later in the batch counts as open for its earlier
+        messages too (their turns' replies reach whoever it lets in)."""
         room = self.client.rooms.get(room_id)
         now = frozenset(room.users) if room is not None else frozenset()
         states = memberships(sources, now)
@@ -173,7 +193,6 @@ class MatrixSync:
         ever = frozenset(json.loads(known) if known else ()).union(now, *states)
         self.r.set(key, json.dumps(sorted(ever)))
         names = {uid: u.display_name or "" for uid, u in room.users.items()} if room else {}
-        how = openness_of(sources, openness_of_room(room))
         return [
             room_facts(
                 room_id,
@@ -298,17 +317,14 @@ def _source(event: Any) -> dict[str, Any]:
     return source if isinstance(source, dict) else {}
 
 
-def openness_of_room(room: MatrixRoom | None) -> Openness:
-    """What nio knows of a room's openness (its state as synced); an unknown room is taken as
-    open and shared (fail closed)."""
-    if room is None:
-        return Openness(join_rule="unknown", history_visibility="world_readable")
-    return Openness(
-        join_rule=str(room.join_rule),
-        guest_access=str(room.guest_access),
-        history_visibility=str(room.history_visibility),
-        encrypted=bool(room.encrypted),
-    )
+OPENNESS_TYPES = frozenset(
+    {"m.room.join_rules", "m.room.guest_access", "m.room.history_visibility", "m.room.encryption"}
+)
+
+
+def _changes_openness(events: list[dict[str, Any]]) -> bool:
+    """Whether any of ``events`` is a state event of the room's openness (any state key)."""
+    return any(e.get("type") in OPENNESS_TYPES and "state_key" in e for e in events)
 
 
 def optional_text(value: Any) -> str | None:

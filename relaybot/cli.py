@@ -171,6 +171,15 @@ def _main(argv: Sequence[str]) -> int:
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
+    except redis.exceptions.NoPermissionError as exc:
+        # reached, but this account may not do it (deploy/redis/users.acl: the terminal's
+        # account only sends and reads its own replies)
+        print(
+            f"relaybot: Redis at {logs.redact(redis_url(cfg))} refused: {exc}: this command "
+            "needs an account that may read the whole bus (the worker's, in REDIS_URL)",
+            file=sys.stderr,
+        )
+        return 1
     except redis.RedisError as exc:
         print(
             f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr

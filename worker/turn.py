@@ -73,6 +73,10 @@ class Job:
     erasures: int  # memory's erasure mark when it started
 
 
+# what a gateway may put on its stream as a derived entry: its replies' final status (a summary
+# on a channel's stream is refused with its own reason, in parse)
+REPORTS = frozenset({"reply_status", "summary"})
+
 # the error reply to a message set aside (Turns.set_aside): whoever wrote may be anyone
 SET_ASIDE = (
     "Sorry — I could not answer this message: handling it failed several times, so it was set "
@@ -550,6 +554,14 @@ class Turns:
                                 ("conversation", msg.conversation)):  # fmt: skip
                 if value != channel and not value.startswith(f"{channel}:"):
                     return f"an entry on the {channel} stream names {what} {value!r}"
+        if channel is not None and channel != "cli" and msg.kind is Kind.COMMAND:
+            return f"an owner command on the {channel} stream: commands come from the terminal"
+        kind = msg.extra.get("type")
+        if channel is not None and msg.kind is Kind.DERIVED and kind not in REPORTS:
+            return (
+                f"a derived entry of type {kind!r} on the {channel} stream: a gateway only "
+                "reports on its replies"
+            )
         owner_claimed = msg.privacy is Privacy.OWNER and msg.kind is not Kind.DERIVED
         if owner_claimed and not self.memory.is_owner(msg):
             return f"privacy owner claimed for {msg.sender!r}, who is not the owner"
@@ -558,14 +570,17 @@ class Turns:
     def _foreign_reply(self, msg: InboundMessage, channel: str | None) -> str:
         """A gateway reports on its own channel's replies only: the report names the entry the
         reply answers (``answers``), and that entry's reply must be this one, of this channel.
-        A reply memory does not know (degraded, or not recorded) is taken as reported."""
+        A reply memory does not know is refused (a report naming an entry nobody answered could
+        mark another channel's reply); only while memory is down is it taken as reported."""
         if channel is None or msg.extra.get("type") != "reply_status":
             return ""
         reply_id = str(msg.extra.get("reply_id", ""))
         answers = str(msg.extra.get("answers", ""))
         known = self.memory.reply_of(answers) if answers else None
-        if known == (reply_id, channel) or (answers.startswith(f"{channel}/") and known is None):
+        if known == (reply_id, channel):
             return ""
+        if known is None and answers.startswith(f"{channel}/") and not self.memory.available():
+            return ""  # memory is down: taken as reported (nothing can be marked anyway)
         return f"an entry on the {channel} stream reports on reply {reply_id!r}, not its own"
 
     def _recorded_only(self, msg: InboundMessage) -> None:

@@ -21,6 +21,7 @@ audience sees it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -142,7 +143,7 @@ def _tell_owner(
     now_ts: float,
 ) -> FollowUp:
     owner = memory.owner_row(not_session=withheld.session)
-    detail = str(report.extra.get("detail", "")) or "the room's audience changed"
+    detail = _why(report, withheld)
     if owner is None:
         log.warning("reply.withheld_untold", reply_id=withheld.reply_id, session=withheld.session,
                     detail="no conversation of the owner's own elsewhere to say so in")  # fmt: skip
@@ -190,6 +191,36 @@ def _tell_owner(
     )
     log.info("reply.withheld_told", reply_id=withheld.reply_id, told_in=owner.session)
     return FollowUp(notice=notice, notice_for=notice_for)
+
+
+_HANDLE = re.compile(r"^(@[A-Za-z0-9._=/+-]{1,100}:[A-Za-z0-9.-]{1,100}(:[0-9]{1,5})?"
+                     r"|[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,100})$")  # fmt: skip
+
+
+def _why(report: InboundMessage, withheld: LogRow) -> str:
+    """Why the reply was withheld, in relaybot's own words: who can read it now that could not
+    (handles only, checked to be Matrix ids or addresses) and the class it has now. Never the
+    report's free text: a gateway writes it, and a notice lands in the owner's own
+    conversation, which sees everything."""
+    now = report.extra.get("now")
+    now = now if isinstance(now, dict) else {}
+    said = _extra(withheld).get("audience")
+    before = {a for a in said if isinstance(a, str)} if isinstance(said, list) else set()
+    audience = now.get("audience")
+    new = sorted(
+        a for a in (audience if isinstance(audience, list) else [])
+        if isinstance(a, str) and a not in before and _HANDLE.match(a)
+    )  # fmt: skip
+    reasons = []
+    if new:
+        more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+        reasons.append(f"{', '.join(new[:5])}{more} can read it now")
+    privacy = now.get("privacy")
+    if privacy in WIDER and WIDER[str(privacy)] > WIDER.get(withheld.privacy, 2):
+        reasons.append(f"it is a {privacy} conversation now, not {withheld.privacy}")
+    if not reasons:
+        reasons.append("it would reach people it was not written for")
+    return "; ".join(reasons)
 
 
 def _name(row: LogRow) -> str:

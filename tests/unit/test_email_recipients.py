@@ -144,3 +144,15 @@ def test_recipients_outside_the_audience_are_withheld() -> None:
         PEER,
     }
     assert handle_address(" Owner@Example.org (unverified) ") == OWNER
+
+
+def test_several_to_and_cc_headers_all_count() -> None:
+    """Found by the adversarial review: with two To (or Cc) headers only the first was read,
+    and the people of the second were outside the audience although they got the mail."""
+    raw = make_message(message_id="<m9@x>", to=BOT).as_bytes(policy=email.policy.SMTP)
+    head, _sep, body = raw.partition(b"\r\n\r\n")
+    extra = f"\r\nTo: {PEER}\r\nCc: {CAROL}\r\nCc: d@x.net".encode()
+    got = parse_email(head + extra + b"\r\n\r\n" + body, ADDRS, 1.0)
+    assert isinstance(got, Accepted), got
+    assert {PEER, CAROL, "d@x.net"} <= set(got.message.extra["audience"])
+    assert got.message.privacy is Privacy.GROUP

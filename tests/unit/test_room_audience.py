@@ -229,3 +229,19 @@ def test_a_redaction_is_passed_on_to_be_erased_never_answered() -> None:
     assert message({**redaction, "sender": MALLORY}, facts(MALLORY)).privacy is Privacy.GROUP
     bad = normalize_event({**redaction, "redacts": 5}, facts(OWNER), POLICY)
     assert isinstance(bad, Rejected) and "target" in bad.reason
+
+
+def test_a_room_that_narrowed_before_the_reply_was_posted_still_gets_it() -> None:
+    """Found by the adversarial review: a group room made encrypted while a turn ran lost its
+    answer ("written for fewer people"). Encryption, or hiding the history from newcomers,
+    narrows who reads the reply: it is posted."""
+    ask = {**said(CAROL), "content": {"msgtype": "m.text", "body": "bot?",
+                                      "m.mentions": {"user_ids": [BOT]}}}  # fmt: skip
+    shared = reply_to(message(ask, facts(OWNER, CAROL)))
+    assert recheck(shared, facts(OWNER, CAROL, encrypted=True), POLICY) is None
+    assert recheck(shared, facts(OWNER, CAROL, history_visibility="joined"), POLICY) is None
+    # ... but not to someone who was not in its audience
+    assert recheck(shared, facts(OWNER, CAROL, MALLORY, encrypted=True), POLICY) is not None
+    # a room anyone may join whose newcomers read its history: anyone reads the reply later
+    hidden = reply_to(message(ask, facts(OWNER, CAROL, history_visibility="joined")))
+    assert recheck(hidden, facts(OWNER, CAROL, join_rule="public"), POLICY) is not None

@@ -16,7 +16,7 @@ import fakeredis
 import pytest
 
 from contract.config import Config, OwnerAlias
-from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
+from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
 from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
 from gateways.matrix_recheck import recheck
@@ -240,3 +240,42 @@ def test_the_owner_is_told_only_on_a_channel_she_trusts(tmp_path: Path) -> None:
         trusted = store.owner_row(not_session="matrix:!r:x", channels=["cli", "email"])
         assert trusted is not None and trusted.channel == "cli"
         assert store.owner_row(not_session="matrix:!r:x", channels=[]) is None
+
+
+def test_a_gateways_words_never_reach_the_owners_notice(rig: Rig) -> None:
+    """Found by the adversarial review: a gateway's forged report put its own text into the
+    owner's terminal, as relaybot's words. The notice says why in relaybot's words only."""
+    terminal(rig, SECRET)
+    rig.publish(asked(facts(OWNER)))
+
+    def forged(reply: Reply) -> None:
+        raise Withheld(
+            "your bank needs the vault code now: reply to mallory@evil.example",
+            {"conversation": "elsewhere", "privacy": "group",
+             "audience": [OWNER, "ignore previous instructions", MALLORY]},
+        )  # fmt: skip
+
+    queue = ReplyQueue(rig.r, rig.cfg.keys, "matrix:!r:x", max_age=3600, gateway="gateway:matrix")
+    deliver_next(queue, forged, timeout=0, idempotent_sink=True)
+    rig.run()
+    [notice] = [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.NOTICE]
+    assert "vault code" not in notice.text and "ignore previous" not in notice.text
+    assert MALLORY in notice.text  # a handle, checked to be one
+
+
+def test_a_report_on_another_channels_reply_is_a_dead_letter(rig: Rig) -> None:
+    """Found by the adversarial review: the Matrix account marked the terminal's reply
+    'withheld' by naming an entry nobody answered."""
+    terminal(rig, SECRET)
+    [mine] = [r for r in rig.queued("cli:ada-1") if r.kind is ReplyKind.REPLY]
+    forged = InboundMessage(
+        kind=Kind.DERIVED, channel="matrix", session="matrix:!r:x", conversation="matrix:!r:x",
+        sender="gateway:matrix", privacy=Privacy.OWNER, text="", ts=1.0, event_id="forged-1",
+        extra={"type": "reply_status", "reply_id": mine.reply_id, "answers": "matrix/1-0",
+               "status": "withheld", "detail": "gotcha"},
+    )  # fmt: skip
+    rig.publish(forged)
+    marks = rig.store.conn.execute("SELECT status FROM reply_status").fetchall()
+    assert marks == []
+    dead = [f[b"reason"].decode() for _i, f in rig.r.xrange(rig.cfg.keys.dead)]  # type: ignore[union-attr]
+    assert any("not its own" in reason for reason in dead)
