@@ -132,6 +132,7 @@ class Policy:
 
 
 NOTICE = "m.notice (bots talk in notices; not answered)"
+WORLD_READABLE = "world_readable"  # the conversation of a room while anyone may read it
 SHARED_HISTORY = frozenset({"shared", "world_readable"})
 # join rules that keep a room to those its members invite ("private" is the old name of invite);
 # any other value, known (public, knock, restricted, knock_restricted) or not, lets people in
@@ -434,6 +435,11 @@ def conversation_of(room: RoomFacts, privacy: Privacy) -> str:
     session = session_of(room.room_id)
     if room.epoch or privacy is Privacy.OWNER:
         return f"{session}/{room.key}"
+    if room.public:
+        # anyone reads what is said while the room is world-readable, but what was said while
+        # it was not stays for its members (Matrix decides an event's visibility by the setting
+        # it was sent under): a conversation of its own
+        return f"{session}/{WORLD_READABLE}"
     return session
 
 

@@ -741,7 +741,9 @@ class Consumer:
                 self._barrier = sessions.barrier_waiting()
                 continue
             if self._barrier:
-                return False
+                # a command waits (in another session): no turn starts before it; go on to its
+                # session, which may be later in the order (an owner's session comes first)
+                return True
             if not sessions.has_slot(head.owner):
                 if head.record_only:  # recorded, never answered: it waits for no model slot
                     self._begin_group(sessions.next_records(session), started)

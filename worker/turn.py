@@ -274,7 +274,7 @@ class Turns:
             return run_turn(
                 self.model,
                 job.messages,
-                tools or job.tools,
+                tools if tools is not None else job.tools,
                 max_rounds=self.cfg.model.max_tool_rounds,
             )
         finally:

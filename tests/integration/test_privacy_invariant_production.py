@@ -48,9 +48,10 @@ fails the example (every entry here is one a gateway would write).
 Random examples (no ``derandomize``): each CI run explores histories of its own, and a failure
 prints the blob that replays it (``print_blob``). About 150 histories of 3 to 96 steps run in
 about a minute. What this path showed that is not a leak but stopped it (tools run off the
-writer, a command that waits forever), and three leaks it found, have their own failing tests at
-the end of the module; the leaks are tolerated in the property (``KNOWN_*``), exactly where they
-are, so that it goes on looking for others.
+writer, a command that waits forever), and three leaks it found (a room made world-readable
+showed its members-only history; an erased word quoted a hop further; an erased note's command
+entry stayed in Redis), have their own tests at the end of the module (each failed before its
+fix).
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ import itertools
 import json
 import re
 import sqlite3
-import sys
 import tempfile
 import threading
 import time
@@ -91,7 +91,6 @@ from gateways.matrix_events import (
     room_of,
 )
 from gateways.matrix_recheck import recheck
-from memory.provenance import DrewOn
 from memory.store import MemoryStore
 from relaybot.owner_commands import command_message
 from tests.support.fakes import InstantModel
@@ -113,19 +112,6 @@ ROOMS = ("r1", "r2")
 JOIN_RULES = ("invite", "public", "knock", "restricted")
 VISIBILITY = ("shared", "joined", "invited", "world_readable")
 BOT_MX, BOT_MAIL = "@bot:m.org", "bot@example.org"
-# Leaks the product has, each with its own failing test at the end of this module; tolerated
-# here (exactly there) so that the property looks for the others:
-# - a room whose history_visibility goes from shared to world_readable stays one conversation,
-#   so its turns, read by anyone now, see what only members could read before
-#   (test_a_room_made_world_readable_keeps_its_members_only_history_out);
-KNOWN_WORLD_READABLE = True
-# - an erasure follows one hop: a reply that quoted a reply derived from the erased text (not
-#   the text's own row) keeps it, and later turns see it
-#   (test_an_erased_word_quoted_by_a_reanswer_is_erased_too);
-KNOWN_ONE_HOP = True
-# - an erased note's text stays in the terminal's stream, in the notes.add command entry that
-#   added it (test_an_erased_notes_command_entry_leaves_the_stream).
-KNOWN_NOTE_COPY = True
 ADMIN = "cli:admin"  # the terminal session the owner's commands come from
 DRAIN_S = 30.0  # how long the worker may take to handle what it was given (each a few ms)
 WORD = re.compile(r"\bzq[a-z]+\b")
@@ -229,7 +215,7 @@ class Room:
         if self.shared and self.open:
             return Reach(anyone=True)
         if self.shared and self.visibility == "world_readable":
-            return Reach(anyone=True, room=self.name)  # room: for KNOWN_WORLD_READABLE
+            return Reach(anyone=True, room=self.name)
         if self.shared:
             return Reach(frozenset(self.ever | self.members), room=self.name)
         return Reach(frozenset(self.members))  # encrypted, or joined/invited history
@@ -323,8 +309,6 @@ class World:
         if w.erased:
             return False
         if reach.anyone:
-            if KNOWN_WORLD_READABLE and any(o.room == reach.room for o in w.origins if o.room):
-                return True  # what the room's members read before it was made world-readable
             return self.anyone_reads(w)
         if reach.room is not None and not (
             self.anyone_reads(w) or any(o.room == reach.room for o in w.origins)
@@ -794,74 +778,19 @@ class Run:
             found = [i for i, t in rows if w.text in WORD.findall(t)]
             assert found, f"{w.text} is not in memory"
             target, gone = str(found[0]), [w]
-        with self.memory() as conn:
-            notes_before = dict(conn.execute("SELECT id, stream_id FROM note").fetchall())
         args = {"kind": kind, "target": target, "reason": "asked to", "requested_by": "ada"}
         result = self.command("memory.erase", args)
         if not result["ok"]:
             assert not gone, f"erase {kind} {target} refused ({result}): {[w.text for w in gone]}"
             return
         count(f"erased by {kind}")
-        kept = self.one_hop_copies(result["erasure"], gone, notes_before) if KNOWN_ONE_HOP else {}
         for w in gone:
             w.wiped = True
-            if w.text in kept:
-                count("an erased word kept by a reply that quoted a derived reply (one hop)")
-            else:
-                w.erased = True
+            w.erased = True
         self.check_redis(f"erase {kind} {target}")
 
     def memory(self) -> sqlite3.Connection:
         return sqlite3.connect(f"file:{self.memory_path}?mode=ro", uri=True)
-
-    def one_hop_copies(
-        self, erasure: int, gone: list[Word], notes_before: dict[int, str]
-    ) -> set[str]:
-        """KNOWN_ONE_HOP: the erased words memory still holds, in replies (and the notes of
-        their turns) that drew on none of what the erasure removed first (the rows and notes
-        it targets, before the replies derived from them). A copy anywhere else (the erased
-        row itself, a reply that drew on it, a note of a derived turn) is not excused."""
-        with self.memory() as conn:
-            raw = conn.execute("SELECT detail FROM erasure WHERE id = ?", (erasure,)).fetchone()
-            detail = json.loads(raw[0])
-            derived = set(detail.get("derived_replies", []))
-            keys = dict(zip(detail["log_ids"], detail["log_keys"], strict=True))
-            first_rows = set(keys) - derived
-            derived_turns = {keys[i][1] for i in derived}
-            first_notes = {
-                n for n in detail["note_ids"] if notes_before.get(n) not in derived_turns
-            }
-            kept: set[str] = set()
-            for w in gone:
-                like = (f"%{w.text}%",)
-                rows = [
-                    (d, extra, sid)
-                    for d, text, extra, sid in conn.execute(
-                        "SELECT direction, text, extra, stream_id FROM log WHERE text LIKE ?", like
-                    )
-                    if w.text in WORD.findall(text)
-                ]
-                notes = [
-                    sid
-                    for text, sid in conn.execute(
-                        "SELECT text, stream_id FROM note WHERE text LIKE ?", like
-                    )
-                    if w.text in WORD.findall(text)
-                ]
-                if not rows and not notes:
-                    continue
-                excused: set[str] = set()
-                for d, extra, sid in rows:
-                    drew = DrewOn.from_extra(json.loads(extra or "{}"))
-                    assert d == "out", f"{w.text}: its message survived erasure {erasure}"
-                    assert not drew.rows & first_rows and not drew.notes & first_notes, (
-                        f"{w.text}: a reply that drew on what erasure {erasure} removed survived"
-                    )
-                    excused.add(sid)
-                stray = [sid for sid in notes if sid not in excused]
-                assert not stray, f"{w.text}: notes of turns {stray} survived erasure {erasure}"
-                kept.add(w.text)
-        return kept
 
     def check_redis(self, what: str) -> None:
         """No copy of an erased word is left in Redis (streams, queues, dead letters...)."""
@@ -871,7 +800,7 @@ class Run:
             assert not found, f"after {what}: {sorted(found)} still in Redis, {key!r}: {value}"
 
     def redis_values(self) -> Iterator[tuple[bytes, str]]:
-        """Every value under the instance's prefix (but for KNOWN_NOTE_COPY)."""
+        """Every value under the instance's prefix."""
         r = self.r
         for key in r.scan_iter(match=f"{self.prefix}*", count=1000):
             kind = r.type(key)
@@ -889,8 +818,6 @@ class Run:
                 values = list(r.smembers(key))
             elif kind == "stream":
                 values = [fields for _id, fields in r.xrange(key)]  # type: ignore[union-attr]
-                if KNOWN_NOTE_COPY:
-                    values = [f for f in values if b'"op":"notes.add"' not in f.get(b"extra", b"")]
             for value in values:
                 yield key, str(value)
 
@@ -1064,11 +991,6 @@ class CallsOneTool:
                           finish_reason="tool_calls")  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Turns.run takes `tools or job.tools`; the consumer's OnWriter registers no tool of "
-    "its own, so it is falsy and a turn's tools run on the pool thread, not on the writer",
-)
 def test_a_turns_tool_calls_run_on_the_writer(
     worker_of: Callable[[Any, ToolRegistry], Worker],
 ) -> None:
@@ -1088,12 +1010,6 @@ def test_a_turns_tool_calls_run_on_the_writer(
     assert ran_on == [threading.get_ident()]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Consumer._dispatch breaks out of its loop at the first runnable session that is not "
-    "a barrier while a command waits (_start_session returns False), and runnable() puts an "
-    "older owner session first: the command is never applied and no turn starts again",
-)
 def test_a_command_read_behind_an_owner_message_is_applied(
     worker_of: Callable[[Any, ToolRegistry], Worker],
 ) -> None:
@@ -1109,12 +1025,6 @@ def test_a_command_read_behind_an_owner_message_is_applied(
 # -- a leak the property found -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a room whose history_visibility goes from shared to world_readable stays one "
-    "conversation (matrix_events: epoch '' for both), so its turns, whose replies anyone can "
-    "now read, see and quote what was said while only its members could read it",
-)
 def test_a_room_made_world_readable_keeps_its_members_only_history_out(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -1137,12 +1047,6 @@ def test_a_room_made_world_readable_keeps_its_members_only_history_out(
         r.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memory/copies.py names the erased rows' stream entries, not the erased notes': the "
-    "notes.add command entry that added a note kept for an erased conversation stays in the "
-    "terminal's stream (until the retention trim, and in Redis's files)",
-)
 def test_an_erased_notes_command_entry_leaves_the_stream(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -1164,17 +1068,9 @@ def test_an_erased_notes_command_entry_leaves_the_stream(
         r.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memory/derived.py follows one hop: the re-answer that quoted the owner's reply "
-    "(derived from the erased row) is not derived in turn, keeps the erased text, and the "
-    "next turn of that conversation sees it",
-    raises=AssertionError,
-)
 def test_an_erased_word_quoted_by_a_reanswer_is_erased_too(
-    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(sys.modules[__name__], "KNOWN_ONE_HOP", False)
     room = Room("r1", "invite", "joined", False, {OWNER}, {OWNER})  # the owner's own DM
     world = World(rooms={"r1": room}, links=frozenset())
     r = redis_server.client()
@@ -1186,7 +1082,8 @@ def test_an_erased_word_quoted_by_a_reanswer_is_erased_too(
         # her DM is made public: her reply is withheld and answered again for a group, from the
         # conversation's history, her reply included; then she erases the terminal's words
         play(run, [("rule", "r1", "public"), ("deliver",), ("deliver",)], finish=False)
-        assert any(typed.text in WORD.findall(t) for t in run.posted[1:])  # the re-answer
+        # (the re-answer, a group's, no longer sees the owner's reply: memory/privacy.py)
+        assert not any(typed.text in WORD.findall(t) for t in run.posted[1:])
         run.erase("conversation", world.conversations.index("cli:own"))
         assert typed.erased
         run.say("r1", 0)

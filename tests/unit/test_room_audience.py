@@ -245,3 +245,19 @@ def test_a_room_that_narrowed_before_the_reply_was_posted_still_gets_it() -> Non
     # a room anyone may join whose newcomers read its history: anyone reads the reply later
     hidden = reply_to(message(ask, facts(OWNER, CAROL, history_visibility="joined")))
     assert recheck(hidden, facts(OWNER, CAROL, join_rule="public"), POLICY) is not None
+
+
+def test_a_room_made_world_readable_is_another_conversation() -> None:
+    """Found by the production-path property test: a room whose history was shown to members
+    (``shared``) and then to anyone (``world_readable``) was one conversation, so turns whose
+    replies anyone reads saw what only members could read (Matrix keeps each event's visibility
+    as it was when it was sent)."""
+    ask = {**said(CAROL), "content": {"msgtype": "m.text", "body": "bot?",
+                                      "m.mentions": {"user_ids": [BOT]}}}  # fmt: skip
+    members = message(ask, facts(OWNER, CAROL))
+    anyone = message(ask, facts(OWNER, CAROL, history_visibility="world_readable"))
+    assert members.conversation == "matrix:!r:x"
+    assert anyone.conversation == "matrix:!r:x/world_readable"
+    # a reply written for the members is not posted to the room that anyone reads now
+    assert recheck(reply_to(members), facts(OWNER, CAROL, history_visibility="world_readable"),
+                   POLICY) is not None  # fmt: skip
