@@ -10,6 +10,7 @@ No tool sends a message. A turn has exactly one way to reach a person: its reply
 
 from __future__ import annotations
 
+import contextvars
 import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -264,7 +265,10 @@ class OnWriter(ToolRegistry):
         return list(self._specs)
 
     def call(self, name: str, arguments: object) -> str:
-        result: str = self._on_writer(lambda: self._inner.call(name, arguments))
+        # the call runs in this thread's context (the turn's log fields: channel, session,
+        # stream id), not in whatever the writer has bound
+        context = contextvars.copy_context()
+        result: str = self._on_writer(lambda: context.run(self._inner.call, name, arguments))
         return result
 
 

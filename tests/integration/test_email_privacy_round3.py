@@ -19,7 +19,7 @@ import redis
 from contract.keys import Keys
 from contract.messages import InboundMessage, Reply
 from tests.support.fakemodel import FakeModelServer
-from tests.support.mailservers import ImapServer, SmtpServer, make_message
+from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.procs import Proc, Procs, relaybot_env, wait_until, write_config
 from tests.support.servers import RedisServer
 
@@ -49,26 +49,10 @@ def env(
     home = tmp_path / "home"
     (home / "workspace").mkdir(parents=True)
     (home / "workspace" / "MEMORY.md").write_text(MEMORY_MD + "\n")
-    write_config(
-        home,
-        f"""
-[owner]
-aliases = [{{ address = "{OWNER}", channel = "email" }}]
-
-[email]
-imap_host = "127.0.0.1"
-imap_port = {imap.port}
-imap_tls = "plain"
-imap_user = "{imap.user}"
-imap_password = "{imap.password}"
-smtp_host = "127.0.0.1"
-smtp_port = {smtp.port}
-smtp_tls = "plain"
-addresses = ["{BOT}"]
-allowlist = ["*"]
-trusted_authserv_ids = ["mx.test"]
-""",
+    config = email_config(
+        imap, smtp, bot=BOT, owner=OWNER, authserv="mx.test", more='allowlist = ["*"]'
     )
+    write_config(home, config)
     env = relaybot_env(
         home, redis_url=redis_server.url, prefix=prefix, model_url=model_server.base_url
     )

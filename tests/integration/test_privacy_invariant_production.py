@@ -98,10 +98,8 @@ from tests.support.servers import RedisServer
 from worker.consumer import Consumer
 from worker.main import TurnTools
 from worker.model import Completion, ToolCall
-from worker.pool import TurnPool
 from worker.tools import Tool, ToolRegistry
 from worker.turn import Turns
-from worker.turn_context import TurnContext
 
 pytestmark = pytest.mark.integration
 
@@ -372,34 +370,6 @@ class ScriptedModel:
         pass
 
 
-class WriterTools(ToolRegistry):
-    """A turn's real tools (``worker.main.TurnTools``), each call handed to the worker's writer
-    through its pool, as the consumer's ``OnWriter`` means to do and does not:
-    ``Turns.run`` takes ``tools or job.tools``, and ``OnWriter``, which registers no tool of its
-    own, is falsy, so the turn's own tools run on the pool thread, on the writer's SQLite
-    connection, side by side with the writer and the other turns (search fails with "Error
-    creating function", turns hang: test_a_turns_tool_calls_run_on_the_writer below). With that
-    fixed, this registry is ``job.tools`` inside ``OnWriter`` and its calls, already on the
-    writer, run at once."""
-
-    def __init__(self, inner: ToolRegistry, pool: Callable[[], TurnPool[Any, Any]]) -> None:
-        super().__init__()
-        self._inner, self._pool = inner, pool
-        self._specs: list[dict[str, Any]] | None = None
-
-    def __bool__(self) -> bool:
-        return True  # not len(): that would build the tools, on whichever thread asks
-
-    def specs(self) -> list[dict[str, Any]]:
-        if self._specs is None:  # on the writer, when the turn is begun
-            self._specs = self._inner.specs()
-        return list(self._specs)
-
-    def call(self, name: str, arguments: object) -> str:
-        result: str = self._pool().on_writer(lambda: self._inner.call(name, arguments))
-        return result
-
-
 # -- the steps -----------------------------------------------------------------------------------
 
 room = st.sampled_from(ROOMS)
@@ -480,12 +450,7 @@ class Run:
         self.memory_path = home / "memory.sqlite3"
         self.store = MemoryStore(self.memory_path)
         self.model = ScriptedModel(world)
-        real = TurnTools()
-
-        def tools(ctx: TurnContext) -> ToolRegistry:
-            return WriterTools(real(ctx), lambda: self.consumer.pool)
-
-        turns = Turns(self.cfg, self.store, self.model, tools)
+        turns = Turns(self.cfg, self.store, self.model, TurnTools())
         self.consumer = Consumer(self.cfg, r, turns)
         assert self.consumer.acquire(wait=False)
         self.consumer.ensure_group()

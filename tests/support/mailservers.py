@@ -258,11 +258,23 @@ class TlsProxy:
 
 
 def email_config(
-    imap: ImapServer, smtp: SmtpServer, *, bot: str, owner: str, more: str = ""
+    imap: ImapServer,
+    smtp: SmtpServer,
+    *,
+    bot: str,
+    owner: str,
+    more: str = "",
+    authserv: str | None = None,
 ) -> str:
     """config.toml for the e-mail gateway against these servers: plain IMAP and SMTP, ``bot``
     the assistant's address, ``owner`` the owner's alias, senders trusted as the test's pymap is
-    the only server that delivers to the mailbox; ``more`` lines go on in ``[email]``."""
+    the only server that delivers to the mailbox (or, with ``authserv``, only as that
+    Authentication-Results id vouches); ``more`` lines go on in ``[email]``."""
+    trust = (
+        f'trusted_authserv_ids = ["{authserv}"]'
+        if authserv
+        else "trust_unauthenticated = true  # only the test's pymap delivers to this mailbox"
+    )
     return f"""
 [owner]
 aliases = [{{ address = "{owner}", channel = "email" }}]
@@ -277,6 +289,6 @@ smtp_host = "127.0.0.1"
 smtp_port = {smtp.port}
 smtp_tls = "plain"
 addresses = ["{bot}"]
-trust_unauthenticated = true  # only the test's pymap delivers to this mailbox
+{trust}
 {more}
 """
