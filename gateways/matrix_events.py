@@ -222,6 +222,47 @@ def memberships(events: Sequence[Mapping[str, Any]], now: frozenset[str]) -> lis
     return states
 
 
+_OPENNESS_TYPES = frozenset(
+    {"m.room.join_rules", "m.room.guest_access", "m.room.history_visibility", "m.room.encryption"}
+)
+
+
+@dataclass
+class RoomState:
+    """A room's members (joined or invited) and openness, followed event by event: what the room
+    was when each event of a timeline was sent. It starts from the state at a batch's first
+    event (``/context``: not the room's state now, which a batch read late, after a restart or
+    from a gap, does not know yet) and each event is applied after the message before it was
+    classified, so every message gets the audience it was said to."""
+
+    members: set[str] = field(default_factory=set)
+    settings: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # openness by type
+
+    @classmethod
+    def of(cls, state: Sequence[Mapping[str, Any]]) -> RoomState:
+        room = cls()
+        for event in state:
+            room.apply(event)
+        return room
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        kind, key = event.get("type"), event.get("state_key")
+        content = event.get("content")
+        content = content if isinstance(content, Mapping) else {}
+        if kind == "m.room.member" and isinstance(key, str):
+            if content.get("membership") in _MEMBER:
+                self.members.add(key)
+            else:
+                self.members.discard(key)
+        elif kind in _OPENNESS_TYPES and key == "":
+            self.settings[str(kind)] = content
+
+    def openness(self) -> Openness:
+        return openness_of(
+            [{"type": t, "state_key": "", "content": c} for t, c in self.settings.items()]
+        )
+
+
 def room_facts(
     room_id: str,
     members: frozenset[str],

@@ -24,10 +24,11 @@ import aiohttp
 import redis
 import structlog
 from nio import (
+    Api,
     AsyncClient,
     ErrorResponse,
     InviteMemberEvent,
-    RoomGetStateResponse,
+    RoomContextResponse,
     RoomMessagesResponse,
     SyncResponse,
 )
@@ -40,13 +41,10 @@ from gateways.matrix_events import (
     CHANNEL,
     DEBUG,
     WARNING,
-    Openness,
     Policy,
     Rejected,
-    RoomFacts,
-    memberships,
+    RoomState,
     normalize_event,
-    openness_of,
     room_facts,
 )
 from gateways.matrix_login import ErrorValue, check_fatal
@@ -68,7 +66,8 @@ class MatrixSync:
         self.client, self.policy = client, policy
         self.published = 0
         self.durable = Durable(r)
-        self.openness: dict[str, Openness] = {}  # room id -> its state's openness, as read
+        # room id -> the room as the last event read left it (members, openness)
+        self.followed: dict[str, RoomState] = {}
         self._filter: dict[str, Any] = {
             "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
             "presence": {"types": []},
@@ -144,12 +143,26 @@ class MatrixSync:
             sources = [
                 s if isinstance(s := getattr(e, "source", None), dict) else {} for e in events
             ]
-            state = [_source(e) for e in info.state]  # what changed outside the timeline
-            stale = info.timeline.limited or _changes_openness([*state, *sources])
-            how = await self._openness(room_id, refresh=stale)
-            for event, source, facts in zip(
-                events, sources, self._facts(room_id, sources, how), strict=True
-            ):
+            first = next((s["event_id"] for s in sources if isinstance(s.get("event_id"), str)), "")
+            room = self.followed.get(room_id)
+            if room is None or info.timeline.limited:
+                if not first:
+                    continue  # nothing to read in this room yet
+                room = self.followed[room_id] = await self._state_at(room_id, first)
+            else:
+                for change in info.state:  # what changed outside the timeline
+                    room.apply(_source(change))
+            key = self.keys.matrix_members(room_id)
+            known = optional_text(self.r.get(key))
+            ever = frozenset(json.loads(known) if known else ())
+            names = self._names(room_id)
+            for event, source in zip(events, sources, strict=True):
+                ever = ever | room.members  # everyone who was a member by then
+                facts = room_facts(
+                    room_id, frozenset(room.members), own_user_id=self.client.user_id,
+                    ever=ever, display_names=names, openness=room.openness(),
+                )  # fmt: skip
+                room.apply(source)  # the room as the next event finds it
                 if not source:
                     continue
                 if type(event).__name__ == "MegolmEvent":
@@ -162,48 +175,29 @@ class MatrixSync:
                     continue
                 out = normalize_event(source, facts, self.policy, redacted=self._sent_reply)
                 self._publish_one(out, room_id)
+            self.r.set(key, json.dumps(sorted(ever | room.members)))
 
-    async def _openness(self, room_id: str, *, refresh: bool) -> Openness:
-        """How open the room is, from its state as the homeserver has it (``GET /state``: the
-        raw events, not what the client library parsed of them, which keeps an old join rule
-        when a new one is one it does not know, and takes a setting from a state event whose
-        state key is not empty). Read again when the batch changed any of it (or skipped
-        events); an error is retried with the batch (the token does not move)."""
-        known = self.openness.get(room_id)
-        if known is not None and not refresh:
-            return known
-        resp = await self.client.room_get_state(room_id)
-        if not isinstance(resp, RoomGetStateResponse):
+    async def _state_at(self, room_id: str, event_id: str) -> RoomState:
+        """The room's members and openness when ``event_id`` was sent, as the homeserver has
+        them (``/context``: the raw state events, not what the client library parsed of them,
+        which keeps an old join rule when a new one is one it does not know, and takes a
+        setting from a state event whose state key is not empty). Not the room's state now: a
+        batch read late (after a restart, from a gap) is from before later changes. An error is
+        retried with the batch (the token does not move)."""
+        # limit=0: the state at the event itself ("at the last event returned"); nio's
+        # room_context leaves a 0 out (the server's default, 10, then names a later event)
+        path = Api._build_path(
+            ["rooms", room_id, "context", event_id],
+            {"access_token": self.client.access_token, "limit": 0},
+        )
+        resp = await self.client._send(RoomContextResponse, "GET", path, response_data=(room_id,))
+        if not isinstance(resp, RoomContextResponse):
             raise ErrorValue(resp)
-        how = openness_of([e for e in resp.events if isinstance(e, dict)])
-        self.openness[room_id] = how
-        return how
+        return RoomState.of([_source(e) for e in resp.state])
 
-    def _facts(self, room_id: str, sources: list[dict[str, Any]], how: Openness) -> list[RoomFacts]:
-        """The room as each event found it: its members then (memberships undone from now), and
-        everyone who was ever a member (kept in Redis: for rooms that show history to all). How
-        open the room is (``how``: join rule, guests, history, encryption) is taken as it is
-        now, after the batch: a room opened later in the batch counts as open for its earlier
-        messages too (their turns' replies reach whoever it lets in)."""
+    def _names(self, room_id: str) -> dict[str, str]:
         room = self.client.rooms.get(room_id)
-        now = frozenset(room.users) if room is not None else frozenset()
-        states = memberships(sources, now)
-        key = self.keys.matrix_members(room_id)
-        known = optional_text(self.r.get(key))
-        ever = frozenset(json.loads(known) if known else ()).union(now, *states)
-        self.r.set(key, json.dumps(sorted(ever)))
-        names = {uid: u.display_name or "" for uid, u in room.users.items()} if room else {}
-        return [
-            room_facts(
-                room_id,
-                members,
-                own_user_id=self.client.user_id,
-                ever=ever,
-                display_names=names,
-                openness=how,
-            )
-            for members in states
-        ]
+        return {uid: u.display_name or "" for uid, u in room.users.items()} if room else {}
 
     async def _gap(self, room_id: str, start: str, since: str) -> list[Any]:
         """The events a limited timeline left out (more arrived than one sync returns), read
@@ -315,16 +309,6 @@ def _source(event: Any) -> dict[str, Any]:
     """The event's JSON as the homeserver sent it ({} when nio kept none)."""
     source = getattr(event, "source", None)
     return source if isinstance(source, dict) else {}
-
-
-OPENNESS_TYPES = frozenset(
-    {"m.room.join_rules", "m.room.guest_access", "m.room.history_visibility", "m.room.encryption"}
-)
-
-
-def _changes_openness(events: list[dict[str, Any]]) -> bool:
-    """Whether any of ``events`` is a state event of the room's openness (any state key)."""
-    return any(e.get("type") in OPENNESS_TYPES and "state_key" in e for e in events)
 
 
 def optional_text(value: Any) -> str | None:

@@ -427,6 +427,10 @@ class Turns:
         scope = memory.scope_of(msg, row)
         drew = DrewOn()
         current = row or _transient_row(msg, key, is_owner)
+        if row is not None and withheld.again_of(msg) is not None:
+            # a re-answer is keyed by the report, not by its question: what it drew on names
+            # the question, so an erasure of the question takes the re-answer too
+            drew.add_rows([row.id])
         messages = memory.context(msg, current, scope, drew)
         ctx = TurnContext(
             stream_id=key,

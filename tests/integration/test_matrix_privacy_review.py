@@ -151,3 +151,42 @@ def test_a_group_room_made_encrypted_during_a_turn_still_gets_its_answer(
 
     assert wait_until(from_bot, timeout=40, message="the bot's answer (encrypted)")
     assert memory_rows(world.db, "SELECT status FROM reply_status WHERE status = 'withheld'") == []
+
+
+@pytest.mark.parametrize("change", ["invite", "world_readable"])
+def test_a_message_read_late_gets_the_audience_it_was_said_to(
+    world: World, model_server: FakeModelServer, change: str
+) -> None:
+    """Found by the second round: the gateway, down while the owner said something in her own
+    room and then changed the room (invited the friend, made it world-readable), read the
+    message back after its restart with the room's later audience: the friend's turn (or one
+    anyone reads) found it."""
+    hs, owner, friend, bot = world.hs, world.owner, world.friend, world.bot.user_id
+    gateway = world.gateway()
+    gateway.wait_for_log("matrix.backlog_skipped")
+    visibility = "shared" if change == "world_readable" else "joined"
+    room = hs.create_room(owner, [bot], direct=True, history_visibility=visibility)
+    wait_until(lambda: world.joined(room), timeout=15, message="the bot to join")
+    hs.send_text(owner, room, "hello bot")
+    world.wait_bot_messages(owner, room, 1)
+    assert gateway.stop() == 0
+    hs.send_text(owner, room, "my locker code is LK-5566")  # while the gateway is down
+    if change == "world_readable":
+        hs.set_state(owner, room, "m.room.history_visibility",
+                     {"history_visibility": "world_readable"})  # fmt: skip
+        asker = owner
+    else:
+        hs.invite(owner, room, friend.user_id)
+        hs.join(friend, room)
+        asker = friend
+    world.gateway()  # reads the gap back
+    wait_until(lambda: privacy_of(world, "LK-5566") or None, timeout=30, message="read back")
+    assert privacy_of(world, "LK-5566") == {"owner"}  # said to the owner alone
+    hs.send_text(asker, room, '[[tool:search_history:{"query": "locker"}]] bot, late probe',
+                 mentions=[bot])  # fmt: skip
+    seen = wait_until(
+        lambda: "\n".join(t) if len(t := turns_on(model_server, "late probe")) else None,
+        timeout=30,
+        message="the turn after",
+    )
+    assert "LK-5566" not in seen

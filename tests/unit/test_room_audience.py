@@ -14,6 +14,7 @@ from gateways.matrix_events import (
     Openness,
     Policy,
     Rejected,
+    RoomState,
     classify,
     normalize_event,
     openness_of,
@@ -261,3 +262,31 @@ def test_a_room_made_world_readable_is_another_conversation() -> None:
     # a reply written for the members is not posted to the room that anyone reads now
     assert recheck(reply_to(members), facts(OWNER, CAROL, history_visibility="world_readable"),
                    POLICY) is not None  # fmt: skip
+
+
+def test_a_room_is_followed_event_by_event_from_its_state_at_the_first() -> None:
+    """Found by the second adversarial round: a message read late (the gateway restarted after
+    an outage) got the room's later audience: said while the owner was alone, recorded in the
+    conversation of the owner and the friend she invited since. The state the gateway starts a
+    batch from is the room's state at the batch's first event, then each event is applied."""
+
+    def state(kind: str, content: dict[str, Any], key: str = "") -> dict[str, Any]:
+        return {"type": kind, "state_key": key, "content": content}
+
+    room = RoomState.of([
+        state("m.room.member", {"membership": "join"}, OWNER),
+        state("m.room.member", {"membership": "join"}, BOT),
+        state("m.room.join_rules", {"join_rule": "invite"}),
+        state("m.room.history_visibility", {"history_visibility": "shared"}),
+    ])  # fmt: skip
+    assert room.members == {OWNER, BOT} and room.openness() == Openness()
+    room.apply(state("m.room.member", {"membership": "invite"}, CAROL))
+    room.apply(state("m.room.join_rules", {"join_rule": "invite"}, "x"))  # a decoy: ignored
+    room.apply(state("m.room.history_visibility", {"history_visibility": "world_readable"}))
+    assert room.members == {OWNER, BOT, CAROL}
+    assert room.openness() == Openness(history_visibility="world_readable")
+    room.apply(state("m.room.member", {"membership": "leave"}, CAROL))
+    room.apply(state("m.room.encryption", {"algorithm": "m.megolm.v1.aes-sha2"}))
+    assert room.members == {OWNER, BOT} and room.openness().encrypted
+    room.apply(state("m.room.join_rules", {}))  # malformed: open
+    assert room.openness().open

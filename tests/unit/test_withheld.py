@@ -20,6 +20,8 @@ from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
 from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
 from gateways.matrix_recheck import recheck
+from memory import commands
+from memory.command_types import CommandContext
 from memory.identity import Identity, OwnerResolver
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
@@ -279,3 +281,22 @@ def test_a_report_on_another_channels_reply_is_a_dead_letter(rig: Rig) -> None:
     assert marks == []
     dead = [f[b"reason"].decode() for _i, f in rig.r.xrange(rig.cfg.keys.dead)]  # type: ignore[union-attr]
     assert any("not its own" in reason for reason in dead)
+
+
+def test_erasing_a_question_answered_again_erases_the_reanswer_too(rig: Rig) -> None:
+    """Found by the second adversarial round: the re-answer is keyed by the report, so an
+    erasure of the question (or its redaction) took the withheld reply and left the re-answer,
+    which repeats the question."""
+    rig.publish(asked(facts(OWNER, history_visibility="joined"), body="keep my locker LK-5566"))
+    opened = facts(OWNER, history_visibility="joined", join_rule="public")
+    rig.deliver("matrix:!r:x", opened)  # withheld, answered again
+    rig.deliver("matrix:!r:x", opened)
+    question = rig.store.conn.execute(
+        "SELECT id FROM log WHERE direction = 'in' AND text LIKE '%LK-5566%'"
+    ).fetchone()[0]
+    args = {"kind": "id", "target": str(question), "reason": "asked to"}
+    ctx = CommandContext("cli/9-0", rig.store, owner_name="Ada")
+    with rig.store.transaction():
+        assert commands.apply(ctx, "memory.erase", args)["ok"]
+    left = rig.store.conn.execute("SELECT text FROM log WHERE text LIKE '%LK-5566%'").fetchall()
+    assert left == []
