@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import sqlite3
 import tempfile
 import threading
@@ -80,11 +79,9 @@ from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage, Reply
 from gateways.cli import normalize as cli_message
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
-from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.email_parse import Accepted, parse_email
 from gateways.matrix_events import (
-    GroupPolicy,
     Openness,
-    Policy,
     RoomFacts,
     normalize_event,
     room_facts,
@@ -94,6 +91,21 @@ from gateways.matrix_recheck import recheck
 from memory.store import MemoryStore
 from relaybot.owner_commands import command_message
 from tests.support.fakes import InstantModel
+from tests.support.privacy_script import (
+    BOT_MAIL,
+    BOT_MX,
+    EVERYONE,
+    OWNER,
+    PEOPLE,
+    WORD,
+    mail,
+    mail_addresses,
+    matrix_policy,
+    mx,
+    scripted,
+    shown,
+    word,
+)
 from tests.support.servers import RedisServer
 from worker.consumer import Consumer
 from worker.main import TurnTools
@@ -103,41 +115,17 @@ from worker.turn import Turns
 
 pytestmark = pytest.mark.integration
 
-OWNER = "ada"
-PEOPLE = ("bob", "carol", "dave")
-EVERYONE = (OWNER, *PEOPLE)
 ROOMS = ("r1", "r2")
 JOIN_RULES = ("invite", "public", "knock", "restricted")
 VISIBILITY = ("shared", "joined", "invited", "world_readable")
-BOT_MX, BOT_MAIL = "@bot:m.org", "bot@example.org"
 ADMIN = "cli:admin"  # the terminal session the owner's commands come from
 DRAIN_S = 30.0  # how long the worker may take to handle what it was given (each a few ms)
-WORD = re.compile(r"\bzq[a-z]+\b")
-# the tools' echo of the model's own query: not something it was shown
-ECHO = re.compile(r"query: [^\n]*?, by (relevance|time)|for query '[^']*'")
-
-
-def mx(person: str) -> str:
-    return f"@{person}:m.org"
-
-
-def mail(person: str) -> str:
-    return f"{person}@example.org"
 
 
 def count(what: str) -> None:
     """Counted in hypothesis's statistics (``--hypothesis-show-statistics``)."""
     if currently_in_test_context():
         event(what)
-
-
-def word(n: int) -> str:
-    letters = ""
-    n += 1
-    while n:
-        n, r = divmod(n - 1, 26)
-        letters = chr(97 + r) + letters
-    return f"zq{letters}"
 
 
 # -- the oracle ----------------------------------------------------------------------------------
@@ -342,29 +330,10 @@ class ScriptedModel:
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
         sid = str(structlog.contextvars.get_contextvars().get("stream_id", ""))
-        shown = json.dumps([m.get("content") for m in messages if m.get("role") != "assistant"])
-        text = ECHO.sub("", shown)  # it quotes and remembers only what it was shown
+        text = shown(messages)  # it quotes and remembers only what it was shown
         with self.lock:
             self.seen.append((sid, text))
-        names = {t["function"]["name"] for t in tools}
-        if messages[-1].get("role") != "tool":
-            known = self.world.query_words()
-            calls = []
-            if "search_history" in names and known:
-                query = " OR ".join(known)
-                calls.append(ToolCall(id="s", name="search_history", arguments={"query": query}))
-            if "recall" in names and known:
-                calls.append(ToolCall(id="r", name="recall", arguments={"query": " ".join(known)}))
-            said = sorted(set(WORD.findall(text)))
-            if "remember" in names and said:
-                args = {"text": "seen " + " ".join(said), "scope": "shared", "visibility": "public"}
-                if "memory_write" in names:  # the owner's own conversation: private by default
-                    args = {"text": "seen " + " ".join(said)}
-                calls.append(ToolCall(id="m", name="remember", arguments=args))
-            if calls:
-                return Completion(tool_calls=calls, finish_reason="tool_calls")
-        quoted = " ".join(sorted(set(WORD.findall(text))))
-        return Completion(content=f"I saw: {quoted}", finish_reason="stop")
+        return scripted(messages, tools, text, self.world.query_words())
 
     def close(self) -> None:
         pass
@@ -455,18 +424,8 @@ class Run:
         assert self.consumer.acquire(wait=False)
         self.consumer.ensure_group()
         self.consumer.recover()
-        self.policy = Policy(
-            own_user_id=BOT_MX,
-            owners=frozenset({mx(OWNER)}),
-            dm_allowlist=frozenset(mx(p) for p in PEOPLE),
-            group_policy=GroupPolicy.OPEN,
-        )
-        self.addrs = Addresses(
-            own=frozenset({BOT_MAIL}),
-            owner=frozenset({mail(OWNER)}),
-            allow_all=True,
-            trust_mailbox=True,
-        )
+        self.policy = matrix_policy()
+        self.addrs = mail_addresses()
         self.said: dict[str, Said] = {}  # stream id -> the audience of its turn
         self.checked = 0  # model calls checked so far
         self.posted: list[str] = []  # the texts of the replies posted

@@ -20,8 +20,6 @@ input and tool result against the audience of the turn.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,40 +32,32 @@ from hypothesis import strategies as st
 from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage
 from gateways.cli import normalize as cli_message
-from gateways.email_parse import Accepted, Addresses, parse_email
-from gateways.matrix_events import GroupPolicy, Policy, normalize_event, room_facts
+from gateways.email_parse import Accepted, parse_email
+from gateways.matrix_events import normalize_event, room_facts
 from memory import commands
 from memory.command_types import CommandContext
 from memory.store import MemoryStore
+from tests.support.privacy_script import (
+    BOT_MAIL,
+    BOT_MX,
+    EVERYONE,
+    OWNER,
+    PEOPLE,
+    WORD,
+    mail,
+    mail_addresses,
+    matrix_policy,
+    mx,
+    scripted,
+    shown,
+    word,
+)
 from worker.main import TurnTools
-from worker.model import Completion, ToolCall
+from worker.model import Completion
 from worker.turn import Turns
 
-OWNER = "ada"
-PEOPLE = ("bob", "carol", "dave")
-EVERYONE = (OWNER, *PEOPLE)
 ROOMS = ("r1", "r2")
 VISIBILITY = ("shared", "joined", "invited", "world_readable")
-BOT_MX, BOT_MAIL = "@bot:m.org", "bot@example.org"
-WORD = re.compile(r"\bzq[a-z]+\b")
-ECHO = re.compile(r"query: [^\n]*?, by (relevance|time)|for query '[^']*'")
-
-
-def mx(person: str) -> str:
-    return f"@{person}:m.org"
-
-
-def mail(person: str) -> str:
-    return f"{person}@example.org"
-
-
-def word(n: int) -> str:
-    letters = ""
-    n += 1
-    while n:
-        n, r = divmod(n - 1, 26)
-        letters = chr(97 + r) + letters
-    return f"zq{letters}"
 
 
 @dataclass
@@ -117,30 +107,9 @@ class ScriptedModel:
         self.seen: list[str] = []
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
-        # what the model is shown: the context and the tool results, less its own tool calls
-        # and the tools' echo of its queries
-        shown = json.dumps([m.get("content") for m in messages if m.get("role") != "assistant"])
-        text = ECHO.sub("", shown)  # it quotes and remembers only what it was shown
+        text = shown(messages)  # it quotes and remembers only what it was shown
         self.seen.append(text)
-        names = {t["function"]["name"] for t in tools}
-        if messages[-1].get("role") != "tool":
-            known = list(self.world.origins)[-8:]
-            calls = []
-            if "search_history" in names and known:
-                query = " OR ".join(known)
-                calls.append(ToolCall(id="s", name="search_history", arguments={"query": query}))
-            if "recall" in names and known:
-                calls.append(ToolCall(id="r", name="recall", arguments={"query": " ".join(known)}))
-            said = sorted(set(WORD.findall(text)))
-            if "remember" in names and said:
-                args = {"text": "seen " + " ".join(said), "scope": "shared", "visibility": "public"}
-                if "memory_write" in names:  # the owner's own conversation: private by default
-                    args = {"text": "seen " + " ".join(said)}
-                calls.append(ToolCall(id="m", name="remember", arguments=args))
-            if calls:
-                return Completion(tool_calls=calls, finish_reason="tool_calls")
-        quoted = " ".join(sorted(set(WORD.findall(text))))
-        return Completion(content=f"I saw: {quoted}", finish_reason="stop")
+        return scripted(messages, tools, text, list(self.world.origins)[-8:])
 
     def close(self) -> None:
         pass
@@ -183,18 +152,8 @@ class Run:
         self.store = MemoryStore(home / "memory.sqlite3")
         self.model = ScriptedModel(world)
         self.turns = Turns(cfg, self.store, self.model, TurnTools())
-        self.policy = Policy(
-            own_user_id=BOT_MX,
-            owners=frozenset({mx(OWNER)}),
-            dm_allowlist=frozenset(mx(p) for p in PEOPLE),
-            group_policy=GroupPolicy.OPEN,
-        )
-        self.addrs = Addresses(
-            own=frozenset({BOT_MAIL}),
-            owner=frozenset({mail(OWNER)}),
-            allow_all=True,
-            trust_mailbox=True,
-        )
+        self.policy = matrix_policy()
+        self.addrs = mail_addresses()
         self.sid = itertools.count(1)
         for person in sorted(links):  # the owner verified that these handles are one person
             self.command(
