@@ -61,6 +61,16 @@ class Privacy(StrEnum):
     DIRECT = "direct"
     GROUP = "group"
 
+    @property
+    def width(self) -> int:
+        """How many people the class may reach: the owner alone (0) < one other person (1) < a
+        group (2). A turn of a class sees less the wider it is; a reply written for one class
+        is not posted where its class is now wider (gateways/matrix_recheck.py)."""
+        return _WIDTH[self]
+
+
+_WIDTH = {Privacy.OWNER: 0, Privacy.DIRECT: 1, Privacy.GROUP: 2}
+
 
 RoutingKey = Annotated[str, Field(min_length=1, max_length=200, pattern=_ROUTING_KEY.pattern)]
 ChannelName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]

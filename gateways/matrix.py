@@ -28,7 +28,7 @@ from gateways.matrix_events import (
     CHANNEL,
     GroupPolicy,
     Policy,
-    openness_of,
+    RoomState,
     room_facts,
     room_of,
     session_of,
@@ -150,19 +150,13 @@ class MatrixGateway:
         if not isinstance(resp, RoomGetStateResponse):
             check_fatal(resp)
             raise RuntimeError(f"the room's state could not be read: {describe(resp)}")
-        events = [e for e in resp.events if isinstance(e, dict)]
-        members = frozenset(
-            str(e.get("state_key"))
-            for e in events
-            if e.get("type") == "m.room.member"
-            and isinstance(e.get("content"), dict)
-            and e["content"].get("membership") in ("join", "invite")
-        )
+        room = RoomState.of([e for e in resp.events if isinstance(e, dict)])
+        members = frozenset(room.members)
         known = optional_text(self.r.get(self.keys.matrix_members(room_id)))
         ever = frozenset(json.loads(known) if known else ()) | members
         now = room_facts(
             room_id, members, own_user_id=client.user_id, ever=ever, display_names={},
-            openness=openness_of(events),
+            openness=room.openness(),
         )  # fmt: skip
         policy = (
             self.sync.policy if self.sync is not None else build_policy(self.cfg, client.user_id)

@@ -164,20 +164,12 @@ class Openness:
         ``history_visibility`` says)."""
         return self.history_visibility in SHARED_HISTORY and not self.encrypted
 
-    def describe(self) -> str:
-        return (
-            f"join rule {self.join_rule}, guest access {self.guest_access}, history "
-            f"{self.history_visibility}, {'encrypted' if self.encrypted else 'not encrypted'}"
-        )
 
-
-def openness_of(state: Sequence[Mapping[str, Any]], base: Openness | None = None) -> Openness:
-    """A room's openness from its state events (``GET /rooms/{id}/state``, or the state events
-    of a timeline over ``base``, what was known before them); a value that is missing keeps
-    ``base`` (else the spec's default), one that is malformed counts as open (fail closed)."""
-    was = base or Openness()
-    join_rule, guest = was.join_rule, was.guest_access
-    visibility, encrypted = was.history_visibility, was.encrypted
+def openness_of(state: Sequence[Mapping[str, Any]]) -> Openness:
+    """A room's openness from its state events (``GET /rooms/{id}/state``, ``/context``); a
+    value that is missing is the spec's default, one that is malformed counts as open (fail
+    closed)."""
+    join_rule, guest, visibility, encrypted = "invite", "forbidden", "shared", False
     for event in state:
         if event.get("state_key") != "":
             continue
@@ -196,30 +188,6 @@ def openness_of(state: Sequence[Mapping[str, Any]], base: Openness | None = None
         elif kind == "m.room.encryption" and content:
             encrypted = True
     return Openness(join_rule, guest, visibility, encrypted)
-
-
-def memberships(events: Sequence[Mapping[str, Any]], now: frozenset[str]) -> list[frozenset[str]]:
-    """The room's members (joined or invited) just after each event, oldest first, from the
-    members after the last one (``now``): each ``m.room.member`` event is undone, newest first,
-    with the membership it replaced (``unsigned.prev_content``, which servers send)."""
-    states: list[frozenset[str]] = []
-    current = set(now)
-    for event in reversed(events):
-        states.append(frozenset(current))
-        target = event.get("state_key")
-        if event.get("type") != "m.room.member" or not isinstance(target, str):
-            continue
-        unsigned = event.get("unsigned")
-        prev = unsigned.get("prev_content") if isinstance(unsigned, Mapping) else None
-        if not isinstance(prev, Mapping):
-            prev = event.get("prev_content")
-        before = prev.get("membership") if isinstance(prev, Mapping) else None
-        if before in _MEMBER:
-            current.add(target)
-        else:
-            current.discard(target)
-    states.reverse()
-    return states
 
 
 _OPENNESS_TYPES = frozenset(

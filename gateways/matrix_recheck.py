@@ -24,8 +24,6 @@ from typing import Any
 from contract.messages import Privacy, Reply
 from gateways.matrix_events import Policy, RoomFacts, classify, conversation_of
 
-RANK = {Privacy.OWNER: 0, Privacy.DIRECT: 1, Privacy.GROUP: 2}
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -52,7 +50,7 @@ def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
         then = Privacy.GROUP
     before = reply.extra.get("audience")
     known = {a for a in before if isinstance(a, str)} if isinstance(before, list) else set()
-    if RANK[privacy] <= RANK[then]:
+    if privacy.width <= then.width:
         if conversation == reply.conversation:
             return None
         # another conversation now, but nobody who could not read what the turn was written
@@ -69,7 +67,7 @@ def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
         reasons.append("anyone can read the room")
     elif now.open:
         reasons.append("anyone may join the room")
-    if RANK[privacy] > RANK[then]:
+    if privacy.width > then.width:
         reasons.append(f"it is a {privacy.value} conversation now, not {then.value}")
     if not reasons:
         reasons.append("the room's audience changed")

@@ -116,16 +116,12 @@ def _persons(scope: Scope, persons: Collection[str]) -> list[str]:
     return sorted(out)
 
 
-_CLASSES: dict[Privacy, tuple[str, ...]] = {
-    Privacy.DIRECT: (Privacy.DIRECT.value, Privacy.GROUP.value),
-    Privacy.GROUP: (Privacy.GROUP.value,),
-}
-
-
 def seen_classes(privacy: Privacy) -> tuple[str, ...] | None:
-    """The privacy classes of its own conversation's rows a scope of ``privacy`` sees (None:
-    every class, the owner's)."""
-    return _CLASSES.get(privacy, ()) if privacy is not Privacy.OWNER else None
+    """The privacy classes of its own conversation's rows a scope of ``privacy`` sees: its own
+    and the wider ones (None: every class, the owner's)."""
+    if privacy is Privacy.OWNER:
+        return None
+    return tuple(p.value for p in Privacy if p.width >= privacy.width)
 
 
 def _own_rows(scope: Scope) -> tuple[str, ...]:

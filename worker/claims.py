@@ -51,6 +51,8 @@ def audience_refusal(msg: InboundMessage, is_owner: Callable[[str, str], bool]) 
     sender = msg.sender.strip().lower()
     if sender not in audience and sender.removesuffix(_UNVERIFIED) not in audience:
         return f"the sender {msg.sender!r} is not in the audience the entry names"
+    if msg.privacy is Privacy.GROUP:
+        return ""  # any audience may be a group's (a room of thousands: no lookups)
     others = [a for a in audience if not is_owner(msg.channel, a)]
     if msg.privacy is Privacy.OWNER and others:
         return "privacy owner claimed for an audience of others than the owner"

@@ -94,9 +94,6 @@ def follow_up(report: InboundMessage, report_sid: str, memory: Memory, now_ts: f
     return _tell_owner(report, report_sid, withheld, question, memory=memory, now_ts=now_ts)
 
 
-WIDER = {Privacy.OWNER.value: 0, Privacy.DIRECT.value: 1, Privacy.GROUP.value: 2}
-
-
 def _again(
     question: LogRow, now: dict[str, Any], reply_id: str, *, was: str
 ) -> InboundMessage | None:
@@ -107,7 +104,7 @@ def _again(
     raw = now.get("privacy")
     if not isinstance(raw, str) or raw not in Privacy._value2member_map_:
         return None
-    if raw == Privacy.OWNER.value or WIDER[raw] <= WIDER.get(was, 2):
+    if raw == Privacy.OWNER.value or Privacy(raw).width <= _width(was):
         log.warning("reply.not_answered_again", reply_id=reply_id, was=was, now=raw,
                     detail="the report names no wider audience")  # fmt: skip
         return None
@@ -216,11 +213,18 @@ def _why(report: InboundMessage, withheld: LogRow) -> str:
         more = f" and {len(new) - 5} more" if len(new) > 5 else ""
         reasons.append(f"{', '.join(new[:5])}{more} can read it now")
     privacy = now.get("privacy")
-    if privacy in WIDER and WIDER[str(privacy)] > WIDER.get(withheld.privacy, 2):
+    known = isinstance(privacy, str) and privacy in Privacy._value2member_map_
+    if known and _width(privacy) > _width(withheld.privacy):
         reasons.append(f"it is a {privacy} conversation now, not {withheld.privacy}")
     if not reasons:
         reasons.append("it would reach people it was not written for")
     return "; ".join(reasons)
+
+
+def _width(value: object) -> int:
+    """The width of a recorded class (Privacy.width); an unknown one counts as a group's."""
+    known = Privacy._value2member_map_.get(value) if isinstance(value, str) else None
+    return known.width if isinstance(known, Privacy) else Privacy.GROUP.width
 
 
 def _name(row: LogRow) -> str:

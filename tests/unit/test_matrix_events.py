@@ -15,7 +15,6 @@ from gateways.matrix_events import (
     Policy,
     Rejected,
     RoomFacts,
-    memberships,
     normalize_event,
     room_facts,
     room_of,
@@ -182,30 +181,6 @@ def test_session_round_trip() -> None:
 
 
 # -- audiences (issue 10, case 4) -----------------------------------------------------------------
-
-
-def member(user: str, membership: str, before: str | None) -> dict[str, Any]:
-    unsigned = {"prev_content": {"membership": before}} if before else {}
-    return {"type": "m.room.member", "state_key": user, "content": {"membership": membership},
-            "unsigned": unsigned}  # fmt: skip
-
-
-def test_memberships_are_the_members_just_after_each_event() -> None:
-    text = {"type": "m.room.message", "content": {"body": "hi"}}
-    events = [
-        text,
-        member("@carol:x", "invite", None),
-        text,
-        member("@carol:x", "join", "invite"),
-        member("@bob:x", "leave", "join"),
-        text,
-    ]
-    now = frozenset({BOT, "@owner:x", "@carol:x"})  # after the last event
-    got = memberships(events, now)
-    first = frozenset({BOT, "@owner:x", "@bob:x"})
-    with_carol = first | {"@carol:x"}
-    assert got == [first, with_carol, with_carol, with_carol, now, now]
-    assert memberships([], now) == []
 
 
 @pytest.mark.parametrize("visibility", ["joined", "invited"])

@@ -120,10 +120,7 @@ def test_state_events_give_the_rooms_openness_and_a_malformed_one_opens_it() -> 
     assert openness_of([state("m.room.history_visibility", {})]).history_visibility == (
         "world_readable"
     )
-    # a timeline's state events over what was known
-    base = Openness(join_rule="public")
-    assert openness_of([state("m.room.join_rules", {"join_rule": "invite"})], base) == Openness()
-    assert openness_of([], base) == base
+    assert openness_of([]) == Openness()  # the spec's defaults
 
 
 # -- item 3: encrypted rooms ------------------------------------------------------------------
