@@ -85,6 +85,9 @@ def chat_once(timeout: float) -> dict[str, Any]:
     marks = _worker_marks(home, wall0)
     _cleanup(home)
     ok = code == 0 and "No model is configured" in out
+    missing = [m for m in MILESTONES if m not in marks]
+    if ok and missing:  # the run worked but worker.log no longer says what the table shows
+        ok, err = False, f"worker.log lacks the milestones {missing}"
     return {
         "marks": marks,
         "first_reply_ms": (t_first - t0) * 1000 if first else float("nan"),
@@ -94,6 +97,9 @@ def chat_once(timeout: float) -> dict[str, Any]:
         "ok": ok,
         "detail": "" if ok else f"exit {code}; stdout {out[:200]!r}; stderr {err[-400:]!r}",
     }
+
+
+MILESTONES = ("xadd", "memory.migrated", "worker.lease_acquired", "turn.done")
 
 
 def _worker_marks(home: Path, wall0: float) -> dict[str, float]:
@@ -113,8 +119,16 @@ def _worker_marks(home: Path, wall0: float) -> dict[str, float]:
         if name in ("memory.migrated", "worker.lease_acquired", "turn.done"):
             marks.setdefault(name, (at - wall0) * 1000)
         if name == "turn.done" and "stream_id" in event:
-            marks["xadd"] = (int(event["stream_id"].split("-")[0]) / 1000 - wall0) * 1000
+            marks["xadd"] = (xadd_ms(event["stream_id"]) / 1000 - wall0) * 1000
     return marks
+
+
+def xadd_ms(stream_id: str) -> int:
+    """Redis's clock at XADD, in ms since the epoch, from a stream id as the worker logs it:
+    ``<channel>/<ms>-<seq>`` for a channel's stream (``cli/1795912711080-0``), ``<ms>-<seq>``
+    for the legacy shared stream."""
+    raw = stream_id.rpartition("/")[2]
+    return int(raw.partition("-")[0])
 
 
 def _cleanup(home: Path) -> None:
@@ -130,6 +144,20 @@ def _cleanup(home: Path) -> None:
 def python_pass() -> float:
     t = time.perf_counter()
     subprocess.run([PYTHON, "-c", "pass"], check=True, env=clean_env(Path("/nonexistent")))
+    return (time.perf_counter() - t) * 1000
+
+
+def relaybot_flag(flag: str) -> float:
+    """``relaybot --version`` / ``--help``: what a command that starts nothing costs."""
+    cmd = [str(RELAYBOT)] if RELAYBOT.exists() else [PYTHON, "-m", "relaybot"]
+    t = time.perf_counter()
+    subprocess.run(
+        [*cmd, flag],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=clean_env(Path("/x")),
+        cwd=tempfile.gettempdir(),
+    )
     return (time.perf_counter() - t) * 1000
 
 
@@ -194,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             "floor",
             "imp_cli",
             "imp_worker",
+            "version",
+            "help",
             "xadd",
             "memory.migrated",
             "worker.lease_acquired",
@@ -212,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         runs["floor"].append(py + r_start)
         runs["imp_cli"].append(python_import("relaybot.cli, relaybot.chat"))
         runs["imp_worker"].append(python_import("relaybot.cli, worker.main"))
+        runs["version"].append(relaybot_flag("--version"))
+        runs["help"].append(relaybot_flag("--help"))
         if res["ok"]:
             for mark, ms in res["marks"].items():
                 runs[mark].append(ms)
@@ -242,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         row("baseline: redis-server until PING", "redis", "embedded args, unix socket"),
         row("baseline floor (sum)", "floor", "python -c pass + redis until PING"),
         row("(info) redis-server stop", "redis_stop", "SHUTDOWN -> exited"),
+        row("(info) relaybot --version", "version", "starts nothing"),
+        row("(info) relaybot --help", "help", "starts nothing"),
         row(
             "(info) python -c 'import relaybot.cli, relaybot.chat'",
             "imp_cli",
@@ -288,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                     ["first reply / floor", f"{first / floor:.2f}"],
                     ["total / floor", f"{total / floor:.2f}"],
                     ["added by relaybot until first reply (ms)", f"{first - floor:.0f}"],
+                    [
+                        "relaybot --version / python -c pass",
+                        f"{median(runs['version']) / median(runs['py']):.2f}",
+                    ],
                 ],
                 title="relaybot vs the floor (medians)",
             )
