@@ -22,6 +22,13 @@ from memory.rows import INSERT
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"  # gitignored: generated data, profiles, logs
+# Data sets the benchmarks read but the repository never holds: ../shared/data next to the
+# repository (its README says what each is). Never an absolute machine path.
+SHARED_DATA = REPO / ".." / "shared" / "data"
+SMOKE_HELP = (
+    "the smallest run, for the test suite (tests/integration/test_bench_smoke.py): it checks "
+    "that the benchmark runs; its figures mean nothing"
+)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -100,6 +107,17 @@ class BenchRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def shared_data(name: str) -> Path:
+    """The data set ``name`` under ../shared/data, or a clear exit when it is not there."""
+    path = (SHARED_DATA / name).resolve()
+    if not path.is_dir():
+        raise SystemExit(
+            f"benchmark data missing: {path} (the data set {name!r} is read from "
+            f"../shared/data/{name} next to the repository, {REPO}; see bench/README.md)"
+        )
+    return path
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ server's own arguments, until PING answers on its unix socket.
 
     .venv/bin/python -m bench.coldstart            # 5 repetitions
     .venv/bin/python -m bench.coldstart --quick    # 2 repetitions
+    .venv/bin/python -m bench.coldstart --smoke    # 1 repetition (the test suite's run)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 import redis
 
-from bench._common import REPO, machine_note, median, table
+from bench._common import REPO, SMOKE_HELP, machine_note, median, table
 from contract.config import load_config
 from deploy import embedded
 
@@ -200,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.coldstart", description=__doc__.split("\n")[0]
     )
     p.add_argument("--quick", action="store_true", help="2 repetitions")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (1 repetition)")
     p.add_argument("--reps", type=int, help="repetitions (default 5)")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args(argv)
-    reps = args.reps or (2 if args.quick else 5)
+    reps = args.reps or (1 if args.smoke else 2 if args.quick else 5)
     print(machine_note())
     print(
         f"command: {RELAYBOT if RELAYBOT.exists() else PYTHON + ' -m relaybot'} chat -m hi "

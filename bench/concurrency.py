@@ -40,7 +40,7 @@ from typing import Any
 
 import redis
 
-from bench._common import OUT, REPO, BenchRedis, machine_note
+from bench._common import OUT, REPO, SMOKE_HELP, BenchRedis, machine_note
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 
@@ -638,7 +638,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flood", type=int, help="group messages before the owner's (3 x limit)")
     p.add_argument("--skip", nargs="*", default=[], choices=["at-once", "collect", "priority"])
     p.add_argument("--verbose", action="store_true", help="the worker logs at DEBUG (INFO)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=SMOKE_HELP + " (D 0.2, N 2, k 2, limit 4, a flood of 2 at limit 2)",
+    )
     args = p.parse_args(argv)
+    if args.smoke:
+        args.quick = True
+        args.delays, args.sessions, args.bursts = [0.2], [2], [2]
+        args.limit, args.priority_limit, args.flood = 4, 2, 2
     delays = args.delays or ([0.5] if args.quick else [0.5, 2.0])
     ns = args.sessions or ([1, 4] if args.quick else [1, 4, 8, 16])
     ks = args.bursts or ([1, 5] if args.quick else [1, 5, 20])
@@ -764,10 +773,18 @@ def main(argv: list[str] | None = None) -> int:
             print()
     print("\n\n".join(report))
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / "concurrency.json"
+    path = OUT / ("concurrency-smoke.json" if args.smoke else "concurrency.json")
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"\nresults: {path}")
-    return 0
+    failed = [
+        row
+        for step in ("at_once", "collect", "priority")
+        for row in results.get(step, [])
+        if row["status"] != "ok"
+    ]
+    for row in failed:  # a round that did not finish measured nothing
+        print(f"FAILED: {row}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

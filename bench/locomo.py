@@ -1,13 +1,13 @@
 """Retrieval quality of search_history on LoCoMo, against plain BM25, side by side in one run.
 
-Data: /work/shared/data/locomo-dev/ (three LoCoMo conversations; read from there, never copied;
-its README explains the scoring). Each conversation gets a memory database of its own, written
-through the worker's write path (``Identity.append_inbound`` → ``MemoryStore.append_inbound``, in
-the store's transaction): each session a conversation, each turn a message with the speaker as
-sender and the session's date as its time (a turn's image caption is part of its text as
-``[image: ...]``). Then every question (categories 1-4 whose evidence turns exist) is asked of
-``memory.search.search`` -- the same function the model's ``search_history`` tool calls -- in the
-owner's scope, and the ranked messages are scored:
+Data: ../shared/data/locomo-dev/ next to the repository (three LoCoMo conversations; read from
+there, never copied; its README explains the scoring). Each conversation gets a memory database of
+its own, written through the worker's write path (``Identity.append_inbound`` →
+``MemoryStore.append_inbound``, in the store's transaction): each session a conversation, each turn
+a message with the speaker as sender and the session's date as its time (a turn's image caption is
+part of its text as ``[image: ...]``). Then every question (categories 1-4 whose evidence turns
+exist) is asked of ``memory.search.search`` -- the same function the model's ``search_history``
+tool calls -- in the owner's scope, and the ranked messages are scored:
 
 - ``recall_any@k``: at least one evidence turn in the top k;
 - ``recall_all@k``: every evidence turn in the top k;
@@ -25,6 +25,7 @@ number of private turns returned (as hits or as context lines) must be zero. The
 which may see them, is shown for contrast.
 
     .venv/bin/python -m bench.locomo
+    .venv/bin/python -m bench.locomo --smoke    # one conversation (the test suite's run)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench._common import machine_note, table
+from bench._common import SMOKE_HELP, machine_note, shared_data, table
 from contract import logs
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.identity import Identity, OwnerResolver
@@ -50,8 +51,9 @@ from memory.privacy import Scope
 from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore
 
-DATA = Path("/work/shared/data/locomo-dev")
+DATA_SET = "locomo-dev"  # under ../shared/data (bench._common.shared_data)
 SAMPLES = ("26", "30", "41")
+SMOKE_SAMPLES = ("26",)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DEPTH = 50  # hits asked for (the tool's maximum): enough for 10 turns and 5 distinct sessions
 ASSISTANT = "relaybot"
@@ -109,8 +111,13 @@ def session_time(text: str) -> float:
     return datetime.strptime(text, "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
 
 
+def data_file(name: str) -> Path:
+    """A LoCoMo sample's file, ``../shared/data/locomo-dev/<name>.json``."""
+    return shared_data(DATA_SET) / f"{name}.json"
+
+
 def load(name: str) -> Sample:
-    raw = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
+    raw = json.loads(data_file(name).read_text(encoding="utf-8"))
     sample = Sample(name, (raw["speaker_a"], raw["speaker_b"]))
     for key, value in raw.items():
         m = re.fullmatch(r"session_(\d+)", key)
@@ -397,13 +404,15 @@ def main(argv: list[str] | None = None) -> int:
         help="try another ranking (memory.search.Ranking field); the default is what ships",
     )
     p.add_argument("--no-privacy", action="store_true", help="skip the privacy check")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one conversation)")
     args = p.parse_args(argv)
     logs.configure("bench", level="WARNING")
     ranking = parse_ranking(args.set)
     print(machine_note())
     if ranking != RANKING:
         print(f"ranking: {ranking} (NOT the default)")
-    samples = [load(s) for s in SAMPLES]
+    names_run = SMOKE_SAMPLES if args.smoke else SAMPLES
+    samples = [load(s) for s in names_run]
     questions = sum(len(s.questions) for s in samples)
     turns = sum(1 for s in samples for _ in s.turns())
     print(
@@ -421,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(["", "search_history", *(ours.rate(group, m) for m in names)])
         print()
         print(
-            table(["questions", "ranker", *names], rows, title="Recall on LoCoMo (dev: 26, 30, 41)")
+            table(
+                ["questions", "ranker", *names],
+                rows,
+                title=f"Recall on LoCoMo (dev: {', '.join(names_run)})",
+            )
         )
         lat = sorted(latencies)
         print(

@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from bench._common import OUT, BenchRedis, cpu_seconds, machine_note, median, pct, table
+from bench._common import OUT, SMOKE_HELP, BenchRedis, cpu_seconds, machine_note, median, pct, table
 from contract.durable import Durable
 from contract.keys import Keys
 from contract.messages import CHANNELS, InboundMessage, Privacy
@@ -665,14 +665,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--profile", action="store_true", help="cProfile the real worker and exit")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=SMOKE_HELP + " (300 messages, 50 for latency, unix socket only)",
+    )
     args = p.parse_args(argv)
     quick = args.quick
-    n = args.messages or (3000 if quick else 20_000)
-    n_warm = args.warmup if args.warmup is not None else (300 if quick else 2000)
-    rounds = args.rounds or (1 if quick else 3)
-    n_lat = args.latency_messages or (200 if quick else 1000)
-    lat_warm = 20 if quick else 100
-    transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
+    if args.smoke:
+        n, n_warm, rounds, n_lat, lat_warm = 300, 50, 1, 50, 10
+        transports = ["unix"]
+    else:
+        n = args.messages or (3000 if quick else 20_000)
+        n_warm = args.warmup if args.warmup is not None else (300 if quick else 2000)
+        rounds = args.rounds or (1 if quick else 3)
+        n_lat = args.latency_messages or (200 if quick else 1000)
+        lat_warm = 20 if quick else 100
+        transports = ["unix", "tcp"] if args.transport == "both" else [args.transport]
     opts = Opts(log_level=args.log_level, timeout=120.0, mix=args.mix, notes=args.notes)
     systems = list(SYSTEMS) if args.consumer == "both" else [args.consumer]
 
@@ -757,7 +766,10 @@ def main(argv: list[str] | None = None) -> int:
                 "added = relaybot - bare bus)",
             )
         )
-    return 0
+    failed = [r for label in servers for r in (*tp[label], *lat[label]) if r["status"] != "ok"]
+    for r in failed:  # a run that lost, doubled or dead-lettered messages measured nothing
+        print(f"FAILED check: {r['transport']} {r['system']}: {r['status']}")
+    return 1 if failed else 0
 
 
 def mode_summary(

@@ -39,7 +39,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from bench._common import OUT, insert_log_rows, machine_note, median, pct, table
+from bench._common import OUT, SMOKE_HELP, insert_log_rows, machine_note, median, pct, table
 from bench.context import _CONVERSATIONS, ASSISTANT, T0
 from contract import logs
 from contract.messages import Privacy
@@ -394,9 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="10k and 100k, fewer repetitions")
     p.add_argument("--sizes", help="comma-separated message counts (default 10000,100000,1000000)")
     p.add_argument("--regenerate", action="store_true", help="rebuild the cached data sets")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (1,000 messages)")
     args = p.parse_args(argv)
     logs.configure("bench", level="WARNING")
-    if args.sizes:
+    args.quick = args.quick or args.smoke
+    if args.smoke and not args.sizes:
+        sizes = [1_000]
+    elif args.sizes:
         sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
     else:
         sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]

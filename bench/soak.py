@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from bench._common import BenchRedis, cpu_seconds, machine_note, pct, table
+from bench._common import SMOKE_HELP, BenchRedis, cpu_seconds, machine_note, pct, table
 from bench.pipeline import KEYS, OWNER_CONFIG, REPLY_KEYS, STREAMS, make_fields, run_consumer
 from contract.keys import Keys
 
@@ -305,7 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-aof", action="store_true", help="Redis without appendonly everysec")
     p.add_argument("--log-level", default="INFO", help="the worker's log level (INFO)")
+    p.add_argument(
+        "--smoke", action="store_true", help=SMOKE_HELP + " (4 s at 50 msg/s, a sample a second)"
+    )
     args = p.parse_args(argv)
+    if args.smoke:
+        args.duration, args.rate, args.every = 4.0, 50.0, 1.0
 
     print(machine_note())
     retention = "24 h (default)" if args.retention is None else f"{args.retention:g} s"

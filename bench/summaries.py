@@ -1,7 +1,7 @@
 """Layer 1 on LoCoMo: what conversation summaries add to retrieval, beside plain BM25, one run.
 
-Data: /work/shared/data/locomo-dev/ (read from there, never copied). Each conversation is written
-through the worker's write path as in bench/locomo.py, in two layouts:
+Data: ../shared/data/locomo-dev/ next to the repository (read from there, never copied). Each
+conversation is written through the worker's write path as in bench/locomo.py, in two layouts:
 
 - **sessions**: each LoCoMo session a conversation of its own (as bench/locomo.py);
 - **one room**: every session of a sample in one conversation, as two people who keep talking in
@@ -30,6 +30,7 @@ The last one times a search (owner scope, the one-room layout with the dataset's
 segments and without (``Ranking(segments=False)``).
 
     .venv/bin/python -m bench.summaries
+    .venv/bin/python -m bench.summaries --smoke    # one conversation (the test suite's run)
 """
 
 from __future__ import annotations
@@ -45,17 +46,18 @@ from typing import Any
 
 import fakeredis
 
-from bench._common import machine_note, table
+from bench._common import SMOKE_HELP, machine_note, table
 from bench.locomo import (
     BM25,
     CATEGORIES,
-    DATA,
     DEPTH,
     METRICS,
     OWNER_SCOPE,
     SAMPLES,
+    SMOKE_SAMPLES,
     Sample,
     Tally,
+    data_file,
     dia_of,
     ingest,
     load,
@@ -96,7 +98,7 @@ class ReplayModel:
 def summarise(store: MemoryStore, cfg: Config, sample: Sample, model: ModelPort) -> int:
     """Derive and apply one summary per session (its range: its turns' rows, in whichever
     conversation they are); how many were applied."""
-    raw = json.loads((DATA / f"{sample.name}.json").read_text(encoding="utf-8"))
+    raw = json.loads(data_file(sample.name).read_text(encoding="utf-8"))
     r = fakeredis.FakeRedis()
     for s in sorted(sample.sessions):
         ids = [t.dia_id for t in sample.sessions[s][1]]
@@ -198,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.summaries", description=__doc__.split("\n")[0]
     )
-    p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one conversation)")
+    args = p.parse_args(argv)
     logs.configure("bench", level="WARNING")
     print(machine_note())
-    samples = [load(s) for s in SAMPLES]
+    names_run = SMOKE_SAMPLES if args.smoke else SAMPLES
+    dev = f"(dev: {', '.join(names_run)})"
+    samples = [load(s) for s in names_run]
     with tempfile.TemporaryDirectory(prefix="summaries-") as tmp:
         results = run(samples, Path(tmp))
     names = [m[0] for m in METRICS]
@@ -214,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append([label, ranker, *(tally.rate(group, m) for m in names)])
         print()
         print(table(["questions", "ranker", *names], rows,
-                    title=f"Recall on LoCoMo with layer-1 summaries, {layout} "
-                          "(dev: 26, 30, 41)"))  # fmt: skip
+                    title=f"Recall on LoCoMo with layer-1 summaries, {layout} {dev}"))  # fmt: skip
     rows = []
     for layout in LAYOUTS:
         for n, (name, tally) in enumerate(results.calls[layout].items()):

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench._common import machine_note, median, pct, table
+from bench._common import SMOKE_HELP, machine_note, median, pct, table
 from bench.context import (
     _WORDS,
     ASSISTANT,
@@ -127,10 +127,14 @@ def measure(size: int, work: Path, quick: bool) -> list[list[Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.summary_context")
     p.add_argument("--quick", action="store_true", help="10k and 100k only")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (1,000 messages)")
     args = p.parse_args(argv)
     logs.configure("bench", level="WARNING")
     print(machine_note())
-    sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
+    if args.smoke:
+        args.quick, sizes = True, (1_000,)
+    else:
+        sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sumctx-") as tmp:
         for size in sizes:

@@ -1,0 +1,110 @@
+"""Every benchmark runs, at its smallest size, so a broken benchmark fails CI.
+
+Each ``bench/<name>.py`` is run as ``python -m bench.<name> --smoke`` in a subprocess with the
+project's interpreter, from the repository root, as bench/README.md says to run it: it starts its
+own servers (redis-server, the worker, a model endpoint) as its full run does. A run passes when it
+exits 0 and prints its result line(s) with figures in them (``RESULTS``: regular expressions over
+its stdout, one line each). The figures themselves are not checked: at this size they mean nothing.
+
+bench.locomo and bench.summaries read the LoCoMo dev data from ``../shared/data/locomo-dev`` next
+to the repository (bench/README.md, "Data"), which CI machines have: without it they fail here,
+saying where the data was looked for.
+
+About 45 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"[\d,]+(?:\.\d+)?"  # a figure as bench._common.table prints it ('-' is nan: not one)
+
+# benchmark -> the lines its smoke run must print (re.MULTILINE, searched in stdout)
+RESULTS: dict[str, tuple[str, ...]] = {
+    "pipeline": (
+        rf"^unix\s+relaybot\s+1\s+300\s+{NUM}\s+{NUM}\s.*\bok$",  # throughput, checked
+        rf"^unix\s+relaybot\s+50\s+{NUM}\s.*\bok$",  # latency, checked
+        rf"^unix\s+-?{NUM}\s+-?{NUM}\s+-?{NUM}$",  # added over the bare bus
+    ),
+    "context": (
+        rf"^1,000\s+owner\s+1,000\s+{NUM}\s.*\byes$",  # 'same ctx': all builds agree
+        rf"^1,000\s+direct\s+{NUM}\s.*\byes$",
+    ),
+    "coldstart": (
+        r"^Cold start, zero-config \(1 of 1 runs ok\)$",
+        rf"^the chat process XADDs 'hi' \(stream id\)\s+{NUM}\s",
+        rf"^first reply / floor\s+{NUM}$",
+        rf"^relaybot --version / python -c pass\s+{NUM}$",
+    ),
+    "search": (
+        rf"^\s+1,000: owner p50 {NUM} ms, p95 {NUM} ms; squidbot p50 {NUM} ms$",
+        rf"^question\s+{NUM}\s+{NUM}\s",
+    ),
+    "locomo": (
+        rf"^all \(n={NUM}\)\s+BM25\s+{NUM}\s",
+        rf"^\s+search_history\s+{NUM}\s",
+        r"^privacy: OK \(no private turn reached another scope\)$",
+    ),
+    "summaries": (
+        rf"^\s+\+ summaries \(dataset\)\s+{NUM}\s",
+        rf"^segments on\s+{NUM}\s+{NUM}\s+{NUM}$",
+    ),
+    "soak": (rf"^messages 200, achieved {NUM} msg/s; .*; check: ok$",),
+    "concurrency": (
+        r"^\| 0\.20 \| 2 \| 4 \| .* \| ok \|$",  # N sessions at once
+        r"^\| 0\.20 \| at once \| 2 \| .* \| ok \|$",  # collect vs followup
+        r"^\| 0\.20 \| 2 \| 2 \| .* \| ok \|$",  # owner priority
+    ),
+    "summary_context": (rf"^1,000\s+direct\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",),
+}
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    assert benchmarks() == sorted(RESULTS), "a benchmark without a smoke run (add it to RESULTS)"
+
+
+def bench_env() -> dict[str, str]:
+    """The caller's environment without relaybot's settings (a benchmark sets up its own)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RELAYBOT_", "OPENAI_")) and k != "REDIS_URL"
+    }
+    env["RELAYBOT_DOTENV"] = ""  # a developer's .env never reaches a test
+    return env
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_the_benchmark_runs(name: str) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", "--smoke"],
+        cwd=ROOT,
+        env=bench_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    secs = time.monotonic() - started
+    said = f"bench.{name} --smoke ({secs:.1f} s), stdout:\n{proc.stdout[-4000:]}\nstderr:\n"
+    said += proc.stderr[-4000:]
+    assert proc.returncode == 0, f"exit {proc.returncode}: {said}"
+    missing = [p for p in RESULTS[name] if not re.search(p, proc.stdout, re.MULTILINE)]
+    assert not missing, f"no result line {missing}: {said}"
