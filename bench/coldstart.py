@@ -47,6 +47,7 @@ def clean_env(home: Path) -> dict[str, str]:
         if not k.startswith(("RELAYBOT_", "OPENAI_")) and k != "REDIS_URL"
     }
     env["RELAYBOT_HOME"] = str(home)
+    env["RELAYBOT_DOTENV"] = ""  # no .env of the working directory (a temporary one) either
     env.pop("PYTHONPATH", None)
     return env
 
