@@ -4,7 +4,9 @@ Each repetition uses a fresh, empty RELAYBOT_HOME, no REDIS_URL and no model, so
 starts the embedded redis-server, spawns a worker, creates the memory database, sends "hi",
 prints the worker's "no model is configured" reply and shuts everything down. Timed from the
 moment the process is started: until the first byte of the reply arrives on its stdout, and until
-the process has exited (after stopping the worker and Redis).
+the process has exited (after stopping the worker and Redis). Beside it, the everyday path: the
+same command when the worker already runs (``relaybot redis`` and ``relaybot worker`` started
+first in another fresh home, as honcho runs them), and ``relaybot --version`` and ``--help``.
 
 Baseline, side by side in the same repetitions: the floor that any Python tool that starts its own
 Redis pays — ``python -c pass`` (interpreter start) plus redis-server, started with the embedded
@@ -57,11 +59,13 @@ def fresh_home() -> Path:
     return Path(tempfile.mkdtemp(prefix="rbc-", dir="/tmp")) / "home"
 
 
-def chat_once(timeout: float) -> dict[str, Any]:
-    """One ``relaybot chat -m hi`` in a fresh home; times in milliseconds."""
-    home = fresh_home()
-    cmd = [str(RELAYBOT)] if RELAYBOT.exists() else [PYTHON, "-m", "relaybot"]
-    cmd += ["chat", "-m", "hi", "--timeout", str(timeout)]
+def relaybot_cmd() -> list[str]:
+    return [str(RELAYBOT)] if RELAYBOT.exists() else [PYTHON, "-m", "relaybot"]
+
+
+def timed_chat(home: Path, timeout: float) -> dict[str, Any]:
+    """``relaybot chat -m hi`` in ``home``: until the reply's first byte and until it exited."""
+    cmd = [*relaybot_cmd(), "chat", "-m", "hi", "--timeout", str(timeout)]
     wall0 = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -84,14 +88,9 @@ def chat_once(timeout: float) -> dict[str, Any]:
     t_exit = time.perf_counter()
     err = proc.stderr.read().decode(errors="replace")
     out = b"".join(chunks).decode(errors="replace")
-    marks = _worker_marks(home, wall0)
-    _cleanup(home)
     ok = code == 0 and "No model is configured" in out
-    missing = [m for m in MILESTONES if m not in marks]
-    if ok and missing:  # the run worked but worker.log no longer says what the table shows
-        ok, err = False, f"worker.log lacks the milestones {missing}"
     return {
-        "marks": marks,
+        "wall0": wall0,
         "first_reply_ms": (t_first - t0) * 1000 if first else float("nan"),
         "total_ms": (t_exit - t0) * 1000,
         "shutdown_ms": (t_exit - t_first) * 1000,
@@ -99,6 +98,58 @@ def chat_once(timeout: float) -> dict[str, Any]:
         "ok": ok,
         "detail": "" if ok else f"exit {code}; stdout {out[:200]!r}; stderr {err[-400:]!r}",
     }
+
+
+def chat_once(timeout: float) -> dict[str, Any]:
+    """One ``relaybot chat -m hi`` in a fresh home; times in milliseconds."""
+    home = fresh_home()
+    try:
+        res = timed_chat(home, timeout)
+        res["marks"] = marks = _worker_marks(home, res["wall0"])
+    finally:  # a run that failed leaves no Redis and no home behind
+        _cleanup(home)
+    missing = [m for m in MILESTONES if m not in marks]
+    if res["ok"] and missing:  # the run worked but worker.log no longer says what the table shows
+        res["ok"], res["detail"] = False, f"worker.log lacks the milestones {missing}"
+    return res
+
+
+def chat_to_running_worker(timeout: float) -> dict[str, Any]:
+    """``relaybot chat -m hi`` when the worker already runs (``relaybot redis`` and ``relaybot
+    worker`` started first in the same fresh home, as honcho runs them): the everyday path."""
+    home = fresh_home()
+    home.mkdir(parents=True)
+    env = {**clean_env(home), "RELAYBOT_LOG_FORMAT": "json"}
+    log = home.parent / "worker.err"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for role, err in (("redis", subprocess.DEVNULL), ("worker", log.open("wb"))):
+            procs.append(
+                subprocess.Popen(
+                    [*relaybot_cmd(), role],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=env,
+                    cwd=tempfile.gettempdir(),
+                )
+            )
+        deadline = time.monotonic() + timeout
+        while b"worker.lease_acquired" not in log.read_bytes():
+            if time.monotonic() > deadline or procs[-1].poll() is not None:
+                tail = log.read_bytes()[-400:].decode(errors="replace")
+                return {"ok": False, "detail": f"the worker did not take its lease: {tail!r}"}
+            time.sleep(0.02)
+        return timed_chat(home, timeout)
+    finally:
+        for proc in reversed(procs):  # the worker first, then its Redis
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        _cleanup(home)
 
 
 MILESTONES = ("xadd", "memory.migrated", "worker.lease_acquired", "turn.done")
@@ -227,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             "imp_worker",
             "version",
             "help",
+            "warm_first",
+            "warm_total",
             "xadd",
             "memory.migrated",
             "worker.lease_acquired",
@@ -247,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         runs["imp_worker"].append(python_import("relaybot.cli, worker.main"))
         runs["version"].append(relaybot_flag("--version"))
         runs["help"].append(relaybot_flag("--help"))
+        warm = chat_to_running_worker(args.timeout)
+        if warm["ok"]:
+            runs["warm_first"].append(warm["first_reply_ms"])
+            runs["warm_total"].append(warm["total_ms"])
+        else:
+            failures.append(f"worker running: {warm['detail']}")
         if res["ok"]:
             for mark, ms in res["marks"].items():
                 runs[mark].append(ms)
@@ -257,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(res["detail"])
         print(
             f"  rep {i + 1}: first reply {res['first_reply_ms']:.0f} ms, total "
-            f"{res['total_ms']:.0f} ms, floor {py + r_start:.0f} ms"
-            + ("" if res["ok"] else f"  FAILED: {res['detail']}"),
+            f"{res['total_ms']:.0f} ms, floor {py + r_start:.0f} ms; worker running: total "
+            f"{warm.get('total_ms', float('nan')):.0f} ms"
+            + ("" if res["ok"] else f"  FAILED: {res['detail']}")
+            + ("" if warm["ok"] else f"  FAILED (worker running): {warm['detail']}"),
             flush=True,
         )
     print()
@@ -273,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         row("relaybot chat: first reply printed", "first", "start -> first byte on stdout"),
         row("relaybot chat: total", "total", "start -> process exited"),
         row("relaybot chat: shutdown", "shutdown", "reply printed -> exited"),
+        row("relaybot chat, worker running: first reply", "warm_first", "start -> first byte"),
+        row("relaybot chat, worker running: total", "warm_total", "start -> process exited"),
         row("baseline: python -c pass", "py", "interpreter start"),
         row("baseline: redis-server until PING", "redis", "embedded args, unix socket"),
         row("baseline floor (sum)", "floor", "python -c pass + redis until PING"),
@@ -328,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
                     [
                         "relaybot --version / python -c pass",
                         f"{median(runs['version']) / median(runs['py']):.2f}",
+                    ],
+                    [
+                        "relaybot --help / python -c pass",
+                        f"{median(runs['help']) / median(runs['py']):.2f}",
+                    ],
+                    [
+                        "chat to a running worker (total) / python -c pass",
+                        f"{median(runs['warm_total']) / median(runs['py']):.2f}",
                     ],
                 ],
                 title="relaybot vs the floor (medians)",
