@@ -28,6 +28,7 @@ from contract.messages import InboundMessage, Privacy, Reply
 from memory import fence, fts
 from memory.caches import RecentRows
 from memory.checkpoint import WAL_SIZE_LIMIT
+from memory.errors import translated
 from memory.rows import (
     BY_KEY,
     INSERT,
@@ -80,7 +81,8 @@ class MemoryStore:
         self.readonly = readonly
         self._closed = False
         self._reader = RowReader()
-        self._conn = self._open(sync)
+        with translated():  # opening is an entry point: memory's own error, SQLite's text
+            self._conn = self._open(sync)
         self._caches = RecentRows(
             self._conn,
             self._reader.convert,
