@@ -55,7 +55,6 @@ log = structlog.get_logger(__name__)
 CLI_CHANNEL = "cli"
 OWNER = "owner"
 KINDS = ("person", "agent", "service", "group")
-LINK_STATUSES = ("verified", "suggested", "unlinked", "rejected")
 _CHANNEL = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _ENTITY_ID = re.compile(r"^(owner|e-[0-9a-f]{4,32})$")
 

@@ -399,13 +399,6 @@ class MemoryStore:
             [(sid, answered_by) for sid in stream_ids if sid != answered_by],
         )
 
-    def covers_of(self, answered_by: str) -> list[str]:
-        """The entries the reply keyed by ``answered_by`` answers besides its own key."""
-        rows = self._conn.execute(
-            "SELECT stream_id FROM reply_covers WHERE answered_by = ?", (answered_by,)
-        ).fetchall()
-        return [str(r[0]) for r in rows]
-
     def inbound_by_event(self, msg: InboundMessage) -> str | None:
         """The stream id of the inbound row first recorded for this platform event, from the
         same sender in the same session and conversation, if any. An event id alone proves
