@@ -83,6 +83,12 @@ class MemoryStore:
         self._reader = RowReader()
         with translated():  # opening is an entry point: memory's own error, SQLite's text
             self._conn = self._open(sync)
+            self._start(readonly, cache_rows, conversation_rows, conversations)
+
+    def _start(
+        self, readonly: bool, cache_rows: int, conversation_rows: int, conversations: int
+    ) -> None:
+        """The caches and the newest time, read once the connection is open."""
         self._caches = RecentRows(
             self._conn,
             self._reader.convert,
