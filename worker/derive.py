@@ -35,12 +35,9 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
 from contract.config import Config
-from memory import summaries
-from memory.facade import Memory
-from memory.rows import LogRow
-from memory.segments import segment
-from memory.store import MemoryStore
-from memory.writer import blanked_summaries, log_top, new_rows
+from memory.turns import Memory
+from memory.types import LogRow
+from memory.writer import MemoryStore, blanked_summaries, log_top, new_rows, segment, summaries
 
 log = structlog.get_logger(__name__)
 

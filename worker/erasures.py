@@ -20,9 +20,8 @@ from typing import Any
 import structlog
 
 from contract.messages import Reply, ReplyKind
-from memory.facade import Memory
-from memory.store import MemoryStore
-from memory.writer import any_erasure
+from memory.turns import Memory
+from memory.writer import MemoryStore, any_erasure
 from worker.scrub import Scrubber
 from worker.streams import Entry
 

@@ -28,12 +28,10 @@ from contract.messages import (
     decode_lenient,
     new_reply_id,
 )
-from memory import summaries
-from memory.facade import Memory, MemorySettings, MemoryUnwritable
-from memory.provenance import DrewOn
-from memory.rows import LogRow
-from memory.store import MemoryStore
-from memory.writer import inbound_event
+from memory.errors import MemoryUnwritable
+from memory.turns import Memory, MemorySettings
+from memory.types import DrewOn, LogRow
+from memory.writer import MemoryStore, inbound_event, summaries
 from worker import redactions, withheld
 from worker.agent import TurnResult, run_turn
 from worker.claims import audience_refusal
