@@ -46,7 +46,8 @@ from bench._common import machine_note, table
 from contract import logs
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
 from memory.bulk import first_sender_entity
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.privacy import Scope
 from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore

@@ -40,7 +40,8 @@ from memory.errors import FencedOut as FencedOut  # noqa: PLC0414 (its old home)
 from memory.errors import MemoryUnwritable as MemoryUnwritable  # noqa: PLC0414 (its old home)
 from memory.errors import translated
 from memory.fence import is_fenced
-from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, owner_handles
+from memory.identity import OwnerResolver, OwnerView, ScopedAlias, owner_handles
+from memory.identity_writer import Identity
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
 from memory.provenance import DrewOn

@@ -4,8 +4,8 @@ What the application shows of identity (``relaybot entities list|show``, a searc
 and what memory's readers ask: entities, their handles, links and their history, the person an
 entity is part of, references resolved, merges, and how many messages each entity has where.
 It only reads: identity's writers (a handle seen for the first time, the owner's row, merges,
-links) run on the writer side only, in the worker's transaction (:class:`memory.identity.Identity`
-and the owner commands, memory/commands.py). Every method raises
+links) run on the writer side only, in the worker's transaction (memory/identity_writer.py:
+:class:`~memory.identity_writer.Identity` and the owner commands). Every method raises
 :class:`memory.errors.MemoryUnavailable` when the database fails, and ``LookupError`` for a
 reference that names nobody.
 """
@@ -67,7 +67,7 @@ class People:
 
     @translating
     def resolve(self, ref: str) -> str:
-        """The entity ``ref`` names (identity.resolve_ref, never creating one)."""
+        """The entity ``ref`` names (identity.resolve_ref; creating one is a writer's job)."""
         return identity.resolve_ref(self._conn, ref)
 
     @translating

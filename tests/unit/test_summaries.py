@@ -17,7 +17,8 @@ from contract.messages import InboundMessage, Kind, Privacy, Reply
 from memory import summaries
 from memory.erasure import erase
 from memory.facade import Memory
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.rows import LogRow
 from memory.segments import fallback_summary, parse_pause, parse_summary, segment
 from memory.store import MemoryStore
