@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sqlite3
 import statistics
 import subprocess
 import tempfile
@@ -17,8 +16,7 @@ from typing import Any
 import redis
 
 from deploy.embedded import redis_binary
-from memory.fts import index_pending
-from memory.rows import INSERT
+from memory.bulk import BulkLoad
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"  # gitignored: generated data, profiles, logs
@@ -189,10 +187,7 @@ def machine_note() -> str:
     )
 
 
-def insert_log_rows(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+def insert_log_rows(load: BulkLoad, rows: list[tuple[Any, ...]]) -> None:
     """Bulk-insert generated log rows (MemoryStore's INSERT parameters) in one transaction and
     index them for full-text search in one statement, as the worker does a batch."""
-    conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(INSERT, rows)
-    index_pending(conn)
-    conn.execute("COMMIT")
+    load.insert_log(rows)

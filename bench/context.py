@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import sqlite3
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from bench._common import OUT, SMOKE_HELP, insert_log_rows, machine_note, median
 from contract import logs
 from contract.config import DEFAULT_SYSTEM_PROMPT
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
+from memory.bulk import BulkLoad, log_top, rows_in
 from memory.context import build_context
 from memory.privacy import Scope, visible_history
 from memory.rows import LOG_COLUMNS, LogRow
@@ -235,8 +235,7 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
     for p in (tmp_db, Path(f"{tmp_db}-wal"), Path(f"{tmp_db}-shm")):
         p.unlink(missing_ok=True)
     MemoryStore(tmp_db).close()  # the schema, exactly as the worker creates it
-    conn = sqlite3.connect(tmp_db, isolation_level=None)
-    conn.execute("PRAGMA synchronous = OFF")
+    conn = BulkLoad(tmp_db)
     chunk: list[tuple[Any, ...]] = []
     with open(jl.with_suffix(".tmp"), "w", encoding="utf-8") as out:
         lines: list[str] = []
@@ -250,8 +249,7 @@ def dataset(size: int, regenerate: bool = False) -> tuple[Path, Path, float | No
         if chunk:
             insert_log_rows(conn, chunk)
             out.write("\n".join(lines) + "\n")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    conn.close()  # the WAL checkpointed into the database
     MemoryStore(tmp_db).close()  # as the worker leaves it (PRAGMA optimize)
     Path(f"{tmp_db}-wal").unlink(missing_ok=True)
     Path(f"{tmp_db}-shm").unlink(missing_ok=True)
@@ -392,13 +390,10 @@ def timed(fn: Callable[[], Any], *, reps: int, budget_s: float, min_reps: int = 
 
 def measure(size: int, db: Path, jl: Path, quick: bool) -> list[dict[str, Any]]:
     results = []
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    next_id = conn.execute("SELECT max(id) FROM log").fetchone()[0] + 1
-    now = conn.execute("SELECT max(recorded_ts) FROM log").fetchone()[0] + 1.0
-    in_conv = conn.execute(
-        "SELECT count(*) FROM log WHERE conversation = ?", (DIRECT_CONV,)
-    ).fetchone()[0]
-    conn.close()
+    with MemoryStore(db, readonly=True) as facts:
+        top, newest = log_top(facts)
+        in_conv = rows_in(facts, DIRECT_CONV)
+    next_id, now = top + 1, newest + 1.0
     reps = 30 if quick else 200
     for scope_name, scope in (
         ("owner", Scope(conversation=OWNER_CONV, privacy=Privacy.OWNER)),

@@ -46,7 +46,9 @@ from pathlib import Path
 from bench._common import SMOKE_HELP, machine_note, shared_data, table
 from contract import logs
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from memory.identity import Identity, OwnerResolver
+from memory.bulk import first_sender_entity
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.privacy import Scope
 from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore
@@ -341,15 +343,11 @@ def privacy_check(samples: list[Sample], work: Path) -> dict[str, PrivacyCount]:
         direct = {s: (a if (s // 3) % 2 else b) for s in sample.sessions if s % 3 == 0}
         with MemoryStore(work / f"locomo-private-{sample.name}.sqlite3") as store:
             ingest(store, sample, direct)
-            conn = store.conn
             group_s = min(s for s in sample.sessions if s not in direct)
             group = Scope(conversation_of(sample, group_s), Privacy.GROUP)
             # a direct scope with b: it may see what b said anywhere, never a's direct sessions
             b_session = min(s for s, who in direct.items() if who == b)
-            b_entity = conn.execute(
-                "SELECT entity FROM log WHERE conversation = ? AND direction = 'in' LIMIT 1",
-                (conversation_of(sample, b_session),),
-            ).fetchone()[0]
+            b_entity = first_sender_entity(store, conversation_of(sample, b_session))
             direct_b = Scope(conversation_of(sample, b_session), Privacy.DIRECT, b_entity)
             private_a = {conversation_of(sample, s) for s, who in direct.items() if who == a}
             private_all = {conversation_of(sample, s) for s in direct}

@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import sqlite3
 import sys
 import time
 import zlib
@@ -43,6 +42,7 @@ from bench._common import OUT, SMOKE_HELP, insert_log_rows, machine_note, median
 from bench.context import _CONVERSATIONS, ASSISTANT, T0
 from contract import logs
 from contract.messages import Privacy
+from memory.bulk import BulkLoad, first_sender_entity
 from memory.privacy import Scope
 from memory.search import SearchQuery, clear_cache, search
 from memory.store import MemoryStore
@@ -155,8 +155,7 @@ def dataset(size: int, corpus: Corpus, regenerate: bool = False) -> tuple[Path, 
     for p in (db, jl, tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
         p.unlink(missing_ok=True)
     MemoryStore(tmp).close()  # the schema (log, FTS5 index and its triggers) as the worker has it
-    conn = sqlite3.connect(tmp, isolation_level=None)
-    conn.execute("PRAGMA synchronous = OFF")
+    conn = BulkLoad(tmp)
     chunk: list[tuple[Any, ...]] = []
     lines: list[str] = []
     with open(jl.with_suffix(".tmp"), "w", encoding="utf-8") as out:
@@ -170,9 +169,8 @@ def dataset(size: int, corpus: Corpus, regenerate: bool = False) -> tuple[Path, 
         if chunk:
             insert_log_rows(conn, chunk)
             out.write("\n".join(lines) + "\n")
-    conn.execute("INSERT INTO log_fts (log_fts) VALUES ('optimize')")  # as after a quiet night
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
+    conn.optimize_index()  # as after a quiet night
+    conn.close()  # the WAL checkpointed into the database
     MemoryStore(tmp).close()  # PRAGMA optimize, as the worker leaves it
     Path(f"{tmp}-wal").unlink(missing_ok=True)
     Path(f"{tmp}-shm").unlink(missing_ok=True)
@@ -245,16 +243,13 @@ def squidbot_search(path: Path, query: str, days: int, max_results: int) -> list
 
 
 def scopes(db: Path) -> list[tuple[str, Scope, dict[str, Any]]]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    entity = conn.execute(
-        "SELECT entity FROM log WHERE conversation = 'matrix:dm-alice' AND direction = 'in' LIMIT 1"
-    ).fetchone()
-    conn.close()
+    with MemoryStore(db, readonly=True) as facts:
+        entity = first_sender_entity(facts, "matrix:dm-alice")
     owner = Scope("cli:owner-laptop", Privacy.OWNER, "owner")
     return [
         ("owner", owner, {}),
         ("group", Scope("matrix:room-3", Privacy.GROUP), {}),
-        ("direct", Scope("matrix:dm-alice", Privacy.DIRECT, entity[0] if entity else None), {}),
+        ("direct", Scope("matrix:dm-alice", Privacy.DIRECT, entity), {}),
         ("owner, last 30 days", owner, {"days": 30.0}),
         ("owner, channel email", owner, {"channel": "email"}),
         ("owner, newest first", owner, {"order": "time"}),

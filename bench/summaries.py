@@ -68,6 +68,7 @@ from contract import logs
 from contract.config import Config
 from contract.messages import InboundMessage
 from memory import summaries, summary_view
+from memory.bulk import event_span, row_keys
 from memory.search import RANKING, Ranking, SearchQuery, search
 from memory.store import MemoryStore
 from worker.model import Completion, ModelPort, NoModel
@@ -102,11 +103,7 @@ def summarise(store: MemoryStore, cfg: Config, sample: Sample, model: ModelPort)
     r = fakeredis.FakeRedis()
     for s in sorted(sample.sessions):
         ids = [t.dia_id for t in sample.sessions[s][1]]
-        conv, first, last = store.conn.execute(
-            "SELECT MIN(conversation), MIN(id), MAX(id) FROM log "
-            f"WHERE event_id IN ({','.join('?' * len(ids))})",
-            ids,
-        ).fetchone()
+        conv, first, last = event_span(store, ids)
         if isinstance(model, ReplayModel):
             model.text = str(raw.get(f"session_{s}_summary") or "")
         derive(cfg, r, model, str(conv), first_id=int(first), last_id=int(last))
@@ -139,10 +136,8 @@ def _named(store: MemoryStore, sample: Sample, text: str) -> list[str]:
     hits = search(store, OWNER_SCOPE, query).hits
     named = [dia_of(h.row.event_id, h.row.reply_id, sample) for h in hits]
     for s in summary_view.search(store, OWNER_SCOPE, query, [h.row for h in hits]):
-        row = store.conn.execute(
-            "SELECT event_id, reply_id FROM log WHERE id = ?", (s.first_id,)
-        ).fetchone()
-        named.append(dia_of(str(row[0]), row[1], sample))
+        event_id, reply_id = row_keys(store, s.first_id)
+        named.append(dia_of(event_id, reply_id, sample))
     return named
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -39,6 +38,7 @@ from bench.context import (
 from contract import logs
 from contract.config import DEFAULT_SYSTEM_PROMPT
 from contract.messages import Privacy
+from memory.bulk import BulkLoad, log_top
 from memory.context import build_context
 from memory.privacy import Scope
 from memory.store import MemoryStore
@@ -51,30 +51,20 @@ PER_SUMMARY = 50
 def add_summaries(db: Path) -> int:
     """One summary per PER_SUMMARY rows of each conversation (direct SQL, as apply leaves them)."""
     rng = random.Random(11)
-    conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("PRAGMA synchronous = OFF")
-    conn.execute("BEGIN")
-    made = 0
-    for (conv,) in conn.execute("SELECT DISTINCT conversation FROM log").fetchall():
-        rows = conn.execute(
-            "SELECT id, channel, privacy, coalesce(platform_ts, recorded_ts) FROM log "
-            "WHERE conversation = ? ORDER BY id",
-            (conv,),
-        ).fetchall()
-        for k in range(0, len(rows) - PER_SUMMARY + 1, PER_SUMMARY):
-            part = rows[k : k + PER_SUMMARY]
-            text = " ".join(rng.choices(_WORDS, k=110))
-            conn.execute(
-                "INSERT INTO summary (conversation, channel, privacy, first_id, last_id, rows, "
-                "first_ts, last_ts, text, method, job_key, supersedes, erased, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'model', ?, NULL, NULL, ?)",
-                (conv, part[0][1], part[0][2], part[0][0], part[-1][0], len(part), part[0][3],
-                 part[-1][3], text, f"{conv}@{part[0][0]}-{part[-1][0]}#v1", part[-1][3]),
-            )  # fmt: skip
-            made += 1
-    conn.execute("COMMIT")
-    conn.close()
-    return made
+    made: list[tuple[Any, ...]] = []
+    with BulkLoad(db) as load:
+        for conv in load.conversations():
+            rows = load.conversation_rows(conv)
+            for k in range(0, len(rows) - PER_SUMMARY + 1, PER_SUMMARY):
+                part = rows[k : k + PER_SUMMARY]
+                text = " ".join(rng.choices(_WORDS, k=110))
+                made.append(
+                    (conv, part[0][1], part[0][2], part[0][0], part[-1][0], len(part), part[0][3],
+                     part[-1][3], text, "model", f"{conv}@{part[0][0]}-{part[-1][0]}#v1",
+                     part[-1][3]),
+                )  # fmt: skip
+        load.insert_summaries(made)
+    return len(made)
 
 
 def turn(windows: HistoryWindows, scope: Scope, current: Any, with_summaries: bool) -> Any:
@@ -99,7 +89,7 @@ def measure(size: int, work: Path, quick: bool) -> list[list[Any]]:
     made = add_summaries(db)
     out = []
     with MemoryStore(db) as store:
-        next_id = store.conn.execute("SELECT max(id) FROM log").fetchone()[0] + 1
+        next_id = log_top(store)[0] + 1
         for name, scope in (
             ("owner", Scope(conversation=OWNER_CONV, privacy=Privacy.OWNER)),
             ("direct", Scope(conversation=DIRECT_CONV, privacy=Privacy.DIRECT)),

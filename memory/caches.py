@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from memory.rows import BY_KEY, LOG_COLUMNS, LogRow, OrderKey, raw_key
+from memory.rows import BY_KEY, LOG_COLUMNS, LogRow, OrderKey, order_key, raw_key
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +188,7 @@ class RecentRows:
         overflow = len(cache) + len(rows) > (cache.maxlen or 0)
         cache.extend(rows)
         if overflow:
-            self._lo = (cache[0].recorded_ts, cache[0].id)
+            self._lo = order_key(cache[0])
 
     def _reload_stale(self) -> None:
         size, self._stale = self._stale, 0

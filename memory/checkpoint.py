@@ -62,7 +62,6 @@ class WalCheckpointer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wal-checkpoint", daemon=True)
         self.checkpoints = 0  # checkpoints run (passive and restart)
-        self.restarts = 0  # restart checkpoints that succeeded: the WAL starts again from 0
         self._page_size = 4096
         self._pinned_logged = float("-inf")
         self._held = -1  # frames copied when a reader's snapshot last stopped a checkpoint
@@ -104,10 +103,9 @@ class WalCheckpointer:
                 return
         else:
             self._held = -1
-        restarted = self.checkpoint(conn, "RESTART")
-        if restarted is not None and restarted[0] == 0:
-            self.restarts += 1
-        # else: the writer or a reader kept it busy for busy_ms: the next round tries again
+        # the WAL starts again from 0; when the writer or a reader kept it busy for busy_ms, the
+        # next round tries again
+        self.checkpoint(conn, "RESTART")
 
     def checkpoint(self, conn: sqlite3.Connection, mode: str) -> tuple[int, int, int] | None:
         """``PRAGMA wal_checkpoint(mode)``: (busy, frames in the WAL, frames copied), or None."""

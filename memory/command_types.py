@@ -12,11 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory.errors import CommandError as CommandError  # noqa: PLC0414 (its old home)
 from memory.store import MemoryStore
-
-
-class CommandError(ValueError):
-    """A command that cannot be applied; the message is shown to the owner."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from memory import erasure, identity, importer, notes
+from memory import erasure, identity_writer, importer, notes
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.sql import savepoint
 from memory.store import MemoryStore
@@ -25,7 +25,7 @@ log = structlog.get_logger(__name__)
 __all__ = ["CommandContext", "CommandError", "Handler", "apply", "apply_atomic", "handlers"]
 
 _TABLE: dict[str, Handler] = {
-    **identity.COMMANDS,
+    **identity_writer.COMMANDS,
     **notes.COMMANDS,
     **erasure.COMMANDS,
     **importer.COMMANDS,

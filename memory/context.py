@@ -18,7 +18,7 @@ crowd the recent history out. The history iterable is read no further than neede
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from memory.lines import LINE_MEMO, HistoryLines, Owners, estimate_tokens, line_and_cost, memo_key
@@ -45,11 +45,6 @@ class Section(Protocol):
     def render(self, max_tokens: int) -> str:
         """Its text within ``max_tokens`` (with its header), or "" when it has nothing."""
         ...
-
-
-def count_tokens(messages: Sequence[Mapping[str, str]]) -> int:
-    """The estimate for a list of chat messages, as :func:`build_context` budgets them."""
-    return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
 
 
 def build_context(

@@ -27,15 +27,13 @@ from pathlib import Path
 
 import structlog
 
+from memory.errors import CuratedError as CuratedError  # noqa: PLC0414 (its old home)
+
 log = structlog.get_logger(__name__)
 
 FILENAME = "MEMORY.md"
 MAX_READ_BYTES = 128 * 1024  # what is read of MEMORY.md at most (the context takes less)
 MAX_WRITE_CHARS = 32_000  # what the model may write at once
-
-
-class CuratedError(ValueError):
-    """A write to MEMORY.md that was refused or failed; the message says why."""
 
 
 @dataclass(frozen=True)

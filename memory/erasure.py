@@ -353,3 +353,8 @@ def _cmd_erase(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 COMMANDS: dict[str, Handler] = {"memory.erase": _cmd_erase}
+
+
+def any_erasure(store: MemoryStore) -> bool:
+    """Whether memory has ever erased anything (the erasure table has a row)."""
+    return store.conn.execute("SELECT 1 FROM erasure LIMIT 1").fetchone() is not None

@@ -36,8 +36,12 @@ from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
 from memory.curated import CuratedFile, curated_path
 from memory.erasure import checkpoint_after_erasure
+from memory.errors import FencedOut as FencedOut  # noqa: PLC0414 (its old home)
+from memory.errors import MemoryUnwritable as MemoryUnwritable  # noqa: PLC0414 (its old home)
+from memory.errors import translated
 from memory.fence import is_fenced
-from memory.identity import Identity, OwnerResolver, OwnerView, ScopedAlias, owner_handles
+from memory.identity import OwnerResolver, OwnerView, ScopedAlias, owner_handles
+from memory.identity_writer import Identity
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
 from memory.provenance import DrewOn
@@ -71,15 +75,6 @@ class MemorySettings:
     # the channels whose owner turns see everything (None: all); the owner's turns from the
     # others see their own conversation only, as a group would
     trusted_channels: frozenset[str] | None = None
-
-
-class MemoryUnwritable(Exception):
-    """Memory could not durably record what a turn must record (disk full, locked, an I/O
-    error): the entry is not answered now; the worker keeps it pending and tries again."""
-
-
-class FencedOut(Exception):
-    """Memory refused a write: another worker took the lease since (memory/fence.py)."""
 
 
 def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
@@ -207,9 +202,11 @@ class Memory:
 
     def fence(self, token: int) -> None:
         """Take memory for the lease holder ``token`` (memory/fence.py); raises
-        :class:`memory.fence.StaleToken` or ``sqlite3.Error``. Nothing to fence without a store."""
+        :class:`memory.errors.StaleToken` or :class:`memory.errors.MemoryUnavailable`. Nothing to
+        fence without a store."""
         if self.store is not None:
-            self.store.fence(token)
+            with translated():
+                self.store.fence(token)
 
     def reload(self) -> None:
         """Read the store's caches again (another worker may have written while this one waited

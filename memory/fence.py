@@ -23,20 +23,13 @@ from __future__ import annotations
 
 import sqlite3
 
+from memory.errors import StaleToken as StaleToken  # noqa: PLC0414 (its old home)
+
 FENCED = "fenced: this worker lost the worker lease"
 
 # tables memory writes that are not guarded: the fence itself, and full-text shadow tables
 # (written only by triggers on guarded tables, and virtual tables cannot carry triggers)
 _UNGUARDED_PREFIXES = ("writer_fence", "sqlite_", "log_fts", "note_fts", "summary_fts")
-
-
-class StaleToken(RuntimeError):
-    """A fencing token lower than one memory has already seen: the lease was taken since (or
-    Redis lost the counter: :attr:`held` is what memory holds)."""
-
-    def __init__(self, message: str, held: int) -> None:
-        super().__init__(message)
-        self.held = held
 
 
 def claim(conn: sqlite3.Connection, token: int) -> int:

@@ -37,14 +37,8 @@ from memory.erasure import (
     remove,
     writing,
 )
-from memory.identity import (
-    OWNER,
-    create_handle,
-    ensure_owner,
-    handle_entity,
-    normalize_address,
-    resolve_ref,
-)
+from memory.identity import OWNER, handle_entity, normalize_address, resolve_ref
+from memory.identity_writer import create_handle, ensure_owner
 from memory.records import (
     EntityRecord,
     ErasureRecord,

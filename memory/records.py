@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from contract.messages import Privacy, describe_validation_error
+from memory.errors import FormatError as FormatError  # noqa: PLC0414 (its old home)
 from memory.rows import LogRow
 
 FORMAT = "relaybot-memory-export"
@@ -151,10 +152,6 @@ class Header(BaseModel):
     schema_version: int = 0
     exported_at: str = ""
     counts: dict[str, int] = Field(default_factory=dict)
-
-
-class FormatError(ValueError):
-    """The file as a whole cannot be imported (not a format we know, or from a newer relaybot)."""
 
 
 def parse_record(data: object) -> Record:

@@ -80,3 +80,11 @@ def unsettled_replies(store: MemoryStore, window_s: float, limit: int) -> list[R
         except ValidationError:  # a row the wire would refuse: not queued again
             continue
     return out
+
+
+def inbound_event(store: MemoryStore, stream_id: str) -> str | None:
+    """The platform event id of the inbound entry ``stream_id`` as memory recorded it."""
+    found = store.conn.execute(
+        "SELECT event_id FROM log WHERE direction = 'in' AND stream_id = ?", (stream_id,)
+    ).fetchone()
+    return None if found is None or found[0] is None else str(found[0])

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import structlog
 
+from memory.errors import SchemaError as SchemaError  # noqa: PLC0414 (its old home)
+
 log = structlog.get_logger(__name__)
 
 
@@ -26,10 +28,6 @@ class Migration(NamedTuple):
     version: int
     description: str
     sql: str
-
-
-class SchemaError(sqlite3.DatabaseError):
-    """The database's schema cannot be used by this code (missing, or newer than this code)."""
 
 
 _MIGRATION_1 = """

@@ -28,6 +28,7 @@ from contract.messages import InboundMessage, Privacy, Reply
 from memory import fence, fts
 from memory.caches import RecentRows
 from memory.checkpoint import WAL_SIZE_LIMIT
+from memory.errors import translated
 from memory.rows import (
     BY_KEY,
     INSERT,
@@ -80,7 +81,14 @@ class MemoryStore:
         self.readonly = readonly
         self._closed = False
         self._reader = RowReader()
-        self._conn = self._open(sync)
+        with translated():  # opening is an entry point: memory's own error, SQLite's text
+            self._conn = self._open(sync)
+            self._start(readonly, cache_rows, conversation_rows, conversations)
+
+    def _start(
+        self, readonly: bool, cache_rows: int, conversation_rows: int, conversations: int
+    ) -> None:
+        """The caches and the newest time, read once the connection is open."""
         self._caches = RecentRows(
             self._conn,
             self._reader.convert,
@@ -396,13 +404,6 @@ class MemoryStore:
             "INSERT OR IGNORE INTO reply_covers (stream_id, answered_by) VALUES (?, ?)",
             [(sid, answered_by) for sid in stream_ids if sid != answered_by],
         )
-
-    def covers_of(self, answered_by: str) -> list[str]:
-        """The entries the reply keyed by ``answered_by`` answers besides its own key."""
-        rows = self._conn.execute(
-            "SELECT stream_id FROM reply_covers WHERE answered_by = ?", (answered_by,)
-        ).fetchall()
-        return [str(r[0]) for r in rows]
 
     def inbound_by_event(self, msg: InboundMessage) -> str | None:
         """The stream id of the inbound row first recorded for this platform event, from the

@@ -328,11 +328,6 @@ def rows_after(
     return [build(tuple(r)) for r in conn.execute(sql, (conversation, after_id, limit))]
 
 
-def uncovered(conn: sqlite3.Connection, conversation: str, limit: int) -> list[LogRow]:
-    """The conversation's oldest run of rows no current summary covers (:func:`next_uncovered`)."""
-    return next_uncovered(conn, conversation, limit)[0]
-
-
 def next_uncovered(
     conn: sqlite3.Connection, conversation: str, limit: int
 ) -> tuple[list[LogRow], bool]:

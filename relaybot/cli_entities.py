@@ -11,7 +11,6 @@ handle ``channel:address`` (``matrix:@bob:example.org``) or by a bare address on
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
     from contract.config import Config
+    from memory.types import People
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
@@ -161,28 +161,20 @@ def _when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
 
 
-def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
+def entity_table(people: People, cfg: Config) -> list[dict[str, Any]]:
     """Every entity with its handles, message count, last message and link counts."""
-    from memory.identity import OWNER, OwnerResolver, current_links
+    from memory.types import OWNER, OwnerResolver
 
     handles: dict[str, list[str]] = {}
-    for channel, address, entity in conn.execute(
-        "SELECT channel, address, entity FROM handle ORDER BY channel, address"
-    ):
+    for channel, address, entity in people.handles():
         handles.setdefault(str(entity), []).append(f"{channel}:{address}")
-    counts = {
-        str(entity): (int(n), int(last))
-        for entity, n, last in conn.execute(
-            "SELECT entity, count(*), max(id) FROM log WHERE entity IS NOT NULL GROUP BY entity"
-        )
-    }
+    counts = people.message_counts()
     links: dict[str, dict[str, int]] = {}
-    for link in current_links(conn):
+    for link in people.links():
         for entity in (link.a, link.b):
             per = links.setdefault(entity, {})
             per[link.status] = per.get(link.status, 0) + 1
-    rows = conn.execute("SELECT id, kind, name, created_ts FROM entity ORDER BY created_ts, id")
-    entities = [(str(i), str(k), str(n), float(c)) for i, k, n, c in rows]
+    entities = [(e.id, e.kind, e.name, e.created_ts) for e in people.entities()]
     if OWNER not in {e[0] for e in entities}:
         entities.insert(0, (OWNER, "person", cfg.owner.name, 0.0))
     resolver = OwnerResolver(cfg.owner_aliases)
@@ -191,12 +183,7 @@ def entity_table(conn: sqlite3.Connection, cfg: Config) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for entity, kind, name, created in entities:
         n, last = counts.get(entity, (0, 0))
-        last_ts = None
-        if last:
-            raw = conn.execute(
-                "SELECT coalesce(platform_ts, recorded_ts) FROM log WHERE id = ?", (last,)
-            ).fetchone()
-            last_ts = float(raw[0]) if raw and isinstance(raw[0], int | float) else None
+        last_ts = people.message_ts(last) if last else None
         out.append(
             {
                 "id": entity,
@@ -221,7 +208,7 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
     if store is None:
         return EXIT_FAILED
     with store:
-        table = entity_table(store.conn, cfg)
+        table = entity_table(store.people, cfg)
     if args.json:
         echo_json(table, indent=2, ensure_ascii=False)
         return 0
@@ -241,25 +228,15 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
-def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, Any]:
+def entity_detail(people: People, cfg: Config, ref: str) -> dict[str, Any]:
     """One entity: handles, person, links (state and history) and message counts.
 
     Raises LookupError if ``ref`` names no entity.
     """
-    from memory.identity import (
-        OWNER,
-        OwnerResolver,
-        current_links,
-        get_entity,
-        handle_moves,
-        handles_of,
-        link_history,
-        person_of,
-        resolve_ref,
-    )
+    from memory.types import OWNER, OwnerResolver
 
-    entity = resolve_ref(conn, ref)
-    found = get_entity(conn, entity)
+    entity = people.resolve(ref)
+    found = people.entity(entity)
     handles: list[dict[str, Any]]
     if entity == OWNER:
         handles = [
@@ -268,12 +245,12 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
         ]
         handles += [
             {"handle": f"{h.ref} (merged)", "display": h.display, "first_seen": h.first_seen}
-            for h in handles_of(conn, entity)
+            for h in people.handles_of(entity)
         ]
     else:
         handles = [
             {"handle": h.ref, "display": h.display, "first_seen": h.first_seen}
-            for h in handles_of(conn, entity)
+            for h in people.handles_of(entity)
         ]
 
     def link_dict(link: Any) -> dict[str, Any]:
@@ -286,35 +263,21 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
             "ts": link.ts,
         }
 
-    by_channel = {
-        str(c): int(n)
-        for c, n in conn.execute(
-            "SELECT channel, count(*) FROM log WHERE entity = ? GROUP BY channel ORDER BY channel",
-            (entity,),
-        )
-    }
+    by_channel = people.messages_by_channel(entity)
     conversations = [
-        {"conversation": str(c), "privacy": str(p), "messages": int(n)}
-        for c, p, n in conn.execute(
-            "SELECT conversation, privacy, count(*) AS n FROM log WHERE entity = ? "
-            "GROUP BY conversation ORDER BY n DESC, conversation LIMIT 20",
-            (entity,),
-        )
+        {"conversation": c, "privacy": p, "messages": n}
+        for c, p, n in people.conversations_of(entity, 20)
     ]
-    span = conn.execute(
-        "SELECT min(coalesce(platform_ts, recorded_ts)), max(coalesce(platform_ts, recorded_ts)) "
-        "FROM log WHERE entity = ?",
-        (entity,),
-    ).fetchone()
+    span = people.message_span(entity)
     return {
         "id": entity,
         "kind": found.kind if found else "person",
         "name": cfg.owner.name if entity == OWNER else (found.name if found else ""),
         "created": found.created_ts if found else None,
         "handles": handles,
-        "person": sorted(person_of(conn, entity)),
-        "links": [link_dict(link) for link in current_links(conn, entity)],
-        "link_history": [link_dict(link) for link in link_history(conn, entity)],
+        "person": sorted(people.person(entity)),
+        "links": [link_dict(link) for link in people.links(entity)],
+        "link_history": [link_dict(link) for link in people.link_history(entity)],
         "merges": [
             {
                 "handle": m.ref,
@@ -324,7 +287,7 @@ def entity_detail(conn: sqlite3.Connection, cfg: Config, ref: str) -> dict[str, 
                 "actor": m.actor,
                 "ts": m.ts,
             }
-            for m in handle_moves(conn, entity)
+            for m in people.moves(entity)
         ],
         "messages": sum(by_channel.values()),
         "messages_by_channel": by_channel,
@@ -340,7 +303,7 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         return EXIT_FAILED
     with store:
         try:
-            detail = entity_detail(store.conn, cfg, args.ref)
+            detail = entity_detail(store.people, cfg, args.ref)
         except LookupError as exc:
             echo(f"relaybot: {exc}", file=sys.stderr)
             return EXIT_FAILED

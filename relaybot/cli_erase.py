@@ -15,7 +15,6 @@ or not confirmed, 2 configuration error.
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
     from contract.config import Config
-    from memory.erasure_plan import ErasurePlan, Item
+    from memory.types import ErasurePlan, Item
 
 EXIT_FAILED = 1
 ERASE_TIMEOUT = 150.0  # the worker waits up to 2 x 60 s for Redis to rewrite its files
@@ -73,14 +72,13 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 def _plan(cfg: Config, kind: str, target: str, keep: list[str]) -> ErasurePlan | None:
     """The plan, read here (None when memory cannot be read: the worker decides); raises
     CommandError when there is nothing to erase or a ``--keep`` is wrong."""
-    from memory.commands import CommandError
-    from memory.erasure import plan_erasure
-    from memory.store import MemoryStore
+    from memory.errors import CommandError, MemoryFailure
+    from memory.view import MemoryView
 
     try:
-        with MemoryStore(cfg.memory_path, readonly=True) as store:
-            plan = plan_erasure(store.conn, kind, target, keep)
-    except sqlite3.Error as exc:
+        with MemoryView(cfg.memory_path) as store:
+            plan = store.erasure_preview(kind, target, keep)
+    except MemoryFailure as exc:
         echo(f"relaybot: cannot preview ({exc}); the worker will decide", file=sys.stderr)
         return None
     if plan.empty:
@@ -95,7 +93,7 @@ def _line(item: Item) -> str:
 
 def render_preview(plan: ErasurePlan) -> str:
     """What the erasure removes, item by item (see the module docstring)."""
-    from memory.erasure import MAX_HOPS
+    from memory.types import MAX_HOPS
 
     people = f" (entities {', '.join(plan.entities)})" if plan.entities else ""
     lines = [
@@ -168,7 +166,7 @@ def _confirmed(preview: str) -> bool:
 def cmd_erase(args: argparse.Namespace, cfg: Config) -> int:
     import getpass
 
-    from memory.commands import CommandError
+    from memory.errors import CommandError
     from relaybot.owner_commands import CommandFailed, run_command
 
     kind, target = _target(args)

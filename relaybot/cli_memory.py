@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from contract.terminal import echo, echo_json, json_safe
 
 if TYPE_CHECKING:
     from contract.config import Config
-    from memory.store import MemoryStore
+    from memory.view import MemoryView
 
 EXIT_FAILED = 1
 
@@ -79,10 +78,10 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     cli_erase.add_parser(sub)
 
 
-def _open(cfg: Config) -> MemoryStore:
-    from memory.store import MemoryStore
+def _open(cfg: Config) -> MemoryView:
+    from memory.view import MemoryView
 
-    return MemoryStore(cfg.memory_path, readonly=True)
+    return MemoryView(cfg.memory_path)
 
 
 def _fail(message: str) -> int:
@@ -94,7 +93,7 @@ def _fail(message: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.status import collect_status
+    from memory.errors import MemoryFailure
 
     if not cfg.memory_path.exists():
         if args.json:
@@ -104,10 +103,8 @@ def cmd_status(args: argparse.Namespace, cfg: Config) -> int:
         return 0
     try:
         with _open(cfg) as store:
-            status = collect_status(
-                store, check=args.check, assistant_name=cfg.worker.assistant_name
-            )
-    except sqlite3.Error as exc:
+            status = store.status(check=args.check, assistant_name=cfg.worker.assistant_name)
+    except MemoryFailure as exc:
         return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
     if args.json:
         echo_json({"exists": True, **status}, indent=2)
@@ -170,13 +167,14 @@ def render_status(status: dict[str, Any]) -> str:
 
 
 def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.export import ExportStats, export_lines
+    from memory.errors import MemoryFailure
+    from memory.types import ExportStats
 
     stats = ExportStats()
     try:
         with _open(cfg) as store:
             if args.out is None:
-                for line in export_lines(store, stats):
+                for line in store.export(stats):
                     sys.stdout.write(json_safe(line))  # the same JSON, inert on a terminal
                 sys.stdout.flush()
             else:
@@ -186,14 +184,14 @@ def cmd_export(args: argparse.Namespace, cfg: Config) -> int:
                     # everything the assistant knows: readable by the owner alone
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                        for line in export_lines(store, stats):
+                        for line in store.export(stats):
                             fh.write(line)
                         fh.flush()
                         os.fsync(fh.fileno())
                     tmp.replace(out)  # atomic: a reader never sees half an export
                 finally:
                     tmp.unlink(missing_ok=True)
-    except sqlite3.Error as exc:
+    except MemoryFailure as exc:
         return _fail(f"cannot read the memory database {cfg.memory_path}: {exc}")
     except BrokenPipeError:
         raise  # `relaybot memory export | head`: the entry point ends quietly
@@ -231,9 +229,9 @@ def _lines(path: Path, bad: list[tuple[int, str]]) -> Iterator[str]:
 
 
 def cmd_import(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.identity import OwnerResolver
-    from memory.import_file import parse_file, parse_mapping
-    from memory.records import FormatError
+    from memory.errors import FormatError
+    from memory.importing import parse_file, parse_mapping
+    from memory.types import OwnerResolver
     from relaybot.import_parts import command_args
 
     undecodable: list[tuple[int, str]] = []

@@ -24,7 +24,7 @@ from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
     from contract.config import Config
-    from memory.notes import Note
+    from memory.types import Note
 
 LIST_LIMIT = 50
 MAX_LIST = 10_000
@@ -154,14 +154,11 @@ def _reach(note: dict[str, Any]) -> str:
 
 
 def _find(args: argparse.Namespace, cfg: Config, query: str | None) -> int:
-    from memory.notes import find_notes
-
     store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:
-        found = find_notes(
-            store,
+        found = store.notes(
             query=query,
             limit=max(1, min(args.limit, MAX_LIST)),
             max_results=MAX_LIST,
@@ -193,13 +190,11 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
-    from memory.notes import note_chain
-
     store = open_memory(cfg)
     if store is None:
         return EXIT_FAILED
     with store:
-        versions = note_chain(store, args.id)
+        versions = store.note_versions(args.id)
     note = next((n for n in versions if n.id == args.id), None)
     if note is None:
         echo(f"relaybot: there is no note #{args.id}", file=sys.stderr)
@@ -225,7 +220,7 @@ def _when(ts: float) -> str:
 
 def describe(note: Note) -> str:
     """One line for the owner: the note as the model sees it, plus where it lives."""
-    from memory.notes import format_note
+    from memory.view import format_note
 
     where = [
         f"{key}={value}"

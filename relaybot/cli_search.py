@@ -9,7 +9,6 @@ tool (memory/search/), with the same filters. Exit codes: 0 (also when nothing m
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -77,10 +76,9 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     from contract.messages import Privacy
-    from memory.identity import OwnerResolver, OwnerView, owner_handles
-    from memory.privacy import Scope
-    from memory.search import SearchError, SearchQuery, format_hits, hit_record, search
-    from memory.store import MemoryStore
+    from memory.errors import MemoryFailure, SearchError
+    from memory.types import OwnerResolver, Scope, SearchQuery
+    from memory.view import MemoryView, format_hits, hit_record
 
     if not cfg.memory_path.exists():
         echo(f"no memory database yet at {cfg.memory_path} (the worker creates it)")
@@ -97,13 +95,13 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     scope = Scope(conversation="cli", privacy=Privacy.OWNER, entity="owner")
     assistant = cfg.worker.assistant_name
     try:
-        with MemoryStore(cfg.memory_path, readonly=True) as store:
-            owners = OwnerView(OwnerResolver(cfg.owner_aliases), owner_handles(store.conn))
-            result = search(store, scope, query, owners=owners, assistant=assistant)
+        with MemoryView(cfg.memory_path) as store:
+            owners = store.owners(OwnerResolver(cfg.owner_aliases))
+            result = store.search(scope, query, owners=owners, assistant=assistant)
     except SearchError as exc:
         echo(f"relaybot: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except sqlite3.Error as exc:
+    except MemoryFailure as exc:
         echo(
             f"relaybot: cannot search the memory database {cfg.memory_path}: {exc}", file=sys.stderr
         )

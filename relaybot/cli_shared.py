@@ -6,7 +6,6 @@ subcommand runs.
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,19 +14,19 @@ from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
     from contract.config import Config
-    from memory.store import MemoryStore
+    from memory.view import MemoryView
 
 EXIT_FAILED = 1
 
 
-def open_memory(cfg: Config) -> MemoryStore | None:
+def open_memory(cfg: Config) -> MemoryView | None:
     """The memory database, read-only; None (and the reason on stderr) if it cannot be read."""
-    from memory.schema import SchemaError
-    from memory.store import MemoryStore
+    from memory.errors import MemoryFailure
+    from memory.view import MemoryView
 
     try:
-        return MemoryStore(cfg.memory_path, readonly=True)
-    except (sqlite3.Error, SchemaError) as exc:
+        return MemoryView(cfg.memory_path)
+    except MemoryFailure as exc:
         echo(
             f"relaybot: cannot read the memory database at {cfg.memory_path}: {exc}\n"
             "(the worker creates it when it first starts)",

@@ -10,7 +10,6 @@ the worker applies it (worker/derive.py).
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -36,8 +35,8 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 
 def cmd_summaries(args: argparse.Namespace, cfg: Config) -> int:
-    from memory import summaries
-    from memory.lines import stamp
+    from memory.errors import MemoryFailure
+    from memory.view import stamp
     from relaybot.cli_shared import open_memory
 
     store = open_memory(cfg)
@@ -45,9 +44,9 @@ def cmd_summaries(args: argparse.Namespace, cfg: Config) -> int:
         return EXIT_FAILED
     try:
         with store:
-            found = summaries.listing(store.conn, args.conversation, every=args.all)
-            current = {s.id for s in summaries.listing(store.conn, args.conversation)}
-    except sqlite3.Error as exc:
+            found = store.summaries(args.conversation, every=args.all)
+            current = {s.id for s in store.summaries(args.conversation)}
+    except MemoryFailure as exc:
         echo(f"relaybot: cannot read the summaries: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:

@@ -12,13 +12,11 @@ import contextlib
 import imaplib
 import json
 import smtplib
-import sqlite3
 import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import redis
@@ -27,6 +25,8 @@ from contract.config import Config, EmailConfig, MatrixConfig
 from gateways.email import owner_addresses
 from gateways.email_auth import Verdict, owner_refusal_hint
 from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
+from memory.crypto_store import crypto_accounts
+from memory.errors import MemoryFailure
 from relaybot import doctor_redis
 from relaybot.doctor_verdict import OWNER_AUTH, Check, fail, ok, owner_auth, skipped, warn
 
@@ -180,14 +180,8 @@ def crypto_store(store: Path, user_id: str, device: str) -> Check:
             "device before that cannot be decrypted",
         )
     try:
-        conn = sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=2)
-        try:
-            rows = conn.execute(
-                "SELECT account, shared, device_id FROM accounts WHERE user_id = ?", (user_id,)
-            ).fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
+        rows = crypto_accounts(db, user_id)
+    except MemoryFailure as exc:
         return fail(cid, f"{db} does not open: {exc}", reset)
     mine = [r for r in rows if r[2] == device]
     if not mine:

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import json
 import signal
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -30,8 +29,7 @@ from contract.keys import Keys
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.messages import InboundMessage, Kind, decode_lenient
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
-from memory.facade import FencedOut, MemoryUnwritable
-from memory.fence import StaleToken
+from memory.errors import FencedOut, MemoryUnavailable, MemoryUnwritable, StaleToken
 from worker.agent import TurnResult
 from worker.batch import COMMIT, MEMORY_RETRY_CAP, MEMORY_RETRY_START, Batch, Blocked, Handled, Read
 from worker.busy import BusySignal
@@ -221,7 +219,7 @@ class Consumer:
                 if not self.lease.raise_epoch(exc.held):
                     raise LeaseLost("the worker lease was lost while fencing memory") from None
                 log.warning("worker.epoch_raised", memory_epoch=exc.held, epoch=self.lease.epoch)
-            except sqlite3.Error as exc:  # locked or failing: nothing may be written unfenced
+            except MemoryUnavailable as exc:  # locked or failing: nothing may be written unfenced
                 log.error("memory.fence_failed", error=str(exc), retry_in=delay)
                 if self.stopping:
                     raise Interrupted from None

@@ -35,11 +35,9 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
 from contract.config import Config
-from memory import summaries
-from memory.facade import Memory
-from memory.rows import LogRow
-from memory.segments import segment
-from memory.store import MemoryStore
+from memory.turns import Memory
+from memory.types import LogRow
+from memory.writer import MemoryStore, blanked_summaries, log_top, new_rows, segment, summaries
 
 log = structlog.get_logger(__name__)
 
@@ -54,11 +52,6 @@ def retry_after(attempts: int) -> float:
 
 
 _LIVE = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
-_CHANGES = (
-    "SELECT conversation, MAX(id), MAX(recorded_ts) FROM log WHERE id > ? GROUP BY conversation"
-)
-_ERASED = "SELECT conversation, MAX(erased) FROM summary WHERE erased > ? GROUP BY conversation"
-_TOP = "SELECT MAX(id) FROM log WHERE conversation = ?"
 
 
 @dataclass
@@ -166,21 +159,18 @@ class Deriver:
         return out
 
     def _note_changes(self, store: MemoryStore) -> bool:
-        conn = store.conn
         if self._seen is None:
-            top = int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM log").fetchone()[0])
-            self._seen = max(0, top - SCAN_BACK)
-        for conversation, last_id, last_ts in conn.execute(_CHANGES, (self._seen,)).fetchall():
-            self.active[str(conversation)] = Active(int(last_id), float(last_ts))
-            self._seen = max(self._seen, int(last_id))
+            self._seen = max(0, log_top(store) - SCAN_BACK)
+        for conversation, last_id, last_ts in new_rows(store, self._seen):
+            self.active[conversation] = Active(last_id, last_ts)
+            self._seen = max(self._seen, last_id)
         # an erasure blanked summaries: what remains of their ranges is derived again
-        for conversation, erased in conn.execute(_ERASED, (self._erased,)).fetchall():
-            top = conn.execute(_TOP, (conversation,)).fetchone()[0]
-            self.active[str(conversation)] = Active(int(top or 0), 0.0)
-            self._erased = max(self._erased, int(erased))
+        for conversation, erased, top in blanked_summaries(store, self._erased):
+            self.active[conversation] = Active(top or 0, 0.0)
+            self._erased = max(self._erased, erased)
         # an erasure took rows from a conversation (a job may have read them): planned again,
         # as it is now (a segment that lost a row is a new job: Planned.job_id)
-        newest, touched = summaries.erased_since(conn, self._erasure)
+        newest, touched = summaries.erased_since(store.conn, self._erasure)
         if self._erasure is not None:
             for conversation, last_id, last_ts in touched:
                 known = self.active.get(conversation)

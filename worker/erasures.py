@@ -20,8 +20,8 @@ from typing import Any
 import structlog
 
 from contract.messages import Reply, ReplyKind
-from memory.facade import Memory
-from memory.store import MemoryStore
+from memory.turns import Memory
+from memory.writer import MemoryStore, any_erasure
 from worker.scrub import Scrubber
 from worker.streams import Entry
 
@@ -102,7 +102,7 @@ class Erasures:
 
 
 def _has_erasures(store: MemoryStore) -> bool:
-    return store.conn.execute("SELECT 1 FROM erasure LIMIT 1").fetchone() is not None
+    return any_erasure(store)
 
 
 def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = None) -> Reply:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,9 +12,9 @@ import structlog
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
-from memory.checkpoint import WalCheckpointer
-from memory.privacy import privacy_of
-from memory.store import MemoryStore
+from memory.errors import MemoryUnavailable
+from memory.turns import privacy_of
+from memory.writer import MemoryStore, WalCheckpointer
 from worker.busy import BusySignal
 from worker.consumer import Consumer
 from worker.derive import Deriver
@@ -34,7 +33,7 @@ def open_store(cfg: Config) -> MemoryStore | None:
     try:
         cfg.memory_path.parent.mkdir(parents=True, exist_ok=True)
         return MemoryStore(cfg.memory_path, synchronous=cfg.memory.synchronous)
-    except (sqlite3.Error, OSError) as exc:
+    except (MemoryUnavailable, OSError) as exc:
         log.error("memory.unavailable", path=str(cfg.memory_path), error=str(exc))
         return None
 

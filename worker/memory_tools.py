@@ -13,17 +13,15 @@ every result is framed as data from memory, not instructions.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from contract.messages import Privacy
-from memory import notes, search, summary_view
-from memory.curated import CuratedError, memory_write
-from memory.privacy import privacy_of
-from memory.store import MemoryStore
+from memory.errors import CuratedError, MemoryUnavailable
+from memory.turns import memory_write, notes, privacy_of, search, summary_view
+from memory.writer import MemoryStore
 from worker.tools import Handler, Tool
 from worker.turn_context import TurnContext
 
@@ -284,7 +282,7 @@ def search_history_tool(ctx: TurnContext) -> Tool:
             )  # fmt: skip
         except search.SearchError as exc:
             return f"error: {exc}"
-        except sqlite3.Error as exc:
+        except MemoryUnavailable as exc:
             log.error("search.failed", error=str(exc))
             return "error: the message history cannot be searched right now (memory failed)"
         for hit in result.hits:

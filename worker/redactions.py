@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import structlog
 
 from contract.messages import InboundMessage, Kind
-from memory.facade import Memory
-from memory.redactions import in_room
+from memory.turns import Memory
+from memory.writer import in_room
 
 log = structlog.get_logger(__name__)
 

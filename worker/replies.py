@@ -25,7 +25,7 @@ import structlog
 from contract.bus import text
 from contract.keys import Keys
 from contract.messages import Reply, WireError
-from memory.facade import Memory
+from memory.turns import Memory
 
 log = structlog.get_logger(__name__)
 

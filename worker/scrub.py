@@ -44,7 +44,7 @@ import structlog
 from contract.bus import text
 from contract.keys import Keys
 from contract.messages import CHANNELS
-from memory.copies import Copies
+from memory.types import Copies
 from worker.compact import Compactor
 from worker.scrub_text import holds, is_malformed
 

@@ -22,7 +22,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from contract.messages import InboundMessage, WireError
-from memory.copies import Copies
+from memory.types import Copies
 
 MAX_DEPTH = 8  # of JSON inside JSON that is looked into
 

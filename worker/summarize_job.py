@@ -28,16 +28,16 @@ from rq import get_current_job
 
 from contract.config import Config, load_config
 from contract.messages import InboundMessage, Kind, Privacy, new_event_id
-from memory import summaries
-from memory.segments import (
+from memory.writer import (
     PAUSE_PROMPT,
     SUMMARY_PROMPT,
+    MemoryStore,
     fallback_summary,
     parse_pause,
     parse_summary,
+    summaries,
     transcript,
 )
-from memory.store import MemoryStore
 from worker.model import ModelError, ModelPort, NoModel
 from worker.openai_client import make_model
 

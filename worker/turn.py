@@ -28,11 +28,10 @@ from contract.messages import (
     decode_lenient,
     new_reply_id,
 )
-from memory import summaries
-from memory.facade import Memory, MemorySettings, MemoryUnwritable
-from memory.provenance import DrewOn
-from memory.rows import LogRow
-from memory.store import MemoryStore
+from memory.errors import MemoryUnwritable
+from memory.turns import Memory, MemorySettings
+from memory.types import DrewOn, LogRow
+from memory.writer import MemoryStore, inbound_event, summaries
 from worker import redactions, withheld
 from worker.agent import TurnResult, run_turn
 from worker.claims import audience_refusal
@@ -766,10 +765,7 @@ def _reply_from_row(row: LogRow, msg: InboundMessage, *, in_reply_to: str) -> Re
 
 def _event_of(store: MemoryStore, stream_id: str) -> str | None:
     """The platform event id of the inbound entry ``stream_id`` as memory recorded it."""
-    found = store.conn.execute(
-        "SELECT event_id FROM log WHERE direction = 'in' AND stream_id = ?", (stream_id,)
-    ).fetchone()
-    return None if found is None or found[0] is None else str(found[0])
+    return inbound_event(store, stream_id)
 
 
 def _transient_row(msg: InboundMessage, stream_id: str, is_owner: bool) -> LogRow:

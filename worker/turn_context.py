@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contract.messages import InboundMessage
-from memory.facade import Memory
-from memory.privacy import Scope
-from memory.provenance import DrewOn
+from memory.turns import Memory
+from memory.types import DrewOn, Scope
 
 
 @dataclass(frozen=True)

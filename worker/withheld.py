@@ -37,8 +37,8 @@ from contract.messages import (
     WireError,
     new_reply_id,
 )
-from memory.facade import Memory
-from memory.rows import LogRow
+from memory.turns import Memory
+from memory.types import LogRow
 
 log = structlog.get_logger(__name__)
 

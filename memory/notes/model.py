@@ -24,6 +24,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.messages import Privacy
+from memory.errors import NoteError as NoteError  # noqa: PLC0414 (its old home)
 from memory.privacy import Scope, privacy_of
 
 log = structlog.get_logger(__name__)
@@ -46,10 +47,6 @@ COLUMNS = (
 _NCOLUMNS = "n." + COLUMNS.replace(", ", ", n.")
 _NEWER = "(SELECT min(s.id) FROM note s WHERE s.supersedes = n.id)"  # superseded_by
 SELECT = f"SELECT {_NCOLUMNS}, {_NEWER} FROM note n"  # noqa: S608 (a Note's columns, in order)
-
-
-class NoteError(ValueError):
-    """A note that cannot be written as asked; the message says why."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from memory.errors import SearchError as SearchError  # noqa: PLC0414 (its old home)
+
 Order = Literal["relevance", "time"]
 
 DEFAULT_LIMIT = 10
@@ -56,10 +58,6 @@ class SearchQuery:
     limit: int = DEFAULT_LIMIT
     from_id: int | None = None  # only log ids in this range (a summary's range)
     to_id: int | None = None
-
-
-class SearchError(ValueError):
-    """A search that cannot run (a bad argument); the message says why."""
 
 
 def _quote(text: str) -> str:

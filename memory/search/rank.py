@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from memory.errors import translating
 from memory.lines import Owners
 from memory.privacy import EVERYTHING, NOTHING, Scope
 from memory.rows import LogRow
@@ -118,6 +119,7 @@ class SearchResult:
     partial: bool = False  # a term so common that only its newest matches were searched
 
 
+@translating
 def search(
     store: MemoryStore,
     scope: Scope,
@@ -129,7 +131,8 @@ def search(
     assistant: str = "",
 ) -> SearchResult:
     """Search the log as ``scope`` may see it. Raises :class:`SearchError` for a bad argument and
-    ``sqlite3.Error`` if the database fails (the caller reports it; a bad row never raises).
+    :class:`memory.errors.MemoryUnavailable` if the database fails (the caller reports it; a bad
+    row never raises).
     ``owners`` (who the owner is now: memory.lines) makes ``sender = "owner"`` find the earlier
     messages of a handle that became the owner's too; ``assistant`` (its name) as the sender
     means its replies."""

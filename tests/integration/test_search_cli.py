@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from memory.identity import create_handle
+from memory.identity_writer import create_handle
 from memory.store import MemoryStore
 from tests.support.procs import relaybot_env, run_relaybot
 

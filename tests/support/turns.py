@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory.identity import Identity
+from memory.identity_writer import Identity
 from memory.rows import LogRow
 from memory.store import MemoryStore
 

@@ -21,7 +21,8 @@ from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory import commands, erasure
 from memory.commands import CommandContext, CommandError
 from memory.erasure import erase, plan_erasure
-from memory.identity import Identity, OwnerResolver, create_handle
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity, create_handle
 from memory.rows import LogRow
 from memory.store import MemoryStore
 

@@ -19,7 +19,8 @@ from memory import importer as admin
 from memory.commands import CommandContext
 from memory.erasure import erase
 from memory.export import ExportStats, export_lines
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.import_file import parse_file
 from memory.status import collect_status
 from memory.store import MemoryStore

@@ -24,6 +24,15 @@ from worker.model import Completion, ToolCall
 from worker.turn import Turns
 
 
+def covers_of(store: MemoryStore, answered_by: str) -> list[str]:
+    """The entries the reply keyed by ``answered_by`` answers besides its own key (what
+    MemoryStore.add_covers recorded; recorded_reply reads them)."""
+    rows = store.conn.execute(
+        "SELECT stream_id FROM reply_covers WHERE answered_by = ?", (answered_by,)
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
 class GateModel:
     """Every call waits until :meth:`open` lets calls whose last message contains a word
     through (``"*"``: all); records what each call saw and which calls overlapped."""
@@ -221,7 +230,7 @@ def test_messages_that_pile_up_during_a_turn_are_answered_together(
     # each message is recorded; the collected reply records which messages it answers
     store = rig.store
     assert store.conn.execute("SELECT COUNT(*) FROM log WHERE direction = 'in'").fetchone()[0] == 4
-    assert sorted(store.covers_of(later[-1])) == sorted(later[:2])
+    assert sorted(covers_of(store, later[-1])) == sorted(later[:2])
     for sid in later:
         found = store.recorded_reply(sid)
         assert found is not None and found.reply_id == replies[1].reply_id

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory.context import HISTORY_HEADER, build_context, count_tokens
+from memory.context import HISTORY_HEADER, build_context
 from memory.lines import estimate_tokens, format_line, label
 from memory.rows import LogRow
 from memory.store import MemoryStore
+from tests.support.tokens import count_tokens
 
 PROMPT = "You are relaybot."
 # 2026-11-22 10:04 UTC

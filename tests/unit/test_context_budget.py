@@ -13,7 +13,7 @@ import pytest
 from contract.config import Config, ConversationRole, MemoryConfig, WorkerConfig
 from contract.messages import InboundMessage, Privacy
 from memory import notes
-from memory.context import HISTORY_HEADER, MESSAGE_OVERHEAD, build_context, count_tokens
+from memory.context import HISTORY_HEADER, MESSAGE_OVERHEAD, build_context
 from memory.lines import estimate_tokens, format_line
 from memory.notes import NoteDraft, Source
 from memory.privacy import Scope
@@ -28,6 +28,7 @@ from memory.sections import (
 )
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.tokens import count_tokens
 from worker.tools import default_tools
 from worker.turn import Turns
 

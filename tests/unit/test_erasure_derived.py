@@ -19,7 +19,8 @@ from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory import commands
 from memory.commands import CommandContext
 from memory.erasure import erase, plan_erasure
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.import_file import parse_file
 from memory.provenance import DrewOn
 from memory.rows import LogRow

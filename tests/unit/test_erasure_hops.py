@@ -20,7 +20,8 @@ from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from memory.commands import CommandError
 from memory.erasure import MAX_HOPS, erase, plan_erasure
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.provenance import DrewOn
 from memory.rows import LogRow
 from memory.store import MemoryStore

@@ -15,11 +15,8 @@ from contract.messages import InboundMessage, Kind, Privacy
 from memory import commands
 from memory.commands import CommandContext
 from memory.identity import (
-    COMMANDS,
     OWNER,
-    Identity,
     OwnerResolver,
-    create_handle,
     current_links,
     get_entity,
     handle_entity,
@@ -28,6 +25,7 @@ from memory.identity import (
     person_of,
     resolve_ref,
 )
+from memory.identity_writer import COMMANDS, Identity, create_handle, resolve_or_create
 from memory.rows import LogRow
 from memory.store import MemoryStore
 
@@ -143,7 +141,7 @@ def test_the_row_is_recorded_even_when_the_identity_tables_fail(
     def broken(*_a: Any, **_k: Any) -> str:
         raise sqlite3.OperationalError("no such table: handle")
 
-    monkeypatch.setattr("memory.identity.create_handle", broken)
+    monkeypatch.setattr("memory.identity_writer.create_handle", broken)
     row = record(store, identity, message("matrix", "@dan:m.org"))
     assert row.entity is None  # narrower (its direct conversation sees only itself), never wider
 
@@ -185,7 +183,7 @@ def test_references_name_entities_by_id_handle_or_unique_address(store: MemorySt
         resolve_ref(conn, "email:nobody@example.org")
     with pytest.raises(LookupError):
         resolve_ref(conn, "  ")
-    made = resolve_ref(conn, "email:new@example.org", create=True)
+    made = resolve_or_create(conn, "email:new@example.org")
     assert handle_entity(conn, "email", "NEW@example.org") == made
 
 

@@ -15,7 +15,8 @@ import pytest
 from contract.config import OwnerAlias
 from memory import commands
 from memory.commands import CommandContext
-from memory.identity import OwnerResolver, create_handle
+from memory.identity import OwnerResolver
+from memory.identity_writer import create_handle
 from memory.import_file import Mapping, parse_file, parse_mapping
 from memory.store import MemoryStore
 from relaybot.cli_memory import render_handles

@@ -18,7 +18,8 @@ from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Privacy
 from memory import commands
 from memory.commands import CommandContext
-from memory.identity import OWNER, Identity, OwnerResolver
+from memory.identity import OWNER, OwnerResolver
+from memory.identity_writer import Identity
 from memory.privacy import (
     PAGE_ROWS,
     Scope,

@@ -16,13 +16,7 @@ from contract.config import Config, OwnerAlias, OwnerConfig
 from contract.messages import InboundMessage, Kind, Privacy
 from memory import search
 from memory.facade import Memory
-from memory.identity import (
-    OWNER,
-    OwnerResolver,
-    OwnerView,
-    handle_entity,
-    handle_moves,
-)
+from memory.identity import OWNER, OwnerResolver, OwnerView, handle_entity, handle_moves
 from memory.lines import label, line_and_cost
 from memory.privacy import Scope, visible_history
 from memory.rows import LogRow

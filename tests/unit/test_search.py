@@ -219,7 +219,7 @@ def test_sender_filter_by_handle_address_or_owner(store: MemoryStore, mixed: Log
 def test_a_stranger_named_like_someone_is_not_them(store: MemoryStore, log: Log) -> None:
     """Issue 24, item 9: ``--sender Ada`` matched a stranger whose display name is "Ada". The
     filter resolves handles and entities (memory.identity), linked ones included."""
-    from memory.identity import create_handle
+    from memory.identity_writer import create_handle
 
     conn = store.conn
     with store.transaction():

@@ -17,7 +17,8 @@ from contract.messages import InboundMessage, Kind, Privacy, Reply
 from memory import summaries
 from memory.erasure import erase
 from memory.facade import Memory
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.rows import LogRow
 from memory.segments import fallback_summary, parse_pause, parse_summary, segment
 from memory.store import MemoryStore
@@ -153,7 +154,7 @@ def test_erasure_blanks_the_summaries_of_its_rows_and_the_rest_is_derived_again(
     assert tomb is not None and tomb.erased is not None and tomb.text == ""
     assert summaries.current(conn, CONV) == []
     # what remains of the range is uncovered again, the erased row left out
-    assert [r.id for r in summaries.uncovered(conn, CONV, 10)] == [
+    assert [r.id for r in summaries.next_uncovered(conn, CONV, 10)[0]] == [
         rows[0].id,
         rows[2].id,
         rows[3].id,
@@ -164,7 +165,7 @@ def test_erasure_blanks_the_summaries_of_its_rows_and_the_rest_is_derived_again(
         world.apply(proposal(rows[0].id, rows[-1].id, "bob said 4711", version=2, rows=4))
     again = world.apply(proposal(rows[0].id, rows[-1].id, "bob said hello", version=2, rows=3))
     assert (again.rows, again.erased) == (3, None)
-    assert summaries.uncovered(conn, CONV, 10) == []
+    assert summaries.next_uncovered(conn, CONV, 10)[0] == []
 
 
 def test_segments_stop_at_a_change_of_privacy_and_at_max_rows(world: World) -> None:

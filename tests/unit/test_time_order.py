@@ -22,7 +22,8 @@ from contract.messages import Privacy
 from memory import commands
 from memory.commands import CommandContext
 from memory.context import build_context
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.import_file import parse_file
 from memory.privacy import Scope, visible_history
 from memory.search import SearchQuery, search

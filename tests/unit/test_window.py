@@ -28,7 +28,8 @@ from memory.commands import CommandContext
 from memory.commands import apply_atomic as _apply_command
 from memory.context import build_context
 from memory.erasure import erase
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.import_file import parse_file
 from memory.lines import HistoryLines
 from memory.privacy import Scope, visible_history

@@ -22,7 +22,8 @@ from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
 from gateways.matrix_recheck import recheck
 from memory import commands
 from memory.command_types import CommandContext
-from memory.identity import Identity, OwnerResolver
+from memory.identity import OwnerResolver
+from memory.identity_writer import Identity
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.turns import record_turn

@@ -1,0 +1,93 @@
+"""Memory, read-only, for the application: what ``relaybot``'s commands, status and doctor read.
+
+:class:`MemoryView` opens the database read-only (the worker is its only writer) and answers the
+application's questions through memory's own modules: identity (:attr:`MemoryView.people`),
+search, summaries, notes, ``memory status``, the export, and the preview of an erasure. It never
+writes; what changes memory goes to the worker as an owner command (relaybot/owner_commands.py).
+Every method raises :class:`memory.errors.MemoryUnavailable` (SQLite's text) when the database
+fails: the application never sees ``sqlite3``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memory import summaries
+from memory.erasure import plan_erasure
+from memory.erasure_plan import ErasurePlan
+from memory.errors import translating, translating_iter
+from memory.export import ExportStats, export_lines
+from memory.identity import OwnerResolver, OwnerView
+from memory.lines import Owners, stamp
+from memory.notes import Note, find_notes, format_note, note_chain
+from memory.people import People
+from memory.privacy import Scope
+from memory.search import SearchQuery, SearchResult, format_hits, hit_record, search
+from memory.status import collect_status
+from memory.store import MemoryStore
+
+# what the application renders with (no database): a hit, a note, a time
+__all__ = ["MemoryView", "format_hits", "format_note", "hit_record", "stamp"]
+
+
+class MemoryView:
+    """The memory database at ``path``, read-only (see the module docstring). A context
+    manager; :class:`memory.errors.MemoryUnavailable` if it cannot be opened,
+    :class:`memory.errors.SchemaError` if it is not (yet) memory's."""
+
+    def __init__(self, path: Path) -> None:
+        self._store = MemoryStore(path, readonly=True)
+        self.people = People(self._store.conn)
+
+    def close(self) -> None:
+        self._store.close()
+
+    def __enter__(self) -> MemoryView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def owners(self, resolver: OwnerResolver) -> OwnerView:
+        """Who is the owner now (the configured aliases and the handles merged into her)."""
+        return self.people.owners(resolver)
+
+    def search(
+        self, scope: Scope, query: SearchQuery, *, owners: Owners | None = None, assistant: str = ""
+    ) -> SearchResult:
+        """The log searched as ``scope`` may see it (memory/search/); SearchError: a bad query."""
+        return search(self._store, scope, query, owners=owners, assistant=assistant)
+
+    @translating
+    def summaries(
+        self, conversation: str | None = None, *, every: bool = False
+    ) -> list[summaries.Summary]:
+        """Layer 1's summaries (current ones; ``every``: superseded and tombstoned too)."""
+        return summaries.listing(self._store.conn, conversation, every=every)
+
+    @translating
+    def notes(self, **filters: Any) -> list[Note]:
+        """Notes as the owner sees them (memory.notes.find_notes, its filters)."""
+        return find_notes(self._store, **filters)
+
+    @translating
+    def note_versions(self, note_id: int) -> list[Note]:
+        """The note ``note_id`` and its versions, oldest first ([] when there is none)."""
+        return note_chain(self._store, note_id)
+
+    @translating
+    def status(self, *, check: bool = False, assistant_name: str = "relaybot") -> dict[str, Any]:
+        """What ``relaybot memory status`` shows (memory/status.py)."""
+        return collect_status(self._store, check=check, assistant_name=assistant_name)
+
+    def export(self, stats: ExportStats | None = None) -> Iterator[str]:
+        """The export, line by line, from one consistent snapshot (memory/export.py)."""
+        return translating_iter(export_lines(self._store, stats))
+
+    @translating
+    def erasure_preview(self, kind: str, target: str, keep: list[str]) -> ErasurePlan:
+        """What erasing ``kind target`` would take, keeping ``keep`` (memory/erasure_plan.py);
+        CommandError for a bad target or ``keep``."""
+        return plan_erasure(self._store.conn, kind, target, keep)

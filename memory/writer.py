@@ -1,0 +1,53 @@
+"""The writer's side of memory: what the one writer (the worker) and the jobs it plans use
+beyond a turn.
+
+- :class:`MemoryStore`: the writer's store (its transactions, commits and fence; opening it
+  raises :class:`memory.errors.MemoryUnavailable`); :class:`WalCheckpointer`, the WAL's
+  checkpoints off the hot path;
+- layer 1, the conversation summaries: ``summaries`` (memory/summaries.py: planning, the job key,
+  applying a proposal) and the segments a job summarizes (:func:`segment`, the prompts, the
+  transcript, the fallback); the conversations that changed since the deriver last looked
+  (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
+- erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
+  platform's redaction names); applying them goes through the turn facade (memory.turns);
+- :func:`inbound_event`: the platform event id memory recorded for a stream entry.
+
+The worker imports memory through this module, memory.turns, memory.errors and memory.types
+only (an import-linter contract in pyproject.toml).
+"""
+
+from memory import summaries
+from memory.changes import blanked_summaries, log_top, new_rows
+from memory.checkpoint import WalCheckpointer
+from memory.erasure import any_erasure
+from memory.redactions import in_room
+from memory.replies import inbound_event
+from memory.segments import (
+    PAUSE_PROMPT,
+    SUMMARY_PROMPT,
+    fallback_summary,
+    parse_pause,
+    parse_summary,
+    segment,
+    transcript,
+)
+from memory.store import MemoryStore
+
+__all__ = [
+    "PAUSE_PROMPT",
+    "SUMMARY_PROMPT",
+    "MemoryStore",
+    "WalCheckpointer",
+    "any_erasure",
+    "blanked_summaries",
+    "fallback_summary",
+    "in_room",
+    "inbound_event",
+    "log_top",
+    "new_rows",
+    "parse_pause",
+    "parse_summary",
+    "segment",
+    "summaries",
+    "transcript",
+]
