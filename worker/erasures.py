@@ -22,6 +22,7 @@ import structlog
 from contract.messages import Reply, ReplyKind
 from memory.facade import Memory
 from memory.store import MemoryStore
+from worker.duties import Duties
 from worker.scrub import Scrubber
 from worker.streams import Entry
 
@@ -35,11 +36,20 @@ WAL_PENDING = (
 
 
 class Erasures:
-    def __init__(self, memory: Memory, scrubber: Scrubber, *, retry_every: float = 1.0) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        scrubber: Scrubber,
+        *,
+        retry_every: float = 1.0,
+        duties: Duties | None = None,
+    ) -> None:
         self.memory, self.scrubber, self.retry_every = memory, scrubber, retry_every
         # an erasure's truncation may have been pending when a worker died: try once on start
         self.wal_pending = memory.use(_has_erasures) is True
         self._tried = 0.0
+        if duties is not None:  # looked at every round; tried every ``retry_every`` seconds
+            duties.every(0, self.retry_wal, name="erasure.wal_retry")
 
     def finish(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
         """Clean outside memory what each erasure erased; its answer (``replies[i]``) says where
@@ -86,7 +96,7 @@ class Erasures:
             )
 
     def retry_wal(self) -> None:
-        """Called from the worker's loop: finish a pending WAL truncation."""
+        """A periodic duty (worker/duties.py): finish a pending WAL truncation."""
         if not self.wal_pending or time.monotonic() - self._tried < self.retry_every:
             return
         if self._wal() == "truncated":

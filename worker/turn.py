@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,9 @@ from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
+
+# an owner command the worker applies itself: (memory, args) -> the command's answer
+WorkerCommand = Callable[[Memory, dict[str, Any]], dict[str, object]]
 
 
 @dataclass
@@ -120,18 +122,18 @@ class Turns:
         model: ModelPort,
         tools: ToolRegistry | Callable[[TurnContext], ToolRegistry],
         *,
-        thinking: Callable[[str], AbstractContextManager[object]] = lambda _s: nullcontext(),
         opener: Callable[[], MemoryStore | None] | None = None,
         clock: Callable[[], float] = time.time,
+        commands: Mapping[str, WorkerCommand] | None = None,
     ) -> None:
+        """``commands``: the owner commands the worker itself applies (not memory), by op
+        (``memory.resummarize``: worker/derive.py)."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
         self.model = model
         self.tools = tools
-        self.thinking = thinking
-        # owner commands the worker itself applies (not memory): op -> handler(args) -> result
-        self.worker_commands: dict[str, Callable[[dict[str, Any]], dict[str, object]]] = {}
+        self.commands: dict[str, WorkerCommand] = dict(commands or {})
         # replies the model gave that memory could not record yet, by each entry they answer
         self._unrecorded: dict[str, Held] = {}
         self._lingering: list[Held] = []  # recorded, not committed yet
@@ -147,37 +149,6 @@ class Turns:
     def memory_failures(self) -> int:
         """How often memory failed (degraded mode) since the worker started."""
         return self.memory.failures
-
-    def handle(
-        self,
-        stream_id: str,
-        raw: Mapping[bytes, bytes] | Mapping[str, str],
-        *,
-        channel: str | None = None,
-    ) -> Outcome:
-        """One entry, start to end on this thread (the worker runs the model call of a message
-        on a pool thread instead: :meth:`parse`, :meth:`apply`, :meth:`begin`, :meth:`run`,
-        :meth:`finish`); ``channel`` is the channel of the stream it came on (None: the stream
-        without a channel, whose entries are taken as they say: worker/streams.py).
-
-        Its writes join memory's open transaction (group commit): durable once :meth:`settle`
-        (or the next model call) committed them. :class:`MemoryUnwritable` when memory refused:
-        every entry since the last commit is to be handled again."""
-        parsed = self.parse(stream_id, raw, channel)
-        if isinstance(parsed, Outcome):
-            return parsed
-        if parsed.kind is not Kind.MESSAGE or redactions.is_redaction(parsed):
-            applied = self.apply(stream_id, parsed)
-            if applied.again is None:
-                return applied
-            parsed = applied.again  # a withheld reply: its question, answered again now
-        outcomes, job = self.begin([(stream_id, parsed)])
-        if job is None:
-            return outcomes[0] or Outcome()
-        self.settle()  # no write transaction is held across the model call
-        with self.thinking(parsed.session):
-            result = self.run(job)
-        return self.finish(job, result)
 
     def parse(
         self, stream_id: str, raw: Mapping[bytes, bytes] | Mapping[str, str], channel: str | None
@@ -614,9 +585,9 @@ class Turns:
             }
         elif self.memory.store is None:
             result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
-        elif isinstance(op := msg.extra.get("op"), str) and op in self.worker_commands:
+        elif isinstance(op := msg.extra.get("op"), str) and op in self.commands:
             args = msg.extra.get("args", {})
-            result = self.worker_commands[op](args if isinstance(args, dict) else {})
+            result = self.commands[op](self.memory, args if isinstance(args, dict) else {})
         else:
             op, args = msg.extra.get("op"), msg.extra.get("args", {})
             result = self.memory.apply_command(stream_id, op, args) or {
