@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from contract.messages import Reply, ReplyKind
+from contract.messages import Reply
 from memory.facade import Memory
 from memory.store import MemoryStore
 from worker.duties import Duties
@@ -67,22 +67,6 @@ class Erasures:
             if index is not None:
                 replies[index] = _amend(replies[index], {"cleaned": cleaned})
 
-    def undone(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
-        """The batch's commit failed: nothing was erased."""
-        self.memory.drop_erased_texts()
-        for index, _erasure in erasures:
-            if index is None:
-                continue
-            replies[index] = _amend(
-                replies[index],
-                {
-                    "ok": False,
-                    "error": "memory failed while committing the erasure: nothing was erased "
-                    "(see the worker log); run it again",
-                },
-                kind=ReplyKind.ERROR,
-            )
-
     def forget(self, entries: list[Entry], *, rewrite: bool) -> None:
         """Delete acked import and summary entries (they hold text memory now keeps);
         with ``rewrite``, an import held text that erasures here had erased: Redis rewrites its
@@ -115,7 +99,7 @@ def _has_erasures(store: MemoryStore) -> bool:
     return store.conn.execute("SELECT 1 FROM erasure LIMIT 1").fetchone() is not None
 
 
-def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = None) -> Reply:
+def _amend(reply: Reply, update: dict[str, Any]) -> Reply:
     try:
         result = json.loads(reply.text)
     except ValueError:
@@ -124,6 +108,4 @@ def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = Non
         result = {}
     result.update(update)
     changes: dict[str, Any] = {"text": json.dumps(result, ensure_ascii=False, default=str)}
-    if kind is not None:
-        changes["kind"] = kind
     return reply.model_copy(update=changes)
