@@ -93,7 +93,7 @@ class Turns:
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
 
     def reconfigure(self, cfg: Config) -> None:
-        """Run with a reloaded configuration from now on (worker/consumer.py calls it on the
+        """Run with a reloaded configuration from now on (worker/reload.py calls it on the
         writer between rounds, never inside a turn's begin/finish; turns whose model call runs
         keep the input they were given)."""
         self.cfg = cfg

@@ -1,4 +1,4 @@
-"""The worker applies a reloaded config.toml on its writer, between rounds (worker/consumer.py
+"""The worker applies a reloaded config.toml on its writer, between rounds (worker/reload.py
 ``maybe_reload``): the owner's aliases, the turns mode and the model client change for the next
 turns; what cannot change waits for a restart."""
 
