@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
 import structlog
@@ -53,14 +51,6 @@ class BusySignal:
         being written)."""
         with self._lock:
             self._sessions.pop(session, None)
-
-    @contextmanager
-    def turn(self, session: str) -> Iterator[None]:
-        self.begin(session)
-        try:
-            yield
-        finally:
-            self.end(session)
 
     def _run(self) -> None:
         period = min(self.after, self.ttl / 3)

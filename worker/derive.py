@@ -38,6 +38,7 @@ from contract.config import Config
 from memory.turns import Memory
 from memory.types import LogRow
 from memory.writer import MemoryStore, blanked_summaries, log_top, new_rows, segment, summaries
+from worker.duties import Duties
 
 log = structlog.get_logger(__name__)
 
@@ -93,23 +94,26 @@ class Deriver:
         has_model: bool,
         clock: Callable[[], float] = time.time,
         busy: Callable[[str], bool] = lambda _conversation: False,
+        duties: Duties | None = None,
     ) -> None:
+        """``busy``: a turn of the conversation runs or waits (the worker's writer knows); it has
+        not paused. ``duties``: where the planning registers as a periodic duty (the worker's
+        loop runs it every ``[derive] check_every`` seconds: worker/duties.py)."""
         self.cfg, self.r, self.memory, self.has_model = cfg, r, memory, has_model
         self.clock = clock
-        self.busy = busy  # a turn of the conversation runs or waits: it has not paused
+        self.busy = busy
         self.active: dict[str, Active] = {}
         self._seen: int | None = None
         self._erased = 0  # the newest erasure whose blanked summaries were noticed
         self._erasure: int | None = None  # the newest erasure whose conversations were noticed
-        self._last_check = 0.0
+        if duties is not None:
+            duties.every(lambda: self.cfg.derive.check_every, self.plan_and_enqueue,
+                         name="summary.plan")  # fmt: skip
 
-    def maybe_plan(self) -> list[Planned]:
-        """Every ``check_every`` seconds: :meth:`plan`, and enqueue what it planned."""
-        d = self.cfg.derive
-        now = time.monotonic()
-        if not d.enabled or now - self._last_check < d.check_every:
+    def plan_and_enqueue(self) -> list[Planned]:
+        """The periodic duty: :meth:`plan`, and enqueue what it planned."""
+        if not self.cfg.derive.enabled:
             return []
-        self._last_check = now
         try:
             planned = self.plan()
             for p in planned:
@@ -192,23 +196,26 @@ class Deriver:
     def enqueue(self, p: Planned) -> bool:
         return enqueue(self.cfg, self.r, p)
 
-    def resummarize_command(self, args: dict[str, Any]) -> dict[str, object]:
-        """The owner command ``memory.resummarize`` (``relaybot memory resummarize``): the
-        worker enqueues the jobs, so the terminal's Redis account needs no access to rq's keys."""
-        conversation = args.get("conversation")
-        if not isinstance(conversation, str) or not conversation.strip():
-            return {"ok": False, "error": "memory.resummarize takes {conversation} as a string"}
-        planned = self.memory.use(partial(_resummarize, self.cfg, self.r, conversation.strip()))
-        if planned is None:
-            return {"ok": False, "error": "memory is unavailable (see the worker log)"}
-        return {
-            "ok": True,
-            "conversation": conversation.strip(),
-            "enqueued": [
-                {"first_id": p.first_id, "last_id": p.last_id, "version": p.version}
-                for p in planned
-            ],
-        }
+
+def resummarize_command(
+    cfg: Config, r: redis.Redis, memory: Memory, args: dict[str, Any]
+) -> dict[str, object]:
+    """The owner command ``memory.resummarize`` (``relaybot memory resummarize``): the
+    worker enqueues the jobs, so the terminal's Redis account needs no access to rq's keys
+    (a worker command: worker/turn.py ``Turns(commands=...)``)."""
+    conversation = args.get("conversation")
+    if not isinstance(conversation, str) or not conversation.strip():
+        return {"ok": False, "error": "memory.resummarize takes {conversation} as a string"}
+    planned = memory.use(partial(_resummarize, cfg, r, conversation.strip()))
+    if planned is None:
+        return {"ok": False, "error": "memory is unavailable (see the worker log)"}
+    return {
+        "ok": True,
+        "conversation": conversation.strip(),
+        "enqueued": [
+            {"first_id": p.first_id, "last_id": p.last_id, "version": p.version} for p in planned
+        ],
+    }
 
 
 def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:

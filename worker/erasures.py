@@ -19,9 +19,10 @@ from typing import Any
 
 import structlog
 
-from contract.messages import Reply, ReplyKind
+from contract.messages import Reply
 from memory.turns import Memory
 from memory.writer import MemoryStore, any_erasure
+from worker.duties import Duties
 from worker.scrub import Scrubber
 from worker.streams import Entry
 
@@ -35,11 +36,20 @@ WAL_PENDING = (
 
 
 class Erasures:
-    def __init__(self, memory: Memory, scrubber: Scrubber, *, retry_every: float = 1.0) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        scrubber: Scrubber,
+        *,
+        retry_every: float = 1.0,
+        duties: Duties | None = None,
+    ) -> None:
         self.memory, self.scrubber, self.retry_every = memory, scrubber, retry_every
         # an erasure's truncation may have been pending when a worker died: try once on start
         self.wal_pending = memory.use(_has_erasures) is True
         self._tried = 0.0
+        if duties is not None:  # looked at every round; tried every ``retry_every`` seconds
+            duties.every(0, self.retry_wal, name="erasure.wal_retry")
 
     def finish(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
         """Clean outside memory what each erasure erased; its answer (``replies[i]``) says where
@@ -57,22 +67,6 @@ class Erasures:
             if index is not None:
                 replies[index] = _amend(replies[index], {"cleaned": cleaned})
 
-    def undone(self, replies: list[Reply], erasures: list[tuple[int | None, int]]) -> None:
-        """The batch's commit failed: nothing was erased."""
-        self.memory.drop_erased_texts()
-        for index, _erasure in erasures:
-            if index is None:
-                continue
-            replies[index] = _amend(
-                replies[index],
-                {
-                    "ok": False,
-                    "error": "memory failed while committing the erasure: nothing was erased "
-                    "(see the worker log); run it again",
-                },
-                kind=ReplyKind.ERROR,
-            )
-
     def forget(self, entries: list[Entry], *, rewrite: bool) -> None:
         """Delete acked import and summary entries (they hold text memory now keeps);
         with ``rewrite``, an import held text that erasures here had erased: Redis rewrites its
@@ -86,7 +80,7 @@ class Erasures:
             )
 
     def retry_wal(self) -> None:
-        """Called from the worker's loop: finish a pending WAL truncation."""
+        """A periodic duty (worker/duties.py): finish a pending WAL truncation."""
         if not self.wal_pending or time.monotonic() - self._tried < self.retry_every:
             return
         if self._wal() == "truncated":
@@ -105,7 +99,7 @@ def _has_erasures(store: MemoryStore) -> bool:
     return any_erasure(store)
 
 
-def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = None) -> Reply:
+def _amend(reply: Reply, update: dict[str, Any]) -> Reply:
     try:
         result = json.loads(reply.text)
     except ValueError:
@@ -114,6 +108,4 @@ def _amend(reply: Reply, update: dict[str, Any], *, kind: ReplyKind | None = Non
         result = {}
     result.update(update)
     changes: dict[str, Any] = {"text": json.dumps(result, ensure_ascii=False, default=str)}
-    if kind is not None:
-        changes["kind"] = kind
     return reply.model_copy(update=changes)

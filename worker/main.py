@@ -1,9 +1,11 @@
-"""Assembling the worker process from the configuration: memory, model, tools, consumer."""
+"""Assembling the worker process from the configuration: memory, model, tools, and the parts of
+the consumer (``assemble``: each part is given what it needs in its constructor)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import redis
@@ -12,18 +14,30 @@ import structlog
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
+from contract.liveness import process_identity
 from memory.errors import MemoryUnavailable
 from memory.turns import privacy_of
 from memory.writer import MemoryStore, WalCheckpointer
 from worker.busy import BusySignal
+from worker.committer import Committer
 from worker.consumer import Consumer
-from worker.derive import Deriver
+from worker.control import Control
+from worker.derive import Deriver, resummarize_command
+from worker.duties import Duties
+from worker.health import Health
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
+from worker.reader import Reader
+from worker.reload import MakeModel, Reloader
+from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
 from worker.turn_context import TurnContext
+from worker.writer import Writer
+
+# layer 1 (worker/derive.py), built once the writer can say whether a conversation is busy
+MakeDeriver = Callable[[Callable[[str], bool], Duties], Deriver]
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +74,44 @@ class TurnTools:
         return LazyTools(lambda: turn_tools(ctx), tool_shape(ctx), self._specs)
 
 
+def assemble(
+    cfg: Config,
+    r: redis.Redis,
+    turns: Turns,
+    *,
+    name: str | None = None,
+    busy: BusySignal | None = None,
+    flush_after: float = 0.02,
+    watch: ConfigWatcher | None = None,
+    make_model: MakeModel | None = None,
+    deriver: MakeDeriver | None = None,
+    duties: Duties | None = None,
+) -> Consumer:
+    """The worker's parts, each given what it needs, one way (worker/consumer.py): the
+    committer, the writer, the reader, the layers' duties (``deriver``: layer 1's summaries,
+    given the writer's view of a busy conversation and the duties), the reloader, the process.
+    ``name``: the consumer's name in its group (default: this process's identity). ``duties``:
+    the registry the loop runs, with what others registered in it already (a layer built
+    before the worker's parts adds its periodic duty there: worker/duties.py)."""
+    name = name or process_identity("worker")
+    control, health = Control(cfg), Health(r, cfg.keys, name)
+    duties = duties if duties is not None else Duties()
+    sessions = Sessions(
+        limit=cfg.model.concurrency,
+        collect=lambda m: control.cfg.turns.mode_of(m.channel, m.conversation) == "collect",
+    )
+    committer = Committer(control, r, turns, sessions, name=name, health=health, duties=duties)
+    writer = Writer(control, turns, sessions, committer, health=health, busy=busy,
+                    flush_after=flush_after)  # fmt: skip
+    reader = Reader(control, r, writer, committer, name=name, duties=duties)
+    layer = deriver(writer.conversation_busy, duties) if deriver is not None else None
+    reloader = Reloader(control, turns, writer, duties=duties, health=health, watch=watch,
+                        make_model=make_model, deriver=layer)  # fmt: skip
+    return Consumer(control, r, turns, name=name, reader=reader, writer=writer,
+                    committer=committer, reloader=reloader, deriver=layer, duties=duties,
+                    health=health, busy=busy)  # fmt: skip
+
+
 def build_consumer(
     cfg: Config,
     r: redis.Redis,
@@ -68,7 +120,9 @@ def build_consumer(
     store: MemoryStore | None = None,
     tools: ToolRegistry | None = None,
 ) -> Consumer:
-    own_model = model is None  # a model given (tests) is kept across reloads
+    """The worker as ``relaybot worker`` runs it (a model given, as tests and benchmarks do,
+    is kept across reloads)."""
+    own_model = model is None
     model = model or make_model(cfg.model)
     if isinstance(model, NoModel):
         log.warning(
@@ -82,17 +136,19 @@ def build_consumer(
         store,
         model,
         tools or TurnTools(),
-        thinking=busy.turn,
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
+        commands={"memory.resummarize": partial(resummarize_command, cfg, r)},
     )
-    deriver = Deriver(cfg, r, turns.memory, has_model=not isinstance(model, NoModel))
-    consumer = Consumer(cfg, r, turns, busy=busy, deriver=deriver)
-    consumer.watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES,
-                                   reloadable=WORKER_RELOADS)  # fmt: skip
-    if own_model:
-        consumer.make_model = make_model
-    return consumer
+    has_model = not isinstance(model, NoModel)
+
+    def summaries(busy_now: Callable[[str], bool], duties: Duties) -> Deriver:
+        return Deriver(cfg, r, turns.memory, has_model=has_model, busy=busy_now, duties=duties)
+
+    watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS)
+    return assemble(cfg, r, turns, busy=busy, watch=watch,
+                    make_model=make_model if own_model else None,
+                    deriver=summaries)  # fmt: skip
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

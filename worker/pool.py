@@ -1,6 +1,6 @@
 """The threads that run turns' model calls, and the one way back to the writer.
 
-The worker's main thread is memory's one ordered writer (worker/consumer.py). A turn's model
+The worker's main thread is memory's one ordered writer (worker/writer.py). A turn's model
 call (and its tool rounds) runs on one of ``limit`` pool threads, so turns of different sessions
 wait for the model side by side. Everything that touches memory stays on the writer: a tool
 call is handed to it (:meth:`TurnPool.on_writer`) and its result handed back, so a tool that

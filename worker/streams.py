@@ -304,7 +304,7 @@ class InboundStreams:
         """Our oldest pending entries of the first stream that has some: at most ``count``
         (and about ``max_entry_bytes`` in all). Each read counts as a delivery of what it
         returns, so a batch charges every entry in it should one of them crash the worker: the
-        caller reads one at a time once an entry may be doing so (worker/consumer.py). One
+        caller reads one at a time once an entry may be doing so (worker/reader.py). One
         delivered more than ``max_attempts`` times, or that is beyond the bounds, is
         dead-lettered by the script, and one deleted from its stream meanwhile is acked by it;
         the next one is read then. Nothing found: nothing is pending (the second list, entries

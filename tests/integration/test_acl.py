@@ -16,6 +16,7 @@ from gateways.cli import Terminal
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.servers import free_port
+from tests.support.worker import handle_entries
 from worker.main import build_consumer
 
 pytestmark = pytest.mark.integration
@@ -66,14 +67,14 @@ def test_each_user_can_do_its_job_and_no_more(tmp_path: Path, acl_redis: int) ->
     wr = connect(worker_cfg)
     consumer = build_consumer(worker_cfg, wr, model=InstantModel())
     assert consumer.acquire(wait=False)
-    consumer.ensure_group()
-    consumer.recover()
+    consumer.reader.ensure_group()
+    consumer.reader.recover()
 
     cr = connect(cli_cfg)
     term = Terminal(cli_cfg, cr, "acl")
     term.heartbeat.start()
     sid = term.send("hello through the ACL")
-    consumer.handle_entries(consumer.read(block_ms=100))
+    handle_entries(consumer, consumer.reader.read(block_ms=100))
     reply = term.wait_for(sid, 5)
     term.heartbeat.stop()
     assert reply is not None
@@ -108,8 +109,8 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
     store = MemoryStore(tmp_path / "memory.sqlite3")
     consumer = build_consumer(worker_cfg, wr, model=model, store=store)
     assert consumer.acquire(wait=False)
-    consumer.ensure_group()
-    consumer.recover()
+    consumer.reader.ensure_group()
+    consumer.reader.recover()
     mr = connect(cfg_for(tmp_path, acl_redis, "matrix"))
 
     def entry(**kw: object) -> dict[str, str]:
@@ -138,7 +139,7 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
     ]
     for fields in forged:
         mr.xadd(keys.inbound_of("matrix"), fields)
-    consumer.handle_entries(consumer.read(block_ms=100))
+    handle_entries(consumer, consumer.reader.read(block_ms=100))
     dead = wr.xrange(keys.dead)
     assert len(dead) == len(forged)
     for _id, fields in dead:
@@ -156,7 +157,7 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
         cfg_for(tmp_path, acl_redis, "cli"), connect(cfg_for(tmp_path, acl_redis, "cli")), "acl"
     )
     sid = term.send("hello")
-    consumer.handle_entries(consumer.read(block_ms=100))
+    handle_entries(consumer, consumer.reader.read(block_ms=100))
     reply = term.wait_for(sid, 5)
     assert reply is not None
     mr.xadd(
@@ -170,7 +171,7 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
         entry(kind=Kind.DERIVED, text="", extra={"type": "reply_status", "answers": sid,
               "reply_id": reply.reply_id, "status": "expired", "detail": "forged"}),
     )  # fmt: skip
-    consumer.handle_entries(consumer.read(block_ms=100))
+    handle_entries(consumer, consumer.reader.read(block_ms=100))
     last_two = wr.xrevrange(keys.dead, count=2)
     assert all("reports on reply" in f[b"reason"].decode() for _i, f in last_two)
     statuses = store.conn.execute(

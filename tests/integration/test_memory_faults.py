@@ -20,10 +20,13 @@ import redis
 
 from contract.config import Config, RedisConfig, TurnsConfig, WorkerConfig
 from contract.keys import Keys
+from contract.liveness import process_identity
 from contract.messages import InboundMessage, Privacy, Reply
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.worker import handle_entries
 from worker.consumer import Consumer, LeaseLost
+from worker.main import assemble
 from worker.model import Completion
 from worker.tools import default_tools
 from worker.turn import Turns
@@ -72,13 +75,13 @@ class World:
     def consumer(self, model: InstantModel, *, acquire: bool = True) -> Consumer:
         store = MemoryStore(self.path)  # a connection of its own, as a worker process has
         self.stores.append(store)
-        c = Consumer(self.cfg, self.r, Turns(self.cfg, store, model, default_tools()))
-        c.name = c.lease.token = f"{c.name}-{len(self.consumers)}"
+        name = f"{process_identity('worker')}-{len(self.consumers)}"
+        c = assemble(self.cfg, self.r, Turns(self.cfg, store, model, default_tools()), name=name)
         self.consumers.append(c)
         if acquire:
             assert c.acquire(wait=False)
-            c.ensure_group()
-            c.recover()
+            c.reader.ensure_group()
+            c.reader.recover()
         return c
 
     def add(self, m: InboundMessage) -> str:
@@ -86,8 +89,8 @@ class World:
         return f"{m.channel}/{raw.decode()}"  # type: ignore[union-attr]
 
     def pump(self, c: Consumer) -> None:
-        while entries := c.read(block_ms=None):  # type: ignore[arg-type]
-            c.handle_entries(entries)
+        while entries := c.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(c, entries)
 
     def replies(self, session: str = "cli:t") -> list[Reply]:
         return [Reply.from_json(x) for x in self.r.lrange(self.keys.reply(session), 0, -1)]
@@ -139,11 +142,11 @@ def test_a_worker_paused_past_its_lease_cannot_commit_what_it_answered(world: Wo
         assert b_in_model.wait(10)  # A resumes while B is asking its model
 
     a = world.consumer(HookModel("A", during=paused_past_the_lease))
-    entries = a.read(block_ms=None)  # type: ignore[arg-type]
+    entries = a.reader.read(block_ms=None)  # type: ignore[arg-type]
     a.lease._stop.set()  # paused: A's renewals stop with it
     try:
         with pytest.raises(LeaseLost, match="fenced"):
-            a.handle_entries(entries)
+            handle_entries(a, entries)
     finally:
         a_tried.set()
     deadline = time.monotonic() + 10
@@ -187,15 +190,15 @@ def test_memory_full_then_space_back_answers_everything_once_with_no_gap(world: 
     texts = [f"while full {i} " + "x" * 3000 for i in range(200)]
     for i, t in enumerate(texts):
         world.add(msg(t, event_id=f"f{i}"))
-    entries = c.read(block_ms=None)  # type: ignore[arg-type]
+    entries = c.reader.read(block_ms=None)  # type: ignore[arg-type]
     blocked: list[str] = []
 
     def space_back_later() -> None:  # the operator frees space while the worker waits
-        blocked.append(c.memory_blocked)
+        blocked.append(c.committer.memory_blocked)
         store.conn.execute("PRAGMA max_page_count = 1073741823")
 
-    c._beat = space_back_later  # type: ignore[method-assign]
-    c.handle_entries(entries)
+    c.health.beat = space_back_later  # type: ignore[method-assign]
+    handle_entries(c, entries)
     world.pump(c)
 
     assert blocked and "full" in blocked[0]
@@ -281,8 +284,7 @@ def test_a_queue_nobody_reads_expires_into_memory(world: World) -> None:
     stale = old.model_copy(update={"created": old.created - world.cfg.delivery.max_age - 5})
     world.r.delete(key)
     world.r.rpush(key, stale.to_json())
-    c._last_sweep = 0.0
-    c.maybe_sweep()
+    c.committer.sweep()  # the sweep's duty, run now
     assert world.replies("cli:gone") == [] and len(world.replies("cli:here")) == 1
     assert world.stores[-1].reply_marks(old.reply_id).keys() == {"expired"}
 

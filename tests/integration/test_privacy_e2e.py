@@ -28,6 +28,7 @@ from contract.messages import InboundMessage, Privacy
 from memory.store import MemoryStore
 from relaybot.owner_commands import command_message
 from tests.support.servers import RedisServer
+from tests.support.worker import handle_entries
 from worker.consumer import Consumer
 from worker.main import build_consumer
 from worker.model import Completion, ToolCall
@@ -147,13 +148,13 @@ class Worker:
         self.model = ProbingModel()
         self.consumer: Consumer = build_consumer(self.cfg, r, model=self.model, store=self.store)
         assert self.consumer.acquire(wait=False)
-        self.consumer.ensure_group()
-        self.consumer.recover()
+        self.consumer.reader.ensure_group()
+        self.consumer.reader.recover()
         self._n = itertools.count(1)
 
     def pump(self) -> None:
-        while entries := self.consumer.read(block_ms=None):  # type: ignore[arg-type]
-            self.consumer.handle_entries(entries)
+        while entries := self.consumer.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(self.consumer, entries)
 
     def say(self, conversation: str, sender: str, text: str, privacy: Privacy) -> list[str]:
         """Send a message through the stream; the JSON of everything the model was sent."""

@@ -107,8 +107,7 @@ from tests.support.privacy_script import (
     word,
 )
 from tests.support.servers import RedisServer
-from worker.consumer import Consumer
-from worker.main import TurnTools
+from worker.main import TurnTools, assemble
 from worker.model import Completion, ToolCall
 from worker.tools import Tool, ToolRegistry
 from worker.turn import Turns
@@ -420,10 +419,10 @@ class Run:
         self.store = MemoryStore(self.memory_path)
         self.model = ScriptedModel(world)
         turns = Turns(self.cfg, self.store, self.model, TurnTools())
-        self.consumer = Consumer(self.cfg, r, turns)
+        self.consumer = assemble(self.cfg, r, turns)
         assert self.consumer.acquire(wait=False)
-        self.consumer.ensure_group()
-        self.consumer.recover()
+        self.consumer.reader.ensure_group()
+        self.consumer.reader.recover()
         self.policy = matrix_policy()
         self.addrs = mail_addresses()
         self.said: dict[str, Said] = {}  # stream id -> the audience of its turn
@@ -433,7 +432,7 @@ class Run:
             self.command("entities.link", {"a": f"matrix:{mx(p)}", "b": f"email:{mail(p)}"})
 
     def close(self) -> None:
-        self.consumer.pool.close()
+        self.consumer.writer.pool.close()
         self.consumer.lease.release()
         self.store.close()
         for key in self.r.scan_iter(match=f"{self.prefix}*", count=1000):
@@ -455,16 +454,17 @@ class Run:
         consumer = self.consumer
         deadline = time.monotonic() + DRAIN_S
         while True:
-            consumer.take(consumer.read(block_ms=0))
-            consumer.advance()
-            if not consumer.in_hand():
+            consumer.writer.take(consumer.reader.read(block_ms=0))
+            consumer.writer.advance()
+            if not consumer.writer.in_hand():
                 break
             assert time.monotonic() < deadline, (
                 f"the worker did not become idle within {DRAIN_S:g} s: "
-                f"{consumer.in_hand()} entries in hand, {len(consumer.jobs)} turns running"
+                f"{consumer.writer.in_hand()} entries in hand, "
+                f"{len(consumer.writer.jobs)} turns running"
             )
-            consumer.pool.wait(0.05)  # woken as soon as a turn finishes
-        consumer.acked()
+            consumer.writer.pool.wait(0.05)  # woken as soon as a turn finishes
+        consumer.committer.acked()
         dead = self.r.xrange(self.keys.dead)
         assert not dead, f"dead letters: {dead}"
         self.check_turns()
@@ -857,9 +857,9 @@ class Worker:
             }
         )
         self.store = MemoryStore(home / "memory.sqlite3")
-        self.consumer = Consumer(self.cfg, r, Turns(self.cfg, self.store, model, tools))
+        self.consumer = assemble(self.cfg, r, Turns(self.cfg, self.store, model, tools))
         assert self.consumer.acquire(wait=False)
-        self.consumer.ensure_group()
+        self.consumer.reader.ensure_group()
 
     def publish(self, msg: InboundMessage) -> str:
         raw = self.r.xadd(self.cfg.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
@@ -871,15 +871,15 @@ class Worker:
         consumer = self.consumer
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            consumer.take(consumer.read(block_ms=0))
-            consumer.advance()
-            if not consumer.in_hand():
-                consumer.acked()
+            consumer.writer.take(consumer.reader.read(block_ms=0))
+            consumer.writer.advance()
+            if not consumer.writer.in_hand():
+                consumer.committer.acked()
                 return
-            consumer.pool.wait(0.05)
+            consumer.writer.pool.wait(0.05)
 
     def close(self) -> None:
-        self.consumer.pool.close()
+        self.consumer.writer.pool.close()
         self.consumer.lease.release()
         self.store.close()
         for key in self.r.scan_iter(match=f"{self.cfg.keys.prefix}*", count=1000):
@@ -941,7 +941,7 @@ def test_a_command_read_behind_an_owner_message_is_applied(
     w.publish(cli_message("t", "hello", sender="ada"))  # the owner types in a terminal, and
     sid = w.publish(command_message(ADMIN, "memory.stats", {}, "ada"))  # runs a command
     w.advance(3)
-    assert not w.consumer.in_hand(), "the worker holds both entries and does nothing"
+    assert not w.consumer.writer.in_hand(), "the worker holds both entries and does nothing"
     queued = [Reply.from_json(x) for x in w.r.lrange(w.cfg.keys.reply(ADMIN), 0, -1)]
     assert [q.answers for q in queued] == [sid]
 

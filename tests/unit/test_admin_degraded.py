@@ -16,6 +16,7 @@ from contract.config import Config
 from contract.messages import InboundMessage, Kind, Privacy
 from memory import importer as admin
 from memory.store import MemoryStore
+from tests.support.worker import handle_entry
 from worker.model import NoModel
 from worker.tools import default_tools
 from worker.turn import Turns
@@ -70,7 +71,9 @@ def test_a_command_whose_sql_fails_is_answered_and_changes_nothing(
     monkeypatch.setattr(admin.Importer, "apply", half_then_fail)
     t = turns(tmp_path, store)
     with store.transaction():  # as the worker's batch
-        outcome = t.handle("5-0", command("memory.import", {"format": "relaybot", "items": [ITEM]}))
+        outcome = handle_entry(
+            t, "5-0", command("memory.import", {"format": "relaybot", "items": [ITEM]})
+        )
     assert outcome.reply is not None and outcome.dead_reason is None
     result = json.loads(outcome.reply.text)
     assert not result["ok"] and "nothing was changed" in result["error"]
@@ -79,14 +82,18 @@ def test_a_command_whose_sql_fails_is_answered_and_changes_nothing(
 
     monkeypatch.setattr(admin.Importer, "apply", real_apply)
     with store.transaction():
-        outcome = t.handle("6-0", command("memory.import", {"format": "relaybot", "items": [ITEM]}))
+        outcome = handle_entry(
+            t, "6-0", command("memory.import", {"format": "relaybot", "items": [ITEM]})
+        )
     assert outcome.reply is not None
     assert json.loads(outcome.reply.text)["added"] == {"entity": 1}
 
 
 def test_without_memory_commands_say_so(tmp_path: Path) -> None:
-    outcome = turns(tmp_path, None).handle(
-        "1-0", command("memory.erase", {"kind": "id", "target": "1", "reason": "x"})
+    outcome = handle_entry(
+        turns(tmp_path, None),
+        "1-0",
+        command("memory.erase", {"kind": "id", "target": "1", "reason": "x"}),
     )
     assert outcome.reply is not None
     assert json.loads(outcome.reply.text) == {
@@ -117,7 +124,9 @@ def test_commands_after_sqlite_rolled_the_batch_back_are_answered_not_crashed(
             pages = store.conn.execute("PRAGMA page_count").fetchone()[0]
             store.conn.execute(f"PRAGMA max_page_count = {pages}")
             for n, target in enumerate(({"kind": "conversation", "target": "cli:a"},) * 2):
-                outcome = t.handle(f"9{n}-0", command("memory.erase", {**target, "reason": "r"}))
+                outcome = handle_entry(
+                    t, f"9{n}-0", command("memory.erase", {**target, "reason": "r"})
+                )
                 assert outcome.reply is not None
                 answers.append(json.loads(outcome.reply.text))
 

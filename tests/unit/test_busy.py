@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import fakeredis
 
@@ -10,14 +12,25 @@ from contract.keys import Keys
 from worker.busy import BusySignal
 
 
+@contextmanager
+def turn(busy: BusySignal, session: str) -> Iterator[None]:
+    """A turn of the session, as the worker marks it: busy from when it is taken in until its
+    reply is queued (worker/writer.py: ``begin``, then ``end``)."""
+    busy.begin(session)
+    try:
+        yield
+    finally:
+        busy.end(session)
+
+
 def test_only_a_slow_turn_is_marked_and_no_mark_lands_after_it() -> None:
     r = fakeredis.FakeRedis()
     keys = Keys("rb:")
     busy = BusySignal(r, keys, after=0.05, ttl=0.6).start()
     try:
-        with busy.turn("cli:fast"):
+        with turn(busy, "cli:fast"):
             pass
-        with busy.turn("cli:slow"):
+        with turn(busy, "cli:slow"):
             deadline = time.monotonic() + 2
             while not r.exists(keys.busy("cli:slow")) and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -15,11 +15,12 @@ import fakeredis
 import pytest
 
 from contract.config import Config, ModelConfig, RedisConfig, TurnsConfig, WorkerConfig
+from contract.keys import Keys
 from contract.messages import InboundMessage, Kind, Privacy, Reply
 from memory.facade import MemoryUnwritable
 from memory.store import MemoryStore
-from worker.consumer import Consumer
-from worker.main import TurnTools
+from worker.busy import BusySignal
+from worker.main import TurnTools, assemble
 from worker.model import Completion, ToolCall
 from worker.turn import Turns
 
@@ -107,6 +108,8 @@ class Rig:
         mode: str = "followup",
         batch: int = 100,
         turns: dict[str, Any] | None = None,
+        busy: BusySignal | None = None,
+        r: fakeredis.FakeRedis | None = None,
     ) -> None:
         self.cfg = Config(
             home=tmp_path,
@@ -115,16 +118,16 @@ class Rig:
             worker=WorkerConfig(max_attempts=3, batch=batch),
             turns=TurnsConfig.model_validate({"mode": mode, **(turns or {})}),
         )
-        self.r = fakeredis.FakeRedis()
+        self.r = r or fakeredis.FakeRedis()
         self.keys = self.cfg.keys
         self.store = MemoryStore(tmp_path / "memory.sqlite3")
         self.model = GateModel()
         turns = Turns(self.cfg, self.store, self.model, TurnTools())
-        self.c = Consumer(self.cfg, self.r, turns)
+        self.c = assemble(self.cfg, self.r, turns, busy=busy)
         assert self.c.acquire(wait=False)
-        self.c.ensure_group()
-        self.c.recover()
-        self.c.pool.start()
+        self.c.reader.ensure_group()
+        self.c.reader.recover()
+        self.c.writer.pool.start()
 
     def add(self, m: InboundMessage) -> str:
         stream = self.keys.inbound_of(m.channel)
@@ -133,14 +136,14 @@ class Rig:
 
     def step(self) -> None:
         """Read what is there and do what can be done now (no waiting for turns)."""
-        self.c.take(self.c.read(block_ms=0))
-        self.c.advance()
+        self.c.writer.take(self.c.reader.read(block_ms=0))
+        self.c.writer.advance()
 
     def until(self, cond: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + 5
         while not cond():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.c.pool.wait(0.02)
+            self.c.writer.pool.wait(0.02)
             self.step()
 
     def replies(self, session: str) -> list[Reply]:
@@ -148,7 +151,7 @@ class Rig:
 
     def close(self) -> None:
         self.model.open()
-        self.c.pool.close()
+        self.c.writer.pool.close()
         self.c.lease.release()
         self.store.close()
 
@@ -180,7 +183,7 @@ def test_turns_of_different_sessions_run_side_by_side_up_to_the_limit(
     rig.model.open()
     rig.until(lambda: all(rig.replies(f"cli:s{n}") for n in range(5)), "every reply")
     assert rig.model.most == 3
-    assert rig.c.in_hand() == 0
+    assert rig.c.writer.in_hand() == 0
     assert int(rig.r.xpending(rig.keys.inbound_of("cli"), "worker")["pending"]) == 0
 
 
@@ -234,7 +237,7 @@ def test_messages_that_pile_up_during_a_turn_are_answered_together(
     for sid in later:
         found = store.recorded_reply(sid)
         assert found is not None and found.reply_id == replies[1].reply_id
-    assert rig.c.in_hand() == 0
+    assert rig.c.writer.in_hand() == 0
 
 
 def test_a_replay_of_collected_messages_adds_nothing_and_asks_nothing(
@@ -252,7 +255,7 @@ def test_a_replay_of_collected_messages_adds_nothing_and_asks_nothing(
     rig.r.xgroup_setid(stream, "worker", "0")
     rig.r.delete(rig.keys.reply("cli:a"))  # Redis lost the queued reply too
     rig.until(lambda: bool(rig.replies("cli:a")), "the reply queued again")
-    rig.until(lambda: rig.c.in_hand() == 0, "the replay done")
+    rig.until(lambda: rig.c.writer.in_hand() == 0, "the replay done")
     assert len(rig.model.started) == 1  # not asked again
     assert rig.replies("cli:a") == [original]  # queued once, as it was (it replies to the
     # last message's event, though the first message's replay found it and queued it again)
@@ -359,14 +362,14 @@ def test_memory_refusing_a_reply_keeps_it_and_asks_the_model_once(
 
     monkeypatch.setattr(memory, "record_reply", refuse)
     monkeypatch.setattr("worker.batch.MEMORY_RETRY_START", 0.01)
-    rig.c.blocked = None
+    rig.c.committer.blocked = None
     rig.model.open()
-    rig.until(lambda: rig.c.blocked is not None, "memory blocked")
-    assert rig.c.memory_blocked
+    rig.until(lambda: rig.c.committer.blocked is not None, "memory blocked")
+    assert rig.c.committer.memory_blocked
     assert rig.replies("cli:a") == []
     rig.until(lambda: bool(rig.replies("cli:a")), "the reply once memory takes it")
     assert len(rig.model.started) == 1
-    assert rig.c.blocked is None and rig.c.memory_blocked == ""
+    assert rig.c.committer.blocked is None and rig.c.committer.memory_blocked == ""
     assert len(rig.replies("cli:a")) == 1
 
 
@@ -378,7 +381,7 @@ def test_stopping_finishes_the_turns_in_flight_and_leaves_the_rest_pending(
     rig.add(msg("two", "cli:a"))
     rig.add(msg("other", "cli:b"))
     rig.until(lambda: rig.model.in_flight == 2, "two turns")
-    rig.c.stopping = True
+    rig.c.control.stopping = True
     rig.model.open()
     rig.c.drain()
     assert [len(rig.replies(s)) for s in ("cli:a", "cli:b")] == [1, 1]
@@ -389,11 +392,10 @@ def test_stopping_finishes_the_turns_in_flight_and_leaves_the_rest_pending(
 def test_a_session_waiting_for_a_slot_shows_as_busy(make: Callable[..., Rig]) -> None:
     """The "thinking" mark is on while a session has a turn running or waiting, and goes with
     its reply."""
-    from worker.busy import BusySignal
-
-    rig = make(limit=1)
-    busy = BusySignal(rig.r, rig.keys, after=0.05, ttl=1.0).start()
-    rig.c.busy = busy
+    r = fakeredis.FakeRedis()
+    busy = BusySignal(r, Keys("rb:"), after=0.05, ttl=1.0)
+    rig = make(limit=1, busy=busy, r=r)
+    busy.start()
     try:
         rig.add(msg("running", "cli:a"))
         rig.until(lambda: rig.model.in_flight == 1, "the first turn")
@@ -402,7 +404,7 @@ def test_a_session_waiting_for_a_slot_shows_as_busy(make: Callable[..., Rig]) ->
         assert rig.r.exists(rig.keys.busy("cli:a"))
         rig.model.open()
         rig.until(lambda: len(rig.replies("cli:a")) + len(rig.replies("cli:b")) == 2, "replies")
-        rig.until(lambda: rig.c.in_hand() == 0, "all acked")
+        rig.until(lambda: rig.c.writer.in_hand() == 0, "all acked")
         time.sleep(0.15)  # a late mark would land now
         assert not rig.r.exists(rig.keys.busy("cli:a"))
         assert not rig.r.exists(rig.keys.busy("cli:b"))
@@ -435,7 +437,9 @@ def test_a_collected_reply_memory_refused_answers_all_its_messages_once(
     monkeypatch.setattr(memory, "record_reply", refuse)
     monkeypatch.setattr("worker.batch.MEMORY_RETRY_START", 0.01)
     rig.model.open()
-    rig.until(lambda: len(rig.replies("cli:a")) == 2 and rig.c.in_hand() == 0, "both replies")
+    rig.until(
+        lambda: len(rig.replies("cli:a")) == 2 and rig.c.writer.in_hand() == 0, "both replies"
+    )
     assert refusals["n"] == 2
     assert len(rig.model.started) == 2  # the collected turn was not asked again
     replies = rig.replies("cli:a")
@@ -463,7 +467,7 @@ def test_a_reply_with_a_lone_surrogate_is_queued_not_fatal(make: Callable[..., R
     rig.model.open()
     rig.until(lambda: bool(rig.replies("cli:a")) and bool(rig.replies("cli:b")), "replies")
     assert rig.replies("cli:a")[0].text.endswith("\ufffd")
-    assert rig.c.in_hand() == 0
+    assert rig.c.writer.in_hand() == 0
 
 
 def test_the_owner_overtakes_a_flood_larger_than_what_the_worker_holds(
@@ -478,7 +482,7 @@ def test_the_owner_overtakes_a_flood_larger_than_what_the_worker_holds(
     rig.until(lambda: rig.model.in_flight == 1, "one group turn (the other slot is the owner's)")
     for _ in range(30):
         rig.step()
-    assert rig.c.in_hand() <= 60
+    assert rig.c.writer.in_hand() <= 60
     rig.add(msg("owner asks", "cli:me"))
     rig.until(lambda: rig.model.in_flight == 2, "the owner's turn")
     rig.model.open("owner")
@@ -496,9 +500,9 @@ def test_the_owners_terminal_goes_on_while_a_restart_replays_what_was_left(
     rig = make(limit=2)
     for n in range(4):
         rig.add(group_msg(f"left {n}", f"room{n}"))
-    rig.c.streams.read_new(block_ms=None, count=100)  # read, never handled: the worker died
-    rig.c.recover()
-    assert len(rig.c.deliveries) == 4
+    rig.c.reader.streams.read_new(block_ms=None, count=100)  # read, never handled: the worker died
+    rig.c.reader.recover()
+    assert len(rig.c.control.deliveries) == 4
     rig.until(lambda: rig.model.in_flight == 1, "the first replayed turn")
     rig.add(msg("owner asks", "cli:me"))
     rig.until(lambda: rig.model.in_flight == 2, "the owner's turn beside the replay")
@@ -522,7 +526,7 @@ def test_collect_or_followup_per_channel_and_per_conversation(make: Callable[...
     rig.model.open()
     rig.until(lambda: len(rig.replies("cli:one-by-one")) == 3, "a reply each")
     rig.until(lambda: bool(rig.replies("cli:together")), "the collected reply")
-    rig.until(lambda: rig.c.in_hand() == 0, "all acked")
+    rig.until(lambda: rig.c.writer.in_hand() == 0, "all acked")
     assert len(rig.replies("cli:together")) == 1
 
 
@@ -536,7 +540,7 @@ def _left_by_a_dead_worker(rig: Rig, texts: list[str], *, times: int) -> None:
     for n in range(2, times + 1):  # handed to another worker that died too: one delivery more
         ids = [p["message_id"] for p in rig.r.xpending_range(stream, "worker", "-", "+", 100)]
         rig.r.xclaim(stream, "worker", f"worker@gone:{n}", 0, ids)
-    rig.c.recover()
+    rig.c.reader.recover()
 
 
 def test_after_a_worker_died_its_pending_messages_are_replayed_side_by_side(
@@ -548,7 +552,7 @@ def test_after_a_worker_died_its_pending_messages_are_replayed_side_by_side(
     rig.until(lambda: rig.model.in_flight == 4, "the four replayed turns to run at once")
     rig.model.open()
     rig.until(lambda: all(rig.replies(f"cli:{t}") for t in texts), "every reply")
-    assert not rig.c.deliveries
+    assert not rig.c.control.deliveries
 
 
 def test_messages_two_dead_workers_did_not_finish_are_replayed_one_at_a_time(
@@ -603,7 +607,7 @@ def test_a_reply_is_queued_at_once_while_other_turns_are_at_the_model(
     can do now; turns at the model and messages waiting for a slot are not that (the owner's
     reply waited for the flush timer while a flood's turns ran: bench.concurrency)."""
     rig = make(limit=2)
-    rig.c.flush_after = 30.0  # a held reply would wait for this
+    rig.c.writer.flush_after = 30.0  # a held reply would wait for this
     for n in range(4):
         rig.add(group_msg(f"flood {n}", f"room{n}"))
     rig.until(lambda: rig.model.in_flight == 1, "one group turn (the other slot is the owner's)")
@@ -637,12 +641,12 @@ def test_an_erased_messages_reply_is_never_queued_again(
     if again == "same entry":
         stream = first.split("/", 1)[0]
         rig.r.xgroup_setid(rig.keys.inbound_of(stream), "worker", "0")  # delivered again
-        rig.c.deliveries[first] = 2
+        rig.c.control.deliveries[first] = 2
     else:
         rig.add(m)  # the same event, a new stream id
     for _ in range(5):
-        rig.c.pool.wait(0.02)
+        rig.c.writer.pool.wait(0.02)
         rig.step()
-    rig.c.acked()
+    rig.c.committer.acked()
     assert rig.replies("cli:er") == []
     assert len(rig.model.started) == 1  # and the model was not asked again

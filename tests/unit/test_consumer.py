@@ -11,12 +11,17 @@ import pytest
 
 from contract.config import Config, RedisConfig, TurnsConfig, WorkerConfig
 from contract.keys import Keys
+from contract.liveness import process_identity
 from contract.messages import InboundMessage, Privacy, Reply
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.worker import handle_entries, handle_entry
 from worker.consumer import Consumer, LeaseLost
+from worker.main import assemble
 from worker.tools import default_tools
 from worker.turn import SET_ASIDE, Turns
+
+WORKER = process_identity("worker")
 
 
 def msg(text: str, session: str = "cli:t", **kw: object) -> InboundMessage:
@@ -44,13 +49,12 @@ class Rig:
 
     def consumer(self, model: object | None = None) -> Consumer:
         turns = Turns(self.cfg, self.store, model or self.model, default_tools())  # type: ignore[arg-type]
-        c = Consumer(self.cfg, self.r, turns)
-        c.name = f"{c.name}-{len(self.consumers)}"  # distinct consumers in one process
-        c.lease.token = c.name
+        # distinct consumers in one process
+        c = assemble(self.cfg, self.r, turns, name=f"{WORKER}-{len(self.consumers)}")
         self.consumers.append(c)
         assert c.acquire(wait=False)
-        c.ensure_group()
-        c.recover()
+        c.reader.ensure_group()
+        c.reader.recover()
         return c
 
     def add(self, m: InboundMessage) -> str:
@@ -58,8 +62,8 @@ class Rig:
 
     def pump(self, c: Consumer) -> int:
         total = 0
-        while entries := c.read(block_ms=None):  # type: ignore[arg-type]
-            c.handle_entries(entries)
+        while entries := c.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(c, entries)
             total += len(entries)
         return total
 
@@ -116,8 +120,8 @@ def test_context_carries_earlier_history_with_labels(rig: Rig) -> None:
 def test_replay_after_crash_before_ack_adds_nothing_twice(rig: Rig) -> None:
     c1 = rig.consumer()
     sid = rig.add(msg("once"))
-    entries = c1.read(block_ms=None)  # type: ignore[arg-type]
-    outcome = c1.turns.handle(entries[0].sid, entries[0].fields)
+    entries = c1.reader.read(block_ms=None)  # type: ignore[arg-type]
+    outcome = handle_entry(c1.turns, entries[0].sid, entries[0].fields)
     c1.turns.settle()  # the turn ran, memory committed ...
     assert outcome.reply is not None
     c1.lease.release()  # ... and then the worker died before queueing and acking
@@ -160,7 +164,7 @@ def test_entry_that_keeps_failing_is_dead_lettered_after_max_attempts(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = rig.consumer()
-    monkeypatch.setattr("worker.consumer.time.sleep", lambda _s: None)
+    monkeypatch.setattr("worker.writer.time.sleep", lambda _s: None)
     real = c.turns.begin
     calls = {"n": 0}
 
@@ -184,7 +188,7 @@ def test_entry_delivered_too_often_is_dead_lettered_on_recovery(rig: Rig) -> Non
     rig.add(msg("crasher"))
     for _ in range(3):  # three workers each took it and died
         c = rig.consumer()
-        c.read(block_ms=None)  # type: ignore[arg-type]
+        c.reader.read(block_ms=None)  # type: ignore[arg-type]
         c.lease.release()
     c = rig.consumer()
     rig.pump(c)
@@ -197,7 +201,7 @@ def test_entry_delivered_too_often_is_dead_lettered_on_recovery(rig: Rig) -> Non
     assert reply.kind == "error" and reply.text == SET_ASIDE
     assert rig.model.calls == 0
     assert rig.store.recorded_reply(reply.answers) is not None  # recorded like any reply
-    c.read(block_ms=None)  # type: ignore[arg-type]
+    c.reader.read(block_ms=None)  # type: ignore[arg-type]
     rig.pump(c)
     assert len(rig.replies()) == 1  # told once
 
@@ -230,18 +234,17 @@ def test_model_failure_becomes_a_recorded_error_reply(rig: Rig) -> None:
 def test_second_worker_cannot_take_the_lease(rig: Rig) -> None:
     rig.consumer()
     turns = Turns(rig.cfg, rig.store, rig.model, default_tools())
-    other = Consumer(rig.cfg, rig.r, turns)
-    other.name = other.lease.token = "other"
+    other = assemble(rig.cfg, rig.r, turns, name="other")
     assert other.run(wait_for_lease=False) == 3
 
 
 def test_a_worker_that_lost_its_lease_cannot_ack(rig: Rig) -> None:
     c = rig.consumer()
     rig.add(msg("late"))
-    entries = c.read(block_ms=None)  # type: ignore[arg-type]
+    entries = c.reader.read(block_ms=None)  # type: ignore[arg-type]
     rig.r.set(rig.keys.lease, "someone-else")  # the lease expired and another worker took it
     with pytest.raises(LeaseLost):
-        c.handle_entries(entries)
+        handle_entries(c, entries)
     assert rig.replies() == []
     assert rig.pending() == 1
 
@@ -266,11 +269,11 @@ def test_stopping_finishes_current_turn_and_leaves_the_rest_pending(rig: Rig) ->
     c = rig.consumer()
     first = rig.add(msg("a"))
     rig.add(msg("b"))
-    entries = c.read(block_ms=None)  # type: ignore[arg-type]
-    c.take(entries)
-    c.advance()  # the turn of "a" starts ("b" of the same session waits: followup)
-    assert len(c.jobs) == 1
-    c.stopping = True  # SIGTERM arrived: no new turn; the one in flight is finished
+    entries = c.reader.read(block_ms=None)  # type: ignore[arg-type]
+    c.writer.take(entries)
+    c.writer.advance()  # the turn of "a" starts ("b" of the same session waits: followup)
+    assert len(c.writer.jobs) == 1
+    c.control.stopping = True  # SIGTERM arrived: no new turn; the one in flight is finished
     c.drain()
     assert [r.answers for r in rig.replies()] == [first]
     assert rig.pending() == 1  # replayed by the next worker
@@ -343,4 +346,4 @@ def test_a_signal_landing_inside_a_log_write_does_not_deadlock(rig: Rig) -> None
     lock = consumer_module.log.bind()._logger._lock
     with lock:  # the main thread is inside a log write when SIGTERM lands
         c._on_signal(signals.SIGTERM, None)
-    assert c.stopping
+    assert c.control.stopping

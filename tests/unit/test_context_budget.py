@@ -29,6 +29,7 @@ from memory.sections import (
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.tokens import count_tokens
+from tests.support.worker import handle_entry
 from worker.tools import default_tools
 from worker.turn import Turns
 
@@ -215,7 +216,7 @@ class Rig:
         base.update(kw)
         msg = InboundMessage.model_validate(base)
         with self.store.transaction():
-            outcome = self.turns.handle(f"{self.n}-0", msg.to_fields())
+            outcome = handle_entry(self.turns, f"{self.n}-0", msg.to_fields())
         assert outcome.reply is not None
         return str(self.model.seen[-1][0]["content"])
 

@@ -18,8 +18,9 @@ from contract.config import Config, ConfigError, load_config
 from contract.messages import InboundMessage, Kind, Privacy, audience_key
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.worker import handle_entries
 from worker.claims import audience_refusal
-from worker.consumer import Consumer
+from worker.main import assemble
 from worker.tools import default_tools
 from worker.turn import Turns
 
@@ -106,14 +107,14 @@ class Rig:
         self.model = InstantModel()
         self.store = MemoryStore(home / "memory.sqlite3")
         turns = Turns(self.cfg, self.store, self.model, default_tools())
-        self.consumer = Consumer(self.cfg, self.r, turns)
+        self.consumer = assemble(self.cfg, self.r, turns)
         assert self.consumer.acquire(wait=False)
-        self.consumer.ensure_group()
+        self.consumer.reader.ensure_group()
 
     def publish(self, msg: InboundMessage) -> None:
         self.r.xadd(self.cfg.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
-        while entries := self.consumer.read(block_ms=None):  # type: ignore[arg-type]
-            self.consumer.handle_entries(entries)
+        while entries := self.consumer.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(self.consumer, entries)
 
     def dead(self) -> list[str]:
         return [f[b"reason"].decode() for _id, f in self.r.xrange(self.cfg.keys.dead)]  # type: ignore[union-attr]

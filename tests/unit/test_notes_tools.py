@@ -16,6 +16,7 @@ from memory import notes
 from memory.facade import Memory
 from memory.privacy import Scope
 from memory.store import MemoryStore
+from tests.support.worker import handle_entry
 from worker.memory_tools import memory_tools
 from worker.model import Completion, ToolCall
 from worker.tools import MAX_RESULT_CHARS, ToolRegistry
@@ -94,7 +95,7 @@ class Rig:
             ts=1_795_000_000.0 + self.n, event_id=f"e{self.n}",
         )  # fmt: skip
         with self.store.transaction():
-            outcome = self.turns.handle(f"{self.n}-0", msg.to_fields())
+            outcome = handle_entry(self.turns, f"{self.n}-0", msg.to_fields())
         assert outcome.reply is not None
         return outcome.reply.text
 

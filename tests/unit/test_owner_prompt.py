@@ -10,7 +10,8 @@ from contract.config import DEFAULT_SYSTEM_PROMPT, Config, load_config
 from contract.messages import InboundMessage, Privacy
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
-from worker.consumer import Consumer
+from tests.support.worker import handle_entries
+from worker.main import assemble
 from worker.tools import default_tools
 from worker.turn import Turns
 
@@ -40,9 +41,9 @@ def test_a_turn_sends_the_name_written_in_config_toml_to_the_model(tmp_path: Pat
     model = InstantModel()
     store = MemoryStore(tmp_path / "memory.sqlite3")
     try:
-        consumer = Consumer(cfg, r, Turns(cfg, store, model, default_tools()))
+        consumer = assemble(cfg, r, Turns(cfg, store, model, default_tools()))
         assert consumer.acquire(wait=False)
-        consumer.ensure_group()
+        consumer.reader.ensure_group()
         msg = InboundMessage.model_validate(
             dict(
                 channel="cli",
@@ -56,8 +57,8 @@ def test_a_turn_sends_the_name_written_in_config_toml_to_the_model(tmp_path: Pat
             )
         )
         r.xadd(cfg.keys.inbound, msg.to_fields())  # type: ignore[arg-type]
-        while entries := consumer.read(block_ms=None):  # type: ignore[arg-type]
-            consumer.handle_entries(entries)
+        while entries := consumer.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(consumer, entries)
         consumer.lease.release()
     finally:
         store.close()

@@ -52,6 +52,7 @@ from tests.support.privacy_script import (
     shown,
     word,
 )
+from tests.support.worker import handle_entry
 from worker.main import TurnTools
 from worker.model import Completion
 from worker.turn import Turns
@@ -171,8 +172,8 @@ class Run:
         ``said_to``: who can read what is said in this conversation (the reply)."""
         self.world.conversations.append(msg.conversation)
         before = len(self.model.seen)
-        outcome = self.turns.handle(
-            f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
+        outcome = handle_entry(
+            self.turns, f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
         )
         self.turns.settle()
         others = audience - {OWNER}

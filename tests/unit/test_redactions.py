@@ -19,6 +19,7 @@ from contract.config import Config, OwnerAlias, OwnerConfig
 from contract.messages import InboundMessage, Privacy
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
+from tests.support.worker import handle_entry
 from worker.tools import default_tools
 from worker.turn import Outcome, Turns
 
@@ -61,7 +62,7 @@ class Room:
         return self.handle(sid or new_sid, fields)
 
     def handle(self, sid: str, fields: dict[str, str]) -> Outcome:
-        outcome = self.turns.handle(sid, fields, channel="matrix")
+        outcome = handle_entry(self.turns, sid, fields, channel="matrix")
         self.turns.settle()
         return outcome
 
@@ -152,7 +153,7 @@ def test_only_a_channel_with_redactions_has_them(room: Room, tmp_path: Path) -> 
         privacy=Privacy.DIRECT, text="[redaction]", ts=1.0, event_id="<x@y>",
         extra={"no_reply": "redaction", "room_id": "!r:m.org", "redacts": event},
     )  # fmt: skip
-    outcome = room.turns.handle("email/1-0", msg.to_fields(), channel="email")
+    outcome = handle_entry(room.turns, "email/1-0", msg.to_fields(), channel="email")
     room.turns.settle()
     assert outcome.erasure is None
     assert room.q("SELECT count(*) FROM erasure") == [(0,)]

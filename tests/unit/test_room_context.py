@@ -137,7 +137,7 @@ def test_room_talk_is_recorded_while_every_model_slot_is_taken(tmp_path: Path) -
     c: Consumer | None = None
 
     def talk_taken() -> bool:
-        return c is not None and SESSION not in c.sessions.waiting
+        return c is not None and SESSION not in c.writer.sessions.waiting
 
     rig.model = WaitingModel(talk_taken)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -277,7 +277,14 @@ def test_no_model_summarises_by_the_fallback_and_a_changed_range_is_stale(world:
     )
 
 
-def deriver(world: World, *, has_model: bool, now: float, **derive_cfg: Any) -> Deriver:
+def deriver(
+    world: World,
+    *,
+    has_model: bool,
+    now: float,
+    busy: Callable[[str], bool] = lambda _conversation: False,
+    **derive_cfg: Any,
+) -> Deriver:
     cfg = world.cfg.model_copy(
         update={
             "derive": world.cfg.derive.model_copy(update={"check_every": 0.001, **derive_cfg}),
@@ -285,7 +292,9 @@ def deriver(world: World, *, has_model: bool, now: float, **derive_cfg: Any) -> 
         }
     )
     memory = Memory(world.store, memory_settings(cfg))
-    return Deriver(cfg, fakeredis.FakeRedis(), memory, has_model=has_model, clock=lambda: now)
+    return Deriver(
+        cfg, fakeredis.FakeRedis(), memory, has_model=has_model, clock=lambda: now, busy=busy
+    )
 
 
 def test_the_worker_plans_a_judgement_after_a_short_quiet_and_a_summary_after_a_long_one(
@@ -372,8 +381,10 @@ def test_what_a_job_proposes_is_bounded() -> None:
 def test_a_complete_segment_is_summarised_while_the_conversation_goes_on(world: World) -> None:
     rows = [world.say(f"m{i}") for i in range(7)]
     last_ts = max(r.recorded_ts for r in rows)
-    d = deriver(world, has_model=True, now=last_ts + 1, judge_after=60, quiet=600, max_rows=3)
-    d.busy = lambda _conversation: True  # a turn of it runs: it has not paused
+    running = lambda _conversation: True  # noqa: E731  # a turn of it runs: it has not paused
+    d = deriver(
+        world, has_model=True, now=last_ts + 1, judge_after=60, quiet=600, max_rows=3, busy=running
+    )
     [p] = d.plan()  # m0..m2 is complete (newer messages follow): summarised now
     assert (p.first_id, p.last_id, p.mode) == (rows[0].id, rows[2].id, "summarize")
 

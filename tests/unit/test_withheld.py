@@ -27,7 +27,8 @@ from memory.identity_writer import Identity
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.turns import record_turn
-from worker.consumer import Consumer
+from tests.support.worker import handle_entries, handle_entry
+from worker.main import assemble
 from worker.tools import default_tools
 from worker.turn import Turns
 
@@ -51,18 +52,18 @@ class Rig:
         self.r = fakeredis.FakeRedis()
         self.model = InstantModel()
         self.store = MemoryStore(tmp_path / "memory.sqlite3")
-        self.consumer = Consumer(self.cfg, self.r, Turns(self.cfg, self.store, self.model,
+        self.consumer = assemble(self.cfg, self.r, Turns(self.cfg, self.store, self.model,
                                                          default_tools()))  # fmt: skip
         assert self.consumer.acquire(wait=False)
-        self.consumer.ensure_group()
+        self.consumer.reader.ensure_group()
 
     def publish(self, msg: InboundMessage) -> None:
         self.r.xadd(self.cfg.keys.inbound_of(msg.channel), msg.to_fields())  # type: ignore[arg-type]
         self.run()
 
     def run(self) -> None:
-        while entries := self.consumer.read(block_ms=None):  # type: ignore[arg-type]
-            self.consumer.handle_entries(entries)
+        while entries := self.consumer.reader.read(block_ms=None):  # type: ignore[arg-type]
+            handle_entries(self.consumer, entries)
 
     def queued(self, session: str) -> list[Reply]:
         raw = self.r.lrange(self.cfg.keys.reply(session), 0, -1)
@@ -141,7 +142,7 @@ def test_invited_before_the_reply_was_posted_the_owner_is_told_privately(rig: Ri
     assert "PIN" not in notice.text and SECRET not in notice.text
     # a replay of the report tells nothing twice
     rows = rig.store.conn.execute("SELECT count(*) FROM log WHERE direction = 'out'").fetchone()
-    rig.consumer.turns.handle(_report_sid(rig), _report_fields(rig), channel="matrix")
+    handle_entry(rig.consumer.turns, _report_sid(rig), _report_fields(rig), channel="matrix")
     again = rig.store.conn.execute("SELECT count(*) FROM log WHERE direction = 'out'").fetchone()
     assert again == rows
 
@@ -195,7 +196,7 @@ def test_a_reanswer_is_not_asked_twice_and_one_withheld_again_is_told_to_the_own
     assert rig.deliver("matrix:!r:x", opened) == []  # withheld; answered again
     calls = rig.model.calls
     sid, fields = _report_sid(rig), _report_fields(rig)
-    out = rig.consumer.turns.handle(sid, fields, channel="matrix")  # the report, replayed
+    out = handle_entry(rig.consumer.turns, sid, fields, channel="matrix")  # the report, replayed
     assert rig.model.calls == calls  # the re-answer recorded before is queued again instead
     assert out.reply is not None and out.only_if_missing
     assert "again_of" in out.reply.extra

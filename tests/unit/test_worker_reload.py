@@ -1,11 +1,11 @@
-"""The worker applies a reloaded config.toml on its writer, between rounds (worker/consumer.py
+"""The worker applies a reloaded config.toml on its writer, between rounds (worker/reload.py
 ``maybe_reload``): the owner's aliases, the turns mode and the model client change for the next
 turns; what cannot change waits for a restart."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fakeredis
@@ -17,6 +17,9 @@ from contract.messages import InboundMessage
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from worker.consumer import Consumer
+from worker.derive import Deriver
+from worker.duties import Duties
+from worker.main import assemble
 from worker.tools import default_tools
 from worker.turn import Turns
 
@@ -52,12 +55,17 @@ def consumer(tmp_path: Path) -> Iterator[tuple[Consumer, Models]]:
     cfg: Config = load_config(tmp_path, env={})
     store = MemoryStore(tmp_path / "memory.sqlite3")
     turns = Turns(cfg, store, InstantModel(), default_tools())
-    c = Consumer(cfg, fakeredis.FakeRedis(), turns)
+    r = fakeredis.FakeRedis()
     now = [0.0]
-    c.watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS,
-                            env={}, every=1.0, clock=lambda: now[0])  # fmt: skip
+    watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS,
+                          env={}, every=1.0, clock=lambda: now[0])  # fmt: skip
     models = Models()
-    c.make_model = models
+
+    def summaries(busy: Callable[[str], bool], duties: Duties) -> Deriver:
+        # layer 1, started with no model
+        return Deriver(cfg, r, turns.memory, has_model=False, busy=busy, duties=duties)
+
+    c = assemble(cfg, r, turns, watch=watch, make_model=models, deriver=summaries)
     c._now = now  # type: ignore[attr-defined]
     yield c, models
     store.close()
@@ -67,7 +75,7 @@ def tick(c: Consumer) -> None:
     """Two looks a few seconds apart: the watcher reads a changed file at its second look."""
     for _ in range(2):
         c._now[0] += 5  # type: ignore[attr-defined]
-        c.maybe_reload()
+        c.reloader.maybe_reload()
 
 
 def message(sender: str) -> InboundMessage:
@@ -91,12 +99,12 @@ def test_aliases_and_turns_mode_apply_to_the_next_turns(
     c, models = consumer
     m = message("@ada:example.org")
     assert not c.turns.memory.is_owner(m)
-    assert not c.sessions.collect(m)
+    assert not c.writer.sessions.collect(m)
     alias = '\n[owner]\naliases = [{ address = "@ada:example.org", channel = "matrix" }]\n'
     write(tmp_path, BASE.replace("followup", "collect") + alias)
     tick(c)
     assert c.turns.memory.is_owner(m)
-    assert c.sessions.collect(m)
+    assert c.writer.sessions.collect(m)
     assert c.cfg.turns.mode == "collect"
     assert models.made == []  # the model did not change: the client is kept
 
@@ -124,39 +132,37 @@ def test_what_cannot_be_reloaded_waits_for_a_restart(
     tick(c)
     assert c.cfg.worker.batch == 100
     assert c.cfg.worker.lease_seconds == 10
-    assert c.watch is not None
-    assert c.watch.fields()["restart_keys"] == ["worker.batch", "worker.lease_seconds"]
+    assert c.reloader.watch is not None
+    assert c.reloader.watch.fields()["restart_keys"] == ["worker.batch", "worker.lease_seconds"]
 
 
 def test_the_concurrency_follows_the_config(
     consumer: tuple[Consumer, Models], tmp_path: Path
 ) -> None:
     c, models = consumer
-    c.pool.start()
+    c.writer.pool.start()
     try:
         write(tmp_path, BASE + "\n[model]\nconcurrency = 12\n")
         tick(c)
-        assert c.sessions.limit == 12
-        assert c.pool.limit == 12
-        assert len(c.pool._threads) == 12  # more threads for more turns at once
+        assert c.writer.sessions.limit == 12
+        assert c.writer.pool.limit == 12
+        assert len(c.writer.pool._threads) == 12  # more threads for more turns at once
         write(tmp_path, BASE + "\n[model]\nconcurrency = 1\n")
         tick(c)
-        assert c.sessions.limit == 1  # no new turn starts above it; spare threads wait
-        c.sessions.running["cli:a"] = True  # one turn running: no slot for another
-        assert not c.sessions.has_slot(owner=True)
-        c.sessions.running.clear()
+        assert c.writer.sessions.limit == 1  # no new turn starts above it; spare threads wait
+        c.writer.sessions.running["cli:a"] = True  # one turn running: no slot for another
+        assert not c.writer.sessions.has_slot(owner=True)
+        c.writer.sessions.running.clear()
         assert models.made == []  # the endpoint did not change: the same client
     finally:
-        c.pool.stop()
+        c.writer.pool.stop()
 
 
 def test_the_summaries_planner_follows_a_model_added_later(
     consumer: tuple[Consumer, Models], tmp_path: Path
 ) -> None:
-    from worker.derive import Deriver
-
     c, _models = consumer
-    c.deriver = Deriver(c.cfg, c.r, c.turns.memory, has_model=False)  # started with no model
+    # layer 1 started with no model (the fixture)
     write(tmp_path, BASE + '\n[model]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m2"\n')
     tick(c)
     assert c.deriver.has_model  # pauses are now judged by the model, not by the quiet alone

@@ -1,0 +1,45 @@
+"""What the worker's heartbeat says (``relaybot status`` and ``doctor`` read it).
+
+The heartbeat (contract/liveness.py) beats on a thread of its own; this part owns the facts it
+carries. Each part that has something to say registers a source (a function returning its
+fields) in its constructor: the committer (entries processed, memory blocked), the writer (turns
+running and waiting), the reloader (the config in force, beside the facts). :meth:`beat` gathers
+them: at every round of the loop (a duty) and at once when memory blocks or resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from contract.keys import Keys
+from contract.liveness import Heartbeat
+
+Source = Callable[[], dict[str, Any]]
+
+
+class Health:
+    def __init__(self, r: redis.Redis, keys: Keys, consumer: str) -> None:
+        self.consumer = consumer
+        self.heartbeat = Heartbeat(r, keys, "worker")
+        self._sources: list[Source] = []
+        self._config: Source | None = None
+
+    def report(self, source: Source) -> None:
+        """Add a source of the heartbeat's facts."""
+        self._sources.append(source)
+
+    def report_config(self, source: Source) -> None:
+        """The source of the config fields (contract/config_watch.py), beside the facts."""
+        self._config = source
+
+    def beat(self) -> None:
+        """Gather the facts for the next beat."""
+        info: dict[str, Any] = {"consumer": self.consumer}
+        for source in self._sources:
+            info.update(source())
+        self.heartbeat.info = info
+        if self._config is not None:
+            self.heartbeat.config = self._config()
