@@ -30,11 +30,6 @@ TRANSIENT: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutEr
 REDIS_START, REDIS_CAP = 1.0, 15.0  # a restart takes seconds: retry at least every 15 s
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Redis is away for now (not a refused command, a bad script, or a full memory)."""
-    return isinstance(exc, TRANSIENT)
-
-
 class Backoff:
     """Delays between retries: ``start`` seconds, doubling, capped at ``cap``; :meth:`reset`
     after a success."""
@@ -62,10 +57,6 @@ class Outage:
         self.since: float | None = None  # monotonic time of the first failure, while away
         self.back_at: float | None = None  # monotonic time of the last recovery
         self.tries = 0
-
-    @property
-    def away(self) -> bool:
-        return self.since is not None
 
     def since_away(self) -> float:
         """Seconds since Redis was last away: 0 while it is, infinity if it never was."""

@@ -31,11 +31,6 @@ def queue(cfg: Config, r: redis.Redis) -> Queue:
     return Queue(cfg.keys.jobs_queue, connection=r)
 
 
-def ping_job() -> str:
-    """A trivial job used to check that the jobs process runs (``relaybot status``, tests)."""
-    return "pong"
-
-
 POLL = 5  # seconds an idle rq worker blocks waiting for a job (rq's BLPOP), then looks again
 
 

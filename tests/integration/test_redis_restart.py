@@ -35,6 +35,7 @@ from rq import Queue
 from contract.keys import Keys
 from tests.support.cutproxy import CutProxy
 from tests.support.fakemodel import FakeModelServer
+from tests.support.jobs import ping_job
 from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.matrix_world import World
 from tests.support.procs import (
@@ -51,7 +52,6 @@ from tests.support.procs import (
     write_config,
 )
 from tests.support.servers import RedisServer
-from worker.jobs import ping_job
 
 pytestmark = pytest.mark.integration
 

@@ -295,7 +295,7 @@ def test_jobs_process_beats_runs_a_job_and_stops_on_sigterm(
     jobs.wait_for_log("jobs.started", queue=keys.jobs_queue)
 
     queue = Queue(keys.jobs_queue, connection=real_redis)
-    job = queue.enqueue("worker.jobs.ping_job")
+    job = queue.enqueue("tests.support.jobs.ping_job")
     wait_until(
         lambda: job.get_status(refresh=True) in ("finished", "failed"),
         timeout=15,

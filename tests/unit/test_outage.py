@@ -6,7 +6,12 @@ import fakeredis
 import redis
 from structlog.testing import capture_logs
 
-from contract.outage import REDIS_CAP, Outage, is_transient, wait_until_reachable
+from contract.outage import REDIS_CAP, TRANSIENT, Outage, wait_until_reachable
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Redis is away for now (not a refused command, a bad script, or a full memory)."""
+    return isinstance(exc, TRANSIENT)
 
 
 def test_transient_errors_are_the_connection_ones_not_refused_commands() -> None:

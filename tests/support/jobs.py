@@ -1,0 +1,9 @@
+"""A trivial rq job the tests enqueue to see that the jobs process runs jobs.
+
+The jobs process imports it by its dotted name: every relaybot process the tests start runs as
+``python -m relaybot`` from the repository (tests/support/procs.py), so ``tests`` is importable.
+"""
+
+
+def ping_job() -> str:
+    return "pong"
