@@ -378,7 +378,7 @@ class EmailConfig(_Section):
     ca_file: Path | None = None
     addresses: list[str] = Field(default_factory=list)  # relaybot's own; the first one sends
     allowlist: list[str] = Field(default_factory=list)  # "a@b.org" or "@b.org"; "*" for anyone
-    # Who sent a mail is believed only when authenticated (gateways/email_auth.py): by an
+    # Who sent a mail is believed only when authenticated (gateways/email/auth.py): by an
     # Authentication-Results header from one of these authserv-ids (the owner's mail server) ...
     trusted_authserv_ids: list[str] = Field(default_factory=list)
     # ... or for every mail, when only the owner's own server delivers to this mailbox

@@ -65,7 +65,7 @@ class Privacy(StrEnum):
     def width(self) -> int:
         """How many people the class may reach: the owner alone (0) < one other person (1) < a
         group (2). A turn of a class sees less the wider it is; a reply written for one class
-        is not posted where its class is now wider (gateways/matrix_recheck.py)."""
+        is not posted where its class is now wider (gateways/matrix/recheck.py)."""
         return _WIDTH[self]
 
 

@@ -138,7 +138,7 @@ class OwnerResolver:
 
 
 _VERSIONS = itertools.count(1)
-UNVERIFIED = "(unverified)"  # an e-mail sender that is not authenticated (gateways/email_parse.py)
+UNVERIFIED = "(unverified)"  # an e-mail sender that is not authenticated (gateways/email/parse.py)
 
 
 def owner_handles(conn: sqlite3.Connection) -> frozenset[tuple[str, str]]:

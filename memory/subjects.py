@@ -13,7 +13,7 @@ goes, ``extra.subject`` becomes ``""`` and ``extra.subject_erased`` names the er
 Its other text stays. Outside memory, the tombstone names these rows (``subject_ids``,
 ``subject_keys``): memory/copies.py turns them into their stream entries (deleted: they hold the
 subject) and their Message-IDs, whose cached reply headers (``email:orig``) lose the subject, so
-a reply to such a mail goes out as ``Re: your message`` (gateways/email_compose.py).
+a reply to such a mail goes out as ``Re: your message`` (gateways/email/compose.py).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def drop_subjects(conn: sqlite3.Connection, erasure_id: int, row_ids: Sequence[i
 
 
 def without_subject(text: str, subject: str) -> str:
-    """The text of a mail without its ``Subject:`` line (gateways/email_parse.py puts it first,
+    """The text of a mail without its ``Subject:`` line (gateways/email/parse.py puts it first,
     followed by a blank line)."""
     head = f"Subject: {subject}"
     if subject and text.startswith(head) and text[len(head) : len(head) + 1] in ("", "\n"):

@@ -249,13 +249,13 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def _run_matrix_gateway(args: argparse.Namespace, cfg: Config) -> int:
-    from gateways.matrix import run_matrix
+    from gateways.matrix.gateway import run_matrix
 
     return run_matrix(cfg, wait_for_redis(cfg))
 
 
 def _run_email_gateway(args: argparse.Namespace, cfg: Config) -> int:
-    from gateways.email import run_email
+    from gateways.email.gateway import run_email
 
     return run_email(cfg, wait_for_redis(cfg))
 

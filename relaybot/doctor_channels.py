@@ -24,9 +24,9 @@ import httpx
 import redis
 
 from contract.config import Config, EmailConfig, MatrixConfig
-from gateways.email import owner_addresses
-from gateways.email_auth import Verdict, owner_refusal_hint
-from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
+from gateways.email.auth import Verdict, owner_refusal_hint
+from gateways.email.gateway import owner_addresses
+from gateways.email.smtp import FatalMailError, check_plain, port_of, tls_context
 from relaybot import doctor_redis
 from relaybot.doctor_verdict import OWNER_AUTH, Check, fail, ok, owner_auth, skipped, warn
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from gateways.email_smtp import DEFAULT_PORTS, is_loopback, tls_context
+from gateways.email.smtp import DEFAULT_PORTS, is_loopback, tls_context
 from worker.openai_parse import Masker, clip, display_url, endpoint_url
 
 __all__ = [

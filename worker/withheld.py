@@ -1,6 +1,6 @@
 """A reply its gateway withheld: answered again for the audience now, or the owner told why not.
 
-Right before posting, a gateway checks the room again (gateways/matrix_recheck.py): a reply that
+Right before posting, a gateway checks the room again (gateways/matrix/recheck.py): a reply that
 would reach people it was not written for is not posted, and the gateway reports it ``withheld``
 with the audience now (``extra.now``: conversation, privacy class, audience). Then:
 

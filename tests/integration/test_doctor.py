@@ -265,7 +265,7 @@ def test_redis_acl_and_persistence(tmp_path: Path, acl_port: int) -> None:
 
 
 def test_matrix_login_and_crypto_store(tmp_path: Path, synapse_server: SynapseServer) -> None:
-    from gateways.matrix_login import login
+    from gateways.matrix.login import login
 
     user = synapse_server.register(f"doc{os.getpid()}", "pw")
     store = tmp_path / "matrix"

@@ -1,7 +1,7 @@
 """The Matrix gateway's inbound loop: ``/sync``, normalize, XADD, then save the token.
 
 ``/sync`` runs from the token saved in Redis (``<prefix>cursor:matrix``); each room event is
-normalized by :mod:`gateways.matrix_events` and XADDed together with its event id in a "seen" set
+normalized by :mod:`gateways.matrix.events` and XADDed together with its event id in a "seen" set
 (one MULTI, durable before it returns: :mod:`contract.durable`), and the token is saved only after
 the whole batch was published. A gateway killed between the XADD and the token finds the events in
 the seen set and skips them. The very first start (no token) skips the backlog and says so. A
@@ -37,7 +37,7 @@ from contract.bus import stream_id, text
 from contract.config import Config
 from contract.durable import Durable, NotDurable
 from contract.outage import TRANSIENT, Outage
-from gateways.matrix_events import (
+from gateways.matrix.events import (
     CHANNEL,
     DEBUG,
     WARNING,
@@ -47,7 +47,7 @@ from gateways.matrix_events import (
     normalize_event,
     room_facts,
 )
-from gateways.matrix_login import ErrorValue, check_fatal
+from gateways.matrix.login import ErrorValue, check_fatal
 from gateways.runner import Backoff, FatalGatewayError, Runtime
 
 log = structlog.get_logger(__name__)

@@ -31,8 +31,8 @@ import structlog
 from contract.config import EmailConfig
 from contract.messages import Reply
 from gateways.deliver import Undeliverable
-from gateways.email_compose import compose_reply, reply_message_id
-from gateways.email_parse import Headers
+from gateways.email.compose import compose_reply, reply_message_id
+from gateways.email.parse import Headers
 from gateways.runner import FatalGatewayError, NotSent
 
 __all__ = [

@@ -1,8 +1,8 @@
 """The Matrix gateway: ``relaybot gateway matrix``, a :class:`~gateways.runner.Channel`.
 
 One nio ``AsyncClient`` with a persistent store (device id and crypto keys under
-``$RELAYBOT_HOME/matrix``), logged in by :mod:`gateways.matrix_login`; its inbound loop is
-:mod:`gateways.matrix_sync`. Replies are delivered by the runner from the reply queues of the
+``$RELAYBOT_HOME/matrix``), logged in by :mod:`gateways.matrix.login`; its inbound loop is
+:mod:`gateways.matrix.sync`. Replies are delivered by the runner from the reply queues of the
 joined rooms (``reply:matrix:<room>``; the rooms are known, so nothing is SCANned) as Matrix
 replies, with the reply id as transaction id: the homeserver drops a resend after a crash (an
 idempotent sink). A typing notice is kept alive while the worker marks the session busy.
@@ -24,7 +24,7 @@ from nio import AsyncClient, ErrorResponse, RoomGetStateResponse
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Withheld
-from gateways.matrix_events import (
+from gateways.matrix.events import (
     CHANNEL,
     GroupPolicy,
     Policy,
@@ -33,10 +33,10 @@ from gateways.matrix_events import (
     room_of,
     session_of,
 )
-from gateways.matrix_login import ErrorValue, FatalMatrixError, check_fatal, describe, login
-from gateways.matrix_recheck import recheck
-from gateways.matrix_render import reply_content
-from gateways.matrix_sync import MatrixSync, optional_text
+from gateways.matrix.login import ErrorValue, FatalMatrixError, check_fatal, describe, login
+from gateways.matrix.recheck import recheck
+from gateways.matrix.render import reply_content
+from gateways.matrix.sync import MatrixSync, optional_text
 from gateways.runner import Backoff, Runtime, TypingHook, run_gateway
 
 __all__ = ["FatalMatrixError", "MatrixGateway", "build_policy", "run_matrix"]
@@ -144,7 +144,7 @@ class MatrixGateway:
     async def _recheck(self, reply: Reply, room_id: str) -> None:
         """The room as the homeserver has it now (not as the last sync left it: someone may
         have been invited since), classified again: :class:`Withheld` when the reply would
-        reach people it was not written for (gateways/matrix_recheck.py)."""
+        reach people it was not written for (gateways/matrix/recheck.py)."""
         client = self._client()
         resp = await client.room_get_state(room_id)
         if not isinstance(resp, RoomGetStateResponse):

@@ -1,12 +1,12 @@
 """The e-mail gateway: ``relaybot gateway email``, a :class:`~gateways.runner.Channel`.
 
-IMAP in (:mod:`gateways.email_imap`), SMTP out (:mod:`gateways.email_smtp`): the runner delivers
+IMAP in (:mod:`gateways.email.imap`), SMTP out (:mod:`gateways.email.smtp`): the runner delivers
 the replies of the ``email:*`` sessions that have a reply queued or in flight (found with SCAN).
 A send that may have been interrupted (a crash between the delivery mark and the server's answer,
 a connection lost mid-DATA) is sent again with the same Message-ID, derived from the reply id, so
 the resend is recognisably the same mail: a reply is retried rather than dropped. Right before
 SMTP, the reply's recipients are checked against the audience it was written for
-(:mod:`gateways.email_audience`): a recipient outside it, and the reply is withheld, not sent.
+(:mod:`gateways.email.audience`): a recipient outside it, and the reply is withheld, not sent.
 Every reply's final status (delivered, failed, withheld, expired) is reported to the worker, which
 records it in memory. Without ``[email] imap_host`` the process idles.
 """
@@ -25,12 +25,12 @@ from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Undeliverable, Withheld
-from gateways.email_audience import stored_audience, withheld, written_for
-from gateways.email_compose import envelope
-from gateways.email_imap import ImapReader
-from gateways.email_parse import CHANNEL, Addresses, Headers
-from gateways.email_smtp import SmtpSender
-from gateways.email_state import MailState
+from gateways.email.audience import stored_audience, withheld, written_for
+from gateways.email.compose import envelope
+from gateways.email.imap import ImapReader
+from gateways.email.parse import CHANNEL, Addresses, Headers
+from gateways.email.smtp import SmtpSender
+from gateways.email.state import MailState
 from gateways.runner import Runtime, TypingHook, run_gateway
 
 log = structlog.get_logger(__name__)

@@ -34,7 +34,7 @@ import redis
 from contract.bus import stream_id
 from contract.durable import Durable
 from contract.keys import Keys, digest
-from gateways.email_parse import Accepted, Headers
+from gateways.email.parse import Accepted, Headers
 
 SEEN_KEEP = 90 * 24 * 3600.0
 ORIG_KEEP = 14 * 24 * 3600
