@@ -29,11 +29,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from contract.config import (
-    ENV_OVERRIDES,
     Config,
     ConfigError,
     config_digest,
     default_home,
+    env_overrides,
     load_config,
     parse_config,
 )
@@ -137,7 +137,7 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
             return checks, None, digest
     # only unknown keys (as far as we know): check the rest with them left out
     data = without(data, [p for p, _ in unknown])
-    for var, section, key in ENV_OVERRIDES:
+    for var, section, key in env_overrides():
         if env.get(var):
             data.setdefault(section, {})[key] = env[var]
     try:

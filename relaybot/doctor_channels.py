@@ -23,10 +23,12 @@ from urllib.parse import quote
 import httpx
 import redis
 
-from contract.config import Config, EmailConfig, MatrixConfig
+from contract.config import Config
 from gateways.email.auth import Verdict, owner_refusal_hint
+from gateways.email.config import EmailConfig
 from gateways.email.gateway import owner_addresses
 from gateways.email.smtp import FatalMailError, check_plain, port_of, tls_context
+from gateways.matrix.config import MatrixConfig
 from relaybot import doctor_redis
 from relaybot.doctor_verdict import OWNER_AUTH, Check, fail, ok, owner_auth, skipped, warn
 
@@ -39,7 +41,7 @@ _API = "/_matrix/client/v3"
 
 
 def matrix_group(cfg: Config, timeout: float, add: Add) -> None:
-    m = cfg.matrix
+    m = MatrixConfig.of(cfg)
     if not m.configured:
         because = "[matrix] has no homeserver and user_id (the Matrix gateway idles)"
         add(skipped("matrix.login", because))
@@ -211,7 +213,7 @@ def crypto_store(store: Path, user_id: str, device: str) -> Check:
 
 
 def email_group(cfg: Config, timeout: float, add: Add) -> None:
-    e = cfg.email
+    e = EmailConfig.of(cfg)
     if not e.configured:
         because = "[email] has no imap_host (the e-mail gateway idles)"
         add(skipped("email.imap", because))
@@ -226,7 +228,7 @@ def email_group(cfg: Config, timeout: float, add: Add) -> None:
 def owner_auth_check(cfg: Config, timeout: float) -> Check:
     """The last mail from the owner's addresses that the gateway refused as unauthenticated
     (``email:owner_refused``, written by the gateway wherever it runs), with the fix."""
-    e = cfg.email
+    e = EmailConfig.of(cfg)
     if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
         return skipped(OWNER_AUTH, "the embedded Redis is not running (redis.reachable)")
     r = doctor_redis.client(cfg, timeout)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract.config import Config
+from gateways.email.config import EmailConfig
+from gateways.matrix.config import MatrixConfig
 from relaybot.doctor_verdict import Check, ok, warn
 
 STALE_AFTER = 10.0  # seconds, as relaybot status
@@ -102,7 +104,7 @@ def unused(cfg: Config, beats: Mapping[str, Mapping[str, Any]] | None, now: floa
     """``beats`` None: Redis could not be read (only the inert sections are judged)."""
     found: list[str] = []
     hints: list[str] = []
-    m, e, model = cfg.matrix, cfg.email, cfg.model
+    m, e, model = MatrixConfig.of(cfg), EmailConfig.of(cfg), cfg.model
     if m.model_fields_set - {"owners"} and not m.configured:  # owners: aliases, used anyway
         found.append("[matrix] has settings but no homeserver or user_id: the gateway stays off")
         hints.append("set [matrix] homeserver and user_id (or remove the section)")

@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from contract.config import Config
+from gateways.email.config import EmailConfig
+from gateways.matrix.config import MatrixConfig
 from relaybot import onboard_checks as checks
 from relaybot.onboard_ask import (
     Asker,
@@ -174,7 +176,7 @@ def ask_model(asker: Asker, cfg: Config) -> dict[str, Any] | None:
 
 def ask_matrix(asker: Asker, cfg: Config) -> dict[str, Any] | None:
     """``[matrix]`` homeserver, user_id and password or access_token, after a login test."""
-    m = cfg.matrix
+    m = MatrixConfig.of(cfg)
     asker.say("\nMatrix: relaybot uses an account of its own on a homeserver (not yours).")
     if not asker.yes("Set up the Matrix gateway?", m.configured, key="matrix"):
         return None
@@ -225,7 +227,7 @@ def ask_matrix(asker: Asker, cfg: Config) -> dict[str, Any] | None:
             return None
         asker.forget(MATRIX_KEYS)
         cfg = with_answers(cfg, "matrix", section)  # a retry starts from these answers
-        m = cfg.matrix
+        m = MatrixConfig.of(cfg)
 
 
 # -- e-mail --------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def _smtp_host(imap_host: str) -> str:
 
 def ask_email(asker: Asker, cfg: Config) -> dict[str, Any] | None:
     """``[email]`` IMAP and SMTP servers, logins and the bot's address, after login tests."""
-    e = cfg.email
+    e = EmailConfig.of(cfg)
     asker.say("\nE-mail: relaybot reads a mailbox of its own over IMAP and answers over SMTP.")
     if not asker.yes("Set up the e-mail gateway?", e.configured, key="email"):
         return None
@@ -272,7 +274,7 @@ def ask_email(asker: Asker, cfg: Config) -> dict[str, Any] | None:
 
 
 def _email_answers(asker: Asker, cfg: Config) -> dict[str, Any]:
-    e = cfg.email
+    e = EmailConfig.of(cfg)
 
     def secret(value: Any) -> str:
         return str(value.get_secret_value()) if value is not None else ""

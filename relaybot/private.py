@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.config import Config
+from gateways.matrix.config import MatrixConfig
 
 PRIVATE_UMASK = 0o077
 OTHERS = 0o077  # the group's and everyone else's permission bits
@@ -61,7 +62,7 @@ def private_paths(cfg: Config) -> Iterator[Path]:
     if not memory.is_relative_to(home):
         for suffix in ("", "-wal", "-shm", "-journal"):
             yield from _tree(memory.with_name(memory.name + suffix))
-    store = cfg.matrix.store_path
+    store = MatrixConfig.of(cfg).store_path
     if store is not None and not store.is_relative_to(home):
         yield from _tree(store)
 

@@ -27,6 +27,7 @@ from contract.messages import Reply
 from gateways.deliver import Undeliverable, Withheld
 from gateways.email.audience import stored_audience, withheld, written_for
 from gateways.email.compose import envelope
+from gateways.email.config import EmailConfig
 from gateways.email.imap import ImapReader
 from gateways.email.parse import CHANNEL, Addresses, Headers
 from gateways.email.smtp import SmtpSender
@@ -51,15 +52,15 @@ def owner_addresses(cfg: Config) -> frozenset[str]:
 
 
 def addresses_of(cfg: Config) -> Addresses:
-    allow = {a.lower() for a in cfg.email.allowlist}
+    allow = {a.lower() for a in EmailConfig.of(cfg).allowlist}
     return Addresses(
-        own=frozenset(a.lower() for a in cfg.email.addresses),
+        own=frozenset(a.lower() for a in EmailConfig.of(cfg).addresses),
         owner=owner_addresses(cfg),
         allow=frozenset(allow - {"*"}),
         allow_all="*" in allow,
-        trusted_ids=frozenset(a.strip().lower() for a in cfg.email.trusted_authserv_ids),
-        trust_mailbox=cfg.email.trust_unauthenticated,
-        lists=frozenset(a.strip().lower() for a in cfg.email.lists),
+        trusted_ids=frozenset(a.strip().lower() for a in EmailConfig.of(cfg).trusted_authserv_ids),
+        trust_mailbox=EmailConfig.of(cfg).trust_unauthenticated,
+        lists=frozenset(a.strip().lower() for a in EmailConfig.of(cfg).lists),
     )
 
 
@@ -71,10 +72,10 @@ class EmailGateway:
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
         self.r, self.keys = r, cfg.keys
-        self.state = MailState(r, self.keys, cfg.email.folder)
-        self.imap = ImapReader(cfg.email, addresses_of(cfg), self.state, rt)
-        self.smtp = SmtpSender(cfg.email)
-        self.window = cfg.email.reply_window
+        self.state = MailState(r, self.keys, EmailConfig.of(cfg).folder)
+        self.imap = ImapReader(EmailConfig.of(cfg), addresses_of(cfg), self.state, rt)
+        self.smtp = SmtpSender(EmailConfig.of(cfg))
+        self.window = EmailConfig.of(cfg).reply_window
         self.show_typing: TypingHook | None = None
 
     def reconfigure(self, cfg: Config) -> None:
@@ -161,4 +162,6 @@ class EmailGateway:
 def run_email(cfg: Config, r: redis.Redis) -> int:
     """The gateway process until SIGTERM/SIGINT; exit 2 on a fatal configuration error."""
     make = functools.partial(EmailGateway, cfg, r)
-    return run_gateway(CHANNEL, cfg, r, configured=cfg.email.configured, hint=HINT, make=make)
+    return run_gateway(
+        CHANNEL, cfg, r, configured=EmailConfig.of(cfg).configured, hint=HINT, make=make
+    )

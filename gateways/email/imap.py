@@ -31,11 +31,11 @@ import aioimaplib
 import redis
 import structlog
 
-from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.email.audience import handle_address
 from gateways.email.auth import owner_refusal_hint
+from gateways.email.config import EmailConfig
 from gateways.email.loop import SENT_ID_PREFIX
 from gateways.email.parse import (
     UNVERIFIED,

@@ -24,6 +24,7 @@ from nio import AsyncClient, ErrorResponse, RoomGetStateResponse
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Withheld
+from gateways.matrix.config import MatrixConfig
 from gateways.matrix.events import (
     CHANNEL,
     GroupPolicy,
@@ -52,7 +53,7 @@ TYPING_REFRESH = 20.0
 
 
 def build_policy(cfg: Config, own_user_id: str) -> Policy:
-    m = cfg.matrix
+    m = MatrixConfig.of(cfg)
     owners = set(m.owners)
     for alias in cfg.owner.aliases:
         address = alias.address if isinstance(alias, OwnerAlias) else alias
@@ -84,8 +85,8 @@ class MatrixGateway:
     tick = 0.1
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
-        self.cfg, self.m, self.r, self.keys, self.rt = cfg, cfg.matrix, r, cfg.keys, rt
-        self.store = cfg.matrix.store_path or cfg.home / "matrix"
+        self.cfg, self.m, self.r, self.keys, self.rt = cfg, MatrixConfig.of(cfg), r, cfg.keys, rt
+        self.store = MatrixConfig.of(cfg).store_path or cfg.home / "matrix"
         self.client: AsyncClient | None = None
         self.sync: MatrixSync | None = None
         self.typing: dict[str, float] = {}  # room id -> when the typing notice was (re)sent
@@ -189,4 +190,6 @@ class MatrixGateway:
 def run_matrix(cfg: Config, r: redis.Redis) -> int:
     """The ``relaybot gateway matrix`` command: 0 when stopped, 2 when a person has to act."""
     make = functools.partial(MatrixGateway, cfg, r)
-    return run_gateway(CHANNEL, cfg, r, configured=cfg.matrix.configured, hint=HINT, make=make)
+    return run_gateway(
+        CHANNEL, cfg, r, configured=MatrixConfig.of(cfg).configured, hint=HINT, make=make
+    )

@@ -37,6 +37,7 @@ from contract.bus import stream_id, text
 from contract.config import Config
 from contract.durable import Durable, NotDurable
 from contract.outage import TRANSIENT, Outage
+from gateways.matrix.config import MatrixConfig
 from gateways.matrix.events import (
     CHANNEL,
     DEBUG,
@@ -62,14 +63,14 @@ class MatrixSync:
     def __init__(
         self, cfg: Config, r: redis.Redis, rt: Runtime, client: AsyncClient, policy: Policy
     ) -> None:
-        self.m, self.r, self.rt, self.keys = cfg.matrix, r, rt, cfg.keys
+        self.m, self.r, self.rt, self.keys = MatrixConfig.of(cfg), r, rt, cfg.keys
         self.client, self.policy = client, policy
         self.published = 0
         self.durable = Durable(r)
         # room id -> the room as the last event read left it (members, openness)
         self.followed: dict[str, RoomState] = {}
         self._filter: dict[str, Any] = {
-            "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
+            "room": {"timeline": {"limit": MatrixConfig.of(cfg).timeline_limit}},
             "presence": {"types": []},
         }
 

@@ -1,0 +1,71 @@
+"""The Matrix channel's spec: what every central table knows of it (contract/channels.py).
+
+Registered by pyproject.toml's ``relaybot.channels`` entry point ``matrix``. Imports the contract
+and the channel's pure config module only (never nio): loading the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+from contract.channels import Channel, Probe
+from contract.keys import Keys
+from gateways.matrix.config import MatrixConfig
+
+ACL = (
+    "~{prefix}inbound:matrix ~{prefix}dead ~{prefix}heartbeats ~{prefix}reply:matrix:* "
+    "~{prefix}inflight:matrix:* ~{prefix}delivered:matrix:* ~{prefix}busy:matrix:* "
+    "~{prefix}lease:gateway:matrix:* ~{prefix}cursor:matrix* ~{prefix}matrix:* -@all +ping "
+    "+hello +auth +client|setname +xadd +lmove +blmove +lindex +lrem +zadd +zscore "
+    "+zremrangebyscore +exists +get +set +hset +hdel +multi +exec +discard +time +evalsha "
+    "+script|load +incr +pexpire +del"
+)
+
+USES = ("redis", "delivery", "owner.aliases", "matrix", "worker.assistant_name")
+RELOADS = (
+    "owner.aliases",
+    "matrix.owners",
+    "matrix.allowlist",
+    "matrix.group_policy",
+    "matrix.group_allowlist",
+    "matrix.rooms",
+    "worker.assistant_name",
+)
+
+
+def account(section: MatrixConfig) -> str:
+    """The bot's Matrix user id (it names its homeserver)."""
+    return f"{section.user_id}"
+
+
+def owners(section: MatrixConfig) -> list[str]:
+    return list(section.owners)
+
+
+def probes(keys: Keys) -> list[Probe]:
+    return [("SET", keys.matrix_cursor, "x")]
+
+
+CHANNEL = Channel(
+    name="matrix",
+    title="the Matrix gateway",
+    order=10,
+    section=MatrixConfig,
+    env=(
+        ("RELAYBOT_MATRIX_HOMESERVER", "homeserver"),
+        ("RELAYBOT_MATRIX_USER_ID", "user_id"),
+        ("RELAYBOT_MATRIX_ACCESS_TOKEN", "access_token"),
+        ("RELAYBOT_MATRIX_PASSWORD", "password"),
+        ("RELAYBOT_MATRIX_DEVICE_ID", "device_id"),
+        ("RELAYBOT_MATRIX_STORE_PATH", "store_path"),
+    ),
+    uses=USES,
+    reloads=RELOADS,
+    worker_uses=("matrix.owners",),
+    account=account,
+    owner_addresses=owners,
+    acl=ACL,
+    probes=probes,
+    gateway="gateways.matrix.gateway:run_matrix",
+    audience=True,
+    redactions=True,
+    hint="set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling",
+)
