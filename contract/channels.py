@@ -93,7 +93,8 @@ class Channel:
     probes: Callable[[Keys], list[Probe]] | None = None
     # dotted references, imported when used (:func:`load`)
     gateway: str = ""  # run(cfg, r) -> exit code: ``relaybot gateway <name>``
-    doctor: str = ""  # checks(cfg, ...) -> list[contract.checks.Check]
+    doctor: str = ""  # group(cfg, timeout, add): its checks (contract/checks.py), ``<name>.*``
+    doctor_budget: float = 4  # timeouts its doctor group may take
     onboard: str = ""  # the onboarding questions of its section
     erase: str = ""  # hook(r, keys, event_ids, subject_event_ids) -> counts (worker/scrub.py)
     # whether an entry's audience is the platform's (the worker checks claims) and whether the

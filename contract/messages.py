@@ -20,8 +20,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
-# The channels relaybot has: each has a gateway and an inbound stream of its own (contract.keys).
-CHANNELS = ("cli", "matrix", "email")
 # A message longer than this is refused by the model; gateways truncate with a note before XADD.
 MAX_TEXT_CHARS = 64_000
 MAX_EXTRA_CHARS = 64_000
@@ -188,6 +186,16 @@ def decode_lenient(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, 
         )
         for k, v in raw.items()
     }
+
+
+def __getattr__(name: str) -> Any:
+    """``CHANNELS``: the channels relaybot has, each with a gateway and an inbound stream of its
+    own (contract.keys), read from the registry (contract/channels.py) when asked for."""
+    if name == "CHANNELS":
+        from contract import channels
+
+        return channels.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -65,6 +65,7 @@ CHANNEL = Channel(
     acl=ACL,
     probes=probes,
     gateway="gateways.matrix.gateway:run_matrix",
+    doctor="gateways.matrix.doctor:matrix_group",
     audience=True,
     redactions=True,
     hint="set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling",
