@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict
@@ -65,6 +66,20 @@ class ChannelSection(BaseModel):
 
 
 @dataclass(frozen=True)
+class Erasure:
+    """A channel's erasure hook (its spec's ``erase`` names one): what the worker runs, after an
+    erasure, on what the channel's gateway keeps in Redis beyond the streams and queues."""
+
+    # the counts :attr:`scrub` reports (0 when it did not run): the erasure log's fields
+    counts: tuple[str, ...]
+    # scrub(r, keys, erased event ids, event ids whose subject repeated an erased one's)
+    scrub: Callable[[Any, Keys, list[str], list[str]], dict[str, int]]
+    # dead_letter(raw, event_erased, sender_erased): does a raw platform payload the gateway
+    # made a dead letter of belong to an erased message or sender?
+    dead_letter: Callable[[str, Callable[[str], bool], Callable[[str], bool]], bool] | None = None
+
+
+@dataclass(frozen=True)
 class Channel:
     """What relaybot knows of a channel: everything a central table needs, in one place."""
 
@@ -87,6 +102,11 @@ class Channel:
     account: Callable[[Any], str] | None = None
     # the owner's addresses that its section lists (the worker adds them to owner.aliases)
     owner_addresses: Callable[[Any], list[str]] | None = None
+    # paths its section names that hold the owner's data (kept private like the home: 0600/0700)
+    private: Callable[[Any], list[Path]] | None = None
+    # what doctor says of a section with settings that stay inert (the key that turns the
+    # gateway on is missing): (what it found, what to do); None when there is nothing to say
+    inert: Callable[[Any], tuple[str, str] | None] | None = None
     # its Redis ACL user's rules (deploy/redis/users.acl), ``{prefix}`` for the key prefix
     acl: str = ""
     # the commands (with keys) its gateway sends beyond the common ones: doctor's ACL probes
@@ -96,7 +116,7 @@ class Channel:
     doctor: str = ""  # group(cfg, timeout, add): its checks (contract/checks.py), ``<name>.*``
     doctor_budget: float = 4  # timeouts its doctor group may take
     onboard: str = ""  # the onboarding questions of its section
-    erase: str = ""  # hook(r, keys, event_ids, subject_event_ids) -> counts (worker/scrub.py)
+    erase: str = ""  # its Erasure (worker/scrub.py runs it)
     # whether an entry's audience is the platform's (the worker checks claims) and whether the
     # gateway publishes redactions of its messages
     audience: bool = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 from contract.channels import Channel, Probe
 from contract.keys import Keys
 from gateways.email.config import EmailConfig
+from gateways.email.keys import EmailKeys
 
 ACL = (
     "~{prefix}inbound:email ~{prefix}dead ~{prefix}heartbeats ~{prefix}reply:email:* "
@@ -35,12 +36,21 @@ def account(section: EmailConfig) -> str:
     return f"{user}@{section.imap_host}".lower()
 
 
+def inert(section: EmailConfig) -> tuple[str, str] | None:
+    if section.model_fields_set and not section.configured:
+        return (
+            "[email] has settings but no imap_host: the gateway stays off",
+            "set [email] imap_host (or remove the section)",
+        )
+    return None
+
+
 def probes(keys: Keys) -> list[Probe]:
     # its cursor, the lists it learns, the owner's mail it refused (for doctor)
     return [
-        ("SET", keys.email_cursor("INBOX"), "x"),
-        ("ZADD", keys.email_lists, "1", "x"),
-        ("SET", keys.email_owner_refused, "x"),
+        ("SET", EmailKeys(keys).cursor("INBOX"), "x"),
+        ("ZADD", EmailKeys(keys).lists, "1", "x"),
+        ("SET", EmailKeys(keys).owner_refused, "x"),
     ]
 
 
@@ -72,12 +82,13 @@ CHANNEL = Channel(
     uses=USES,
     reloads=RELOADS,
     account=account,
+    inert=inert,
     acl=ACL,
     probes=probes,
     gateway="gateways.email.gateway:run_email",
     doctor="gateways.email.doctor:email_group",
     doctor_budget=10,
-    erase="gateways.email.erase:erase",
+    erase="gateways.email.erase:ERASURE",
     audience=True,
     hint="set [email] imap_host (or RELAYBOT_EMAIL_IMAP_HOST); idling until stopped",
 )

@@ -20,6 +20,7 @@ from contract.config import Config
 from gateways.email.auth import Verdict, owner_refusal_hint
 from gateways.email.config import EmailConfig
 from gateways.email.gateway import owner_addresses
+from gateways.email.keys import EmailKeys
 from gateways.email.smtp import FatalMailError, check_plain, port_of, tls_context
 
 # -- the owner's mail -----------------------------------------------------------------------
@@ -87,7 +88,7 @@ def owner_auth_check(cfg: Config, timeout: float) -> Check:
     if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
         return skipped(OWNER_AUTH, "the embedded Redis is not running (redis.reachable)")
     r = probe_client(cfg, timeout)
-    key = cfg.keys.email_owner_refused
+    key = EmailKeys(cfg.keys).owner_refused
     try:
         raw = r.get(key)
     except redis.exceptions.NoPermissionError as exc:

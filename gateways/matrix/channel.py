@@ -6,9 +6,12 @@ and the channel's pure config module only (never nio): loading the registry stay
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from contract.channels import Channel, Probe
 from contract.keys import Keys
 from gateways.matrix.config import MatrixConfig
+from gateways.matrix.keys import MatrixKeys
 
 ACL = (
     "~{prefix}inbound:matrix ~{prefix}dead ~{prefix}heartbeats ~{prefix}reply:matrix:* "
@@ -40,8 +43,21 @@ def owners(section: MatrixConfig) -> list[str]:
     return list(section.owners)
 
 
+def private(section: MatrixConfig) -> list[Path]:
+    return [section.store_path] if section.store_path is not None else []
+
+
+def inert(section: MatrixConfig) -> tuple[str, str] | None:
+    if section.model_fields_set - {"owners"} and not section.configured:  # owners: aliases
+        return (
+            "[matrix] has settings but no homeserver or user_id: the gateway stays off",
+            "set [matrix] homeserver and user_id (or remove the section)",
+        )
+    return None
+
+
 def probes(keys: Keys) -> list[Probe]:
-    return [("SET", keys.matrix_cursor, "x")]
+    return [("SET", MatrixKeys(keys).cursor, "x")]
 
 
 CHANNEL = Channel(
@@ -62,6 +78,8 @@ CHANNEL = Channel(
     worker_uses=("matrix.owners",),
     account=account,
     owner_addresses=owners,
+    private=private,
+    inert=inert,
     acl=ACL,
     probes=probes,
     gateway="gateways.matrix.gateway:run_matrix",

@@ -34,6 +34,7 @@ from gateways.matrix.events import (
     room_of,
     session_of,
 )
+from gateways.matrix.keys import MatrixKeys
 from gateways.matrix.login import ErrorValue, FatalMatrixError, check_fatal, describe, login
 from gateways.matrix.recheck import recheck
 from gateways.matrix.render import reply_content
@@ -122,7 +123,7 @@ class MatrixGateway:
         room_id = room_of(reply.session)
         await self._recheck(reply, room_id)
         thread = (
-            optional_text(self.r.get(self.keys.matrix_thread(reply.in_reply_to)))
+            optional_text(self.r.get(MatrixKeys(self.keys).thread(reply.in_reply_to)))
             if reply.in_reply_to
             else None
         )
@@ -140,7 +141,7 @@ class MatrixGateway:
         log.info("matrix.sent", room_id=room_id, reply_id=reply.reply_id, event_id=resp.event_id)
         # a redaction of it names the event: memory knows the reply by its id and its entry
         sent = json.dumps({"reply_id": reply.reply_id, "answers": reply.answers})
-        self.r.set(self.keys.matrix_sent(resp.event_id), sent, ex=SENT_KEEP)
+        self.r.set(MatrixKeys(self.keys).sent(resp.event_id), sent, ex=SENT_KEEP)
 
     async def _recheck(self, reply: Reply, room_id: str) -> None:
         """The room as the homeserver has it now (not as the last sync left it: someone may
@@ -153,7 +154,7 @@ class MatrixGateway:
             raise RuntimeError(f"the room's state could not be read: {describe(resp)}")
         room = RoomState.of([e for e in resp.events if isinstance(e, dict)])
         members = frozenset(room.members)
-        known = optional_text(self.r.get(self.keys.matrix_members(room_id)))
+        known = optional_text(self.r.get(MatrixKeys(self.keys).members(room_id)))
         ever = frozenset(json.loads(known) if known else ()) | members
         now = room_facts(
             room_id, members, own_user_id=client.user_id, ever=ever, display_names={},

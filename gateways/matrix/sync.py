@@ -48,6 +48,7 @@ from gateways.matrix.events import (
     normalize_event,
     room_facts,
 )
+from gateways.matrix.keys import MatrixKeys
 from gateways.matrix.login import ErrorValue, check_fatal
 from gateways.runner import Backoff, FatalGatewayError, Runtime
 
@@ -85,7 +86,7 @@ class MatrixSync:
                         self.durable.check()  # before the token can move: refuse a lossy Redis
                     except NotDurable as exc:
                         raise FatalGatewayError(str(exc)) from None
-                    token, loaded = optional_text(self.r.get(self.keys.matrix_cursor)), True
+                    token, loaded = optional_text(self.r.get(MatrixKeys(self.keys).cursor)), True
                 if token is None:
                     token = await self._first_sync()
                     continue
@@ -102,7 +103,7 @@ class MatrixSync:
                 await self._crypto_housekeeping()
                 await self._invites(resp)
                 await self._publish_batch(resp, since=token)
-                self.r.set(self.keys.matrix_cursor, resp.next_batch)  # after every XADD
+                self.r.set(MatrixKeys(self.keys).cursor, resp.next_batch)  # after every XADD
             except TRANSIENT as exc:  # Redis away: the token was not saved, sync it again
                 await self.rt.redis_away(outage, exc)
                 continue
@@ -132,7 +133,7 @@ class MatrixSync:
         skipped = sum(len(room.timeline.events) for room in resp.rooms.join.values())
         await self._crypto_housekeeping()
         await self._invites(resp)
-        self.r.set(self.keys.matrix_cursor, resp.next_batch)
+        self.r.set(MatrixKeys(self.keys).cursor, resp.next_batch)
         log.info("matrix.backlog_skipped", events=skipped, detail="first start: no saved token")
         return str(resp.next_batch)
 
@@ -153,7 +154,7 @@ class MatrixSync:
             else:
                 for change in info.state:  # what changed outside the timeline
                     room.apply(_source(change))
-            key = self.keys.matrix_members(room_id)
+            key = MatrixKeys(self.keys).members(room_id)
             known = optional_text(self.r.get(key))
             ever = frozenset(json.loads(known) if known else ())
             names = self._names(room_id)
@@ -219,7 +220,7 @@ class MatrixSync:
     def _sent_reply(self, event_id: str) -> tuple[str, str] | None:
         """The reply id of an event the bot sent, and the entry it answers (None: not one of
         its own, or sent too long ago)."""
-        raw = optional_text(self.r.get(self.keys.matrix_sent(event_id)))
+        raw = optional_text(self.r.get(MatrixKeys(self.keys).sent(event_id)))
         try:
             sent = json.loads(raw) if raw else None
         except ValueError:
@@ -236,7 +237,7 @@ class MatrixSync:
             say = {DEBUG: log.debug, WARNING: log.warning}.get(out.level, log.info)
             say("matrix.ignored", room_id=room_id, event_id=out.event_id, reason=out.reason)
             return
-        seen = self.keys.matrix_seen
+        seen = MatrixKeys(self.keys).seen
         if self.r.zscore(seen, out.event_id) is not None:
             # its publish may have failed waiting for the fsync: a durable write after it makes
             # it durable too (the AOF is fsynced in order), before the token passes it
@@ -253,7 +254,7 @@ class MatrixSync:
         thread = out.extra.get("thread_root")
         if isinstance(thread, str):
             commands.append(
-                ("SET", self.keys.matrix_thread(out.event_id), thread, "EX", THREAD_KEEP)
+                ("SET", MatrixKeys(self.keys).thread(out.event_id), thread, "EX", THREAD_KEEP)
             )
         sid = self.durable.transaction(commands)[0]  # durable before the token moves past it
         self.published += 1
