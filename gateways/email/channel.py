@@ -86,6 +86,7 @@ CHANNEL = Channel(
     acl=ACL,
     probes=probes,
     gateway="gateways.email.gateway:run_email",
+    onboard="gateways.email.onboard:ONBOARDING",
     doctor="gateways.email.doctor:email_group",
     doctor_budget=10,
     erase="gateways.email.erase:ERASURE",

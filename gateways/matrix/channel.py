@@ -83,6 +83,7 @@ CHANNEL = Channel(
     acl=ACL,
     probes=probes,
     gateway="gateways.matrix.gateway:run_matrix",
+    onboard="gateways.matrix.onboard:ONBOARDING",
     doctor="gateways.matrix.doctor:matrix_group",
     audience=True,
     redactions=True,
