@@ -1,7 +1,7 @@
 """The channels relaybot has: one registry, read by every table that lists channels (issue 25).
 
 A channel is a plugin. Its package declares a :class:`Channel` spec in the Python entry-point
-group ``relaybot.channels`` (pyproject.toml: ``matrix = "gateways.matrix.channel:CHANNEL"``),
+group ``relaybot.channels`` (pyproject.toml: ``<name> = "gateways.<name>.channel:CHANNEL"``),
 the way a third-party ``relaybot-telegram`` package would; :func:`channels` finds them with
 ``importlib.metadata`` once per process (cached) and loads the spec modules only: a spec module
 imports the contract and pydantic, never its platform's client library. What a spec names by a
@@ -45,7 +45,7 @@ class UnknownChannel(LookupError):
 
 class ChannelSection(BaseModel):
     """A channel's section of config.toml (``[<channel>]``), validated as strictly as every
-    other section. Gateway code reads its own with :meth:`of` (``MatrixConfig.of(cfg)``)."""
+    other section. Gateway code reads its own with :meth:`of` (``ToyConfig.of(cfg)``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,8 +84,8 @@ class Channel:
     """What relaybot knows of a channel: everything a central table needs, in one place."""
 
     name: str  # the sessions' prefix, the stream's suffix, the heartbeat's gateway:<name>
-    title: str  # "the Matrix gateway": help texts
-    order: int = 100  # where it is listed (the shipped ones: cli 0, matrix 10, email 20)
+    title: str  # "the toy gateway": help texts
+    order: int = 100  # where it is listed (the shipped ones: 0, 10, 20)
     # config.toml's [<name>] (None: the channel has no section)
     section: type[ChannelSection] | None = None
     # environment variable -> key of the section; later entries win over earlier ones
@@ -102,6 +102,8 @@ class Channel:
     account: Callable[[Any], str] | None = None
     # the owner's addresses that its section lists (the worker adds them to owner.aliases)
     owner_addresses: Callable[[Any], list[str]] | None = None
+    # tables of its section whose keys the owner names (room ids): doctor's typo check skips them
+    free_keys: tuple[str, ...] = ()
     # paths its section names that hold the owner's data (kept private like the home: 0600/0700)
     private: Callable[[Any], list[Path]] | None = None
     # what doctor says of a section with settings that stay inert (the key that turns the

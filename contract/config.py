@@ -311,7 +311,7 @@ class ConversationRole(_Section):
 
         [roles]
         "cli:work" = "architect"
-        "matrix:!abc:example.org" = { role = "pm", project = "alpha", teams = ["core"] }
+        "room:!abc:example.org" = { role = "pm", project = "alpha", teams = ["core"] }
     """
 
     role: str | None = Field(default=None, pattern=ROLE_NAME)

@@ -247,7 +247,7 @@ def with_answers(cfg: Config, name: str, section: dict[str, Any]) -> Config:
 class Onboarding:
     """A channel's onboarding (its spec's ``onboard`` names one)."""
 
-    # its questions' keys and what their flags say (``--matrix-user`` answers ``matrix_user``)
+    # its questions' keys and what their flags say (``--<ch>-user`` answers ``<ch>_user``)
     questions: Mapping[str, str]
     # the owner's own addresses on it: (key, question, the problem with one answer)
     owner: tuple[str, str, Callable[[str], str | None]] | None

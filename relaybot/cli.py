@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="relaybot",
-        description="A self-hosted personal assistant: terminal, Matrix and e-mail, one memory.",
+        description="A self-hosted personal assistant: every channel, one memory.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     p.add_argument("-V", "--version", action="version", version=f"relaybot {version()}")

@@ -1,6 +1,6 @@
 """``relaybot doctor``: every check at once, each with a verdict and a fix hint.
 
-The groups (config, disk, redis, processes, model, matrix, email) run side by side, each on a
+The groups (config, disk, redis, processes, model, and each channel's) run side by side, each on a
 daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead host costs
 its group a few seconds and never holds up the others, and a group that is still stuck when its
 budget runs out is reported as failed where it stood. A group that crashes is one failed check,
@@ -71,7 +71,7 @@ MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission chec
 def add_parser(sub: Any) -> None:
     """``relaybot doctor`` (registered by relaybot/cli.py)."""
     p = sub.add_parser(
-        "doctor", help="check Redis, the model, Matrix, e-mail, disk, config and processes"
+        "doctor", help="check Redis, the model, the channels, disk, config and processes"
     )
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument(

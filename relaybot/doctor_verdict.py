@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract import channels as registry
 from contract.checks import Check, Verdict, fail, ok, skipped, warn
 from contract.config import config_digest as contract_config_digest
 
@@ -240,7 +241,14 @@ def config_digest(raw: bytes) -> str:
 
 
 # tables whose keys are names the owner chooses (a conversation id, a room id, a channel)
-_FREE_KEYS = frozenset({"roles", "matrix.rooms", "turns.channels", "turns.conversations"})
+_FREE_KEYS = frozenset(
+    {
+        "roles",
+        "turns.channels",
+        "turns.conversations",
+        *(key for ch in registry.channels() for key in ch.free_keys),
+    }
+)
 
 
 Unknown = tuple[tuple[str, ...], str | None]  # a key's path and the closest known key

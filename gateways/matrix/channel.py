@@ -78,6 +78,7 @@ CHANNEL = Channel(
     worker_uses=("matrix.owners",),
     account=account,
     owner_addresses=owners,
+    free_keys=("matrix.rooms",),
     private=private,
     inert=inert,
     acl=ACL,
