@@ -19,7 +19,7 @@ does not list is an :class:`UnknownChannel` error, never a default.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -77,6 +77,9 @@ class Erasure:
     # dead_letter(raw, event_erased, sender_erased): does a raw platform payload the gateway
     # made a dead letter of belong to an erased message or sender?
     dead_letter: Callable[[str, Callable[[str], bool], Callable[[str], bool]], bool] | None = None
+    # raw_texts(value): the texts inside a raw platform payload (a mail's decoded parts), where an
+    # erased text is looked for; nothing when the value is not one of its payloads
+    raw_texts: Callable[[str], Iterable[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,20 @@ def channel(name: str) -> Channel:
 def forget() -> None:
     """Read the entry points again at the next call (a test that installed a channel)."""
     _registry.cache_clear()
+
+
+def erasures() -> dict[str, Erasure]:
+    """Each channel's erasure hook (its spec's ``erase``), imported at the first call."""
+    return _erasures(channels())
+
+
+@cache
+def _erasures(specs: tuple[Channel, ...]) -> dict[str, Erasure]:
+    found = {ch.name: load(ch.erase) for ch in specs if ch.erase}
+    for name, hook in found.items():
+        if not isinstance(hook, Erasure):
+            raise TypeError(f"channel {name}: its erase reference is not a contract Erasure")
+    return found
 
 
 def load(reference: str) -> Any:

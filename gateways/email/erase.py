@@ -3,12 +3,16 @@ erasure (worker/scrub.py): the gateway's cached headers of an erased mail (``ema
 deleted, and the subject in those of the kept mails whose subject repeated an erased mail's
 (memory/subjects.py) is blanked, the rest kept, so a reply to such a mail still goes out in its
 thread (as ``Re: your message``); a raw mail the gateway made a dead letter of is matched by its
-Message-ID, or by its sender when that sender was erased."""
+Message-ID, or by its sender when that sender was erased, and its decoded text parts are where an
+erased text is looked for (worker/scrub_text.py)."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from email.message import EmailMessage
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
 from typing import Any
@@ -52,6 +56,31 @@ def dead_letter(
     ))  # fmt: skip
 
 
+def raw_texts(value: str) -> Iterator[str]:
+    """The decoded text parts of a raw mail and its Subject (quoted-printable, base64; nothing
+    when the value does not look like a mail or does not parse)."""
+    if "\n" not in value or ":" not in value.split("\n", 1)[0]:
+        return
+    try:
+        msg = email.message_from_string(value, policy=email.policy.default)
+    except Exception:  # a malformed mail: its raw text was looked at already
+        return
+    if not isinstance(msg, EmailMessage):
+        return
+    subject = msg.get("Subject")
+    if subject:
+        yield str(subject)
+    for part in msg.walk():
+        if part.get_content_maintype() != "text":
+            continue
+        try:
+            content = part.get_content()
+        except Exception:  # an undecodable part  # noqa: S112
+            continue
+        if isinstance(content, str):
+            yield content
+
+
 def _json(raw: Any) -> dict[str, Any]:
     try:
         parsed = json.loads(raw)
@@ -60,4 +89,9 @@ def _json(raw: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-ERASURE = Erasure(counts=("email_headers", "email_subjects"), scrub=scrub, dead_letter=dead_letter)
+ERASURE = Erasure(
+    counts=("email_headers", "email_subjects"),
+    scrub=scrub,
+    dead_letter=dead_letter,
+    raw_texts=raw_texts,
+)
