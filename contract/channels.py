@@ -126,6 +126,10 @@ class Channel:
     # gateway publishes redactions of its messages
     audience: bool = False
     redactions: bool = False
+    # whether its messages carry a subject their replies repeat (an erased one's is taken out of
+    # them: memory/subjects.py)
+    subjects: bool = False
+    platform: str = ""  # the platform's name in words ("" : the channel's name)
     hint: str = ""  # how to configure it, said when it idles
 
 

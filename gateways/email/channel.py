@@ -91,5 +91,7 @@ CHANNEL = Channel(
     doctor_budget=10,
     erase="gateways.email.erase:ERASURE",
     audience=True,
+    subjects=True,
+    platform="e-mail",
     hint="set [email] imap_host (or RELAYBOT_EMAIL_IMAP_HOST); idling until stopped",
 )

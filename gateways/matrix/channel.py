@@ -88,5 +88,6 @@ CHANNEL = Channel(
     doctor="gateways.matrix.doctor:matrix_group",
     audience=True,
     redactions=True,
+    platform="Matrix",
     hint="set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling",
 )
