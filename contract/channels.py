@@ -19,7 +19,7 @@ does not list is an :class:`UnknownChannel` error, never a default.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -77,6 +77,8 @@ class Erasure:
     # dead_letter(raw, event_erased, sender_erased): does a raw platform payload the gateway
     # made a dead letter of belong to an erased message or sender?
     dead_letter: Callable[[str, Callable[[str], bool], Callable[[str], bool]], bool] | None = None
+    # said(counts): the erasure report's words for its counts (``relaybot memory erase``)
+    said: Callable[[Mapping[str, Any]], str] | None = None
     # raw_texts(value): the texts inside a raw platform payload (a mail's decoded parts), where an
     # erased text is looked for; nothing when the value is not one of its payloads
     raw_texts: Callable[[str], Iterable[str]] | None = None

@@ -32,9 +32,16 @@ from contract import channels as registry
 from contract.keys import Keys
 from contract.messages import describe_validation_error
 
+
+def _reached_from() -> str:
+    """The installed channels' platforms in words: "the terminal, <a platform> and <another>"."""
+    named = [ch.platform or ch.name for ch in registry.channels()]
+    return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+
+
 DEFAULT_SYSTEM_PROMPT = (
-    "You are relaybot, the owner's personal assistant. You are reached from the terminal, "
-    "Matrix and e-mail. The history below spans all channels; each line is labelled "
+    "You are relaybot, the owner's personal assistant. You are reached from "
+    f"{_reached_from()}. The history below spans all channels; each line is labelled "
     "[channel / sender], and 'owner' is the person you work for. Answer the last message "
     "concisely."
 )

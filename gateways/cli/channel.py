@@ -24,6 +24,7 @@ def probes(keys: Keys) -> list[Probe]:
 CHANNEL = Channel(
     name="cli",
     title="the terminal",
+    platform="the terminal",
     order=0,
     acl=ACL,
     probes=probes,

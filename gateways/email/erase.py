@@ -11,7 +11,7 @@ from __future__ import annotations
 import email
 import email.policy
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from email.message import EmailMessage
 from email.parser import BytesHeaderParser
 from email.utils import getaddresses
@@ -89,9 +89,17 @@ def _json(raw: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def said(counts: Mapping[str, Any]) -> str:
+    """The erasure report's words for what this hook did."""
+    subjects = counts.get("email_subjects")
+    kept = f" ({subjects} more kept without the erased subject)" if subjects else ""
+    return f"{counts.get('email_headers')} cached e-mail headers deleted{kept}"
+
+
 ERASURE = Erasure(
     counts=("email_headers", "email_subjects"),
     scrub=scrub,
     dead_letter=dead_letter,
     raw_texts=raw_texts,
+    said=said,
 )
