@@ -25,6 +25,7 @@ from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Undeliverable, Withheld
+from gateways.email import channel as spec
 from gateways.email.audience import stored_audience, withheld, written_for
 from gateways.email.compose import envelope
 from gateways.email.config import EmailConfig
@@ -37,7 +38,7 @@ from gateways.runner import Runtime, TypingHook, run_gateway
 log = structlog.get_logger(__name__)
 
 # what the log says when the section is not configured
-HINT = "set [email] imap_host (or RELAYBOT_EMAIL_IMAP_HOST); idling until stopped"
+HINT = spec.CHANNEL.hint  # what the log says when the section is not configured
 
 
 def owner_addresses(cfg: Config) -> frozenset[str]:
@@ -52,15 +53,16 @@ def owner_addresses(cfg: Config) -> frozenset[str]:
 
 
 def addresses_of(cfg: Config) -> Addresses:
-    allow = {a.lower() for a in EmailConfig.of(cfg).allowlist}
+    e = EmailConfig.of(cfg)
+    allow = {a.lower() for a in e.allowlist}
     return Addresses(
-        own=frozenset(a.lower() for a in EmailConfig.of(cfg).addresses),
+        own=frozenset(a.lower() for a in e.addresses),
         owner=owner_addresses(cfg),
         allow=frozenset(allow - {"*"}),
         allow_all="*" in allow,
-        trusted_ids=frozenset(a.strip().lower() for a in EmailConfig.of(cfg).trusted_authserv_ids),
-        trust_mailbox=EmailConfig.of(cfg).trust_unauthenticated,
-        lists=frozenset(a.strip().lower() for a in EmailConfig.of(cfg).lists),
+        trusted_ids=frozenset(a.strip().lower() for a in e.trusted_authserv_ids),
+        trust_mailbox=e.trust_unauthenticated,
+        lists=frozenset(a.strip().lower() for a in e.lists),
     )
 
 
@@ -71,11 +73,11 @@ class EmailGateway:
     tick = 0.3
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
-        self.r, self.keys = r, cfg.keys
-        self.state = MailState(r, self.keys, EmailConfig.of(cfg).folder)
-        self.imap = ImapReader(EmailConfig.of(cfg), addresses_of(cfg), self.state, rt)
-        self.smtp = SmtpSender(EmailConfig.of(cfg))
-        self.window = EmailConfig.of(cfg).reply_window
+        self.r, self.keys, e = r, cfg.keys, EmailConfig.of(cfg)
+        self.state = MailState(r, self.keys, e.folder)
+        self.imap = ImapReader(e, addresses_of(cfg), self.state, rt)
+        self.smtp = SmtpSender(e)
+        self.window = e.reply_window
         self.show_typing: TypingHook | None = None
 
     def reconfigure(self, cfg: Config) -> None:

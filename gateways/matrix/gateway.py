@@ -24,6 +24,7 @@ from nio import AsyncClient, ErrorResponse, RoomGetStateResponse
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Withheld
+from gateways.matrix import channel as spec
 from gateways.matrix.config import MatrixConfig
 from gateways.matrix.events import (
     CHANNEL,
@@ -45,8 +46,7 @@ __all__ = ["FatalMatrixError", "MatrixGateway", "build_policy", "run_matrix"]
 
 log = structlog.get_logger(__name__)
 
-# what the log says when the section is not configured
-HINT = "set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling"
+HINT = spec.CHANNEL.hint  # what the log says when the section is not configured
 
 TYPING_MS = 30_000
 SENT_KEEP = 30 * 24 * 3600  # how long a sent event's reply id is kept (for its redaction)
@@ -87,7 +87,7 @@ class MatrixGateway:
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
         self.cfg, self.m, self.r, self.keys, self.rt = cfg, MatrixConfig.of(cfg), r, cfg.keys, rt
-        self.store = MatrixConfig.of(cfg).store_path or cfg.home / "matrix"
+        self.store = self.m.store_path or cfg.home / "matrix"
         self.client: AsyncClient | None = None
         self.sync: MatrixSync | None = None
         self.typing: dict[str, float] = {}  # room id -> when the typing notice was (re)sent

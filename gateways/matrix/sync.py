@@ -71,7 +71,7 @@ class MatrixSync:
         # room id -> the room as the last event read left it (members, openness)
         self.followed: dict[str, RoomState] = {}
         self._filter: dict[str, Any] = {
-            "room": {"timeline": {"limit": MatrixConfig.of(cfg).timeline_limit}},
+            "room": {"timeline": {"limit": self.m.timeline_limit}},
             "presence": {"types": []},
         }
 
