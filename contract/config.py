@@ -11,8 +11,9 @@ import os
 import tomllib
 import unicodedata
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import httpx
@@ -22,16 +23,25 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from contract import channels as registry
 from contract.keys import Keys
-from contract.messages import CHANNELS, describe_validation_error
+from contract.messages import describe_validation_error
+
+
+def _reached_from() -> str:
+    """The installed channels' platforms in words: "the terminal, <a platform> and <another>"."""
+    named = [ch.platform or ch.name for ch in registry.channels()]
+    return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You are relaybot, the owner's personal assistant. You are reached from the terminal, "
-    "Matrix and e-mail. The history below spans all channels; each line is labelled "
+    "You are relaybot, the owner's personal assistant. You are reached from "
+    f"{_reached_from()}. The history below spans all channels; each line is labelled "
     "[channel / sender], and 'owner' is the person you work for. Answer the last message "
     "concisely."
 )
@@ -66,11 +76,12 @@ class OwnerConfig(_Section):
     def _known_channels(cls, value: list[str] | None) -> list[str] | None:
         if value is None:
             return None
-        unknown = sorted(set(value) - set(CHANNELS))
+        known = registry.names()
+        unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(
                 f"unknown channel(s) {', '.join(map(repr, unknown))}: the channels are "
-                f"{', '.join(CHANNELS)}"
+                f"{', '.join(known)}"
             )
         return value
 
@@ -307,7 +318,7 @@ class ConversationRole(_Section):
 
         [roles]
         "cli:work" = "architect"
-        "matrix:!abc:example.org" = { role = "pm", project = "alpha", teams = ["core"] }
+        "room:!abc:example.org" = { role = "pm", project = "alpha", teams = ["core"] }
     """
 
     role: str | None = Field(default=None, pattern=ROLE_NAME)
@@ -315,101 +326,10 @@ class ConversationRole(_Section):
     teams: list[Annotated[str, Field(pattern=ROLE_NAME)]] = Field(default_factory=list)
 
 
-RoomRecord = Literal["all", "addressed"]
+class CoreConfig(_Section):
+    """The sections every installation has; :data:`Config` adds one per registered channel
+    (contract/channels.py), validated by the channel's own model."""
 
-
-class MatrixRoom(_Section):
-    """``[matrix.rooms."!id:server"]``: how one group room is answered, and what of it is
-    recorded: ``all`` (the messages not answered too, as the room's context) or ``addressed``
-    (only what the bot answers); unset: ``[matrix] record``."""
-
-    policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
-    allowlist: list[str] = Field(default_factory=list)
-    record: RoomRecord | None = None
-
-
-class MatrixConfig(_Section):
-    """``[matrix]``: the Matrix gateway. Without ``homeserver`` and ``user_id`` it is off."""
-
-    homeserver: str | None = None
-    user_id: str | None = None
-    access_token: SecretStr | None = None
-    password: SecretStr | None = None
-    device_id: str | None = None
-    device_name: str = "relaybot"
-    store_path: Path | None = None  # default: $RELAYBOT_HOME/matrix (crypto store, device id)
-    owners: list[str] = Field(default_factory=list)  # plus owner aliases that look like @u:hs
-    allowlist: list[str] = Field(default_factory=list)  # DMs and invites, besides the owner
-    group_policy: str = Field(default="mention", pattern="^(open|mention|allowlist)$")
-    group_allowlist: list[str] = Field(default_factory=list)
-    # group rooms: messages the bot does not answer (not mentioned, not on the allowlist) are
-    # recorded as the room's context ("all") or dropped ("addressed"); per room in rooms
-    record: RoomRecord = "all"
-    rooms: dict[str, MatrixRoom] = Field(default_factory=dict)
-    typing: bool = True
-    sync_timeout: float = Field(default=30.0, gt=0)  # seconds a /sync long-poll waits
-    timeline_limit: int = Field(default=100, ge=1, le=1000)  # events per room per sync
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.homeserver and self.user_id)
-
-
-class EmailConfig(_Section):
-    """``[email]``: the e-mail gateway. Without ``imap_host`` it is off (the process idles).
-
-    TLS modes: ``tls`` (implicit TLS, ports 993/465), ``starttls`` (143/587) or ``plain`` (only
-    to a loopback address: tests and local relays). Certificates are always checked; ``ca_file``
-    adds a CA (a self-hosted server's). The owner's addresses come from ``owner.aliases``
-    (scoped to ``email``, or unscoped ones that look like e-mail addresses).
-    """
-
-    imap_host: str | None = None
-    imap_port: int | None = Field(default=None, ge=1, le=65535)  # default from the TLS mode
-    imap_tls: str = Field(default="tls", pattern="^(tls|starttls|plain)$")
-    imap_user: str | None = None
-    imap_password: SecretStr | None = None
-    folder: str = "INBOX"
-    smtp_host: str | None = None
-    smtp_port: int | None = Field(default=None, ge=1, le=65535)
-    smtp_tls: str = Field(default="starttls", pattern="^(tls|starttls|plain)$")
-    smtp_user: str | None = None
-    smtp_password: SecretStr | None = None
-    ca_file: Path | None = None
-    addresses: list[str] = Field(default_factory=list)  # relaybot's own; the first one sends
-    allowlist: list[str] = Field(default_factory=list)  # "a@b.org" or "@b.org"; "*" for anyone
-    # Who sent a mail is believed only when authenticated (gateways/email_auth.py): by an
-    # Authentication-Results header from one of these authserv-ids (the owner's mail server) ...
-    trusted_authserv_ids: list[str] = Field(default_factory=list)
-    # ... or for every mail, when only the owner's own server delivers to this mailbox
-    trust_unauthenticated: bool = False
-    # mailing-list addresses: an audience holding one is a group, however few others it holds
-    # (lists are also learned from the List-Post and List-Id headers of mail seen)
-    lists: list[str] = Field(default_factory=list)
-    idle: bool = True  # use IMAP IDLE when the server has it; false: always poll
-    poll_interval: float = Field(default=60.0, gt=0)  # without IDLE
-    idle_renew: float = Field(default=25 * 60.0, gt=0)  # re-issue IDLE before servers drop it
-    rate_window: float = Field(default=3600.0, gt=0)
-    rate_per_thread: int = Field(default=10, ge=1)  # messages answered per thread per window
-    rate_per_sender: int = Field(default=30, ge=1)  # and per sender
-    # mail answering one of relaybot's replies, from its recipients, within this many seconds
-    # of it is recorded, not answered (an auto-responder answering every mail: one reply per
-    # storm); the authenticated owner is exempt; 0 turns it off
-    reply_window: float = Field(default=300.0, ge=0)
-
-    @field_validator("addresses", "allowlist", "trusted_authserv_ids", "lists", mode="before")
-    @classmethod
-    def _comma_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [v.strip() for v in value.split(",") if v.strip()]
-        return value
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.imap_host)
-
-
-class Config(_Section):
     home: Path
     owner: OwnerConfig = Field(default_factory=OwnerConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
@@ -420,8 +340,6 @@ class Config(_Section):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     logs: LogsConfig = Field(default_factory=LogsConfig)
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
-    email: EmailConfig = Field(default_factory=EmailConfig)
-    matrix: MatrixConfig = Field(default_factory=MatrixConfig)
     derive: DeriveConfig = Field(default_factory=DeriveConfig)
 
     @field_validator("roles", mode="before")
@@ -440,8 +358,14 @@ class Config(_Section):
 
     @property
     def owner_aliases(self) -> list[str | OwnerAlias]:
-        """Every alias of the owner: ``owner.aliases``, and ``matrix.owners`` as Matrix ones."""
-        extra = [OwnerAlias(address=a, channel="matrix") for a in self.matrix.owners]
+        """Every alias of the owner: ``owner.aliases``, and the owner's addresses a channel's
+        section lists (its ``owner_addresses``), scoped to that channel."""
+        extra = [
+            OwnerAlias(address=a, channel=ch.name)
+            for ch in registry.channels()
+            if ch.owner_addresses is not None
+            for a in ch.owner_addresses(getattr(self, ch.name))
+        ]
         return [*self.owner.aliases, *extra]
 
     @property
@@ -487,7 +411,37 @@ class Config(_Section):
         return self.home / "config.toml"
 
 
-# environment variable -> (section, key); later entries win over earlier ones
+@cache
+def _config_class(specs: tuple[registry.Channel, ...]) -> type[CoreConfig]:
+    sections: dict[str, Any] = {
+        ch.name: (ch.section, Field(default_factory=ch.section))
+        for ch in specs
+        if ch.section is not None
+    }
+    model: type[CoreConfig] = create_model(
+        "Config", __base__=CoreConfig, __module__=__name__, **sections
+    )
+    return model
+
+
+def config_class() -> type[CoreConfig]:
+    """The configuration's model: :class:`CoreConfig` with a section per registered channel."""
+    return _config_class(registry.channels())
+
+
+if TYPE_CHECKING:
+    Config = CoreConfig
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``Config`` is built on first use, once the channels are known (the registry)."""
+        if name == "Config":
+            return config_class()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# environment variable -> (section, key); later entries win over earlier ones. A channel's own
+# variables are in its spec (contract/channels.py): env_overrides() has both.
 ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("REDIS_URL", "redis", "url"),
     ("RELAYBOT_REDIS_URL", "redis", "url"),
@@ -510,31 +464,14 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_MEMORY_PATH", "memory", "path"),
     ("RELAYBOT_MEMORY_SYNCHRONOUS", "memory", "synchronous"),
     ("RELAYBOT_WORKSPACE", "memory", "workspace"),
-    ("RELAYBOT_EMAIL_IMAP_HOST", "email", "imap_host"),
-    ("RELAYBOT_EMAIL_IMAP_PORT", "email", "imap_port"),
-    ("RELAYBOT_EMAIL_IMAP_TLS", "email", "imap_tls"),
-    ("RELAYBOT_EMAIL_IMAP_USER", "email", "imap_user"),
-    ("RELAYBOT_EMAIL_IMAP_PASSWORD", "email", "imap_password"),
-    ("RELAYBOT_EMAIL_FOLDER", "email", "folder"),
-    ("RELAYBOT_EMAIL_SMTP_HOST", "email", "smtp_host"),
-    ("RELAYBOT_EMAIL_SMTP_PORT", "email", "smtp_port"),
-    ("RELAYBOT_EMAIL_SMTP_TLS", "email", "smtp_tls"),
-    ("RELAYBOT_EMAIL_SMTP_USER", "email", "smtp_user"),
-    ("RELAYBOT_EMAIL_SMTP_PASSWORD", "email", "smtp_password"),
-    ("RELAYBOT_EMAIL_CA_FILE", "email", "ca_file"),
-    ("RELAYBOT_EMAIL_ADDRESSES", "email", "addresses"),
-    ("RELAYBOT_EMAIL_ALLOWLIST", "email", "allowlist"),
-    ("RELAYBOT_EMAIL_POLL_INTERVAL", "email", "poll_interval"),
-    ("RELAYBOT_EMAIL_TRUSTED_AUTHSERV_IDS", "email", "trusted_authserv_ids"),
-    ("RELAYBOT_EMAIL_TRUST_UNAUTHENTICATED", "email", "trust_unauthenticated"),
-    ("RELAYBOT_EMAIL_LISTS", "email", "lists"),
-    ("RELAYBOT_MATRIX_HOMESERVER", "matrix", "homeserver"),
-    ("RELAYBOT_MATRIX_USER_ID", "matrix", "user_id"),
-    ("RELAYBOT_MATRIX_ACCESS_TOKEN", "matrix", "access_token"),
-    ("RELAYBOT_MATRIX_PASSWORD", "matrix", "password"),
-    ("RELAYBOT_MATRIX_DEVICE_ID", "matrix", "device_id"),
-    ("RELAYBOT_MATRIX_STORE_PATH", "matrix", "store_path"),
 )
+
+
+def env_overrides() -> tuple[tuple[str, str, str], ...]:
+    """Every environment variable that overrides a key: ``(variable, section, key)``, the
+    core sections' then each registered channel's."""
+    own = tuple((var, ch.name, key) for ch in registry.channels() for var, key in ch.env)
+    return ENV_OVERRIDES + own
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:
@@ -576,14 +513,14 @@ def parse_config(raw: bytes | None, home: Path, env: Mapping[str, str] | None = 
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     from_env: dict[tuple[str, str], str] = {}
-    for var, section, key in ENV_OVERRIDES:
+    for var, section, key in env_overrides():
         value = env.get(var)
         if value:
             data.setdefault(section, {})[key] = value
             from_env[(section, key)] = var
     data["home"] = home
     try:
-        return Config.model_validate(data)
+        return config_class().model_validate(data)
     except ValidationError as exc:
         # a bad value that came from the environment is blamed on its variable, not on the file
         blamed = sorted(

@@ -15,7 +15,7 @@ the same bytes (a ``touch``) change nothing. New bytes are parsed and validated 
 - each changed key (``section.key``) the process uses is either **reloaded** (it is in the
   process's ``reloadable`` set: ``config.reloaded``, info) or needs a **restart**: it keeps its
   old value, and ``config.restart_needed`` (warning, once per change) names the keys. A key the
-  process does not use (the e-mail gateway's ``[matrix]``) is ignored by it.
+  process does not use (one gateway's, another channel's section) is ignored by it.
 
 The process runs with :attr:`ConfigWatcher.config`: the configuration it started with, with the
 reloadable keys of the newest valid file. Its heartbeat carries :meth:`ConfigWatcher.fields`:
@@ -40,6 +40,7 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, SecretStr
 
+from contract import channels as registry
 from contract.config import Config, ConfigError, config_digest, parse_config, read_config_bytes
 
 log = structlog.get_logger(__name__)
@@ -49,13 +50,12 @@ POLL_EVERY = 2.0  # seconds between two looks at the file
 REHASH_EVERY = 15  # every so many looks the bytes are hashed even if size and time are the same
 
 # What each kind of process uses (a key elsewhere is ignored by it) and what it reloads. A key is
-# ``section.key``, or a whole ``section``. Every process uses [redis].
-WORKER_USES = (
-    "owner", "model", "worker", "turns", "delivery", "memory", "roles", "redis", "matrix.owners",
-)  # fmt: skip
-WORKER_RELOADS = (
+# ``section.key``, or a whole ``section``. Every process uses [redis]. A gateway's are in its
+# channel's spec (contract/channels.py); the worker adds what the channels' specs say it uses of
+# their sections (the owner's addresses).
+CORE_WORKER_USES = ("owner", "model", "worker", "turns", "delivery", "memory", "roles", "redis")
+CORE_WORKER_RELOADS = (
     "owner",
-    "matrix.owners",
     "model.base_url",
     "model.api_key",
     "model.model",
@@ -71,30 +71,33 @@ WORKER_RELOADS = (
     "worker.context_tokens",
     "worker.assistant_name",
 )
-MATRIX_USES = ("redis", "delivery", "owner.aliases", "matrix", "worker.assistant_name")
-MATRIX_RELOADS = (
-    "owner.aliases",
-    "matrix.owners",
-    "matrix.allowlist",
-    "matrix.group_policy",
-    "matrix.group_allowlist",
-    "matrix.rooms",
-    "worker.assistant_name",
-)
-EMAIL_USES = ("redis", "delivery", "owner.aliases", "email")
-EMAIL_RELOADS = (
-    "owner.aliases",
-    "email.allowlist",
-    "email.trusted_authserv_ids",
-    "email.trust_unauthenticated",
-    "email.lists",
-)
 JOBS_USES = ("redis",)
-# a gateway's (uses, reloads), by channel; a channel that cannot take a reload reloads nothing
-GATEWAYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "matrix": (MATRIX_USES, MATRIX_RELOADS),
-    "email": (EMAIL_USES, EMAIL_RELOADS),
-}
+
+
+def worker_uses() -> tuple[str, ...]:
+    """What the worker uses: the core sections and what each channel's spec names for it."""
+    return CORE_WORKER_USES + tuple(k for ch in registry.channels() for k in ch.worker_uses)
+
+
+def worker_reloads() -> tuple[str, ...]:
+    """What the worker reloads: the channels' keys it uses are reloaded too."""
+    return CORE_WORKER_RELOADS + tuple(k for ch in registry.channels() for k in ch.worker_uses)
+
+
+def gateway_uses(channel: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A channel's gateway's (uses, reloads); :class:`UnknownChannel` for a channel no package
+    declares (it used to be ignored, as if it used [redis] and [delivery] only)."""
+    spec = registry.channel(channel)
+    return spec.uses, spec.reloads
+
+
+def __getattr__(name: str) -> Any:
+    """``WORKER_USES`` and ``WORKER_RELOADS``, read from the registry (worker/main.py)."""
+    if name == "WORKER_USES":
+        return worker_uses()
+    if name == "WORKER_RELOADS":
+        return worker_reloads()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def flatten(cfg: Config) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Accepted means durable: a gateway's entry is on disk before its platform cursor moves.
 
-A gateway advances its platform cursor (IMAP UID, Matrix ``next_batch``) after an XADD; if the
+A gateway advances its platform cursor (a mailbox's UID, a sync token) after an XADD; if the
 Redis host then loses power and the entry was only in the kernel's page cache, the entry is gone
 while the cursor says it was taken: the message is lost (or, with the cursor rolled back with it,
 answered twice). So a gateway publishes through :class:`Durable`, which knows how this server

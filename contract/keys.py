@@ -2,7 +2,7 @@
 
 All keys share one prefix (``redis.prefix``, default ``relaybot:``), so several instances can
 share a Redis, and ``deploy/redis/users.acl`` can give each process exactly its keys. A session
-is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
+is a routing key such as ``cli:ada-1a2b3c`` or ``<channel>:!room:example.org``.
 
 | key | type | written by | what |
 |---|---|---|---|
@@ -18,17 +18,9 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``matrix:!room:example.org``.
 | ``inflight:<session>`` | list | gateways | a reply being delivered |
 | ``delivered:<session>`` | sorted set | gateways | reply ids handed to the platform |
 | ``busy:<session>`` | string (TTL) | worker | the worker is on a slow turn of it |
-| ``cursor:matrix`` | string | matrix | the sync token |
-| ``matrix:seen`` | sorted set | matrix | event ids published |
-| ``matrix:thread:<event id>`` | string (TTL) | matrix | the thread an event was in |
-| ``matrix:members:<room id>`` | string (JSON) | matrix | everyone who was ever a member |
-| ``matrix:sent:<event id>`` | string (TTL) | matrix | the reply id of an event the bot sent |
-| ``email:cursor:<folder>`` | hash | email | UIDVALIDITY and the last UID |
-| ``email:seen`` | sorted set | email | Message-IDs published |
-| ``email:orig:<digest>`` | string (TTL) | email | the headers a reply needs |
-| ``email:rate:<kind>:<digest>`` | sorted set | email | what was accepted recently |
-| ``email:lists`` | sorted set | email | mailing-list addresses learned from List-Post/List-Id |
-| ``email:owner_refused`` | string (TTL) | email | the owner's last mail not authenticated |
+
+A channel's gateway's own keys (its cursor, what it has seen) are in its folder
+(``gateways/<channel>/keys.py``), under the same prefix, named by its ACL line.
 """
 
 from __future__ import annotations
@@ -51,11 +43,6 @@ class Keys:
         self.heartbeats = f"{prefix}heartbeats"
         self.jobs_queue = f"{prefix}jobs"
         self.derive_judged = f"{prefix}derive:judged"
-        self.matrix_cursor = f"{prefix}cursor:matrix"
-        self.matrix_seen = f"{prefix}matrix:seen"
-        self.email_seen = f"{prefix}email:seen"
-        self.email_lists = f"{prefix}email:lists"
-        self.email_owner_refused = f"{prefix}email:owner_refused"
 
     def inbound_of(self, channel: str) -> str:
         """The inbound stream of one channel: only its gateway may write it (the ACL file)."""
@@ -88,31 +75,9 @@ class Keys:
     def session_of_inflight_key(self, key: str) -> str:
         return key.removeprefix(self.inflight(""))
 
-    # -- the gateways' own state ---------------------------------------------------------------
-
-    def matrix_members(self, room_id: str) -> str:
-        return f"{self.prefix}matrix:members:{room_id}"
-
-    def matrix_thread(self, event_id: str) -> str:
-        return f"{self.prefix}matrix:thread:{event_id}"
-
-    def matrix_sent(self, event_id: str) -> str:
-        """The reply id of an event the bot sent (a redaction of it erases that reply)."""
-        return f"{self.prefix}matrix:sent:{event_id}"
-
-    def email_cursor(self, folder: str) -> str:
-        return f"{self.prefix}email:cursor:{folder}"
-
-    def email_orig(self, message_id: str) -> str:
-        """The cached reply headers of the mail ``message_id`` (keyed by a digest of it)."""
-        return f"{self.prefix}email:orig:{digest(message_id)}"
-
-    def email_rate(self, kind: str, who: str) -> str:
-        return f"{self.prefix}email:rate:{kind}:{who}"
-
     def gateway_lease(self, channel: str, account: str) -> str:
         """The lease of the one gateway of a channel account (``account`` names it on its
-        platform, e.g. a Matrix user id; keyed by a digest of it). Its epoch is ``<key>:epoch``."""
+        platform, e.g. the bot's user id; keyed by a digest of it). Its epoch is ``<key>:epoch``."""
         return f"{self.prefix}lease:gateway:{channel}:{digest(account)}"
 
 

@@ -14,7 +14,8 @@ terminal) — and ``json`` otherwise (systemd, docker, a file).
 Every line carries the process name; channel, session and stream id are bound through
 contextvars where known. Values of keys that look like secrets are replaced before rendering, and
 so are secrets inside any string (the event, a stdlib line's message): passwords in URLs, values
-of secret-looking keys in a dict's repr or JSON, bearer and Matrix tokens; in both formats.
+of secret-looking keys in a dict's repr or JSON, bearer and homeserver (``syt_``) tokens; in
+both formats.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ _SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|cred
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
-# ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a Matrix
-# access token on its own. The cheap test first: most lines hold none of these words.
+# ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a
+# homeserver's access token on its own. The cheap test first: most lines hold none of these words.
 _HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
 _INLINE_SECRET = re.compile(
     r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token|api_?key|authorization|credential)"""
@@ -52,7 +53,7 @@ _INLINE_SECRET = re.compile(
     re.I,
 )
 _BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
-_MATRIX_TOKEN = re.compile(r"\bsy[a-z]_[A-Za-z0-9_-]{8,}")
+_HOMESERVER_TOKEN = re.compile(r"\bsy[a-z]_[A-Za-z0-9_-]{8,}")
 
 
 def _mask_inline(match: re.Match[str]) -> str:
@@ -62,14 +63,14 @@ def _mask_inline(match: re.Match[str]) -> str:
 
 def mask_text(text: str) -> str:
     """``text`` with the secrets it may carry replaced by ``***``: passwords in URLs, values of
-    secret-looking keys (in a dict's repr, JSON or key=value), bearer tokens, Matrix tokens."""
+    secret-looking keys (in a dict's repr, JSON or key=value), bearer tokens, homeserver tokens."""
     if "://" in text:
         text = _URL_PASSWORD.sub(r"\1***\3", text)
     if _HINT.search(text) is None:
         return text
     text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)  # before "Authorization: Bearer"
     text = _INLINE_SECRET.sub(_mask_inline, text)
-    return _MATRIX_TOKEN.sub("***", text)
+    return _HOMESERVER_TOKEN.sub("***", text)
 
 
 def redact(value: Any) -> Any:

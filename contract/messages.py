@@ -20,8 +20,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
-# The channels relaybot has: each has a gateway and an inbound stream of its own (contract.keys).
-CHANNELS = ("cli", "matrix", "email")
 # A message longer than this is refused by the model; gateways truncate with a note before XADD.
 MAX_TEXT_CHARS = 64_000
 MAX_EXTRA_CHARS = 64_000
@@ -40,7 +38,7 @@ FIELD_ORDER = (
     "extra",
 )
 
-_ROUTING_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=/!#$-]{0,199}$")  # Matrix ids: !room:hs
+_ROUTING_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=/!#$-]{0,199}$")  # platform ids: !room:hs
 
 
 class WireError(ValueError):
@@ -65,7 +63,7 @@ class Privacy(StrEnum):
     def width(self) -> int:
         """How many people the class may reach: the owner alone (0) < one other person (1) < a
         group (2). A turn of a class sees less the wider it is; a reply written for one class
-        is not posted where its class is now wider (gateways/matrix_recheck.py)."""
+        is not posted where its class is now wider (a gateway's recheck)."""
         return _WIDTH[self]
 
 
@@ -157,8 +155,8 @@ class InboundMessage(BaseModel):
 
 def audience_key(audience: Iterable[str]) -> str:
     """A short, stable name for a set of addresses: the last part of a conversation id whose
-    audience is that set (``matrix:<room>/<key>``, ``email:<thread>/<key>``), so that a change
-    of audience starts another conversation (gateways/audience.py) and an entry naming a
+    audience is that set (``<channel>:<room>/<key>``, ``<channel>:<thread>/<key>``), so that
+    a change of audience starts another conversation (gateways/audience.py) and an entry naming a
     conversation can be checked against the audience it says (worker/claims.py)."""
     text = "\n".join(sorted({a.strip().lower() for a in audience}))
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
@@ -188,6 +186,16 @@ def decode_lenient(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, 
         )
         for k, v in raw.items()
     }
+
+
+def __getattr__(name: str) -> Any:
+    """``CHANNELS``: the channels relaybot has, each with a gateway and an inbound stream of its
+    own (contract.keys), read from the registry (contract/channels.py) when asked for."""
+    if name == "CHANNELS":
+        from contract import channels
+
+        return channels.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -49,7 +49,7 @@ class Backoff:
 class Outage:
     """One loop's view of Redis: failures back off and are logged, the recovery once.
 
-    ``where`` names the loop in the log lines (``worker``, ``jobs``, ``matrix.sync``, ...)."""
+    ``where`` names the loop in the log lines (``worker``, ``jobs``, ``<channel>.sync``, ...)."""
 
     def __init__(self, where: str, *, cap: float = REDIS_CAP) -> None:
         self.where = where

@@ -1,7 +1,7 @@
 """Exactly one gateway per channel account: the gateway lease (issue 12).
 
-Two ``relaybot gateway matrix`` (or ``email``) processes for the same platform account and Redis
-prefix would both read the platform and both deliver replies. The runner therefore holds a
+Two ``relaybot gateway <channel>`` processes for the same platform account and Redis prefix would
+both read the platform and both deliver replies. The runner therefore holds a
 :class:`contract.liveness.Lease` — the worker's — on ``Keys.gateway_lease(channel, account)``
 before it starts the channel (logs in, reads, delivers):
 
@@ -34,6 +34,7 @@ from typing import Protocol
 import redis
 import structlog
 
+from contract import channels as registry
 from contract.config import Config
 from contract.liveness import Heartbeat, Lease, process_identity
 from contract.outage import TRANSIENT, Outage
@@ -98,15 +99,13 @@ def died_here(holder: str) -> bool:
 
 def account_of(cfg: Config, channel: str) -> str:
     """The platform account a channel's gateway acts as: a stable string (it is digested into
-    the lease key). Matrix: the user id (it names its homeserver). E-mail: the IMAP user (or
-    relaybot's first address) at the IMAP host. Another channel: the channel itself."""
-    if channel == "matrix":
-        return f"{cfg.matrix.user_id}"
-    if channel == "email":
-        e = cfg.email
-        user = e.imap_user or (e.addresses[0] if e.addresses else "")
-        return f"{user}@{e.imap_host}".lower()
-    return channel
+    the lease key), from the channel's spec (contract/channels.py: ``account``). A channel the
+    registry does not list, or whose spec names no account, is an error: two gateways of two
+    accounts must never share one lease."""
+    spec = registry.channel(channel)
+    if spec.account is None:
+        raise ValueError(f"channel {channel!r} names no account: its gateway cannot take a lease")
+    return spec.account(getattr(cfg, channel) if spec.section is not None else None)
 
 
 class GatewayLease:

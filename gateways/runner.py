@@ -1,6 +1,6 @@
 """The process every channel's gateway runs: one lifecycle, one backoff, one delivery loop.
 
-A channel (Matrix, e-mail, ...) is a :class:`Channel`: a platform client that logs in, runs its
+A channel's platform client is a :class:`Channel`: a platform client that logs in, runs its
 inbound loops (platform events normalized by a pure module and XADDed) and sends one reply. The
 rest is here, once:
 
@@ -49,7 +49,7 @@ import structlog
 
 from contract.clock import RedisClock
 from contract.config import Config
-from contract.config_watch import GATEWAYS, POLL_EVERY, ConfigWatcher
+from contract.config_watch import POLL_EVERY, ConfigWatcher, gateway_uses
 from contract.keys import Keys
 from contract.liveness import Heartbeat
 from contract.messages import Reply
@@ -277,7 +277,7 @@ def watcher(rt: Runtime, cfg: Config, channel: object | None) -> ConfigWatcher:
     None: its section is not configured) takes what its channel would reload when running:
     that needs no restart (the channel starts with it); the rest, e.g. its section configured
     meanwhile, does."""
-    uses, reloads = GATEWAYS.get(rt.name, (("redis", "delivery"), ()))
+    uses, reloads = gateway_uses(rt.name)  # an unknown channel: UnknownChannel
     if channel is not None and not isinstance(channel, Reconfigurable):
         reloads = ()
     watch = ConfigWatcher(cfg, process=f"gateway:{rt.name}", uses=uses, reloadable=reloads)

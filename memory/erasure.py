@@ -14,8 +14,8 @@ memory/erasure_plan.py; the tombstone's ``detail`` names every derived item with
 what it drew on (``derived``), the items kept (``kept``) and the replies the bound left
 (``beyond_bound``), never their text.
 
-Quotes: a reply mail keeps the earlier mail it quotes in ``extra.quoted`` (gateways/
-email_quote.py), a copy of text this erasure removes. A kept row loses its quote (``quoted`` is
+Quotes: a reply mail keeps the earlier mail it quotes in ``extra.quoted`` (its gateway's quote
+parser), a copy of text this erasure removes. A kept row loses its quote (``quoted`` is
 dropped, ``quote_erased: <erasure id>`` says why) when it comes after an erased row of the same
 conversation, or when its quote holds the text of an erased row anywhere (compared without ``>``
 marks, line breaks and case). Its stream entry holds the quote too: the tombstone names these rows

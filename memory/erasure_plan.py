@@ -8,8 +8,8 @@ the worker applies it, memory/erasure.py).
 - ``entity E`` (an entity id or a handle ``channel:address``): everything that *person* said —
   inbound rows of E and of every entity joined to it by verified links (memory.identity), plus
   rows from before identity existed whose sender is one of their handles;
-- ``id N`` (or ``N,M,…``: a Matrix redaction names every row of its event): those rows and
-  their edits (Matrix ``m.replace``, which repeat the text).
+- ``id N`` (or ``N,M,…``: a platform's redaction names every row of its event): those rows
+  and their edits (``extra.edit_of``, which repeat the text).
 
 **Derived items** (hop 1 and more) are the replies and notes whose model input held what goes:
 
@@ -383,7 +383,7 @@ def _ids(target: str) -> list[int]:
 
 
 def _add_edits(conn: sqlite3.Connection, rows: Rows, row_id: int) -> None:
-    """The edits of a message (Matrix ``m.replace``: rows whose ``extra.edit_of`` names its
+    """The edits of a message (a platform's replacement: rows whose ``extra.edit_of`` names its
     event, in its conversation): they repeat its text, so they go with it."""
     sql = (
         "SELECT l.id, l.direction, l.stream_id FROM log AS l JOIN log AS o "  # noqa: S608

@@ -29,8 +29,8 @@
   ``entities.link``, ``entities.suggest``, ``entities.unlink``, ``entities.reject``, each with
   ``{"a": REF, "b": REF, "reason": "..."}``, and ``entities.merge`` with ``{"ref": REF,
   "reason": "..."}`` (a handle, or every handle of an entity, moved to the owner), where a REF
-  is an entity id (``e-…``), or a handle ``channel:address`` (``matrix:@bob:example.org``,
-  ``email:bob@example.org``), or a bare address if exactly one channel has it. Linking a handle
+  is an entity id (``e-…``), or a handle ``channel:address`` (``<channel>:@bob:example.org``,
+  ``<channel>:bob@example.org``), or a bare address if exactly one channel has it. Linking a handle
   never seen before creates its entity.
 
 This module is identity's model and its reads; its writers (first sight, the owner's row, links,
@@ -80,7 +80,7 @@ class OwnerResolver:
     """Decides whether ``(channel, address)`` is the owner. The rule:
 
     - Addresses and channel names compare case-insensitively, with surrounding whitespace trimmed.
-    - A channel-scoped alias (:class:`ScopedAlias`, ``{address, channel = "matrix"}``) wins over
+    - A channel-scoped alias (:class:`ScopedAlias`, ``{address, channel = "<channel>"}``) wins over
       unscoped ones: if a channel has at least one scoped alias, only the scoped aliases for that
       channel count there. On a channel without scoped aliases, the unscoped aliases (plain
       strings, or aliases without a channel) count.
@@ -137,7 +137,7 @@ class OwnerResolver:
 
 
 _VERSIONS = itertools.count(1)
-UNVERIFIED = "(unverified)"  # an e-mail sender that is not authenticated (gateways/email_parse.py)
+UNVERIFIED = "(unverified)"  # a sender a gateway could not authenticate
 
 
 def owner_handles(conn: sqlite3.Connection) -> frozenset[tuple[str, str]]:

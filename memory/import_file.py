@@ -24,7 +24,7 @@ every inbound line's sender ``(channel, sender_id)`` is a handle. The owner is r
 ``owner.aliases`` (scoped to the channel, e.g. ``{ address = "12345", channel = "telegram" }``)
 or by an explicit mapping (:func:`parse_mapping`, ``telegram:12345=owner``): such lines are the
 owner's, in the owner's conversations. A handle mapped to another entity (``e-…``, or a known
-handle ``matrix:@bob:example.org``) is recorded under it (item ``map_to``; memory/importer.py);
+handle ``chat:@bob:example.org``) is recorded under it (item ``map_to``; memory/importer.py);
 any other sender gets an entity of its own on first sight, as live messages do.
 
 **Importing is idempotent**: a squidbot message's stream id is ``import:`` + a hash of the

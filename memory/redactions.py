@@ -1,4 +1,4 @@
-"""A platform's redaction (Matrix ``m.room.redaction``) as an erasure: the redacted event goes
+"""A platform's redaction (an event that takes another back) as an erasure: the redacted event goes
 from memory as ``relaybot memory erase --id`` would take it (memory/erasure.py: the row, its
 edits, the reply to it, what derived from it), with a tombstone whose reason names who redacted.
 
@@ -8,7 +8,7 @@ id is the redacted one and whose conversation is the room's (``<channel>:<room>`
 names another room's event erases nothing (the homeserver let its sender redact in its own room
 only), nor does one of an event memory never saw, or saw erased already; each is logged.
 Idempotent on the redaction's stream id, like every erasure. Replies relaybot sent are recorded
-under their reply id, not the Matrix event id the homeserver gave them: for a redaction of one of
+under their reply id, not the event id the platform gave them: for a redaction of one of
 relaybot's own messages the gateway names the reply (its id, and the stream entry it answers:
 ``reply_of``), and the reply row is found by that entry (its unique key).
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from contract import channels as registry
 from memory.command_types import CommandError
 from memory.erasure import erase
 from memory.store import MemoryStore
@@ -106,4 +107,8 @@ def _rows(conn: sqlite3.Connection, channel: str, event_id: str) -> list[tuple[i
 
 
 def _platform(channel: str) -> str:
-    return "Matrix" if channel == "matrix" else channel
+    """The platform's name in words (its spec's), else the channel's."""
+    try:
+        return registry.channel(channel).platform or channel
+    except registry.UnknownChannel:
+        return channel

@@ -38,7 +38,7 @@ WRITTEN_FOR = ("privacy", "sender", "audience")
 
 def written_for(raw: object) -> dict[str, Any]:
     """What a reply row's ``extra`` says of the audience its reply was written for (the
-    gateway checks it again before posting: gateways/matrix_recheck.py)."""
+    gateway checks it again before posting: its recheck)."""
     try:
         extra = json.loads(raw) if isinstance(raw, str) else {}
     except ValueError:

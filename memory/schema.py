@@ -449,7 +449,7 @@ DROP INDEX IF EXISTS log_entity_id;
 
 # A reply may also be 'withheld': right before posting, its gateway found that it would reach
 # people it was not written for (someone invited meanwhile, the room made public), and did not
-# post it (gateways/matrix_recheck.py). The table is rebuilt as in migration 8.
+# post it (its recheck). The table is rebuilt as in migration 8.
 _MIGRATION_15 = _MIGRATION_8.replace(
     "CHECK (status IN ('expired', 'delivered', 'failed'))",
     "CHECK (status IN ('expired', 'delivered', 'failed', 'withheld'))",

@@ -1,19 +1,20 @@
-"""An erased mail's subject in the replies of its thread.
+"""An erased mail's subject in the replies of its thread (on the channels whose messages carry a
+subject: their specs' ``subjects``, contract/channels.py).
 
 A mail's subject is part of its text (``Subject: …`` heads the row's text, and ``extra.subject``
 keeps it), and every reply in its thread repeats it (``Re: …``): erasing the mail must take the
 subject out of those replies too. A kept row loses its subject (the ``Subject:`` line of its text
 goes, ``extra.subject`` becomes ``""`` and ``extra.subject_erased`` names the erasure) when it
 
-- is a mail (channel ``email``) that comes after an erased mail with a subject,
+- is a mail (of such a channel) that comes after an erased mail with a subject,
 - in the same thread (``extra.thread``, the thread's first Message-ID) or conversation,
 - and its subject, without its ``Re:``/``Fwd:`` prefixes, holds the erased mail's (compared
   without case and runs of blanks).
 
 Its other text stays. Outside memory, the tombstone names these rows (``subject_ids``,
 ``subject_keys``): memory/copies.py turns them into their stream entries (deleted: they hold the
-subject) and their Message-IDs, whose cached reply headers (``email:orig``) lose the subject, so
-a reply to such a mail goes out as ``Re: your message`` (gateways/email_compose.py).
+subject) and their Message-IDs, whose cached reply headers lose the subject (the channel's erasure
+hook), so a reply to such a mail goes out as ``Re: your message``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import re
 import sqlite3
 from collections.abc import Sequence
 
+from contract import channels as registry
 from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks
 
-CHANNEL = "email"
 # reply and forward prefixes, as mail clients in several languages write them, repeated
 _PREFIX = re.compile(r"^\s*((re|aw|sv|antw|fw|fwd|wg|tr|rv)\s*(\[\d+\])?\s*:\s*)+", re.I)
 _ROW = (
@@ -43,10 +44,20 @@ def bare(subject: str) -> str:
 def subject_rows(conn: sqlite3.Connection, erased: Sequence[int]) -> dict[int, tuple[str, str]]:
     """The kept rows whose subject repeats the subject of an erased mail (module docstring):
     id -> (direction, stream id). Read before the erased rows are blanked."""
+    found: dict[int, tuple[str, str]] = {}
+    for ch in registry.channels():
+        if ch.subjects:
+            found.update(_subject_rows(conn, erased, ch.name))
+    return found
+
+
+def _subject_rows(
+    conn: sqlite3.Connection, erased: Sequence[int], channel: str
+) -> dict[int, tuple[str, str]]:
     wanted: list[tuple[int, str, str, str]] = []  # (id, conversation, thread, bare subject)
     for chunk in chunks(list(erased)):
         sql = f"{_ROW} WHERE channel = ? AND json_valid(extra) AND id IN ({marks(len(chunk))})"
-        for id_, _d, _sid, conversation, thread, subject in conn.execute(sql, [CHANNEL, *chunk]):
+        for id_, _d, _sid, conversation, thread, subject in conn.execute(sql, [channel, *chunk]):
             subj = bare(subject) if isinstance(subject, str) else ""
             if subj:
                 wanted.append((int(id_), str(conversation), str(thread or ""), subj))
@@ -59,7 +70,7 @@ def subject_rows(conn: sqlite3.Connection, erased: Sequence[int]) -> dict[int, t
         f"{_ROW} WHERE channel = ? AND id > ? AND json_valid(extra) "
         f"AND json_extract(extra, '$.subject') != '' AND {NOT_ERASED}"
     )
-    for id_, d, sid, conversation, thread, subject in conn.execute(sql, (CHANNEL, first)):
+    for id_, d, sid, conversation, thread, subject in conn.execute(sql, (channel, first)):
         if int(id_) in erased_set or not isinstance(subject, str):
             continue
         subj = bare(subject)
@@ -94,7 +105,7 @@ def drop_subjects(conn: sqlite3.Connection, erasure_id: int, row_ids: Sequence[i
 
 
 def without_subject(text: str, subject: str) -> str:
-    """The text of a mail without its ``Subject:`` line (gateways/email_parse.py puts it first,
+    """The text of a mail without its ``Subject:`` line (its gateway puts it first,
     followed by a blank line)."""
     head = f"Subject: {subject}"
     if subject and text.startswith(head) and text[len(head) : len(head) + 1] in ("", "\n"):

@@ -41,7 +41,7 @@ CANDIDATES = 64  # matching summaries ranked, the newest ones: bounded work per 
 
 
 def line(s: Summary) -> str:
-    """``[matrix / matrix:!room] 2026-11-20 10:04 UTC to 2026-11-20 11:30 UTC (log 12..40): ...``"""
+    """``[chat / chat:!room] 2026-11-20 10:04 UTC to 2026-11-20 11:30 UTC (log 12..40): ...``"""
     text = " ".join(s.text.split())
     fallback = " (extractive)" if s.method == "fallback" else ""
     return (

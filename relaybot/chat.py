@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from contract.config import Config
 from contract.messages import RoutingKey
 from contract.outage import TRANSIENT, Outage
-from gateways.cli import Terminal, new_session_name
+from gateways.cli.gateway import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
 from worker.openai_parse import display_url

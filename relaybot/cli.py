@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -44,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="relaybot",
-        description="A self-hosted personal assistant: terminal, Matrix and e-mail, one memory.",
+        description="A self-hosted personal assistant: every channel, one memory.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     p.add_argument("-V", "--version", action="version", version=f"relaybot {version()}")
@@ -64,7 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         help="exit (code 3) instead of waiting when another worker holds the lease",
     )
     sub.add_parser("jobs", help="run an rq worker for background jobs")
-    gateway = sub.add_parser("gateway", help="run one channel's gateway (matrix, email)")
+    from contract import channels as registry
+
+    runnable = [ch for ch in registry.channels() if ch.gateway]  # the terminal's is `chat`
+    names = ", ".join(ch.name for ch in runnable)
+    gateway = sub.add_parser("gateway", help=f"run one channel's gateway ({names})")
     gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
     sub.add_parser("redis", help="run the embedded Redis in the foreground (for the Procfile)")
 
@@ -74,10 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
     cli.add_argument("args", nargs=argparse.REMAINDER)
 
-    gateway_sub.add_parser("matrix", help="the Matrix gateway ([matrix] in the config)")
-    gateway_sub.choices["matrix"].set_defaults(func=_run_matrix_gateway)
-    gateway_sub.add_parser("email", help="the e-mail gateway ([email] in the config)")
-    gateway_sub.choices["email"].set_defaults(func=_run_email_gateway)
+    for ch in runnable:
+        one = gateway_sub.add_parser(ch.name, help=f"{ch.title} ([{ch.name}] in the config)")
+        one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
 
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
     from relaybot import cli_entities, cli_memory, cli_notes, cli_search, cli_summaries
@@ -248,16 +252,12 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 
-def _run_matrix_gateway(args: argparse.Namespace, cfg: Config) -> int:
-    from gateways.matrix import run_matrix
+def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
+    """``relaybot gateway <channel>``: the runner its spec names (imported only now)."""
+    from contract import channels as registry
 
-    return run_matrix(cfg, wait_for_redis(cfg))
-
-
-def _run_email_gateway(args: argparse.Namespace, cfg: Config) -> int:
-    from gateways.email import run_email
-
-    return run_email(cfg, wait_for_redis(cfg))
+    main: Callable[[Config, Any], int] = registry.load(run)
+    return main(cfg, wait_for_redis(cfg))
 
 
 def _run_redis(cfg: Config) -> int:

@@ -5,7 +5,7 @@
 writer), which answers with the result (memory/identity.py). ``merge`` moves a handle (or every
 handle of an entity) to the owner, audited: the repair when a handle was seen before it became an
 owner alias (``list`` points such handles out). Entities are named by id (``e-…``, ``owner``), by
-handle ``channel:address`` (``matrix:@bob:example.org``) or by a bare address on one channel.
+handle ``channel:address`` (``<channel>:@bob:example.org``) or by a bare address on one channel.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def add_onboard_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "onboard",
-        help="first-run setup: who you are, your addresses, the model, Matrix and e-mail (tested)",
+        help="first-run setup: who you are, your addresses, the model, the channels (tested)",
     )
     add_arguments(p)
     p.set_defaults(func=cmd_onboard)

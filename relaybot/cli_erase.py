@@ -18,6 +18,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from contract import channels as registry
 from contract.terminal import echo, echo_json
 
 if TYPE_CHECKING:
@@ -240,12 +241,11 @@ def render_receipt(kind: str, target: str, result: dict[str, Any]) -> str:
         lines += [
             f"  Redis:         {redis.get('stream_entries')} stream entries, "
             f"{redis.get('queued_replies')} queued and {redis.get('inflight_replies')} in-flight "
-            f"replies, {redis.get('dead_letters')} dead letters, {redis.get('email_headers')} "
-            "cached e-mail headers deleted"
-            + (
-                f" ({redis['email_subjects']} more kept without the erased subject)"
-                if redis.get("email_subjects")
-                else ""
+            f"replies, {redis.get('dead_letters')} dead letters"
+            + "".join(
+                f", {hook.said(redis)}"
+                for hook in registry.erasures().values()
+                if hook.said is not None
             ),
             f"  Redis streams: {redis.get('streams')}",
             f"  Redis AOF:     {redis.get('aof')}",

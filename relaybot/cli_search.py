@@ -53,7 +53,7 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     )
     p.add_argument("query", nargs="+", help="words to look for")
     p.add_argument("--days", type=_positive(float), help="only the last N days")
-    p.add_argument("--channel", help="only this channel (cli, matrix, email, ...)")
+    p.add_argument("--channel", help="only this channel (cli, or a gateway's)")
     p.add_argument(
         "--sender",
         help="only messages of this sender: a handle channel:address, an address, an entity "

@@ -1,6 +1,6 @@
 """``relaybot doctor``: every check at once, each with a verdict and a fix hint.
 
-The groups (config, disk, redis, processes, model, matrix, email) run side by side, each on a
+The groups (config, disk, redis, processes, model, and each channel's) run side by side, each on a
 daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead host costs
 its group a few seconds and never holds up the others, and a group that is still stuck when its
 budget runs out is reported as failed where it stood. A group that crashes is one failed check,
@@ -28,12 +28,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract import channels as registry
 from contract.config import (
-    ENV_OVERRIDES,
     Config,
     ConfigError,
     config_digest,
     default_home,
+    env_overrides,
     load_config,
     parse_config,
 )
@@ -56,14 +57,21 @@ from relaybot.doctor_verdict import (
 Add = Callable[[Check], None]
 DEFAULT_TIMEOUT = 5.0
 # each group's budget, in --timeout units (a group makes several requests in turn)
-BUDGET = {"disk": 4, "redis": 6, "processes": 2, "model": 16, "matrix": 4, "email": 10}
+# seconds, in timeouts, each group may take; a channel's group: its spec's doctor_budget
+BUDGET = {
+    "disk": 4,
+    "redis": 6,
+    "processes": 2,
+    "model": 16,
+    **{ch.name: ch.doctor_budget for ch in registry.channels() if ch.doctor},
+}
 MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
 
 
 def add_parser(sub: Any) -> None:
     """``relaybot doctor`` (registered by relaybot/cli.py)."""
     p = sub.add_parser(
-        "doctor", help="check Redis, the model, Matrix, e-mail, disk, config and processes"
+        "doctor", help="check Redis, the model, the channels, disk, config and processes"
     )
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument(
@@ -137,7 +145,7 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
             return checks, None, digest
     # only unknown keys (as far as we know): check the rest with them left out
     data = without(data, [p for p, _ in unknown])
-    for var, section, key in ENV_OVERRIDES:
+    for var, section, key in env_overrides():
         if env.get(var):
             data.setdefault(section, {})[key] = env[var]
     try:
@@ -214,7 +222,7 @@ def diagnose(
         report.checks += [skipped(g, because) for g in BUDGET if g not in ("disk", "processes")]
         report.checks += _processes_without_config(home, env, timeout, digest)
         return report
-    from relaybot import doctor_channels, doctor_model, doctor_redis
+    from relaybot import doctor_model, doctor_redis
 
     def processes(c: Config, t: float, add: Add) -> None:
         doctor_redis.processes_group(c, t, add, runs_digest(digest))
@@ -224,8 +232,7 @@ def diagnose(
         "redis": doctor_redis.redis_group,
         "processes": processes,
         "model": doctor_model.model_group,
-        "matrix": doctor_channels.matrix_group,
-        "email": doctor_channels.email_group,
+        **{ch.name: _channel_group(ch.doctor) for ch in registry.channels() if ch.doctor},
     }
     found: dict[str, list[Check]] = {name: [] for name in groups}
     threads = {
@@ -256,6 +263,15 @@ def diagnose(
     order = ["config", *groups]  # config.unused comes from the processes group
     report.checks.sort(key=lambda c: order.index(c.group) if c.group in order else len(order))
     return report
+
+
+def _channel_group(reference: str) -> Callable[[Config, float, Add], None]:
+    """A channel's checks (its spec's ``doctor``), imported when the group runs."""
+
+    def group(cfg: Config, timeout: float, add: Add) -> None:
+        registry.load(reference)(cfg, timeout, add)
+
+    return group
 
 
 def runs_digest(digest: str | None) -> str:

@@ -5,12 +5,12 @@ config.toml's digest and the loaded configuration in; :class:`Check` values out.
 
 "Unused" means: a section that configures something no running process acts on —
 
-- a channel section that turns its gateway on (``[matrix]`` homeserver + user_id, ``[email]``
-  imap_host) while no gateway of that channel beats (nothing reads that account), or while its
-  gateway beats ``state: not configured`` (it loaded a config without the section: restart it);
-- a section with keys set that stay inert because the key that turns it on is missing
-  (``[matrix]`` without homeserver or user_id, ``[email]`` without imap_host, ``[model]`` with
-  base_url but no model or the other way round).
+- a channel section that turns its gateway on (its ``configured``) while no gateway of that
+  channel beats (nothing reads that account), or while its gateway beats ``state: not
+  configured`` (it loaded a config without the section: restart it);
+- a section with keys set that stay inert because the key that turns it on is missing (what a
+  channel's spec's ``inert`` says; ``[model]`` with base_url but no model or the other way
+  round).
 """
 
 from __future__ import annotations
@@ -18,11 +18,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contract import channels as registry
 from contract.config import Config
 from relaybot.doctor_verdict import Check, ok, warn
 
 STALE_AFTER = 10.0  # seconds, as relaybot status
-GATEWAYS = {"matrix": "relaybot gateway matrix", "email": "relaybot gateway email"}
+
+
+def gateways() -> dict[str, str]:
+    """The channels whose gateway is a process of its own (with a section), and its command."""
+    return {
+        ch.name: f"relaybot gateway {ch.name}"
+        for ch in registry.channels()
+        if ch.gateway and ch.section is not None
+    }
 
 
 def _alive(beat: Mapping[str, Any], now: float) -> bool:
@@ -102,19 +111,18 @@ def unused(cfg: Config, beats: Mapping[str, Mapping[str, Any]] | None, now: floa
     """``beats`` None: Redis could not be read (only the inert sections are judged)."""
     found: list[str] = []
     hints: list[str] = []
-    m, e, model = cfg.matrix, cfg.email, cfg.model
-    if m.model_fields_set - {"owners"} and not m.configured:  # owners: aliases, used anyway
-        found.append("[matrix] has settings but no homeserver or user_id: the gateway stays off")
-        hints.append("set [matrix] homeserver and user_id (or remove the section)")
-    if e.model_fields_set and not e.configured:
-        found.append("[email] has settings but no imap_host: the gateway stays off")
-        hints.append("set [email] imap_host (or remove the section)")
+    model = cfg.model
+    for spec in registry.channels():
+        said = spec.inert(getattr(cfg, spec.name)) if spec.inert is not None else None
+        if said is not None:
+            found.append(said[0])
+            hints.append(said[1])
     if bool(model.base_url) != bool(model.model):
         missing = "model" if model.base_url else "base_url"
         found.append(f"[model] has no {missing}: no model is used")
         hints.append(f"set [model] {missing}")
     if beats is not None:
-        for channel, command in GATEWAYS.items():
+        for channel, command in gateways().items():
             if not getattr(cfg, channel).configured:
                 continue
             mine = {n: b for n, b in beats.items() if n.startswith(f"gateway:{channel}")}

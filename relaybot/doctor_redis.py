@@ -19,6 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from contract import channels as registry
 from contract.bus import redis_url, text
 from contract.config import Config
 from contract.keys import Keys
@@ -31,56 +32,59 @@ Add = Callable[[Check], None]
 _S = "doctor-probe"  # a session name for the per-session keys (never written)
 
 
+ROLES = ("worker", "jobs")  # the processes that are not a channel's gateway
+
+
 def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
-    """The commands (with keys) a role needs, as in deploy/redis/users.acl."""
+    """The commands (with keys) a role needs, as in deploy/redis/users.acl: the worker's, the
+    jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
     beat = ("HSET", keys.heartbeats, "doctor", "1")
-    if role in ("cli", "matrix", "email"):
-        ch = role
-        probes = [
-            ("XADD", keys.inbound_of(ch), "*", "f", "v"),
-            ("LMOVE", keys.reply(f"{ch}:{_S}"), keys.inflight(f"{ch}:{_S}"), "LEFT", "RIGHT"),
-            ("ZADD", keys.delivered(f"{ch}:{_S}"), "1", "x"),
-            ("EXISTS", keys.busy(f"{ch}:{_S}")),
-            ("XADD", keys.dead, "*", "f", "v"),
-            beat,
-        ]
-        if role == "cli":
-            return [*probes, ("GET", keys.lease)]
-        cursor = keys.matrix_cursor if ch == "matrix" else keys.email_cursor("INBOX")
-        lease = keys.gateway_lease(ch, _S)
-        probes += [("SET", lease, "x", "NX", "PX", "1"), ("SET", cursor, "x")]
-        if ch == "email":  # the lists it learns, the owner's mail it refused (for doctor)
-            probes += [("ZADD", keys.email_lists, "1", "x"), ("SET", keys.email_owner_refused, "x")]
-        return probes
     if role == "jobs":
         return [
             beat,
             ("XADD", keys.inbound, "*", "f", "v"),
             ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
         ]
-    streams = [keys.inbound, *(keys.inbound_of(c) for c in ("cli", "matrix", "email"))]
-    return [
-        beat,
-        ("EVAL", "return 1", str(len(streams)), *streams),
-        ("XACK", keys.inbound, Keys.GROUP, "0-1"),
-        ("RPUSH", keys.reply(f"cli:{_S}"), "x"),
-        ("SET", keys.lease, "x", "NX", "PX", "1"),
+    if role == "worker":
+        streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
+        return [
+            beat,
+            ("EVAL", "return 1", str(len(streams)), *streams),
+            ("XACK", keys.inbound, Keys.GROUP, "0-1"),
+            ("RPUSH", keys.reply(f"cli:{_S}"), "x"),
+            ("SET", keys.lease, "x", "NX", "PX", "1"),
+            ("XADD", keys.dead, "*", "f", "v"),
+            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+        ]
+    spec = registry.channel(role)
+    ch = spec.name
+    probes = [
+        ("XADD", keys.inbound_of(ch), "*", "f", "v"),
+        ("LMOVE", keys.reply(f"{ch}:{_S}"), keys.inflight(f"{ch}:{_S}"), "LEFT", "RIGHT"),
+        ("ZADD", keys.delivered(f"{ch}:{_S}"), "1", "x"),
+        ("EXISTS", keys.busy(f"{ch}:{_S}")),
         ("XADD", keys.dead, "*", "f", "v"),
-        ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+        beat,
     ]
+    if spec.account is not None:  # one gateway per account: its lease
+        probes.append(("SET", keys.gateway_lease(ch, _S), "x", "NX", "PX", "1"))
+    return probes + (spec.probes(keys) if spec.probes is not None else [])
 
 
 def roles_of(user: str, cfg: Config) -> list[str]:
     """Which roles to check: the one a ``relaybot-<role>`` user is for, else every process this
-    config runs (the Procfile's on one host: one user for all)."""
-    role = user.removeprefix("relaybot-")
-    if user.startswith("relaybot-") and role in ("worker", "jobs", "cli", "matrix", "email"):
-        return [role]
+    config runs (the Procfile's on one host: one user for all). A ``relaybot-<name>`` user of a
+    channel the registry does not list is :class:`UnknownChannel` (not every role's checks)."""
+    if user.startswith("relaybot-"):
+        role = user.removeprefix("relaybot-")
+        return [role if role in ROLES else registry.channel(role).name]
     return [
-        "worker",
-        "jobs",
-        "cli",
-        *(c for c in ("matrix", "email") if getattr(cfg, c).configured),
+        *ROLES,
+        *(
+            ch.name
+            for ch in registry.channels()
+            if ch.section is None or getattr(cfg, ch.name).configured
+        ),
     ]
 
 
@@ -210,7 +214,12 @@ def redis_group(cfg: Config, timeout: float, add: Add) -> None:
         appendonly, appendfsync = append_config(r)
         add(persistence(version, appendonly, appendfsync, embedded=cfg.embedded_redis))
         user = _user(cfg)
-        roles = roles_of(user, cfg)
+        try:
+            roles = roles_of(user, cfg)
+        except registry.UnknownChannel as exc:
+            add(fail("redis.acl", f"user {user}: {exc}", "install the channel's package, or "
+                     "connect as the user of a process relaybot runs"))  # fmt: skip
+            return
         add(acl(user, {role: refused(r, role_probes(cfg.keys, role)) for role in roles}))
     finally:
         r.close()

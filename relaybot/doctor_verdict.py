@@ -11,63 +11,16 @@ import difflib
 import json
 import stat
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from contract import channels as registry
+from contract.checks import Check, Verdict, fail, ok, skipped, warn
 from contract.config import config_digest as contract_config_digest
 
-
-class Verdict(StrEnum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-    SKIPPED = "skipped"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check's result. ``summary`` says what was found, ``hint`` what to do about it (a
-    skipped check's summary says why it was skipped)."""
-
-    id: str
-    verdict: Verdict
-    summary: str
-    hint: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def group(self) -> str:
-        return self.id.split(".", 1)[0]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "group": self.group,
-            "verdict": str(self.verdict),
-            "summary": self.summary,
-            "hint": self.hint,
-            "details": self.details,
-        }
-
-
-def ok(id_: str, summary: str, **details: Any) -> Check:
-    return Check(id_, Verdict.OK, summary, details=details)
-
-
-def warn(id_: str, summary: str, hint: str, **details: Any) -> Check:
-    return Check(id_, Verdict.WARN, summary, hint, details)
-
-
-def fail(id_: str, summary: str, hint: str, **details: Any) -> Check:
-    return Check(id_, Verdict.FAIL, summary, hint, details)
-
-
-def skipped(id_: str, because: str, hint: str = "") -> Check:
-    return Check(id_, Verdict.SKIPPED, because, hint)
+__all__ = ["Check", "Verdict", "fail", "ok", "skipped", "warn"]  # and the verdicts below
 
 
 def exit_code(checks: Iterable[Check]) -> int:
@@ -173,51 +126,6 @@ def acl(user: str, refused: Mapping[str, list[str]]) -> Check:
         "the file), with the same key prefix as [redis] prefix",
         refused=bad,
     )
-
-
-# -- e-mail ------------------------------------------------------------------------------------
-
-OWNER_AUTH = "email.owner_auth"
-
-
-def owner_auth(
-    record: Mapping[str, Any] | None,
-    *,
-    trusted: Iterable[str],
-    trust_mailbox: bool,
-    hint: str,
-    now: float,
-    owner_addresses: bool = True,
-) -> Check:
-    """The owner's own mail and its authentication: ``record`` is the last mail from one of the
-    owner's addresses that the gateway did not take as the owner's (``email:owner_refused``),
-    None when there is none; ``hint`` the fix the gateway would give for it today;
-    ``owner_addresses``: whether the owner has e-mail addresses at all."""
-    trusted = sorted(trusted)
-    if record is None:
-        if not trusted and not trust_mailbox and owner_addresses:
-            return warn(
-                OWNER_AUTH,
-                "no sender can be authenticated: mail from your own addresses is a stranger's "
-                "(labelled unverified, never yours)",
-                "set [email] trusted_authserv_ids to the id your mail server writes first in "
-                "Authentication-Results, or trust_unauthenticated = true for a mailbox only your "
-                "own server delivers to",
-            )
-        return ok(OWNER_AUTH, "no mail from your addresses was refused as unauthenticated")
-    seen = [str(s) for s in record.get("seen", [])]
-    ago = max(0.0, now - float(record.get("at", now)))
-    when = f"{ago / 3600:.0f} h ago" if ago >= 3600 else f"{ago / 60:.0f} min ago"
-    said = (
-        f"mail from {record.get('sender', '?')} ({when}) was not taken as yours: "
-        f"{record.get('detail', '?')}; Authentication-Results seen from: "
-        f"{', '.join(seen) or 'none'}"
-    )
-    details = {k: record.get(k) for k in ("sender", "at", "reason", "seen", "message_id")}
-    untrusted = record.get("reason") in ("untrusted", "no_trusted_ids")
-    if trust_mailbox or (untrusted and set(seen) & set(trusted)):
-        return ok(OWNER_AUTH, f"{said} (fixed since: the configuration trusts it now)", **details)
-    return warn(OWNER_AUTH, said, hint, **details)
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -333,7 +241,14 @@ def config_digest(raw: bytes) -> str:
 
 
 # tables whose keys are names the owner chooses (a conversation id, a room id, a channel)
-_FREE_KEYS = frozenset({"roles", "matrix.rooms", "turns.channels", "turns.conversations"})
+_FREE_KEYS = frozenset(
+    {
+        "roles",
+        "turns.channels",
+        "turns.conversations",
+        *(key for ch in registry.channels() for key in ch.free_keys),
+    }
+)
 
 
 Unknown = tuple[tuple[str, ...], str | None]  # a key's path and the closest known key

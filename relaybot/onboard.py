@@ -1,15 +1,15 @@
 """`relaybot onboard`: the first-run questions (seed 000), checked, written to ``config.toml``.
 
 It asks for the owner's name (it reaches the model's system prompt: contract.config), the owner's
-addresses per channel (terminal, Matrix, e-mail; each optional; they become channel-scoped
-``owner.aliases``, which win over unscoped ones), then sets up, each optional and each tested
-before it is written (relaybot/onboard_sections.py, relaybot/onboard_checks.py):
+addresses per channel (the terminal's, then what each channel's onboarding asks; each optional;
+they become channel-scoped ``owner.aliases``, which win over unscoped ones), then sets up, each
+optional and each tested before it is written:
 
-- the model endpoint: the models ``GET /v1/models`` lists are offered (by number or name), and a
-  test completion runs with the one chosen;
-- the Matrix gateway: homeserver, the bot's user id, its password or an access token; a login;
-- the e-mail gateway: IMAP and SMTP servers, security, users and passwords, the bot's address;
-  an IMAP and an SMTP login.
+- the model endpoint (relaybot/onboard_sections.py, relaybot/onboard_checks.py): the models
+  ``GET /v1/models`` lists are offered (by number or name), and a test completion runs with the
+  one chosen;
+- each channel's gateway: the questions of its spec's ``onboard`` (contract/onboarding.py), in
+  its folder (``gateways/<channel>/onboard.py``), each with its own login test.
 
 A failed test says why, and the person retries, keeps the answers anyway, or skips the section.
 Every question can be answered on the command line instead (``relaybot onboard --help``: one flag
@@ -17,7 +17,7 @@ per question) or on stdin, one answer per line; ``--no-input`` asks nothing (``-
 then says what a failed test does; the default is to stop, writing nothing).
 
 ``$RELAYBOT_HOME/config.toml`` is written atomically, mode 0600: it holds the API key and the
-passwords, as the README's sections on Matrix and e-mail put them. An existing file is never
+passwords, as the README's sections on the channels put them. An existing file is never
 overwritten without ``--force``; with it, what onboarding does not ask about (redis, worker,
 roles, a section that was skipped, a room's policy...) is kept.
 
@@ -39,18 +39,8 @@ from pydantic import ValidationError
 from contract.config import Config
 from contract.messages import describe_validation_error
 from contract.terminal import echo
-from relaybot.onboard_ask import (
-    Asker,
-    Cancelled,
-    CheckFailed,
-    email_problem,
-    matrix_problem,
-)
-from relaybot.onboard_sections import (
-    ask_email,
-    ask_matrix,
-    ask_model,
-)
+from relaybot.onboard_ask import Asker, Cancelled, CheckFailed, onboardings
+from relaybot.onboard_sections import ask_model
 from relaybot.toml_write import dumps, write_atomic
 
 __all__ = ["Asker", "Cancelled", "dumps", "run_onboarding", "write_atomic"]
@@ -76,13 +66,17 @@ def ask_owner(asker: Asker, cfg: Config) -> dict[str, Any]:
         say(
             f"  note: only the terminal user {terminal!r} will be treated as you; {user!r} will not"
         )
-    matrix = asker.many("Your Matrix user id(s), comma-separated", matrix_problem, key="matrix_ids")
-    email = asker.many("Your e-mail address(es), comma-separated", email_problem, key="emails")
+    theirs = {
+        channel: asker.many(question, problem, key=key)
+        for channel, o in onboardings().items()
+        if o.owner is not None
+        for key, question, problem in [o.owner]
+    }
     aliases: list[Any] = []
     if terminal:
         aliases.append({"address": terminal, "channel": "cli"})
-    aliases += [{"address": a, "channel": "matrix"} for a in matrix]
-    aliases += [{"address": a, "channel": "email"} for a in email]
+    for channel, addresses in theirs.items():
+        aliases += [{"address": a, "channel": channel} for a in addresses]
     owner: dict[str, Any] = {"name": name}
     if aliases:
         owner["aliases"] = aliases
@@ -90,20 +84,17 @@ def ask_owner(asker: Asker, cfg: Config) -> dict[str, Any]:
 
 
 def ask_everything(asker: Asker, cfg: Config) -> dict[str, Any]:
-    """The answers: ``owner`` always, ``model``/``matrix``/``email`` when set up (else None)."""
-    return {
-        "owner": ask_owner(asker, cfg),
-        "model": ask_model(asker, cfg),
-        "matrix": ask_matrix(asker, cfg),
-        "email": ask_email(asker, cfg),
-    }
+    """The answers: ``owner`` always, ``model`` and each channel's section when set up (else
+    None)."""
+    answers = {"owner": ask_owner(asker, cfg), "model": ask_model(asker, cfg)}
+    for channel, o in onboardings().items():
+        answers[channel] = o.ask(asker, cfg)
+    return answers
 
 
-# keys a section's answers replace as a whole (a password replaces a token, and back)
-_REPLACED = {
-    "matrix": ("password", "access_token", "device_id"),
-    "model": ("api_key",),
-}
+def _replaced() -> dict[str, tuple[str, ...]]:
+    """Keys a section's answers replace as a whole (a password replaces a token, and back)."""
+    return {"model": ("api_key",), **{c: o.replaced for c, o in onboardings().items()}}
 
 
 def merged_config(existing: Mapping[str, Any], answers: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,14 +102,15 @@ def merged_config(existing: Mapping[str, Any], answers: Mapping[str, Any]) -> di
     keys, such as a room's policy or an allowlist, kept)."""
     data = {k: v for k, v in existing.items() if k != "home"}
     data["owner"] = dict(answers["owner"])
-    for section in ("model", "matrix", "email"):
+    replaced = _replaced()
+    for section in ("model", *onboardings()):
         new = answers.get(section)
         if not new:
             continue
         old = {
             k: v
             for k, v in dict(existing.get(section) or {}).items()
-            if k not in _REPLACED.get(section, ())
+            if k not in replaced.get(section, ())
         }
         data[section] = {**old, **new}
     return data
@@ -178,11 +170,11 @@ def _next_steps(answers: Mapping[str, Any]) -> list[str]:
             "No model yet: set [model] base_url and model in that file (or OPENAI_BASE_URL and "
             "RELAYBOT_MODEL), then: relaybot chat"
         )
-    if answers["matrix"] or answers["email"]:
-        out.append("The gateways run under `honcho start` (or: relaybot gateway matrix|email).")
-    if answers["email"]:
-        out.append(
-            "E-mail: set [email] trusted_authserv_ids (or trust_unauthenticated) so that mail "
-            "from you is known to be yours (README: E-mail, step 3)."
-        )
+    channels = onboardings()
+    if any(answers.get(channel) for channel in channels):
+        names = "|".join(channels)
+        out.append(f"The gateways run under `honcho start` (or: relaybot gateway {names}).")
+    for channel, o in channels.items():
+        if answers.get(channel) and o.next_steps is not None:
+            out += o.next_steps(answers[channel])
     return out

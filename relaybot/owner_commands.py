@@ -18,7 +18,7 @@ from contract.bus import publish
 from contract.config import Config
 from contract.messages import MAX_EXTRA_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from deploy.embedded import EmbeddedRedisError
-from gateways.cli import CHANNEL
+from gateways.cli.gateway import CHANNEL
 from gateways.deliver import ReplyQueue, deliver_next
 from relaybot.runtime import Runtime, RuntimeProblem
 

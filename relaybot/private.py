@@ -1,12 +1,12 @@
 """Everything relaybot keeps is the owner's alone: files 0600, directories 0700.
 
 New files: every ``relaybot`` process sets the umask 077 as it starts, so what it creates (the
-memory database and its ``-wal``/``-shm``, config.toml, the embedded Redis's files, the Matrix
+memory database and its ``-wal``/``-shm``, config.toml, the embedded Redis's files, a channel's
 store, logs, exports) and what its children create (``redis-server``) is private.
 
 Files from before (an older relaybot, a copy, an editor that kept a file's 0644): each command
 takes the group's and others' bits off everything under ``RELAYBOT_HOME`` (and off the memory
-database and the Matrix store where the configuration puts them elsewhere), and says so in its
+database and a channel's store where the configuration puts them elsewhere), and says so in its
 log (``home.permissions_tightened``), once: afterwards there is nothing left to tighten.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import channels as registry
 from contract.config import Config
 
 PRIVATE_UMASK = 0o077
@@ -61,9 +62,10 @@ def private_paths(cfg: Config) -> Iterator[Path]:
     if not memory.is_relative_to(home):
         for suffix in ("", "-wal", "-shm", "-journal"):
             yield from _tree(memory.with_name(memory.name + suffix))
-    store = cfg.matrix.store_path
-    if store is not None and not store.is_relative_to(home):
-        yield from _tree(store)
+    for ch in registry.channels():  # what a channel's section puts elsewhere (a crypto store)
+        for path in ch.private(getattr(cfg, ch.name)) if ch.private is not None else ():
+            if not path.is_relative_to(home):
+                yield from _tree(path)
 
 
 def loose_paths(cfg: Config) -> list[Loose]:

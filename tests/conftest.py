@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from contract.keys import Keys
+from tests.support.channels import fake_channel  # noqa: F401  (a fixture for every test)
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer
 from tests.support.matrix_world import World

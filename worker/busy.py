@@ -1,7 +1,7 @@
 """The "busy" mark of a session while the worker has a slow turn of it running or waiting.
 
 Gateways read ``busy:<session>`` to show that the assistant is working (the terminal's
-"thinking…", a Matrix typing notice). Marking every turn would cost a Redis round trip per
+"thinking…", a platform's typing notice). Marking every turn would cost a Redis round trip per
 message, so a background thread marks a turn only once it has lasted ``after`` seconds, and
 refreshes the mark (a key with a short TTL) while the turn lasts. The worker's commit script
 deletes the mark with the reply; the lock below makes sure no late mark lands after that.

@@ -4,9 +4,9 @@ A gateway names a message's conversation by the room or thread plus a key of its
 (gateways/audience.py), says who can read it (``extra.audience``) and derives the privacy class
 from that audience. A gateway account is trusted for its channel's senders, but its entries
 must hang together, so that an entry cannot borrow a conversation of another audience: a group
-entry naming the owner's DM (``matrix:!dm:hs/<the owner's key>``) is refused, as an entry naming
+entry naming the owner's DM (``<channel>:!dm:hs/<the owner's key>``) is refused, as an entry naming
 another channel's conversation is. The rules, for the channels whose entries carry an audience
-(Matrix, e-mail):
+(their specs' ``audience``: contract/channels.py):
 
 - a conversation id that ends in an audience key (``…/<12 hex digits>``) names exactly that
   audience: the key of ``extra.audience`` must be it (and an entry naming one says its
@@ -21,17 +21,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from contract import channels as registry
 from contract.messages import InboundMessage, Kind, Privacy, audience_key
 
-AUDIENCE_CHANNELS = frozenset({"matrix", "email"})
 _KEY = re.compile(r"/([0-9a-f]{12})$")
 _UNVERIFIED = " (unverified)"
+
+
+def audience_channels() -> frozenset[str]:
+    """The channels whose entries carry an audience (their specs say so)."""
+    return frozenset(ch.name for ch in registry.channels() if ch.audience)
 
 
 def audience_refusal(msg: InboundMessage, is_owner: Callable[[str, str], bool]) -> str:
     """Why ``msg``'s conversation, sender, audience and class do not hang together ("" when
     they do, or the channel's entries carry no audience)."""
-    if msg.kind is not Kind.MESSAGE or msg.channel not in AUDIENCE_CHANNELS:
+    if msg.kind is not Kind.MESSAGE or msg.channel not in audience_channels():
         return ""
     raw = msg.extra.get("audience")
     found = _KEY.search(msg.conversation)

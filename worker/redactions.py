@@ -1,13 +1,14 @@
 """A redaction on a channel's stream: the worker erases the redacted event, never records or
 answers the redaction itself.
 
-The Matrix gateway publishes a redaction as an ``InboundMessage`` of kind ``message`` on its own
-stream: ``channel="matrix"``, ``session="matrix:<room>"``, ``conversation`` the room's
-conversation (``matrix:<room>`` or ``matrix:<room>/<epoch>``), ``sender`` who redacted,
+A gateway whose channel has redactions (its spec's ``redactions``: contract/channels.py)
+publishes one as an ``InboundMessage`` of kind ``message`` on its own stream: ``channel`` its
+own, ``session="<channel>:<room>"``, ``conversation`` the room's conversation
+(``<channel>:<room>`` or ``<channel>:<room>/<epoch>``), ``sender`` who redacted,
 ``event_id`` the redaction's own event id, ``text="[redaction]"`` and ``extra={"room_id":
 "<room>", "redacts": "<the redacted event id>", "no_reply": "redaction"}``.
 
-Recognised by ``extra.no_reply == "redaction"`` on the Matrix channel, it is a barrier
+Recognised by ``extra.no_reply == "redaction"`` on such a channel, it is a barrier
 (worker/sessions.py: applied when no turn runs, so no turn that read the text races its
 erasure) applied by ``Turns.apply`` (worker/turn.py), which hands it here: a malformed one
 (no ``redacts`` or ``room_id``, or a conversation that is not the room's) is dead-lettered with
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from contract import channels as registry
 from contract.messages import InboundMessage, Kind
 from memory.turns import Memory
 from memory.writer import in_room
@@ -29,7 +31,6 @@ from memory.writer import in_room
 log = structlog.get_logger(__name__)
 
 REDACTION = "redaction"  # extra.no_reply of a redaction
-CHANNELS = ("matrix",)  # the channels whose gateway publishes redactions
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,17 @@ class Applied:
     dead_reason: str | None = None
 
 
+def _with_redactions() -> frozenset[str]:
+    """The channels whose gateway publishes redactions (their specs say so)."""
+    return frozenset(ch.name for ch in registry.channels() if ch.redactions)
+
+
 def is_redaction(msg: InboundMessage) -> bool:
     """A redaction of a channel that has them (anywhere else, ``no_reply: "redaction"`` is only
     a reason not to answer)."""
     return (
         msg.kind is Kind.MESSAGE
-        and msg.channel in CHANNELS
+        and msg.channel in _with_redactions()
         and msg.extra.get("no_reply") == REDACTION
     )
 

@@ -12,10 +12,10 @@ command, deletes every copy Redis still holds (memory/copies.py says what they a
   erased entry, are an erased reply, or belong to an erased conversation;
 - the dead letters of such entries (the worker's keep the entry's fields, a gateway's keep the
   raw reply or mail), and every dead letter that holds an erased text;
-- the e-mail gateway's cached headers of an erased mail (``email:orig``), and the subject in
-  those of the kept mails whose subject repeated an erased mail's (memory/subjects.py): blanked,
-  the rest kept, so a reply to such a mail still goes out in its thread (as ``Re: your
-  message``);
+- what a channel's gateway keeps of an erased message beyond these: its spec's erasure hook
+  (contract.channels.Erasure, e.g. a mail's cached reply headers, and the subject in those of
+  the kept mails whose subject repeated an erased one's: memory/subjects.py), which also says
+  whether a raw payload its gateway made a dead letter of is an erased message's;
 
 then rebuilds every inbound stream and the dead-letter stream from their live entries
 (worker/compact.py: ``XDEL`` only flags an entry deleted inside its storage node, whose bytes
@@ -32,18 +32,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from email.parser import BytesHeaderParser
-from email.utils import getaddresses
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import redis
 import structlog
 
+from contract import channels as registry
 from contract.bus import text
 from contract.keys import Keys
-from contract.messages import CHANNELS
 from memory.types import Copies
 from worker.compact import Compactor
 from worker.scrub_text import holds, is_malformed
@@ -55,20 +53,25 @@ PAGE = 1000
 
 @dataclass
 class Scrubbed:
-    """What one erasure removed from Redis, and the state of Redis's files."""
+    """What one erasure removed from Redis, and the state of Redis's files; ``channels``: the
+    counts of the channels' erasure hooks (each named by its hook, 0 when it found nothing)."""
 
     stream_entries: int = 0
     queued_replies: int = 0
     inflight_replies: int = 0
     dead_letters: int = 0
-    email_headers: int = 0
-    email_subjects: int = 0
+    channels: dict[str, int] = field(default_factory=dict)
     streams: str = "not rebuilt"
     aof: str = "not enabled"
     rdb: str = "not written"
 
     def as_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
+        out: dict[str, object] = {
+            k: v for k, v in self.__dict__.items() if k not in ("channels", "streams", "aof", "rdb")
+        }
+        out.update(self.channels)
+        out.update(streams=self.streams, aof=self.aof, rdb=self.rdb)
+        return out
 
 
 class Scrubber:
@@ -76,10 +79,11 @@ class Scrubber:
         self.r, self.keys, self.timeout = r, keys, timeout
         self.compactor = Compactor(r)
         self.streams: dict[str, str | None] = {keys.inbound: None}
-        self.streams.update({keys.inbound_of(c): c for c in CHANNELS})
+        self.streams.update({keys.inbound_of(c): c for c in registry.names()})
+        self.hooks = registry.erasures()
 
     def scrub(self, copies: Copies) -> Scrubbed:
-        done = Scrubbed()
+        done = Scrubbed(channels={n: 0 for h in self.hooks.values() for n in h.counts})
         if not copies.texts:  # a replay after a crash: the texts the erased entries still hold
             copies = copies.with_texts(self._known_texts(copies))
         # the copies found only by the text go first, while the entries that hold it are there
@@ -93,23 +97,15 @@ class Scrubber:
             done.stream_entries += self._xdel(stream, _entry_matcher(copies, channel))
         done.queued_replies = self._lists(self.keys.reply_pattern(), copies)
         done.inflight_replies = self._lists(self.keys.inflight_pattern(), copies)
-        for channel, event_id in sorted(copies.event_ids):
-            if channel == "email":
-                done.email_headers += int(self.r.delete(self.keys.email_orig(event_id)))
-        for channel, event_id in sorted(copies.subject_event_ids):
-            if channel == "email":
-                done.email_subjects += self._blank_subject(self.keys.email_orig(event_id))
+        for channel, hook in self.hooks.items():
+            erased = [e for c, e in sorted(copies.event_ids) if c == channel]
+            subjects = [e for c, e in sorted(copies.subject_event_ids) if c == channel]
+            if erased or subjects:
+                for name, count in hook.scrub(self.r, self.keys, erased, subjects).items():
+                    done.channels[name] = done.channels.get(name, 0) + count
         done.streams, done.aof, done.rdb = self.rewrite_files()
         log.info("memory.erasure_scrubbed", erasure=copies.erasure, **done.as_dict())
         return done
-
-    def _blank_subject(self, key: str) -> int:
-        """Blank the subject in cached reply headers; their time to live stays (KEEPTTL)."""
-        headers = _json(self.r.get(key))
-        if not headers.get("subject"):
-            return 0
-        headers["subject"] = ""
-        return int(bool(self.r.set(key, json.dumps(headers), keepttl=True, xx=True)))
 
     def delete_entry(self, stream: str, raw_id: str) -> None:
         self.r.xdel(stream, raw_id)
@@ -170,7 +166,15 @@ class Scrubber:
         parsed = _json(raw)
         if parsed:
             return _reply(copies, parsed)
-        return _mail(copies, raw)
+        return any(
+            hook.dead_letter(
+                raw,
+                partial(_event_erased, copies, channel),
+                partial(copies.sender_erased, channel),
+            )
+            for channel, hook in self.hooks.items()
+            if hook.dead_letter is not None
+        )
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -261,18 +265,8 @@ def _reply(copies: Copies, reply: dict[str, Any]) -> bool:
     )
 
 
-def _mail(copies: Copies, raw: str) -> bool:
-    """A raw mail a gateway dead-lettered: by its Message-ID, or its sender when erased."""
-    try:
-        headers = BytesHeaderParser().parsebytes(raw.encode("utf-8", "surrogateescape"))
-    except Exception:  # a malformed mail matches nothing
-        return False
-    message_id = str(headers.get("Message-ID", "")).strip()
-    if message_id and ("email", message_id) in copies.event_ids:
-        return True
-    return any(copies.sender_erased("email", addr) for _n, addr in getaddresses(
-        [str(v) for v in headers.get_all("From", [])]
-    ))  # fmt: skip
+def _event_erased(copies: Copies, channel: str, event_id: str) -> bool:
+    return (channel, event_id) in copies.event_ids
 
 
 def _json(raw: Any) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 A stream entry that did not validate (no conversation, a field too many, not UTF-8) was never a
 message memory recorded, so no stream id, conversation or sender of the erasure finds it; nor its
-dead letter, nor a raw mail a gateway could not parse. worker/scrub.py deletes such copies when
-they hold an erased text (memory.copies.Copies.holds_text), looking into every field value, the
-strings inside a value that is JSON (``extra``, a dead-lettered reply) and the decoded text
-parts of a raw mail (quoted-printable, base64).
+dead letter, nor a raw payload a gateway could not parse (a mail). worker/scrub.py deletes such
+copies when they hold an erased text (memory.copies.Copies.holds_text), looking into every field
+value, the strings inside a value that is JSON (``extra``, a dead-lettered reply) and the texts
+a channel's erasure hook finds in a raw payload of its platform (a mail's decoded parts).
 
 Only copies no reader still needs are matched so: a malformed entry (the worker cannot read it:
 it is, or will be, a dead letter), an entry a dead letter was made of, and dead letters. A valid
@@ -14,13 +14,11 @@ entry of another message that merely repeats the text is that message, which mem
 
 from __future__ import annotations
 
-import email
-import email.policy
 import json
 from collections.abc import Iterator, Mapping
-from email.message import EmailMessage
 from typing import Any
 
+from contract import channels as registry
 from contract.messages import InboundMessage, WireError
 from memory.types import Copies
 
@@ -44,35 +42,16 @@ def holds(copies: Copies, fields: Mapping[str, str]) -> bool:
 
 
 def strings(value: str) -> Iterator[str]:
-    """``value``, the strings inside it when it is JSON, and the text parts of a raw mail."""
+    """``value``, the strings inside it when it is JSON, else the texts the channels' erasure
+    hooks find in it (a raw mail's decoded parts)."""
     yield value
     parsed = _json(value)
     if parsed is not None:
         yield from _inside(parsed, 0)
-    elif "\n" in value and ":" in value.split("\n", 1)[0]:
-        yield from mail_parts(value)
-
-
-def mail_parts(raw: str) -> Iterator[str]:
-    """The decoded text parts of a raw mail and its Subject (nothing when it does not parse)."""
-    try:
-        msg = email.message_from_string(raw, policy=email.policy.default)
-    except Exception:  # a malformed mail: its raw text was looked at already
-        return
-    if not isinstance(msg, EmailMessage):
-        return
-    subject = msg.get("Subject")
-    if subject:
-        yield str(subject)
-    for part in msg.walk():
-        if part.get_content_maintype() != "text":
-            continue
-        try:
-            content = part.get_content()
-        except Exception:  # an undecodable part  # noqa: S112
-            continue
-        if isinstance(content, str):
-            yield content
+    else:
+        for hook in registry.erasures().values():
+            if hook.raw_texts is not None:
+                yield from hook.raw_texts(value)
 
 
 def _inside(value: Any, depth: int) -> Iterator[str]:

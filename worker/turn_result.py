@@ -93,7 +93,7 @@ def make_reply(
 
 def written_for(msg: InboundMessage) -> dict[str, Any]:
     """The audience a reply to ``msg`` is written for, which its gateway checks again right
-    before posting it (gateways/matrix_recheck.py, the e-mail gateway's recipients): the
+    before posting it (each channel's recheck, e.g. gateways/matrix/recheck.py): the
     message's privacy class, its sender and its audience as the gateway saw it. A re-answer's
     reply (worker/withheld.py) also names what it answers again."""
     out: dict[str, Any] = {"privacy": msg.privacy.value, "sender": msg.sender}

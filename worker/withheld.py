@@ -1,6 +1,6 @@
 """A reply its gateway withheld: answered again for the audience now, or the owner told why not.
 
-Right before posting, a gateway checks the room again (gateways/matrix_recheck.py): a reply that
+Right before posting, a gateway checks the room again (its recheck): a reply that
 would reach people it was not written for is not posted, and the gateway reports it ``withheld``
 with the audience now (``extra.now``: conversation, privacy class, audience). Then:
 
@@ -196,7 +196,7 @@ _HANDLE = re.compile(r"^(@[A-Za-z0-9._=/+-]{1,100}:[A-Za-z0-9.-]{1,100}(:[0-9]{1
 
 def _why(report: InboundMessage, withheld: LogRow) -> str:
     """Why the reply was withheld, in relaybot's own words: who can read it now that could not
-    (handles only, checked to be Matrix ids or addresses) and the class it has now. Never the
+    (handles only, checked to be platform ids or addresses) and the class it has now. Never the
     report's free text: a gateway writes it, and a notice lands in the owner's own
     conversation, which sees everything."""
     now = report.extra.get("now")

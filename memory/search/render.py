@@ -33,7 +33,7 @@ def _entry(row: LogRow, assistant_name: str, limit: int, owners: Owners | None =
 
 
 def describe(query: SearchQuery, terms: Sequence[str]) -> str:
-    """The query in words: ``"lisbon trip" in matrix, last 7 days, by relevance``."""
+    """The query in words: ``"lisbon trip", channel chat, last 7 days, by relevance``."""
     parts = [" ".join(terms) if terms else repr(query.text)]
     if query.channel:
         parts.append(f"channel {query.channel}")
@@ -57,10 +57,10 @@ def format_hits(
 ) -> str:
     """The hits as text: a header, then each hit as an indented, quoted block::
 
-        1. [matrix / alice] 2026-03-02 10:04 UTC (conversation matrix:dm-alice)
-             before: [matrix / owner] 2026-03-02 10:03 UTC: how was the trip?
-           > [matrix / alice] 2026-03-02 10:04 UTC: Lisbon was lovely
-             after: [matrix / relaybot] 2026-03-02 10:04 UTC: glad to hear it
+        1. [chat / alice] 2026-03-02 10:04 UTC (conversation chat:dm-alice)
+             before: [chat / owner] 2026-03-02 10:03 UTC: how was the trip?
+           > [chat / alice] 2026-03-02 10:04 UTC: Lisbon was lovely
+             after: [chat / relaybot] 2026-03-02 10:04 UTC: glad to hear it
 
     Every message is one line (line breaks folded), cut to a length, and never starts a line, so
     no message can pass for a header or another hit. The whole text stays under ``max_chars``.

@@ -12,7 +12,7 @@ import redis
 
 from contract.config import Config, RedisConfig
 from deploy.embedded import redis_binary
-from gateways.cli import Terminal
+from gateways.cli.gateway import Terminal
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
 from tests.support.servers import free_port

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from contract.keys import Keys
-from gateways.cli import normalize
+from gateways.cli.gateway import normalize
 from memory.store import MemoryStore
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import REPO, relaybot_env, run_relaybot

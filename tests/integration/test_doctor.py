@@ -24,7 +24,9 @@ from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import beat
 from deploy.embedded import redis_binary
-from relaybot import doctor_channels, doctor_model, doctor_redis
+from gateways.email import doctor as email_doctor
+from gateways.matrix import doctor as matrix_doctor
+from relaybot import doctor_model, doctor_redis
 from relaybot.doctor_verdict import Check, config_digest
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import (
@@ -265,7 +267,7 @@ def test_redis_acl_and_persistence(tmp_path: Path, acl_port: int) -> None:
 
 
 def test_matrix_login_and_crypto_store(tmp_path: Path, synapse_server: SynapseServer) -> None:
-    from gateways.matrix_login import login
+    from gateways.matrix.login import login
 
     user = synapse_server.register(f"doc{os.getpid()}", "pw")
     store = tmp_path / "matrix"
@@ -274,7 +276,7 @@ def test_matrix_login_and_crypto_store(tmp_path: Path, synapse_server: SynapseSe
         settings = {"homeserver": synapse_server.url, "user_id": user.user_id, **matrix}
         cfg = Config.model_validate({"home": tmp_path, "matrix": settings})
         found: list[Check] = []
-        doctor_channels.matrix_group(cfg, 5.0, found.append)
+        matrix_doctor.matrix_group(cfg, 5.0, found.append)
         return {c.id: c for c in found}
 
     fresh = run(password="pw")  # the gateway never ran: the password works, no store yet
@@ -326,7 +328,7 @@ def test_email_over_starttls(tmp_path: Path) -> None:
         }  # fmt: skip
         cfg = Config.model_validate({"home": tmp_path, "email": settings})
         found: list[Check] = []
-        doctor_channels.email_group(cfg, 5.0, found.append)
+        email_doctor.email_group(cfg, 5.0, found.append)
         assert [(c.id, c.verdict) for c in found] == [
             ("email.imap", "ok"),
             ("email.smtp", "ok"),
@@ -339,7 +341,7 @@ def test_email_over_starttls(tmp_path: Path) -> None:
             {"home": tmp_path, "email": {**settings, "ca_file": None}}
         )  # the server's certificate is not trusted without its CA: refused, and said so
         found = []
-        doctor_channels.email_group(untrusted, 5.0, found.append)
+        email_doctor.email_group(untrusted, 5.0, found.append)
         assert [c.verdict for c in found] == ["fail", "fail", "skipped"]
         assert "CERTIFICATE_VERIFY_FAILED" in found[0].summary
     finally:

@@ -26,7 +26,8 @@ from contract.config import load_config
 from contract.durable import Durable, NotDurable
 from contract.keys import Keys
 from deploy import embedded
-from gateways.cli import normalize
+from gateways.cli.gateway import normalize
+from tests.support.channel_keys import ChannelKeys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.procs import Procs, relaybot_env, wait_until, write_config
@@ -40,7 +41,7 @@ OWNER = "owner@example.org"
 
 @pytest.fixture
 def keys(prefix: str) -> Keys:
-    return Keys(prefix)
+    return ChannelKeys(prefix)
 
 
 def _server(tmp_path: Path, name: str, *persistence: str, valkey: bool = False) -> RedisServer:

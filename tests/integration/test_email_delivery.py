@@ -152,7 +152,7 @@ def db(env: dict[str, str]) -> Path:
 
 
 def reply_id_of(message_id: str) -> str:
-    """relaybot's Message-ID is <relaybot.<reply id>@<domain>> (gateways/email_compose.py)."""
+    """relaybot's Message-ID is <relaybot.<reply id>@<domain>> (gateways/email/compose.py)."""
     return message_id.strip("<>").split("@", 1)[0].removeprefix("relaybot.")
 
 

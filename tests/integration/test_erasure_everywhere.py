@@ -31,6 +31,7 @@ from contract.bus import publish
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy
 from deploy.embedded import redis_binary
+from tests.support.channel_keys import ChannelKeys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.procs import (
@@ -157,7 +158,7 @@ def setup(tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer) ->
         RELAYBOT_TURNS_MODE="followup",
     )  # fmt: skip
     cli_env = relaybot_env(home, redis_url=acl_redis.url("cli"))
-    return Setup(home, worker_env, cli_env, Keys(), acl_redis.client("worker"))
+    return Setup(home, worker_env, cli_env, ChannelKeys(), acl_redis.client("worker"))
 
 
 def test_an_erasure_leaves_the_text_in_no_store(
@@ -382,7 +383,7 @@ trusted_authserv_ids = ["mx.test"]
 """)  # fmt: skip
     worker_env = relaybot_env(home, redis_url=acl_redis.url("worker"),
                               model_url=model_server.base_url)  # fmt: skip
-    keys = Keys()
+    keys = ChannelKeys()
     admin = acl_redis.client("worker")
     procs.worker(worker_env, r=admin, keys=keys)
     gateway_env = relaybot_env(home, redis_url=acl_redis.url("email"))

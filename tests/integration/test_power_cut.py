@@ -50,7 +50,7 @@ from contract.durable import Durable, NotDurable
 from contract.keys import Keys
 from contract.messages import InboundMessage, Reply
 from deploy.embedded import server_args
-from gateways.cli import normalize
+from gateways.cli.gateway import normalize
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, email_config, make_message
 from tests.support.procs import Proc, Procs, relaybot_env, wait_until, write_config

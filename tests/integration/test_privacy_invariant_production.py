@@ -77,17 +77,17 @@ from hypothesis.control import currently_in_test_context, event
 
 from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage, Reply
-from gateways.cli import normalize as cli_message
+from gateways.cli.gateway import normalize as cli_message
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
-from gateways.email_parse import Accepted, parse_email
-from gateways.matrix_events import (
+from gateways.email.parse import Accepted, parse_email
+from gateways.matrix.events import (
     Openness,
     RoomFacts,
     normalize_event,
     room_facts,
     room_of,
 )
-from gateways.matrix_recheck import recheck
+from gateways.matrix.recheck import recheck
 from memory.store import MemoryStore
 from relaybot.owner_commands import command_message
 from tests.support.fakes import InstantModel
@@ -549,7 +549,8 @@ class Run:
 
         def matrix(reply: Reply) -> None:
             room = world.room_by_id(room_of(reply.session))
-            verdict = recheck(reply, room.facts(), self.policy)  # gateways/matrix.py's check
+            # the Matrix gateway's check (gateways/matrix/recheck.py)
+            verdict = recheck(reply, room.facts(), self.policy)
             if verdict is not None:
                 count("a reply withheld")
                 raise Withheld(verdict.reason, verdict.report)

@@ -17,7 +17,7 @@ from nio import (
     SyncResponse,
 )
 
-from gateways.matrix_sync import crypto_housekeeping
+from gateways.matrix.sync import crypto_housekeeping
 from tests.support.matrix_world import World
 
 

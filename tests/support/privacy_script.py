@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from gateways.email_parse import Addresses
-from gateways.matrix_events import GroupPolicy, Policy
+from gateways.email.parse import Addresses
+from gateways.matrix.events import GroupPolicy, Policy
 from worker.model import Completion, ToolCall
 
 OWNER = "ada"

@@ -29,7 +29,7 @@ import redis
 from contract.bus import publish
 from contract.keys import Keys
 from contract.messages import CHANNELS, Reply
-from gateways.cli import normalize
+from gateways.cli.gateway import normalize
 
 T = TypeVar("T")
 

@@ -119,7 +119,6 @@ MEMORY_API = {
         "memory.types",
         "memory.errors",
         "memory.importing",
-        "memory.crypto_store",
     },
 }
 
@@ -132,5 +131,5 @@ def test_every_other_memory_module_is_forbidden(name: str) -> None:
     memory = ROOT / "memory"
     modules = {f"memory.{p.stem}" for p in memory.glob("*.py") if p.stem != "__init__"}
     modules |= {f"memory.{p.name}" for p in memory.iterdir() if (p / "__init__.py").exists()}
-    assert len(MEMORY_API[name]) <= (4 if "worker" in name else 5)
+    assert len(MEMORY_API[name]) <= 4
     assert set(contract["forbidden_modules"]) == modules - MEMORY_API[name]

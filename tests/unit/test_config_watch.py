@@ -16,8 +16,6 @@ from structlog.testing import capture_logs
 from contract import config_watch
 from contract.config import config_digest, load_config
 from contract.config_watch import (
-    EMAIL_RELOADS,
-    EMAIL_USES,
     JOBS_USES,
     WORKER_RELOADS,
     WORKER_USES,
@@ -27,6 +25,8 @@ from contract.config_watch import (
 )
 from contract.keys import Keys
 from contract.liveness import Heartbeat, beat, heartbeats
+from gateways.email.channel import RELOADS as EMAIL_RELOADS
+from gateways.email.channel import USES as EMAIL_USES
 from relaybot.status import collect, render
 
 BASE = '[owner]\nname = "Ada"\n\n[redis]\nprefix = "rb:"\n'

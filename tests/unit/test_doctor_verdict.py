@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import Config
+from gateways.email.doctor import owner_auth
 from relaybot import doctor
 from relaybot.doctor_liveness import processes, unused
 from relaybot.doctor_verdict import (
@@ -21,7 +22,6 @@ from relaybot.doctor_verdict import (
     fail,
     model_exists,
     ok,
-    owner_auth,
     permissions,
     persistence,
     redis_version,
@@ -181,7 +181,8 @@ def test_a_stuck_or_broken_group_is_one_failed_check(
     """A dead host must not hang doctor, and one broken probe must not stop the others."""
     import threading
 
-    from relaybot import doctor_channels
+    from gateways.email import doctor as email_doctor
+    from gateways.matrix import doctor as matrix_doctor
 
     release = threading.Event()
 
@@ -191,8 +192,8 @@ def test_a_stuck_or_broken_group_is_one_failed_check(
     def broken(cfg: Config, timeout: float, add: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(doctor_channels, "matrix_group", stuck)
-    monkeypatch.setattr(doctor_channels, "email_group", broken)
+    monkeypatch.setattr(matrix_doctor, "matrix_group", stuck)
+    monkeypatch.setattr(email_doctor, "email_group", broken)
     monkeypatch.setitem(doctor.BUDGET, "matrix", 0.2)  # x timeout: the stuck one gives up soon
     try:
         report = doctor.diagnose(tmp_path, timeout=1.0, env={})

@@ -11,8 +11,8 @@ import pytest
 
 from contract.messages import Privacy
 from gateways.audience import audience_key
-from gateways.email_auth import aligned, authenticate
-from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.email.auth import aligned, authenticate
+from gateways.email.parse import Accepted, Addresses, parse_email
 from tests.support.mailservers import make_message
 
 OWNER, BOB, CAROL, EVE, BOT = (

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from contract.config import load_config
-from contract.config_watch import EMAIL_RELOADS
-from gateways.email import addresses_of, owner_addresses
-from gateways.email_smtp import FatalMailError, SmtpSender, check_plain, port_of
+from gateways.email.channel import RELOADS as EMAIL_RELOADS
+from gateways.email.gateway import addresses_of, owner_addresses
+from gateways.email.smtp import FatalMailError, SmtpSender, check_plain, port_of
 
 
 def test_email_config_from_file_and_environment(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from contract.messages import Privacy
-from gateways.email_auth import owner_refusal_hint
-from gateways.email_parse import Accepted, Addresses, parse_email
+from gateways.email.auth import owner_refusal_hint
+from gateways.email.parse import Accepted, Addresses, parse_email
 
 OWNER, BOT, EVE = "owner@home.example", "bot@home.example", "eve@evil.example"
 TRUSTED = "mx.home.example"

@@ -1,7 +1,7 @@
 """The loop guard (RFC 3834 and practice) over raw mails: what relaybot never answers.
 
 Each case is the raw bytes of a mail as it arrives (a real DSN, an MDN, an out-of-office reply,
-list mail, robots), parsed by ``gateways.email_parse.parse_email``: a guarded mail is a
+list mail, robots), parsed by ``gateways.email.parse.parse_email``: a guarded mail is a
 ``Rejected`` (not published, left unread, logged as ``email.ignored``), never a dead letter.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateways.email_parse import Accepted, Addresses, Rejected, parse_email
+from gateways.email.parse import Accepted, Addresses, Rejected, parse_email
 
 ADDRS = Addresses(
     own=frozenset({"bot@example.org"}),

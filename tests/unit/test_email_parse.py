@@ -9,8 +9,8 @@ from email.message import EmailMessage
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply
-from gateways.email_compose import compose_reply, re_subject, reply_message_id
-from gateways.email_parse import (
+from gateways.email.compose import compose_reply, re_subject, reply_message_id
+from gateways.email.parse import (
     MAX_BODY_CHARS,
     Accepted,
     Addresses,

@@ -1,4 +1,4 @@
-"""A reply's new text told from the mail it quotes (gateways/email_quote.py), and what the parsed
+"""A reply's new text told from the mail it quotes (gateways/email/quote.py), and what the parsed
 message carries: the new text as its text, the quote as ``extra.quoted`` (issue 13)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import email.policy
 import pytest
 
 from contract.messages import MAX_TEXT_CHARS
-from gateways.email_parse import (
+from gateways.email.parse import (
     QUOTE_NOTE,
     Accepted,
     Addresses,
@@ -18,7 +18,7 @@ from gateways.email_parse import (
     quoted_mail,
     show_quote,
 )
-from gateways.email_quote import MAX_QUOTED_CHARS, split_reply
+from gateways.email.quote import MAX_QUOTED_CHARS, split_reply
 from tests.support.mailcorpus import corpus
 
 GMAIL = (

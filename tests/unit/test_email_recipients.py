@@ -11,15 +11,15 @@ from email.message import EmailMessage
 import pytest
 
 from contract.messages import Privacy, Reply
-from gateways.email_audience import (
+from gateways.email.audience import (
     handle_address,
     list_addresses,
     stored_audience,
     withheld,
     written_for,
 )
-from gateways.email_compose import compose_reply, envelope
-from gateways.email_parse import Accepted, Addresses, Headers, Rejected, parse_email, with_lists
+from gateways.email.compose import compose_reply, envelope
+from gateways.email.parse import Accepted, Addresses, Headers, Rejected, parse_email, with_lists
 from tests.support.mailservers import make_message
 
 OWNER, BOT, PEER, CAROL = "owner@example.org", "bot@example.org", "peer@example.com", "c@x.net"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import fakeredis
 
 from contract.keys import Keys
-from gateways.email_state import MailState
+from gateways.email.state import MailState
 
 
 def test_an_answer_to_our_reply_from_another_address_is_within_the_window() -> None:

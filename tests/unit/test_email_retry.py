@@ -8,8 +8,8 @@ import fakeredis
 import pytest
 
 from contract.keys import Keys
-from gateways.email_smtp import permanent
-from gateways.email_state import MailState
+from gateways.email.smtp import permanent
+from gateways.email.state import MailState
 
 
 def refused(*codes: int) -> aiosmtplib.SMTPRecipientsRefused:

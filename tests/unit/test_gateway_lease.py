@@ -29,6 +29,9 @@ from gateways.lease import GatewayLease, LeaseLost, _pid_namespace, account_of, 
 from gateways.runner import Delivery, Runtime, run_gateway
 from tests.unit.test_runner import A, FakeChannel, push
 
+# these tests drive a channel named "fake": it is registered as a package would be
+pytestmark = pytest.mark.usefixtures("fake_channel")
+
 
 @pytest.fixture(autouse=True)
 def fresh_loggers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,8 +94,8 @@ def test_a_key_no_gateway_can_reload_needs_a_restart(tmp_path: Path) -> None:
 def test_the_matrix_and_email_gateways_take_a_reload(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from gateways.email import EmailGateway
-    from gateways.matrix import MatrixGateway
+    from gateways.email.gateway import EmailGateway
+    from gateways.matrix.gateway import MatrixGateway
 
     r = fakeredis.FakeRedis()
     old = Config.model_validate(

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from contract.config import load_config
+from gateways.email.onboard import EMAIL_KEYS
+from gateways.matrix.onboard import MATRIX_KEYS
 from relaybot import cli
 from relaybot.onboard import Asker, dumps, run_onboarding, write_atomic
 from relaybot.onboard_ask import QUESTIONS
-from relaybot.onboard_sections import EMAIL_KEYS, MATRIX_KEYS, MODEL_KEYS
+from relaybot.onboard_sections import MODEL_KEYS
 from tests.support.servers import free_port
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract.messages import InboundMessage, Privacy
 from gateways.audience import audience_key
-from gateways.matrix_events import (
+from gateways.matrix.events import (
     GroupPolicy,
     Policy,
     Rejected,
@@ -279,7 +279,7 @@ def test_what_a_room_is_full_of_is_logged_at_debug_and_broken_events_at_warning(
 
 def test_record_all_is_the_default_and_a_room_can_record_only_what_is_addressed() -> None:
     from contract.config import Config
-    from gateways.matrix import build_policy
+    from gateways.matrix.gateway import build_policy
 
     cfg = Config.model_validate(
         {

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.config import Config
-from gateways.matrix import build_policy
-from gateways.matrix_events import GroupPolicy
-from gateways.matrix_render import reply_content, to_html
+from gateways.matrix.events import GroupPolicy
+from gateways.matrix.gateway import build_policy
+from gateways.matrix.render import reply_content, to_html
 from gateways.runner import Backoff
 
 

@@ -7,8 +7,8 @@
 A history is generated: Matrix rooms of every ``history_visibility`` that people join and leave,
 e-mail threads whose recipients change from mail to mail, the owner's terminal, linked and
 unlinked handles, the owner's notes of every scope and visibility. Each message is made the way
-its gateway makes it (``gateways.matrix_events.normalize_event`` over ``room_facts``;
-``gateways.email_parse.parse_email`` over a raw mail) and handled by the worker's real ``Turns``
+its gateway makes it (``gateways.matrix.events.normalize_event`` over ``room_facts``;
+``gateways.email.parse.parse_email`` over a raw mail) and handled by the worker's real ``Turns``
 with the real tools, against a scripted model that in every turn calls ``search_history`` and
 ``recall`` for words of every conversation, ``remember``s what it saw, and quotes all it saw in
 its reply. Every message carries one unique word; the oracle knows who could read each word on
@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 
 from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage
-from gateways.cli import normalize as cli_message
-from gateways.email_parse import Accepted, parse_email
-from gateways.matrix_events import normalize_event, room_facts
+from gateways.cli.gateway import normalize as cli_message
+from gateways.email.parse import Accepted, parse_email
+from gateways.matrix.events import normalize_event, room_facts
 from memory import commands
 from memory.command_types import CommandContext
 from memory.store import MemoryStore

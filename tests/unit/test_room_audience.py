@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply
-from gateways.matrix_events import (
+from gateways.matrix.events import (
     Openness,
     Policy,
     Rejected,
@@ -20,7 +20,7 @@ from gateways.matrix_events import (
     openness_of,
     room_facts,
 )
-from gateways.matrix_recheck import recheck
+from gateways.matrix.recheck import recheck
 
 BOT, OWNER, CAROL, MALLORY = "@bot:x", "@owner:x", "@carol:x", "@mallory:x"
 POLICY = Policy(own_user_id=BOT, owners=frozenset({OWNER}), dm_allowlist=frozenset({CAROL}))

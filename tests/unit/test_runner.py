@@ -32,6 +32,10 @@ from gateways.runner import (
     run_gateway,
 )
 
+# these tests drive a channel named "fake": it is registered as a package would be
+pytestmark = pytest.mark.usefixtures("fake_channel")
+
+
 A, B = "fake:a", "fake:b"
 
 

@@ -18,8 +18,8 @@ import pytest
 from contract.config import Config, OwnerAlias
 from contract.messages import InboundMessage, Kind, Privacy, Reply, ReplyKind
 from gateways.deliver import ReplyQueue, Withheld, deliver_next
-from gateways.matrix_events import Openness, Policy, normalize_event, room_facts
-from gateways.matrix_recheck import recheck
+from gateways.matrix.events import Openness, Policy, normalize_event, room_facts
+from gateways.matrix.recheck import recheck
 from memory import commands
 from memory.command_types import CommandContext
 from memory.identity import OwnerResolver
@@ -71,7 +71,7 @@ class Rig:
 
     def deliver(self, session: str, now: Any) -> list[str]:
         """The gateway's delivery of the session's replies into the room as it is ``now``
-        (gateways/matrix.py's check, on a send that posts nothing)."""
+        (gateways/matrix/gateway.py's check, on a send that posts nothing)."""
         posted: list[str] = []
 
         def send(reply: Reply) -> None:

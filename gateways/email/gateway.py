@@ -1,12 +1,12 @@
 """The e-mail gateway: ``relaybot gateway email``, a :class:`~gateways.runner.Channel`.
 
-IMAP in (:mod:`gateways.email_imap`), SMTP out (:mod:`gateways.email_smtp`): the runner delivers
+IMAP in (:mod:`gateways.email.imap`), SMTP out (:mod:`gateways.email.smtp`): the runner delivers
 the replies of the ``email:*`` sessions that have a reply queued or in flight (found with SCAN).
 A send that may have been interrupted (a crash between the delivery mark and the server's answer,
 a connection lost mid-DATA) is sent again with the same Message-ID, derived from the reply id, so
 the resend is recognisably the same mail: a reply is retried rather than dropped. Right before
 SMTP, the reply's recipients are checked against the audience it was written for
-(:mod:`gateways.email_audience`): a recipient outside it, and the reply is withheld, not sent.
+(:mod:`gateways.email.audience`): a recipient outside it, and the reply is withheld, not sent.
 Every reply's final status (delivered, failed, withheld, expired) is reported to the worker, which
 records it in memory. Without ``[email] imap_host`` the process idles.
 """
@@ -25,18 +25,20 @@ from contract.bus import text
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Undeliverable, Withheld
-from gateways.email_audience import stored_audience, withheld, written_for
-from gateways.email_compose import envelope
-from gateways.email_imap import ImapReader
-from gateways.email_parse import CHANNEL, Addresses, Headers
-from gateways.email_smtp import SmtpSender
-from gateways.email_state import MailState
+from gateways.email import channel as spec
+from gateways.email.audience import stored_audience, withheld, written_for
+from gateways.email.compose import envelope
+from gateways.email.config import EmailConfig
+from gateways.email.imap import ImapReader
+from gateways.email.parse import CHANNEL, Addresses, Headers
+from gateways.email.smtp import SmtpSender
+from gateways.email.state import MailState
 from gateways.runner import Runtime, TypingHook, run_gateway
 
 log = structlog.get_logger(__name__)
 
 # what the log says when the section is not configured
-HINT = "set [email] imap_host (or RELAYBOT_EMAIL_IMAP_HOST); idling until stopped"
+HINT = spec.CHANNEL.hint  # what the log says when the section is not configured
 
 
 def owner_addresses(cfg: Config) -> frozenset[str]:
@@ -51,15 +53,16 @@ def owner_addresses(cfg: Config) -> frozenset[str]:
 
 
 def addresses_of(cfg: Config) -> Addresses:
-    allow = {a.lower() for a in cfg.email.allowlist}
+    e = EmailConfig.of(cfg)
+    allow = {a.lower() for a in e.allowlist}
     return Addresses(
-        own=frozenset(a.lower() for a in cfg.email.addresses),
+        own=frozenset(a.lower() for a in e.addresses),
         owner=owner_addresses(cfg),
         allow=frozenset(allow - {"*"}),
         allow_all="*" in allow,
-        trusted_ids=frozenset(a.strip().lower() for a in cfg.email.trusted_authserv_ids),
-        trust_mailbox=cfg.email.trust_unauthenticated,
-        lists=frozenset(a.strip().lower() for a in cfg.email.lists),
+        trusted_ids=frozenset(a.strip().lower() for a in e.trusted_authserv_ids),
+        trust_mailbox=e.trust_unauthenticated,
+        lists=frozenset(a.strip().lower() for a in e.lists),
     )
 
 
@@ -70,11 +73,11 @@ class EmailGateway:
     tick = 0.3
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
-        self.r, self.keys = r, cfg.keys
-        self.state = MailState(r, self.keys, cfg.email.folder)
-        self.imap = ImapReader(cfg.email, addresses_of(cfg), self.state, rt)
-        self.smtp = SmtpSender(cfg.email)
-        self.window = cfg.email.reply_window
+        self.r, self.keys, e = r, cfg.keys, EmailConfig.of(cfg)
+        self.state = MailState(r, self.keys, e.folder)
+        self.imap = ImapReader(e, addresses_of(cfg), self.state, rt)
+        self.smtp = SmtpSender(e)
+        self.window = e.reply_window
         self.show_typing: TypingHook | None = None
 
     def reconfigure(self, cfg: Config) -> None:
@@ -161,4 +164,6 @@ class EmailGateway:
 def run_email(cfg: Config, r: redis.Redis) -> int:
     """The gateway process until SIGTERM/SIGINT; exit 2 on a fatal configuration error."""
     make = functools.partial(EmailGateway, cfg, r)
-    return run_gateway(CHANNEL, cfg, r, configured=cfg.email.configured, hint=HINT, make=make)
+    return run_gateway(
+        CHANNEL, cfg, r, configured=EmailConfig.of(cfg).configured, hint=HINT, make=make
+    )

@@ -1,7 +1,7 @@
 """The audience checked again right before a reply is posted (pure: no I/O).
 
 A turn is written for the audience of the message it answers: its conversation and privacy
-class (gateways/matrix_events.py), which the worker puts into the reply (``Reply.conversation``,
+class (gateways/matrix/events.py), which the worker puts into the reply (``Reply.conversation``,
 ``extra.privacy``, ``extra.sender``). Between the message and the reply the room may change:
 the owner invites someone into her DM, a room is made public, a guest may now join. Right before
 posting, the gateway computes the room's facts again from the homeserver's current state and
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Privacy, Reply
-from gateways.matrix_events import Policy, RoomFacts, classify, conversation_of
+from gateways.matrix.events import Policy, RoomFacts, classify, conversation_of
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The Matrix gateway: ``relaybot gateway matrix``, a :class:`~gateways.runner.Channel`.
 
 One nio ``AsyncClient`` with a persistent store (device id and crypto keys under
-``$RELAYBOT_HOME/matrix``), logged in by :mod:`gateways.matrix_login`; its inbound loop is
-:mod:`gateways.matrix_sync`. Replies are delivered by the runner from the reply queues of the
+``$RELAYBOT_HOME/matrix``), logged in by :mod:`gateways.matrix.login`; its inbound loop is
+:mod:`gateways.matrix.sync`. Replies are delivered by the runner from the reply queues of the
 joined rooms (``reply:matrix:<room>``; the rooms are known, so nothing is SCANned) as Matrix
 replies, with the reply id as transaction id: the homeserver drops a resend after a crash (an
 idempotent sink). A typing notice is kept alive while the worker marks the session busy.
@@ -24,7 +24,9 @@ from nio import AsyncClient, ErrorResponse, RoomGetStateResponse
 from contract.config import Config, OwnerAlias
 from contract.messages import Reply
 from gateways.deliver import Withheld
-from gateways.matrix_events import (
+from gateways.matrix import channel as spec
+from gateways.matrix.config import MatrixConfig
+from gateways.matrix.events import (
     CHANNEL,
     GroupPolicy,
     Policy,
@@ -33,18 +35,18 @@ from gateways.matrix_events import (
     room_of,
     session_of,
 )
-from gateways.matrix_login import ErrorValue, FatalMatrixError, check_fatal, describe, login
-from gateways.matrix_recheck import recheck
-from gateways.matrix_render import reply_content
-from gateways.matrix_sync import MatrixSync, optional_text
+from gateways.matrix.keys import MatrixKeys
+from gateways.matrix.login import ErrorValue, FatalMatrixError, check_fatal, describe, login
+from gateways.matrix.recheck import recheck
+from gateways.matrix.render import reply_content
+from gateways.matrix.sync import MatrixSync, optional_text
 from gateways.runner import Backoff, Runtime, TypingHook, run_gateway
 
 __all__ = ["FatalMatrixError", "MatrixGateway", "build_policy", "run_matrix"]
 
 log = structlog.get_logger(__name__)
 
-# what the log says when the section is not configured
-HINT = "set [matrix] homeserver and user_id (or RELAYBOT_MATRIX_*); idling"
+HINT = spec.CHANNEL.hint  # what the log says when the section is not configured
 
 TYPING_MS = 30_000
 SENT_KEEP = 30 * 24 * 3600  # how long a sent event's reply id is kept (for its redaction)
@@ -52,7 +54,7 @@ TYPING_REFRESH = 20.0
 
 
 def build_policy(cfg: Config, own_user_id: str) -> Policy:
-    m = cfg.matrix
+    m = MatrixConfig.of(cfg)
     owners = set(m.owners)
     for alias in cfg.owner.aliases:
         address = alias.address if isinstance(alias, OwnerAlias) else alias
@@ -84,8 +86,8 @@ class MatrixGateway:
     tick = 0.1
 
     def __init__(self, cfg: Config, r: redis.Redis, rt: Runtime) -> None:
-        self.cfg, self.m, self.r, self.keys, self.rt = cfg, cfg.matrix, r, cfg.keys, rt
-        self.store = cfg.matrix.store_path or cfg.home / "matrix"
+        self.cfg, self.m, self.r, self.keys, self.rt = cfg, MatrixConfig.of(cfg), r, cfg.keys, rt
+        self.store = self.m.store_path or cfg.home / "matrix"
         self.client: AsyncClient | None = None
         self.sync: MatrixSync | None = None
         self.typing: dict[str, float] = {}  # room id -> when the typing notice was (re)sent
@@ -121,7 +123,7 @@ class MatrixGateway:
         room_id = room_of(reply.session)
         await self._recheck(reply, room_id)
         thread = (
-            optional_text(self.r.get(self.keys.matrix_thread(reply.in_reply_to)))
+            optional_text(self.r.get(MatrixKeys(self.keys).thread(reply.in_reply_to)))
             if reply.in_reply_to
             else None
         )
@@ -139,12 +141,12 @@ class MatrixGateway:
         log.info("matrix.sent", room_id=room_id, reply_id=reply.reply_id, event_id=resp.event_id)
         # a redaction of it names the event: memory knows the reply by its id and its entry
         sent = json.dumps({"reply_id": reply.reply_id, "answers": reply.answers})
-        self.r.set(self.keys.matrix_sent(resp.event_id), sent, ex=SENT_KEEP)
+        self.r.set(MatrixKeys(self.keys).sent(resp.event_id), sent, ex=SENT_KEEP)
 
     async def _recheck(self, reply: Reply, room_id: str) -> None:
         """The room as the homeserver has it now (not as the last sync left it: someone may
         have been invited since), classified again: :class:`Withheld` when the reply would
-        reach people it was not written for (gateways/matrix_recheck.py)."""
+        reach people it was not written for (gateways/matrix/recheck.py)."""
         client = self._client()
         resp = await client.room_get_state(room_id)
         if not isinstance(resp, RoomGetStateResponse):
@@ -152,7 +154,7 @@ class MatrixGateway:
             raise RuntimeError(f"the room's state could not be read: {describe(resp)}")
         room = RoomState.of([e for e in resp.events if isinstance(e, dict)])
         members = frozenset(room.members)
-        known = optional_text(self.r.get(self.keys.matrix_members(room_id)))
+        known = optional_text(self.r.get(MatrixKeys(self.keys).members(room_id)))
         ever = frozenset(json.loads(known) if known else ()) | members
         now = room_facts(
             room_id, members, own_user_id=client.user_id, ever=ever, display_names={},
@@ -189,4 +191,6 @@ class MatrixGateway:
 def run_matrix(cfg: Config, r: redis.Redis) -> int:
     """The ``relaybot gateway matrix`` command: 0 when stopped, 2 when a person has to act."""
     make = functools.partial(MatrixGateway, cfg, r)
-    return run_gateway(CHANNEL, cfg, r, configured=cfg.matrix.configured, hint=HINT, make=make)
+    return run_gateway(
+        CHANNEL, cfg, r, configured=MatrixConfig.of(cfg).configured, hint=HINT, make=make
+    )

@@ -31,13 +31,13 @@ import aioimaplib
 import redis
 import structlog
 
-from contract.config import EmailConfig
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
-from gateways.email_audience import handle_address
-from gateways.email_auth import owner_refusal_hint
-from gateways.email_loop import SENT_ID_PREFIX
-from gateways.email_parse import (
+from gateways.email.audience import handle_address
+from gateways.email.auth import owner_refusal_hint
+from gateways.email.config import EmailConfig
+from gateways.email.loop import SENT_ID_PREFIX
+from gateways.email.parse import (
     UNVERIFIED,
     Accepted,
     Addresses,
@@ -46,8 +46,8 @@ from gateways.email_parse import (
     show_quote,
     with_lists,
 )
-from gateways.email_smtp import FatalMailError, check_plain, port_of, tls_context
-from gateways.email_state import MailState
+from gateways.email.smtp import FatalMailError, check_plain, port_of, tls_context
+from gateways.email.state import MailState
 from gateways.runner import Backoff, Runtime
 
 log = structlog.get_logger(__name__)

@@ -28,11 +28,11 @@ from pathlib import Path
 import aiosmtplib
 import structlog
 
-from contract.config import EmailConfig
 from contract.messages import Reply
 from gateways.deliver import Undeliverable
-from gateways.email_compose import compose_reply, reply_message_id
-from gateways.email_parse import Headers
+from gateways.email.compose import compose_reply, reply_message_id
+from gateways.email.config import EmailConfig
+from gateways.email.parse import Headers
 from gateways.runner import FatalGatewayError, NotSent
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from nio import AsyncClient, AsyncClientConfig, ErrorResponse, LoginResponse, WhoamiResponse
 
-from contract.config import MatrixConfig
+from gateways.matrix.config import MatrixConfig
 from gateways.runner import FatalGatewayError
 
 log = structlog.get_logger(__name__)

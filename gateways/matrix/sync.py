@@ -1,7 +1,7 @@
 """The Matrix gateway's inbound loop: ``/sync``, normalize, XADD, then save the token.
 
 ``/sync`` runs from the token saved in Redis (``<prefix>cursor:matrix``); each room event is
-normalized by :mod:`gateways.matrix_events` and XADDed together with its event id in a "seen" set
+normalized by :mod:`gateways.matrix.events` and XADDed together with its event id in a "seen" set
 (one MULTI, durable before it returns: :mod:`contract.durable`), and the token is saved only after
 the whole batch was published. A gateway killed between the XADD and the token finds the events in
 the seen set and skips them. The very first start (no token) skips the backlog and says so. A
@@ -37,7 +37,8 @@ from contract.bus import stream_id, text
 from contract.config import Config
 from contract.durable import Durable, NotDurable
 from contract.outage import TRANSIENT, Outage
-from gateways.matrix_events import (
+from gateways.matrix.config import MatrixConfig
+from gateways.matrix.events import (
     CHANNEL,
     DEBUG,
     WARNING,
@@ -47,7 +48,8 @@ from gateways.matrix_events import (
     normalize_event,
     room_facts,
 )
-from gateways.matrix_login import ErrorValue, check_fatal
+from gateways.matrix.keys import MatrixKeys
+from gateways.matrix.login import ErrorValue, check_fatal
 from gateways.runner import Backoff, FatalGatewayError, Runtime
 
 log = structlog.get_logger(__name__)
@@ -62,14 +64,14 @@ class MatrixSync:
     def __init__(
         self, cfg: Config, r: redis.Redis, rt: Runtime, client: AsyncClient, policy: Policy
     ) -> None:
-        self.m, self.r, self.rt, self.keys = cfg.matrix, r, rt, cfg.keys
+        self.m, self.r, self.rt, self.keys = MatrixConfig.of(cfg), r, rt, cfg.keys
         self.client, self.policy = client, policy
         self.published = 0
         self.durable = Durable(r)
         # room id -> the room as the last event read left it (members, openness)
         self.followed: dict[str, RoomState] = {}
         self._filter: dict[str, Any] = {
-            "room": {"timeline": {"limit": cfg.matrix.timeline_limit}},
+            "room": {"timeline": {"limit": self.m.timeline_limit}},
             "presence": {"types": []},
         }
 
@@ -84,7 +86,7 @@ class MatrixSync:
                         self.durable.check()  # before the token can move: refuse a lossy Redis
                     except NotDurable as exc:
                         raise FatalGatewayError(str(exc)) from None
-                    token, loaded = optional_text(self.r.get(self.keys.matrix_cursor)), True
+                    token, loaded = optional_text(self.r.get(MatrixKeys(self.keys).cursor)), True
                 if token is None:
                     token = await self._first_sync()
                     continue
@@ -101,7 +103,7 @@ class MatrixSync:
                 await self._crypto_housekeeping()
                 await self._invites(resp)
                 await self._publish_batch(resp, since=token)
-                self.r.set(self.keys.matrix_cursor, resp.next_batch)  # after every XADD
+                self.r.set(MatrixKeys(self.keys).cursor, resp.next_batch)  # after every XADD
             except TRANSIENT as exc:  # Redis away: the token was not saved, sync it again
                 await self.rt.redis_away(outage, exc)
                 continue
@@ -131,7 +133,7 @@ class MatrixSync:
         skipped = sum(len(room.timeline.events) for room in resp.rooms.join.values())
         await self._crypto_housekeeping()
         await self._invites(resp)
-        self.r.set(self.keys.matrix_cursor, resp.next_batch)
+        self.r.set(MatrixKeys(self.keys).cursor, resp.next_batch)
         log.info("matrix.backlog_skipped", events=skipped, detail="first start: no saved token")
         return str(resp.next_batch)
 
@@ -152,7 +154,7 @@ class MatrixSync:
             else:
                 for change in info.state:  # what changed outside the timeline
                     room.apply(_source(change))
-            key = self.keys.matrix_members(room_id)
+            key = MatrixKeys(self.keys).members(room_id)
             known = optional_text(self.r.get(key))
             ever = frozenset(json.loads(known) if known else ())
             names = self._names(room_id)
@@ -218,7 +220,7 @@ class MatrixSync:
     def _sent_reply(self, event_id: str) -> tuple[str, str] | None:
         """The reply id of an event the bot sent, and the entry it answers (None: not one of
         its own, or sent too long ago)."""
-        raw = optional_text(self.r.get(self.keys.matrix_sent(event_id)))
+        raw = optional_text(self.r.get(MatrixKeys(self.keys).sent(event_id)))
         try:
             sent = json.loads(raw) if raw else None
         except ValueError:
@@ -235,7 +237,7 @@ class MatrixSync:
             say = {DEBUG: log.debug, WARNING: log.warning}.get(out.level, log.info)
             say("matrix.ignored", room_id=room_id, event_id=out.event_id, reason=out.reason)
             return
-        seen = self.keys.matrix_seen
+        seen = MatrixKeys(self.keys).seen
         if self.r.zscore(seen, out.event_id) is not None:
             # its publish may have failed waiting for the fsync: a durable write after it makes
             # it durable too (the AOF is fsynced in order), before the token passes it
@@ -252,7 +254,7 @@ class MatrixSync:
         thread = out.extra.get("thread_root")
         if isinstance(thread, str):
             commands.append(
-                ("SET", self.keys.matrix_thread(out.event_id), thread, "EX", THREAD_KEEP)
+                ("SET", MatrixKeys(self.keys).thread(out.event_id), thread, "EX", THREAD_KEEP)
             )
         sid = self.durable.transaction(commands)[0]  # durable before the token moves past it
         self.published += 1

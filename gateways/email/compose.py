@@ -18,9 +18,9 @@ import markdown
 import nh3
 
 from contract.messages import Reply
-from gateways.email_audience import addresses
-from gateways.email_loop import SENT_ID_PREFIX
-from gateways.email_parse import Headers
+from gateways.email.audience import addresses
+from gateways.email.loop import SENT_ID_PREFIX
+from gateways.email.parse import Headers
 
 _RE = re.compile(r"^\s*((re|aw|sv|antw)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
 MAX_REFERENCES = 20

@@ -18,7 +18,7 @@ forever. ``loop_guard`` names the reason a mail is not to be answered (empty: it
 Such mail is ignored with a log line (``email.ignored``) and left unread for the owner: it is not
 recorded in memory (a bounce carries our own reply back; a list is not a conversation). An
 auto-responder that sets none of these headers is held by the reply window instead: its answer to
-a reply relaybot just sent is recorded, not answered (``gateways.email_imap``).
+a reply relaybot just sent is recorded, not answered (``gateways.email.imap``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ import redis
 from contract.bus import stream_id
 from contract.durable import Durable
 from contract.keys import Keys, digest
-from gateways.email_parse import Accepted, Headers
+from gateways.email.keys import EmailKeys
+from gateways.email.parse import Accepted, Headers
 
 SEEN_KEEP = 90 * 24 * 3600.0
 ORIG_KEEP = 14 * 24 * 3600
@@ -54,8 +55,8 @@ ANYONE = "*"  # the reply-window key of a reply, whoever answers it (no address 
 class MailState:
     def __init__(self, r: redis.Redis, keys: Keys, folder: str) -> None:
         self.r, self.keys = r, keys
-        self.cursor_key = keys.email_cursor(folder)
-        self.seen_key = keys.email_seen
+        self.cursor_key = EmailKeys(keys).cursor(folder)
+        self.seen_key = EmailKeys(keys).seen
         self.durable = Durable(r)
 
     # -- the cursor --------------------------------------------------------------------------
@@ -97,7 +98,7 @@ class MailState:
         self.durable.transaction([("ZADD", self.seen_key, "XX", time.time(), message_id)])
 
     def orig_key(self, message_id: str) -> str:
-        return self.keys.email_orig(message_id)
+        return EmailKeys(self.keys).orig(message_id)
 
     def headers_for(self, message_id: str) -> Headers | None:
         raw = self.r.get(self.orig_key(message_id))
@@ -127,7 +128,7 @@ class MailState:
         now = time.time()
         reason = ""
         for kind, who, cap in (("thread", thread, per_thread), ("sender", sender, per_sender)):
-            key = self.keys.email_rate(kind, digest(who))
+            key = EmailKeys(self.keys).rate(kind, digest(who))
             pipe = self.r.pipeline(transaction=True)
             pipe.zremrangebyscore(key, "-inf", now - window)
             pipe.zcard(key)
@@ -136,7 +137,7 @@ class MailState:
                 reason = f"more than {cap} messages per {window:.0f} s from this {kind}"
         if not reason:
             for kind, who in (("thread", thread), ("sender", sender)):
-                key = self.keys.email_rate(kind, digest(who))
+                key = EmailKeys(self.keys).rate(kind, digest(who))
                 self.r.zadd(key, {event_id: now})
                 self.r.expire(key, int(window) + 60)
         return reason
@@ -144,7 +145,7 @@ class MailState:
     # -- the reply window (one reply per auto-responder storm) -----------------------------------
 
     def _replied_key(self, address: str, thread_id: str) -> str:
-        return self.keys.email_rate("replied", digest(f"{address.lower()}\n{thread_id}"))
+        return EmailKeys(self.keys).rate("replied", digest(f"{address.lower()}\n{thread_id}"))
 
     def note_answered(
         self, addresses: Iterable[str], thread_ids: Iterable[str], *, window: float
@@ -179,8 +180,8 @@ class MailState:
             return
         now = time.time()
         pipe = self.r.pipeline(transaction=False)
-        pipe.zadd(self.keys.email_lists, dict.fromkeys(found, now))
-        pipe.zremrangebyscore(self.keys.email_lists, "-inf", now - LISTS_KEEP)
+        pipe.zadd(EmailKeys(self.keys).lists, dict.fromkeys(found, now))
+        pipe.zremrangebyscore(EmailKeys(self.keys).lists, "-inf", now - LISTS_KEEP)
         pipe.execute()
 
     def known_lists(self, addresses: Iterable[str]) -> set[str]:
@@ -190,7 +191,7 @@ class MailState:
             return set()
         pipe = self.r.pipeline(transaction=False)
         for address in wanted:
-            pipe.zscore(self.keys.email_lists, address)
+            pipe.zscore(EmailKeys(self.keys).lists, address)
         since = time.time() - LISTS_KEEP
         scores = pipe.execute()
         return {a for a, s in zip(wanted, scores, strict=True) if s is not None and s >= since}
@@ -198,7 +199,7 @@ class MailState:
     # -- the owner's own mail, refused as unauthenticated ------------------------------------------
 
     def note_owner_refused(self, record: dict[str, Any]) -> None:
-        self.r.set(self.keys.email_owner_refused, json.dumps(record), ex=REFUSAL_KEEP)
+        self.r.set(EmailKeys(self.keys).owner_refused, json.dumps(record), ex=REFUSAL_KEEP)
 
     def clear_owner_refused(self) -> None:
-        self.r.delete(self.keys.email_owner_refused)
+        self.r.delete(EmailKeys(self.keys).owner_refused)

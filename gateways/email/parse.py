@@ -6,11 +6,11 @@ reason. Nothing here raises on bad mail: unknown or lying charsets are decoded w
 replacement characters, HTML-only bodies become text, huge bodies are truncated with a note and
 attachments are described (name, type, size) instead of included.
 
-Who sent it is established, not claimed (gateways/email_auth.py): an unauthenticated From is
+Who sent it is established, not claimed (gateways/email/auth.py): an unauthenticated From is
 ``address (unverified)``, nobody we know. The *audience* is everyone who can read the mail:
 From (as established), To, Cc and Reply-To, relaybot's own addresses aside; the sender alone when
 relaybot is in neither To nor Cc (a Bcc: the reply goes to the sender alone). A mailing list in it
-makes it a group (gateways/email_audience.py).
+makes it a group (gateways/email/audience.py).
 
 Threads: the session and conversation are ``email:<thread id>/<audience key>``, where the thread
 id is the root Message-ID of ``References`` (else ``In-Reply-To``, else the message's own
@@ -22,7 +22,7 @@ more, or a mailing list: ``group``. A reply goes to the audience only (Reply-To,
 To and Cc unless relaybot got the mail as a Bcc).
 
 A reply's text is what its sender wrote: the earlier mail it quotes is cut off
-(gateways/email_quote.py) and kept in ``extra.quoted``, not given to the model as new text (the
+(gateways/email/quote.py) and kept in ``extra.quoted``, not given to the model as new text (the
 thread is in memory already). :func:`show_quote` puts it back, marked as a quote, for a mail whose
 quoted mail never reached relaybot (it was copied into a thread late): then the quote is context
 the model has nowhere else. Nothing vouches for it: the sender may have written it all, the
@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy
 from gateways.audience import audience_key
-from gateways.email_audience import (
+from gateways.email.audience import (
     UNVERIFIED,
     addresses,
     list_addresses,
@@ -53,9 +53,9 @@ from gateways.email_audience import (
     mail_audience,
     visible_to,
 )
-from gateways.email_auth import UNVERIFIED_SENDER, Verdict, authenticate, from_problem
-from gateways.email_loop import loop_guard
-from gateways.email_quote import split_reply
+from gateways.email.auth import UNVERIFIED_SENDER, Verdict, authenticate, from_problem
+from gateways.email.loop import loop_guard
+from gateways.email.quote import split_reply
 
 __all__ = ["UNVERIFIED", "Accepted", "Addresses", "Headers", "Rejected", "parse_email"]
 

@@ -1,0 +1,51 @@
+"""deploy/redis/users.acl, generated: one Redis ACL user per process, from the channel registry.
+
+The worker's and the jobs process's users are here; each gateway's is its channel's spec's
+``acl`` rules (contract/channels.py), so a channel's account line lives in its folder. The
+shipped file is this module's output for the default prefix (a test checks they are the same);
+after adding a channel or changing a spec's rules, regenerate it::
+
+    python -m deploy.acl > deploy/redis/users.acl
+
+``--prefix`` writes the file for another ``redis.prefix`` (every ``relaybot:`` in it changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from contract import channels as registry
+
+DEFAULT_PREFIX = "relaybot:"
+# the processes that are not a channel's gateway: every key under the prefix, rq's too
+PROCESSES = (
+    ("worker", "~{prefix}* ~rq:* &* +@all -@dangerous +info +client +bgrewriteaof +bgsave"),
+    ("jobs", "~{prefix}* ~rq:* &* +@all -@dangerous +info +client"),
+)
+
+
+def user_line(name: str, rules: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """One ``user`` line: ``relaybot-<name>``, on, a placeholder password, its rules."""
+    return f"user relaybot-{name} on >CHANGE-ME-{name} {rules.format(prefix=prefix)}"
+
+
+def render(prefix: str = DEFAULT_PREFIX) -> str:
+    """The ACL file: the default user off, the worker, jobs, then each channel with ACL rules."""
+    lines = ["user default off"]
+    lines += [user_line(name, rules, prefix) for name, rules in PROCESSES]
+    lines += [user_line(ch.name, ch.acl, prefix) for ch in registry.channels() if ch.acl]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.acl", description=__doc__)
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="redis.prefix of the install")
+    args = parser.parse_args(argv)
+    sys.stdout.write(render(args.prefix))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The terminal channel: its spec (channel.py) and the terminal gateway."""

@@ -1,0 +1,1 @@
+"""The e-mail channel: its spec (channel.py), gateway, IMAP loop, parsing and SMTP."""
