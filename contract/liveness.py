@@ -44,12 +44,20 @@ class Heartbeat:
     """A daemon thread that beats every ``interval`` seconds until stopped; a Redis error is
     logged (once until it beats again) and the beating goes on: it outlives a Redis restart."""
 
-    def __init__(self, r: redis.Redis, keys: Keys, name: str, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys,
+        name: str,
+        interval: float = 1.0,
+        *,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self._r, self._keys, self.name, self._interval = r, keys, name, interval
         self.info: dict[str, Any] = {}
         # the config the process runs with (contract/config_watch.py: ``config``,
         # ``restart_needed``, ``restart_keys``), beside ``info``, which its owner replaces
-        self.config: dict[str, Any] = {}
+        self.config: dict[str, Any] = dict(config or {})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
 

@@ -57,10 +57,8 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     answers (``redis.unreachable``, then ``redis.reconnected``). An idle worker logs nothing:
     its blocking wait for a job ends before its connection's read timeout
     (:func:`rq_connection`)."""
-    hb = Heartbeat(r, cfg.keys, "jobs")
     watch = ConfigWatcher(cfg, process="jobs", uses=JOBS_USES)
-    hb.config = watch.fields()
-    hb.start()
+    hb = Heartbeat(r, cfg.keys, "jobs", config=watch.fields()).start()
     stop_watching = watch_in_thread(watch, lambda fields: setattr(hb, "config", fields))
     outage = Outage("jobs")
     rq_r = rq_connection(r)
