@@ -108,12 +108,16 @@ class BenchRedis:
 
 
 def shared_data(name: str) -> Path:
-    """The data set ``name`` under ../shared/data, or a clear exit when it is not there."""
-    path = (SHARED_DATA / name).resolve()
+    """The data set ``name`` under ../shared/data (or under ``$RELAYBOT_BENCH_DATA``, a directory
+    of data sets: the test suite's smoke runs point it at a small generated sample when a checkout
+    has no ../shared next to it), or a clear exit when it is not there."""
+    root = os.environ.get("RELAYBOT_BENCH_DATA") or SHARED_DATA
+    path = (Path(root) / name).resolve()
     if not path.is_dir():
         raise SystemExit(
             f"benchmark data missing: {path} (the data set {name!r} is read from "
-            f"../shared/data/{name} next to the repository, {REPO}; see bench/README.md)"
+            f"../shared/data/{name} next to the repository, {REPO}, or from "
+            f"$RELAYBOT_BENCH_DATA/{name}; see bench/README.md)"
         )
     return path
 
