@@ -58,15 +58,20 @@ class ReplyKeeper:
         self._pop_if_head = r.register_script(_POP_IF_HEAD)
 
     def held(self, reply: Reply) -> bool:
-        """Whether Redis holds this reply: queued, in flight, or marked delivered."""
-        if self.r.zscore(self.keys.delivered(reply.session), reply.reply_id) is not None:
+        """Whether Redis holds this reply: queued, in flight, or marked delivered. The three are
+        read in one transaction: a gateway moves a reply from its queue to in flight, marks it
+        delivered, then drops it from in flight (gateways/deliver.py), so at every instant it is
+        in one of them, but three separate reads could each miss it as it moves on, and a reply
+        being delivered would look lost and be queued again (delivered twice)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.zscore(self.keys.delivered(reply.session), reply.reply_id)
+        pipe.lrange(self.keys.reply(reply.session), 0, -1)
+        pipe.lrange(self.keys.inflight(reply.session), 0, -1)
+        delivered, queued, inflight = pipe.execute()
+        if delivered is not None:
             return True
         needle = reply.reply_id.encode()
-        for key in (self.keys.reply(reply.session), self.keys.inflight(reply.session)):
-            raw: Any = self.r.lrange(key, 0, -1)
-            if any(needle in item for item in raw):
-                return True
-        return False
+        return any(needle in item for item in [*queued, *inflight])
 
     def reconcile(self) -> int:
         """Queue again the recent replies memory recorded and Redis lost; how many."""
