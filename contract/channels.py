@@ -15,10 +15,16 @@ account (gateways/lease.py), the streams the worker reads, the ACL file (deploy/
 Redis probes and doctor's checks (relaybot/doctor_*.py), onboarding, ``relaybot gateway
 <name>``, the erasure hooks (worker/scrub.py). A channel they are asked about and the registry
 does not list is an :class:`UnknownChannel` error, never a default.
+
+A package whose channel does not load, names another channel, has a name no stream key can
+hold, or declares a channel relaybot's own package (or a second package) declares is left out,
+logged (``channels.refused``) and shown by doctor (``channels.packages``): one bad plugin stops
+no process, and none replaces a shipped channel.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -26,9 +32,12 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+import structlog
 from pydantic import BaseModel, ConfigDict
 
 from contract.keys import Keys
+
+log = structlog.get_logger(__name__)
 
 GROUP = "relaybot.channels"  # the entry-point group a channel's package declares its spec in
 
@@ -38,8 +47,9 @@ Probe = tuple[str, ...]  # a Redis command with its keys, as doctor sends it und
 class UnknownChannel(LookupError):
     """A channel no installed package declares (``relaybot.channels`` entry points)."""
 
-    def __init__(self, name: str, known: tuple[str, ...]) -> None:
-        super().__init__(f"unknown channel {name!r}: the channels are {', '.join(known)}")
+    def __init__(self, name: str, known: tuple[str, ...], why: tuple[str, ...] = ()) -> None:
+        said = f"unknown channel {name!r}: the channels are {', '.join(known)}"
+        super().__init__("; ".join([said, *why]))
         self.name = name
 
 
@@ -135,37 +145,89 @@ class Channel:
     hint: str = ""  # how to configure it, said when it idles
 
 
-@cache
-def _registry() -> dict[str, Channel]:
-    found: dict[str, Channel] = {}
-    for ep in entry_points(group=GROUP):
-        if ep.name in found:  # the same package seen twice on sys.path: the first one wins
-            continue
+_FIX = "fix or uninstall that package; relaybot's own channels cannot be replaced"
+OWN = "relaybot"  # the distribution whose channels no other package may replace
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")  # contract.messages.ChannelName
+
+
+@dataclass(frozen=True)
+class _Found:
+    channels: dict[str, Channel]
+    refused: tuple[str, ...]  # a package's channel left out, and why (doctor shows them)
+
+
+def _distribution(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return str(getattr(dist, "name", "") or "")
+
+
+def _spec(ep: EntryPoint) -> Channel:
+    """The spec an entry point names, or why it is not one (raised as ValueError)."""
+    if not _NAME.fullmatch(ep.name):
+        raise ValueError("not a channel name (a-z, 0-9, _ or -, at most 32, a letter first)")
+    try:
         spec = ep.load()
-        if not isinstance(spec, Channel):
-            raise TypeError(f"entry point {ep.name} = {ep.value} is not a contract Channel")
-        if spec.name != ep.name:
-            raise ValueError(f"entry point {ep.name} = {ep.value} declares channel {spec.name!r}")
-        found[ep.name] = spec
-    return dict(sorted(found.items(), key=lambda kv: (kv[1].order, kv[0])))
+    except Exception as exc:  # a broken package: any failure leaves it out, with its reason
+        raise ValueError(f"does not load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(spec, Channel):
+        raise ValueError("is not a contract.channels.Channel")
+    if spec.name != ep.name:
+        raise ValueError(f"declares the channel {spec.name!r}")
+    return spec
+
+
+@cache
+def _registry() -> _Found:
+    """Every package's channels. A package that does not load, names its channel wrongly, or
+    declares a name relaybot's own package declares (or another package does too) is left out
+    and said (:func:`refused`): one bad plugin stops no process, and none replaces a channel."""
+    claims: dict[str, list[EntryPoint]] = {}
+    for ep in entry_points(group=GROUP):
+        same = claims.setdefault(ep.name, [])
+        if all((e.value, _distribution(e)) != (ep.value, _distribution(ep)) for e in same):
+            same.append(ep)  # the same package seen twice on sys.path counts once
+    found: dict[str, Channel] = {}
+    refused: list[str] = []
+    for name, eps in claims.items():
+        own = [e for e in eps if _distribution(e) == OWN]
+        chosen = own[:1] if own else (eps if len(eps) == 1 else [])
+        for ep in eps:
+            if ep not in chosen:
+                by = ", ".join(f"{e.value} ({_distribution(e) or '?'})" for e in eps)
+                refused.append(f"channel {name!r} = {ep.value}: declared more than once ({by})")
+        for ep in chosen:
+            try:
+                found[name] = _spec(ep)
+            except ValueError as exc:
+                refused.append(f"channel {name!r} = {ep.value} ({_distribution(ep)}): {exc}")
+    for reason in refused:
+        log.error("channels.refused", reason=reason, fix=_FIX)
+    ordered = dict(sorted(found.items(), key=lambda kv: (kv[1].order, kv[0])))
+    return _Found(ordered, tuple(refused))
+
+
+def refused() -> tuple[str, ...]:
+    """The packages' channels left out of the registry, each with why."""
+    return _registry().refused
 
 
 def channels() -> tuple[Channel, ...]:
     """Every registered channel, in listing order."""
-    return tuple(_registry().values())
+    return tuple(_registry().channels.values())
 
 
 def names() -> tuple[str, ...]:
     """The registered channels' names, in listing order."""
-    return tuple(_registry())
+    return tuple(_registry().channels)
 
 
 def channel(name: str) -> Channel:
     """The spec of ``name``; :class:`UnknownChannel` when no package declares it."""
     try:
-        return _registry()[name]
+        return _registry().channels[name]
     except KeyError:
-        raise UnknownChannel(name, names()) from None
+        why = tuple(r for r in refused() if r.startswith(f"channel {name!r} "))
+        raise UnknownChannel(name, names(), why) from None
 
 
 def forget() -> None:

@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.acl", description=__doc__)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="redis.prefix of the install")
     args = parser.parse_args(argv)
+    if not args.prefix or any(c.isspace() for c in args.prefix):
+        parser.error(f"--prefix {args.prefix!r}: an ACL key pattern, not empty, no whitespace")
     sys.stdout.write(render(args.prefix))
     return 0
 

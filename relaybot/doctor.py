@@ -129,6 +129,7 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
         checks.append(ok("config.file", f"{path} read (digest {digest})", digest=digest))
     else:
         checks.append(ok("config.file", f"no {path}: defaults and the environment"))
+    checks.append(channel_packages())
     unknown = unknown_keys(data, Config)
     checks.append(config_keys(path, unknown))
     try:
@@ -153,6 +154,19 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     except ValidationError as exc:
         checks.append(fail("config.values", describe_validation_error(exc), "fix that value"))
         return checks, None, digest
+
+
+def channel_packages() -> Check:
+    """The channels' packages: each loads, names its channel rightly, replaces none of ours."""
+    left_out = registry.refused()
+    if not left_out:
+        return ok("channels.packages", f"channels: {', '.join(registry.names())}")
+    return fail(
+        "channels.packages",
+        "; ".join(left_out),
+        "fix or uninstall that package (pip uninstall ...): relaybot's own channels cannot be "
+        "replaced, and a channel two packages declare is left out",
+    )
 
 
 # -- disk --------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@ table, and a channel none of them knows is an error, never a default (issue 25).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fakeredis
@@ -19,6 +21,7 @@ from deploy import acl
 from gateways.lease import account_of
 from gateways.runner import Runtime, watcher
 from relaybot.doctor_redis import role_probes, roles_of
+from tests.support.channels import write_dist
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,3 +122,97 @@ def test_loading_the_registry_imports_no_platform_client() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+# -- a package that is broken, or would replace a channel (the adversarial review of issue 25) --
+
+EVIL = Channel(name="matrix", title="another matrix", account=lambda _section: "x")
+NAMED_WRONG = Channel(name="cli", title="a spec naming another channel")
+
+
+def _raises() -> None:
+    raise RuntimeError("boom at import")
+
+
+@pytest.fixture
+def installed(tmp_path: Path) -> Iterator[Callable[[str, dict[str, str]], None]]:
+    """Install packages of channels for one test (sys.path first, as PYTHONPATH would)."""
+    added: list[str] = []
+
+    def install(dist: str, entries: dict[str, str]) -> None:
+        where = write_dist(tmp_path / dist, dist, entries)
+        sys.path.insert(0, str(where))
+        added.append(str(where))
+        registry.forget()
+
+    yield install
+    for where in added:
+        sys.path.remove(where)
+    registry.forget()
+
+
+@pytest.mark.parametrize(
+    ("entries", "said"),
+    [
+        ({"telegram": "relaybot_telegram_missing:CHANNEL"}, "ModuleNotFoundError"),
+        ({"telegram": f"{__name__}:NO_SUCH_SPEC"}, "AttributeError"),
+        ({"telegram": f"{__name__}:_raises"}, "is not a contract.channels.Channel"),
+        ({"telegram": f"{__name__}:NAMED_WRONG"}, "declares the channel 'cli'"),
+        ({"bad:name": f"{__name__}:NAMED_WRONG"}, "not a channel name"),
+    ],
+)
+def test_a_broken_package_is_left_out_and_said_and_the_rest_still_work(
+    installed: Callable[[str, dict[str, str]], None], entries: dict[str, str], said: str
+) -> None:
+    installed("broken", entries)
+    assert registry.names() == ("cli", "matrix", "email")
+    (reason,) = registry.refused()
+    assert said in reason and next(iter(entries)) in reason
+    with pytest.raises(UnknownChannel, match=said if "telegram" in entries else "unknown"):
+        registry.channel(next(iter(entries)))
+
+
+def test_a_package_cannot_replace_one_of_relaybots_channels(
+    installed: Callable[[str, dict[str, str]], None],
+) -> None:
+    installed("shadow", {"matrix": f"{__name__}:EVIL"})
+    assert registry.channel("matrix").title != EVIL.title
+    assert registry.channel("matrix").gateway.startswith("gateways.matrix.")
+    (reason,) = registry.refused()
+    assert "'matrix'" in reason and "declared more than once" in reason and "shadow" in reason
+
+
+def test_a_channel_two_packages_declare_is_left_out(
+    installed: Callable[[str, dict[str, str]], None],
+) -> None:
+    installed("one", {"fake": "tests.support.channels:FAKE"})
+    installed("two", {"fake": f"{__name__}:FAKE_TWO"})
+    assert "fake" not in registry.names()
+    assert len(registry.refused()) == 2
+    with pytest.raises(UnknownChannel, match="declared more than once"):
+        registry.channel("fake")
+
+
+FAKE_TWO = Channel(name="fake", title="another fake")
+
+
+def test_relaybot_version_and_help_work_with_a_broken_package(tmp_path: Path) -> None:
+    where = write_dist(tmp_path / "site", "broken", {"telegram": "relaybot_missing:CHANNEL"})
+    env = {**os.environ, "PYTHONPATH": str(where), "RELAYBOT_DOTENV": ""}
+    for args in (["--version"], ["--help"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "relaybot", *args], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("prefix", ["", "my bot:"])
+def test_the_acl_generator_refuses_a_prefix_no_key_pattern_can_hold(
+    prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        acl.main(["--prefix", prefix])
+    assert exit_.value.code == 2
+    assert "no whitespace" in capsys.readouterr().err
