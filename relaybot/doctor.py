@@ -129,7 +129,8 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
         checks.append(ok("config.file", f"{path} read (digest {digest})", digest=digest))
     else:
         checks.append(ok("config.file", f"no {path}: defaults and the environment"))
-    checks.append(channel_packages())
+    if registry.refused():  # said only when a package's channel was left out
+        checks.append(channel_packages())
     unknown = unknown_keys(data, Config)
     checks.append(config_keys(path, unknown))
     try:

@@ -216,3 +216,14 @@ def test_the_acl_generator_refuses_a_prefix_no_key_pattern_can_hold(
         acl.main(["--prefix", prefix])
     assert exit_.value.code == 2
     assert "no whitespace" in capsys.readouterr().err
+
+
+def test_doctor_says_which_package_was_left_out(
+    installed: Callable[[str, dict[str, str]], None], tmp_path: Path
+) -> None:
+    from relaybot import doctor
+
+    installed("shadow", {"matrix": f"{__name__}:EVIL"})
+    checks, _cfg, _digest = doctor.load(tmp_path, {})
+    (check,) = [c for c in checks if c.id == "channels.packages"]
+    assert check.verdict.value == "fail" and "'matrix'" in check.summary
