@@ -6,12 +6,10 @@ security, users and passwords, the bot's address, tested before they are written
 from __future__ import annotations
 
 import contextlib
-import imaplib
 import re
-import smtplib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.config import Config
 from contract.onboarding import (
@@ -25,7 +23,12 @@ from contract.onboarding import (
     with_answers,
 )
 from gateways.email.config import EmailConfig
-from gateways.email.smtp import DEFAULT_PORTS, is_loopback, tls_context
+
+# the login tests import what they use (smtplib, imaplib, gateways.email.smtp and aiosmtplib
+# behind it) when they run: every `relaybot` command that builds its parser reads this module's
+# questions, not its tests
+if TYPE_CHECKING:
+    import smtplib
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -110,6 +113,8 @@ def ask_email(asker: Asker, cfg: Config) -> dict[str, Any] | None:
 
 
 def _email_answers(asker: Asker, cfg: Config) -> dict[str, Any]:
+    from gateways.email.smtp import DEFAULT_PORTS
+
     e = EmailConfig.of(cfg)
 
     def secret(value: Any) -> str:
@@ -190,6 +195,10 @@ def imap_login(
     ca_file: Path | None = None,
 ) -> Tried:
     """Log in to IMAP (in ``mode``: tls, starttls or plain) and select ``folder``."""
+    import imaplib
+
+    from gateways.email.smtp import is_loopback, tls_context
+
     where = f"IMAP {host}:{port} ({mode})"
     if mode == "plain" and not is_loopback(host):
         return Tried(False, f"{where}: plain text is only allowed to a loopback address")
@@ -234,6 +243,10 @@ def smtp_login(
     host: str, port: int, mode: str, user: str, password: str, *, ca_file: Path | None = None
 ) -> Tried:
     """Connect to SMTP (in ``mode``) and log in (``user`` empty: no login, a relay)."""
+    import smtplib
+
+    from gateways.email.smtp import is_loopback, tls_context
+
     where = f"SMTP {host}:{port} ({mode})"
     if mode == "plain" and not is_loopback(host):
         return Tried(False, f"{where}: plain text is only allowed to a loopback address")
