@@ -230,9 +230,17 @@ def channel(name: str) -> Channel:
         raise UnknownChannel(name, names(), why) from None
 
 
+@cache
+def having(flag: str) -> frozenset[str]:
+    """The names of the channels whose spec sets ``flag`` (``audience``, ``redactions``,
+    ``subjects``): asked for every entry the worker takes, so kept."""
+    return frozenset(ch.name for ch in channels() if getattr(ch, flag))
+
+
 def forget() -> None:
     """Read the entry points again at the next call (a test that installed a channel)."""
     _registry.cache_clear()
+    having.cache_clear()
 
 
 def erasures() -> dict[str, Erasure]:

@@ -30,7 +30,7 @@ _UNVERIFIED = " (unverified)"
 
 def audience_channels() -> frozenset[str]:
     """The channels whose entries carry an audience (their specs say so)."""
-    return frozenset(ch.name for ch in registry.channels() if ch.audience)
+    return registry.having("audience")
 
 
 def audience_refusal(msg: InboundMessage, is_owner: Callable[[str, str], bool]) -> str:

@@ -43,7 +43,7 @@ class Applied:
 
 def _with_redactions() -> frozenset[str]:
     """The channels whose gateway publishes redactions (their specs say so)."""
-    return frozenset(ch.name for ch in registry.channels() if ch.redactions)
+    return registry.having("redactions")
 
 
 def is_redaction(msg: InboundMessage) -> bool:
