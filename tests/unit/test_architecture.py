@@ -133,3 +133,24 @@ def test_every_other_memory_module_is_forbidden(name: str) -> None:
     modules |= {f"memory.{p.name}" for p in memory.iterdir() if (p / "__init__.py").exists()}
     assert len(MEMORY_API[name]) <= 4
     assert set(contract["forbidden_modules"]) == modules - MEMORY_API[name]
+
+
+# the worker stays a stack of small parts (issue 25): a class that grows past this is doing a
+# second job, a module past this holds two
+WORKER_METHODS, WORKER_LINES = 25, 450
+
+
+def test_no_worker_class_or_module_outgrows_one_job() -> None:
+    too_big = []
+    for path in sorted((ROOT / "worker").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if (n := len(text.splitlines())) > WORKER_LINES:
+            too_big.append(f"{path.name}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                methods = [
+                    f for f in node.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                if len(methods) > WORKER_METHODS:
+                    too_big.append(f"{path.name}: class {node.name} has {len(methods)} methods")
+    assert too_big == []
