@@ -118,6 +118,20 @@ def check_redis_url(url: str) -> None:
         raise ValueError("the database (after the last /) is not a number")
 
 
+def display_url(base_url: str) -> str:
+    """The base URL without any user:password part, query or fragment (a key may ride in
+    either: ``?key=...``), for messages and logs."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError):
+        return "<invalid URL>"
+    if url.userinfo:
+        url = url.copy_with(username=None, password=None)
+    if url.query or url.fragment:
+        url = url.copy_with(query=None, fragment=None)
+    return str(url)
+
+
 def check_model_url(url: str) -> None:
     """ValueError, without the URL in its message (a key may ride in its query or its
     user:password part), unless ``url`` is one the model client can ask: ``http://`` or

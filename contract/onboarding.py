@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import httpx
 
-from contract.config import Config, config_class
+from contract.config import Config, config_class, display_url
 from contract.terminal import echo
 
 Decision = Literal["retry", "keep", "skip"]
@@ -182,19 +182,6 @@ def short(text: str) -> str:
     """One line of at most MAX_DETAIL characters (``…`` where it was cut)."""
     text = " ".join(text.split())[:_SPAN]
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 1] + "…"
-
-
-def display_url(base_url: str) -> str:
-    """The URL without any user:password part, query or fragment, for messages."""
-    try:
-        url = httpx.URL(base_url)
-    except (httpx.InvalidURL, TypeError):
-        return "<invalid URL>"
-    if url.userinfo:
-        url = url.copy_with(username=None, password=None)
-    if url.query or url.fragment:
-        url = url.copy_with(query=None, fragment=None)
-    return str(url)
 
 
 def http_problem(exc: httpx.HTTPError, url: str) -> str:

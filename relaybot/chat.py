@@ -17,13 +17,12 @@ from typing import Any
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
-from contract.config import Config
+from contract.config import Config, display_url
 from contract.messages import RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
-from worker.openai_parse import display_url
 
 log = structlog.get_logger(__name__)
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from contract.config import Config
+from contract.config import Config, display_url
 from relaybot.doctor_verdict import Check, fail, model_exists, ok, skipped, tool_call, warn
-from worker.openai_parse import Masker, clip, display_url, endpoint_url
+from worker.openai_parse import Masker, clip, endpoint_url
 
 Add = Callable[[Check], None]
 

@@ -16,8 +16,10 @@ from collections.abc import Callable
 
 import httpx
 
+from contract.config import display_url
 from contract.onboarding import Tried as Check
-from worker.openai_parse import Masker, clip, display_url, endpoint_url
+from contract.onboarding import http_problem
+from worker.openai_parse import Masker, clip, endpoint_url
 
 __all__ = ["Check", "list_models", "try_completion"]
 
@@ -28,15 +30,6 @@ _MAX_DETAIL = 300
 def _short(text: str, hide: Callable[[str], str] = str) -> str:
     """One line of at most _MAX_DETAIL characters, masked by ``hide`` before it is cut."""
     return clip(text, _MAX_DETAIL, hide)
-
-
-def _http_problem(exc: httpx.HTTPError, url: str) -> str:
-    url = display_url(url)
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to {url}: {_short(str(exc)) or 'connection refused'}"
-    if isinstance(exc, httpx.TimeoutException):
-        return f"{url} did not answer within {TIMEOUT:g} s"
-    return f"{url}: {_short(str(exc)) or type(exc).__name__}"
 
 
 def _error_text(resp: httpx.Response, hide: Callable[[str], str] = str) -> str:
@@ -78,7 +71,7 @@ def _list_models(base_url: str, api_key: str, hide: Masker) -> Check:
     try:
         resp = httpx.get(url, headers=_headers(api_key), timeout=TIMEOUT)
     except httpx.HTTPError as exc:
-        return Check(False, _http_problem(exc, url))
+        return Check(False, http_problem(exc, url))
     if resp.status_code in (401, 403):
         return Check(False, f"the endpoint refused the API key ({resp.status_code}: "
                             f"{_error_text(resp, hide)})")  # fmt: skip
@@ -116,7 +109,7 @@ def _try_completion(base_url: str, api_key: str, model: str, hide: Masker) -> Ch
     try:
         resp = httpx.post(url, json=body, headers=_headers(api_key), timeout=max(TIMEOUT, 60.0))
     except httpx.HTTPError as exc:
-        return Check(False, _http_problem(exc, url))
+        return Check(False, http_problem(exc, url))
     if resp.status_code == 404:
         return Check(False, f"the endpoint has no model {model!r} ({_error_text(resp, hide)})")
     if resp.status_code != 200:

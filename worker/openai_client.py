@@ -25,13 +25,12 @@ from typing import Any
 import httpx
 import structlog
 
-from contract.config import ModelConfig
+from contract.config import ModelConfig, display_url
 from worker.model import Completion, ModelError, ModelPort, NoModel
 from worker.openai_parse import (
     Failure,
     Masker,
     Raw,
-    display_url,
     endpoint_url,
     error_detail,
     garbage,

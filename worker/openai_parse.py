@@ -59,20 +59,6 @@ def seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-def display_url(base_url: str) -> str:
-    """The base URL without any user:password part, query or fragment (a key may ride in
-    either: ``?key=...``), for messages and logs."""
-    try:
-        url = httpx.URL(base_url)
-    except (httpx.InvalidURL, TypeError):
-        return "<invalid URL>"
-    if url.userinfo:
-        url = url.copy_with(username=None, password=None)
-    if url.query or url.fragment:
-        url = url.copy_with(query=None, fragment=None)
-    return str(url)
-
-
 def endpoint_url(base_url: str, path: str) -> str:
     """``path`` (``chat/completions``, ``models``) under the base URL's path, the base URL's
     query kept (a key may ride in it: ``/v1?key=...`` asks ``/v1/chat/completions?key=...``)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,11 +9,10 @@ import pytest
 import redis
 
 from contract.config import Config, RedisConfig
-from deploy.embedded import redis_binary
 from gateways.cli.gateway import Terminal
 from memory.store import MemoryStore
 from tests.support.fakes import InstantModel
-from tests.support.servers import free_port
+from tests.support.servers import redis_with_acl
 from tests.support.worker import handle_entries
 from worker.main import build_consumer
 
@@ -27,28 +24,9 @@ PASSWORDS = {"worker": "w-secret", "jobs": "j-secret", "cli": "c-secret", "matri
 
 @pytest.fixture
 def acl_redis(tmp_path: Path) -> Iterator[int]:
-    text = (ROOT / "deploy" / "redis" / "users.acl").read_text()
-    for user, password in PASSWORDS.items():
-        text = text.replace(f">CHANGE-ME-{user}", f">{password}")
-    acl = tmp_path / "users.acl"
-    acl.write_text(text)
-    port = free_port()
-    proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--dir", str(tmp_path), "--aclfile", str(acl)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            redis.Redis(port=port, username="cli", password="x").ping()
-        except redis.AuthenticationError:
-            break  # up, and refusing bad credentials
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    yield port
-    proc.terminate()
-    proc.wait(10)
+    acl = (ROOT / "deploy" / "redis" / "users.acl").read_text()
+    with redis_with_acl(tmp_path, acl, PASSWORDS) as port:
+        yield port
 
 
 def cfg_for(tmp_path: Path, port: int, user: str) -> Config:

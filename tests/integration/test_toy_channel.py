@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +17,10 @@ import pytest
 import redis
 
 from contract.keys import Keys, digest
-from deploy.embedded import redis_binary
 from tests.support.channels import write_dist
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import REPO, Procs, relaybot_env, run_relaybot, wait_until, write_config
-from tests.support.servers import free_port
+from tests.support.servers import redis_with_acl
 
 pytestmark = pytest.mark.integration
 
@@ -57,28 +55,8 @@ def acl_file(tmp_path: Path, site: Path) -> str:
 
 @pytest.fixture
 def acl_redis(tmp_path: Path, acl_file: str) -> Iterator[int]:
-    text = acl_file
-    for user, password in PASSWORDS.items():
-        text = text.replace(f">CHANGE-ME-{user}", f">{password}")
-    acl = tmp_path / "users.acl"
-    acl.write_text(text)
-    port = free_port()
-    proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path), "--aclfile", str(acl)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            redis.Redis(port=port, username="relaybot-toy", password="x").ping()
-        except redis.AuthenticationError:
-            break  # up, and refusing bad credentials
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    yield port
-    proc.terminate()
-    proc.wait(10)
+    with redis_with_acl(tmp_path, acl_file, PASSWORDS, args=["--appendonly", "no"]) as port:
+        yield port
 
 
 def env_of(home: Path, site: Path, port: int, user: str, model: FakeModelServer) -> dict[str, str]:

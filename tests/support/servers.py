@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -68,3 +70,34 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+@contextmanager
+def redis_with_acl(
+    where: Path, acl: str, passwords: Mapping[str, str], *, args: Sequence[str] = ()
+) -> Iterator[int]:
+    """A redis-server on 127.0.0.1 with the ACL file ``acl`` (``>CHANGE-ME-<user>`` replaced by
+    ``passwords``), up once it refuses bad credentials; its port."""
+    for user, password in passwords.items():
+        acl = acl.replace(f">CHANGE-ME-{user}", f">{password}")
+    path = where / "users.acl"
+    path.write_text(acl)
+    port = free_port()
+    proc = subprocess.Popen(
+        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--dir", str(where), "--aclfile", str(path), *args],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, username="nobody", password="x").ping()
+        except redis.AuthenticationError:
+            break  # up, and refusing bad credentials
+        except redis.ConnectionError:
+            time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
