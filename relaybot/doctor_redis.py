@@ -16,11 +16,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from contract import channels as registry
 from contract.bus import redis_url, text
+from contract.checks import probe_client
 from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import heartbeats
@@ -117,16 +116,6 @@ def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
     return out
 
 
-def client(cfg: Config, timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(
-        redis_url(cfg),
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-        client_name="relaybot-doctor",
-    )
-
-
 def _user(cfg: Config) -> str:
     if cfg.redis.url is None:
         return "default"
@@ -145,7 +134,7 @@ def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
             ),
             None,
         )
-    r = client(cfg, timeout)
+    r = probe_client(cfg, timeout)
     started = time.monotonic()
     try:
         r.ping()
@@ -235,7 +224,7 @@ def processes_group(
     if cfg.embedded_redis and not Path(cfg.redis_dir / "redis.sock").exists():
         because = "the embedded Redis is not running: no process of this RELAYBOT_HOME runs"
     else:
-        r = client(cfg, timeout)
+        r = probe_client(cfg, timeout)
         try:
             beats = heartbeats(r, cfg.keys)
         except (redis.RedisError, OSError) as exc:
