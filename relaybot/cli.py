@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
-from contract import logs
+from contract import logs, redis_tls
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
 from contract.terminal import echo, echo_json
@@ -175,6 +175,9 @@ def _main(argv: Sequence[str]) -> int:
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
+    except ConfigError as exc:  # found once running: a TLS misconfiguration (contract/redis_tls)
+        print(f"relaybot: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except redis.exceptions.NoPermissionError as exc:
         # reached, but this account may not do it (deploy/redis/users.acl: the terminal's
         # account only sends and reads its own replies)
@@ -185,6 +188,9 @@ def _main(argv: Sequence[str]) -> int:
         )
         return 1
     except redis.RedisError as exc:
+        if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
+            print(f"relaybot: configuration error: {tls}", file=sys.stderr)
+            return EXIT_CONFIG
         print(
             f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
         )
