@@ -78,6 +78,25 @@ def fill(values: dict[str, str], placeholders: dict[str, str], **ours: str) -> d
     return out
 
 
+def guide_certificates(directory: Path, ips: list[str]) -> Pki:
+    """Step 1's openssl commands, run as the guide writes them, the certificate naming the
+    addresses the gateways connect to here too; plus a CA that signed nothing (a client that
+    trusts it must refuse the server)."""
+    text = GUIDE.read_text("utf-8")
+    block = next(b for b in re.findall(r"```sh\n(.*?)```", text, flags=re.S) if "ca.key" in b)
+    extra = "".join(f",IP:{ip}" for ip in ips)
+    assert "IP:127.0.0.1" in block
+    directory.mkdir()
+    subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.replace("IP:127.0.0.1", "IP:127.0.0.1" + extra)],
+        cwd=directory, capture_output=True, check=True,
+    )  # fmt: skip
+    for f in directory.iterdir():
+        f.chmod(0o644)  # throwaway keys; redis-server and relaybot read them
+    rogue = make_pki(directory / "rogue", ["127.0.0.1"]).rogue_ca
+    return Pki(directory / "ca.crt", directory / "redis.crt", directory / "redis.key", rogue)
+
+
 def unit_env(home: Path, settings: dict[str, str]) -> dict[str, str]:
     """What systemd gives the unit: its Environment= (RELAYBOT_HOME) and EnvironmentFile=."""
     env = relaybot_env(home)  # PATH, HOME, RELAYBOT_DOTENV= (the tests never read a .env)
@@ -134,7 +153,7 @@ def test_the_deploy_guide_on_three_hosts(
     dev_wc, _ = link(w, W_TO_C, c, C_TO_W, f"{w.name[:-1]}C")
 
     # the worker's host: certificates, the ACL file, Redis with TLS (guide steps 1-3)
-    pki: Pki = make_pki(tmp_path / "pki", [W_TO_E, W_TO_C, "127.0.0.1"])
+    pki = guide_certificates(tmp_path / "pki", [W_TO_E, W_TO_C])
     acl_text = subprocess.run(
         [sys.executable, "-m", "deploy.acl"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
