@@ -39,6 +39,7 @@ from tests.support.fakemodel import FakeModelServer
 from tests.support.mailservers import ImapServer, SmtpServer, make_message
 from tests.support.netns import Host, link
 from tests.support.procs import Procs, relaybot_env, wait_until
+from tests.support.synapse import SynapseServer
 from tests.support.tlsredis import Pki, TlsRedis, make_pki, redis_conf
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +52,7 @@ BOT = "relaybot@example.org"
 AUTHSERV = "mx.example.org"  # the guide's trusted_authserv_ids
 W_TO_E, E_TO_W = "10.77.1.1", "10.77.1.2"
 W_TO_C, C_TO_W = "10.77.2.1", "10.77.2.2"
+W_TO_M, M_TO_W = "10.77.3.1", "10.77.3.2"
 
 
 def guide_file(name: str) -> dict[str, str]:
@@ -105,15 +107,15 @@ def unit_env(home: Path, settings: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def hosts() -> Iterator[tuple[Host, Host, Host]]:
+def hosts() -> Iterator[tuple[Host, Host, Host, Host]]:
     why = netns.unavailable()
     if why is not None:
         if os.environ.get("CI") or os.geteuid() == 0:
             pytest.fail(f"network namespaces are needed and unavailable: {why}")
         pytest.skip(why)
     tag = f"rb{os.getpid() % 100000}"
-    with Host(f"{tag}w") as w, Host(f"{tag}e") as e, Host(f"{tag}c") as c:
-        yield w, e, c
+    with Host(f"{tag}w") as w, Host(f"{tag}e") as e, Host(f"{tag}c") as c, Host(f"{tag}m") as m:
+        yield w, e, c, m
 
 
 def _ready(host: Host, url: str, ca: Path) -> bool:
@@ -146,14 +148,15 @@ def _replies_to(smtp: SmtpServer) -> list[str]:
 
 
 def test_the_deploy_guide_on_three_hosts(
-    hosts: tuple[Host, Host, Host], tmp_path: Path, procs: Procs
+    hosts: tuple[Host, Host, Host, Host], tmp_path: Path, procs: Procs
 ) -> None:
-    w, e, c = hosts
+    w, e, c, m = hosts
     dev_we, _ = link(w, W_TO_E, e, E_TO_W, f"{w.name[:-1]}E")
     dev_wc, _ = link(w, W_TO_C, c, C_TO_W, f"{w.name[:-1]}C")
+    dev_wm, _ = link(w, W_TO_M, m, M_TO_W, f"{w.name[:-1]}M")
 
     # the worker's host: certificates, the ACL file, Redis with TLS (guide steps 1-3)
-    pki = guide_certificates(tmp_path / "pki", [W_TO_E, W_TO_C])
+    pki = guide_certificates(tmp_path / "pki", [W_TO_E, W_TO_C, W_TO_M])
     acl_text = subprocess.run(
         [sys.executable, "-m", "deploy.acl"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
@@ -170,9 +173,13 @@ def test_the_deploy_guide_on_three_hosts(
     mail_dir = tmp_path / "mail"
     imap = e.run(lambda: ImapServer(mail_dir).start())
     smtp = e.run(lambda: SmtpServer().start())
+    hs = m.run(lambda: SynapseServer(tmp_path / "synapse").start())  # the bot's homeserver
     try:
         placeholders = {f"CHANGE-ME-{u}": p for u, p in passwords.items()}
         placeholders["/etc/relaybot/ca.pem"] = str(pki.ca)
+        # the test's homeserver is named localhost: its users' ids replace the guide's
+        bot, owner = m.run(lambda: (hs.register("relaybot", "bot-pw"), hs.register("ada")))
+        placeholders |= {"@ada:example.org": owner.user_id, "@relaybot:example.org": bot.user_id}
 
         # the worker's host: /etc/relaybot/env, the worker and jobs units (guide step 4)
         worker_env = unit_env(
@@ -218,7 +225,33 @@ def test_the_deploy_guide_on_three_hosts(
         assert len(said) == 1 and "ca_file" in said[0], refused.stderr
 
         gateway = procs.start("gateway-email", ["gateway", "email"], email_env, wrap=e.wrap)
+
+        # the Matrix gateway's host: /etc/relaybot/gateway-matrix.env (guide step 5)
+        matrix_env = unit_env(
+            tmp_path / "matrix-home",
+            fill(
+                guide_file("/etc/relaybot/gateway-matrix.env"),
+                {**placeholders, "redis.example.org": W_TO_M},
+                RELAYBOT_MATRIX__HOMESERVER=hs.url,
+                RELAYBOT_MATRIX__PASSWORD=bot.password,
+            ),
+        )
+        matrix = procs.start("gateway-matrix", ["gateway", "matrix"], matrix_env, wrap=m.wrap)
         gateway.wait_for_log("email.first_start", timeout=30)
+        matrix.wait_for_log("matrix.backlog_skipped", timeout=30)
+        dm = m.run(lambda: hs.create_room(owner, [bot.user_id], direct=True))
+
+        def bot_said() -> list[str]:
+            said = m.run(lambda: hs.messages(owner, dm))
+            return [ev["content"]["body"] for ev in said if ev["sender"] == bot.user_id]
+
+        wait_until(
+            lambda: m.run(lambda: hs.members(owner, dm)).get(bot.user_id) == "join",
+            timeout=30, message="the bot to join the owner's DM",
+        )  # fmt: skip
+        m.run(lambda: hs.send_text(owner, dm, "hello from matrix"))
+        wait_until(bot_said, timeout=30, message="the bot's Matrix reply")
+        assert "[matrix / owner]" in bot_said()[0] and "hello from matrix" in bot_said()[0]
 
         # the terminal's host: its .env (guide step 6), in the directory the chat starts in
         cli_dir = tmp_path / "terminal"
@@ -258,17 +291,19 @@ def test_the_deploy_guide_on_three_hosts(
         wait_until(lambda: _asked(model, "slow one"), timeout=30, message="the model at work")
         slow_chat = chat("typed before the cut [[delay:3]]", timeout=150)
         wait_until(lambda: _asked(model, "typed before the cut"), timeout=30, message="the chat")
-        w.link_down(dev_we)
-        w.link_down(dev_wc)
+        for dev in (dev_we, dev_wc, dev_wm):
+            w.link_down(dev)
         cut_at = time.monotonic()
+        m.run(lambda: hs.send_text(owner, dm, "said during the cut"))
         for n in (3, 4):
             mid_n, msg_n = _owner_mail(n, f"written during the cut {n}")
             e.run(lambda m=msg_n: imap.append(m))  # type: ignore[misc]
             sent.append(mid_n)
         time.sleep(max(0.0, CUT_SECONDS - (time.monotonic() - cut_at)))
         assert _replies_to(smtp) == [sent[0]], "a reply crossed a cut link"
-        w.link_up(dev_we)
-        w.link_up(dev_wc)
+        assert len(bot_said()) == 1, "a Matrix reply crossed a cut link"
+        for dev in (dev_we, dev_wc, dev_wm):
+            w.link_up(dev)
 
         wait_until(
             lambda: set(sent) <= set(_replies_to(smtp)),
@@ -286,24 +321,29 @@ def test_the_deploy_guide_on_three_hosts(
             lambda: w.run(lambda: _idle(worker_url, pki.ca)), timeout=30, interval=0.5,
             message="an idle bus",
         )  # fmt: skip
+        wait_until(lambda: len(bot_said()) >= 2, timeout=60, message="the Matrix reply")
         replies = _replies_to(smtp)
         assert sorted(replies) == sorted(sent), replies  # each mail answered once
         entries = w.run(lambda: _stream_messages(worker_url, pki.ca))
         assert sorted(entries["email"]) == sorted(sent), entries  # each mail published once
         assert len(entries["cli"]) == len(set(entries["cli"])) == 2, entries
-        assert worker.returncode is None and gateway.returncode is None
+        assert len(entries["matrix"]) == len(set(entries["matrix"])) == 2, entries
+        said = bot_said()
+        assert len(said) == 2 and "said during the cut" in said[1], said  # answered once
+        assert None is worker.returncode is gateway.returncode is matrix.returncode
     finally:
         procs.stop_all()
         smtp.stop()
         imap.stop()
         model.stop()
         server.stop()
+        hs.stop()
 
 
 def _idle(url: str, ca: Path) -> bool:
     client = redis.Redis.from_url(url, ssl_ca_certs=str(ca))
     try:
-        for ch in ("email", "cli"):
+        for ch in ("email", "cli", "matrix"):
             for group in client.xinfo_groups(f"relaybot:inbound:{ch}"):
                 if int(group["pending"]):
                     return False
@@ -323,7 +363,7 @@ def _stream_messages(url: str, ca: Path) -> dict[str, list[str]]:
                 for _id, fields in client.xrange(f"relaybot:inbound:{ch}")
                 if fields.get("kind") == "message"
             ]
-            for ch in ("email", "cli")
+            for ch in ("email", "cli", "matrix")
         }
     finally:
         client.close()
