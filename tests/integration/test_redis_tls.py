@@ -8,6 +8,7 @@ Debian's redis-server (built with TLS) with the shipped deploy/redis/tls.conf an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,20 @@ def test_rediss_against_a_plain_server_says_so(redis_server: RedisServer, tmp_pa
 def test_tls_files_with_a_plain_url_are_refused(tmp_path: Path) -> None:
     env = _env(tmp_path / "home", "redis://127.0.0.1:1/0", RELAYBOT_REDIS__CA_FILE=str(tmp_path))
     _one_line_exit_2(run_relaybot(["worker"], env, timeout=30), "rediss://")
+
+
+def test_doctor_uses_the_ca_file_and_says_what_a_bad_certificate_means(
+    tls_redis: tuple[int, Pki], tmp_path: Path
+) -> None:
+    port, pki = tls_redis
+    url = f"rediss://relaybot-worker:{PASSWORD}@127.0.0.1:{port}/0"
+
+    def reachable(ca: Path) -> dict[str, object]:
+        env = _env(tmp_path / "home", url, RELAYBOT_REDIS__CA_FILE=str(ca))
+        done = run_relaybot(["doctor", "--json", "--timeout", "3"], env, timeout=60)
+        checks = json.loads(done.stdout)["checks"]
+        return dict(next(c for c in checks if c["id"] == "redis.reachable"))
+
+    assert reachable(pki.ca)["verdict"] == "ok"
+    bad = reachable(pki.rogue_ca)
+    assert bad["verdict"] == "fail" and "does not verify" in str(bad["summary"]), bad
