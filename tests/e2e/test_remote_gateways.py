@@ -88,11 +88,14 @@ def guide_certificates(directory: Path, ips: list[str]) -> Pki:
     block = next(b for b in re.findall(r"```sh\n(.*?)```", text, flags=re.S) if "ca.key" in b)
     extra = "".join(f",IP:{ip}" for ip in ips)
     assert "IP:127.0.0.1" in block
-    directory.mkdir()
+    assert "~/relaybot-tls" in block
+    directory.mkdir()  # the operator's home directory here
     subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.replace("IP:127.0.0.1", "IP:127.0.0.1" + extra)],
-        cwd=directory, capture_output=True, check=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(directory)}, capture_output=True,
+        check=True,
     )  # fmt: skip
+    directory = directory / "relaybot-tls"
     for f in directory.iterdir():
         f.chmod(0o644)  # throwaway keys; redis-server and relaybot read them
     rogue = make_pki(directory / "rogue", ["127.0.0.1"]).rogue_ca
