@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
-from contract import logs, redis_tls
+from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
 from contract.terminal import echo, echo_json
@@ -188,6 +188,8 @@ def _main(argv: Sequence[str]) -> int:
         )
         return 1
     except redis.RedisError as exc:
+        from contract import redis_tls  # only on this path: --version and --help stay light
+
         if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
             print(f"relaybot: configuration error: {tls}", file=sys.stderr)
             return EXIT_CONFIG
