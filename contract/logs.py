@@ -39,17 +39,21 @@ from contract.terminal import safe
 
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
-_SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
+# "token" but not "tokens": max_tokens, prompt_tokens are counts, not secrets
+_SECRET_KEY = re.compile(r"(pass(word)?|secret|token(?!s)|api_?key|authorization|credential)", re.I)
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
 # ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a
 # homeserver's access token on its own. The cheap test first: most lines hold none of these words.
+# An unquoted value after ": " that starts a sentence (a capitalised word, a space, a lower-case
+# word) is not a secret but a message about the key: pydantic's "model.api_key: Input should be
+# a valid string", "matrix.password: Field required" keep their words.
 _HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
 _INLINE_SECRET = re.compile(
-    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token|api_?key|authorization|credential)"""
+    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token(?!s)|api_?key|authorization|credential)"""
     r"""[\w.-]*["']?\s*[:=]\s*)"""
-    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])[^\s,;}\])]+)""",
+    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])(?!(?<=: )[A-Z][a-z]+ [a-z])[^\s,;}\])]+)""",
     re.I,
 )
 _BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
