@@ -18,7 +18,7 @@ import structlog
 from pydantic import TypeAdapter, ValidationError
 
 from contract.config import Config, display_url
-from contract.messages import RoutingKey
+from contract.messages import ReplyKind, RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
@@ -30,6 +30,7 @@ EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
 EXIT_NO_REDIS = 1  # as for any command that cannot reach Redis
 EXIT_USAGE = 2
+EXIT_ERROR_REPLY = 5  # the reply came, and says the turn failed (the model could not answer)
 GRACE = 3.0  # seconds to wait for a worker that a zero-config run has just started
 
 HELP = """\
@@ -77,7 +78,14 @@ def _stop_on(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: float) -> int:
+def run_chat(
+    cfg: Config, *, message: str | None, session: str | None, timeout: float | None
+) -> int:
+    """``timeout`` None: long enough for the model's retries (contract/timeouts.py)."""
+    if timeout is None:
+        from contract.timeouts import reply_wait
+
+        timeout = reply_wait(cfg.model)
     name = session or new_session_name()
     if (why := bad_session(name)) is not None:
         _err(why)
@@ -126,9 +134,10 @@ def _await(rt: Runtime, term: Terminal, sid: str, timeout: float) -> int:
     outage = Outage("cli")
     while time.monotonic() < deadline:
         try:
-            if term.wait_for(sid, min(1.0, deadline - time.monotonic())) is not None:
+            reply = term.wait_for(sid, min(1.0, deadline - time.monotonic()))
+            if reply is not None:
                 outage.recovered()
-                return 0
+                return EXIT_ERROR_REPLY if reply.kind == ReplyKind.ERROR else 0
             problem = rt.problem()
             outage.recovered()
         except TRANSIENT as exc:  # the message is accepted: wait for Redis, then its reply
