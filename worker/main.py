@@ -54,7 +54,7 @@ def open_store(cfg: Config) -> MemoryStore | None:
 
 def turn_tools(ctx: TurnContext) -> ToolRegistry:
     """The tools of one turn: the built-in ones and the memory tools for its privacy scope."""
-    return ToolRegistry([*default_tools(), *memory_tools(ctx)])
+    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx)])
 
 
 def tool_shape(ctx: TurnContext) -> Hashable:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
+from contract import timezone
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Reply, ReplyKind
 from memory.errors import MemoryUnwritable
@@ -65,6 +66,7 @@ def memory_settings(cfg: Config) -> MemorySettings:
         trusted_channels=(
             None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
         ),
+        timezone=timezone.resolve(cfg.owner.timezone).info,  # [owner] timezone, or the system's
     )
 
 

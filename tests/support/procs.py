@@ -91,6 +91,9 @@ def relaybot_env(
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["RELAYBOT_DOTENV"] = ""  # never the developer's .env of the clone (cwd is the repo)
+    # the times the model sees are in the system's zone ([owner] timezone unset): the tests'
+    # is UTC, wherever they run (contract/timezone.py reads TZ first)
+    env["TZ"] = "UTC"
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     if prefix is not None:
