@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import TypeAdapter, ValidationError
@@ -23,6 +23,9 @@ from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
+
+if TYPE_CHECKING:
+    from relaybot.chat_input import LineReader
 
 log = structlog.get_logger(__name__)
 
@@ -193,26 +196,29 @@ class Chat:
         self.cfg, self.rt, self.view, self.timeout = cfg, rt, view, timeout
 
     def run(self, name: str) -> int:
-        while True:
-            _err(f"session {name} — type a message, /help for commands, Ctrl-D to quit")
-            with _attached(self.cfg, self.rt, name, self.view) as term:
-                term.drain()
-                outcome = self._session(term)
-            if isinstance(outcome, int):
-                return outcome
-            name = outcome
+        from relaybot.chat_input import LineReader
 
-    def _session(self, term: Terminal) -> int | str:
-        """Lines of one session until Ctrl-D (an exit code) or a switch (the next session)."""
+        with LineReader() as reader:  # a paste of several lines is one message
+            while True:
+                _err(f"session {name} — type a message, /help for commands, Ctrl-D to quit")
+                with _attached(self.cfg, self.rt, name, self.view) as term:
+                    term.drain()
+                    outcome = self._session(term, reader)
+                if isinstance(outcome, int):
+                    return outcome
+                name = outcome
+
+    def _session(self, term: Terminal, reader: LineReader) -> int | str:
+        """Messages of one session until Ctrl-D (an exit code) or a switch (the next session)."""
         while True:
             try:
-                line = input("you> ")
+                line = reader.read("you> ")
             except EOFError:
                 sys.stderr.write("\n")
                 return 0
             if not line.strip():
                 continue
-            if line.startswith("/") and not line.startswith("//"):
+            if line.startswith("/") and not line.startswith("//") and "\n" not in line:
                 switch = self._command(line, term)
                 if switch is not None:
                     return switch
