@@ -11,6 +11,10 @@ the config, else ``auto``: ``console`` when a person reads the output — stderr
 the process was started by ``honcho`` (which pipes each process's output into its own
 terminal) — and ``json`` otherwise (systemd, docker, a file).
 
+Under honcho a console line has no time of its own: honcho puts its own at the start of every
+line it shows, and one time per line is enough (a JSON line always has its ``timestamp``).
+rq's own lines (a worker's start, "Listening on", cleaning registries, each job) are debug.
+
 Every line carries the process name; channel, session and stream id are bound through
 contextvars where known. Values of keys that look like secrets are replaced before rendering, and
 so are secrets inside any string (the event, a stdlib line's message): passwords in URLs, values
@@ -244,6 +248,8 @@ def configure(
     env = os.environ if env is None else env
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     chosen = choose_format(fmt, out, env)
+    # honcho prefixes each line with its own time: a console line there carries none of its own
+    stamped = chosen == "json" or not under_honcho()
 
     def annotate(
         _logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
@@ -256,7 +262,8 @@ def configure(
         event_dict.setdefault("process", process)
         event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
         _redact_secrets(_logger, method_name, event_dict)
-        event_dict["timestamp"] = utc_stamp(time.time())
+        if stamped:
+            event_dict["timestamp"] = utc_stamp(time.time())
         return event_dict
 
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
@@ -293,6 +300,12 @@ def configure(
     root.setLevel(max(numeric, logging.INFO))
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # rq's internals (worker started, "Listening on", registries cleaned, each job) at debug:
+    # the jobs process says what matters in its own lines (jobs.started, summary.*)
+    # (each of its loggers by name: rq sets 'rq.worker' to INFO on import unless it has a level)
+    rq_level = logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    for name in ("rq", "rq.worker", "rq.job", "rq.queue", "rq.scheduler"):
+        logging.getLogger(name).setLevel(rq_level)
     # platform noise: nio says "Room ... handling event of type ..." for every event at INFO;
     # never below INFO: its debug lines hold whole responses (the access token of a login, the
     # message bodies of a sync), and no log line may hold a secret or message text

@@ -125,7 +125,7 @@ def build_consumer(
     own_model = model is None
     model = model or make_model(cfg.model)
     if isinstance(model, NoModel):
-        log.warning(
+        log.info(  # a state, not a fault: every reply says so, and doctor warns
             "model.not_configured",
             hint="set [model] base_url and model in config.toml, or OPENAI_BASE_URL and "
             "RELAYBOT_MODEL; replies will say that no model is configured",

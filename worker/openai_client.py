@@ -175,7 +175,7 @@ class OpenAIChatClient:
             budget = min(self.timeout, remaining)
             attempts += 1
             t0 = time.monotonic()
-            log.info(
+            log.debug(  # every attempt: the noise of a turn, shown with -v
                 "model.request",
                 model=self.model,
                 url=self._display,
@@ -214,7 +214,7 @@ class OpenAIChatClient:
                     log.info("model.backoff", attempt=attempts, wait_s=round(wait, 3))
                     self._sleep(wait)
                 continue
-            log.info(
+            log.debug(
                 "model.response",
                 model=self.model,
                 url=self._display,
