@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, tzinfo
 
 import structlog
 
@@ -66,8 +67,15 @@ def memory_settings(cfg: Config) -> MemorySettings:
         trusted_channels=(
             None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
         ),
-        timezone=timezone.resolve(cfg.owner.timezone).info,  # [owner] timezone, or the system's
+        timezone=owner_zone(cfg),
     )
+
+
+def owner_zone(cfg: Config) -> tzinfo | None:
+    """``[owner] timezone``, else the system's (contract/timezone.py); None for UTC, as
+    memory and the clock take it (the times then read ``… UTC``)."""
+    zone = timezone.resolve(cfg.owner.timezone).info
+    return None if zone is UTC else zone
 
 
 class Turns:
