@@ -70,6 +70,19 @@ class OwnerConfig(_Section):
     # them). The owner's turns from another channel see only their own conversation, as a
     # group would: what a stolen gateway credential can read (README, "The trust model")
     trusted_channels: list[str] | None = None
+    # an IANA zone (Europe/Berlin) for the times in the model's context and the clock tool;
+    # unset: the system's (contract/timezone.py: TZ, /etc/localtime, else UTC)
+    timezone: str | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from contract.timezone import zone_info
+
+        zone_info(value.strip())  # UnknownZone (a ValueError) says what to write instead
+        return value.strip()
 
     @field_validator("trusted_channels")
     @classmethod
@@ -471,6 +484,7 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_MODEL_TIMEOUT", "model", "timeout"),
     ("RELAYBOT_MODEL_RETRIES", "model", "retries"),
     ("RELAYBOT_OWNER_NAME", "owner", "name"),
+    ("RELAYBOT_TIMEZONE", "owner", "timezone"),
     ("RELAYBOT_CONTEXT_TOKENS", "worker", "context_tokens"),
     ("RELAYBOT_MODEL_CONCURRENCY", "model", "concurrency"),
     ("RELAYBOT_TURNS_MODE", "turns", "mode"),

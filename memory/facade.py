@@ -24,6 +24,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import tzinfo
 from pathlib import Path
 from typing import TypeVar
 
@@ -75,6 +76,8 @@ class MemorySettings:
     # the channels whose owner turns see everything (None: all); the owner's turns from the
     # others see their own conversation only, as a group would
     trusted_channels: frozenset[str] | None = None
+    # the owner's time zone: the times in the context are shown in it (None: UTC)
+    timezone: tzinfo | None = None
 
 
 def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
@@ -463,6 +466,7 @@ class Memory:
             ready=ready,
             drew=drew,
             owners=owners,
+            zone=settings.timezone,
         )
 
     def _history(
@@ -474,7 +478,8 @@ class Memory:
         if self._windows is None or self._windows.store is not store:
             self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
         try:
-            return self._windows.history(scope, self.settings.assistant_name, owners)
+            settings = self.settings
+            return self._windows.history(scope, settings.assistant_name, owners, settings.timezone)
         except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
             self.failed(exc)
             return (), None
@@ -494,7 +499,9 @@ class Memory:
                 sections.append(CuratedSection(curated))
         shown = self._summaries(msg, scope, current_id)
         if shown:
-            sections.append(SummariesSection([summary_view.line(s) for s in shown]))
+            sections.append(
+                SummariesSection([summary_view.line(s, self.settings.timezone) for s in shown])
+            )
             if drew is not None:  # offered (the budget may cut the oldest): an erasure reaches
                 drew.add_summaries(s.id for s in shown)  # every reply they may have shaped
         found = self._notes(msg, scope, drew)

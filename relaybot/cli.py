@@ -55,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
     chat.add_argument("--session", help="resume (or name) a session; default: a new one")
     chat.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds to wait for a reply (default 120)"
+        "--timeout",
+        type=float,
+        help="seconds to wait for a reply (default: the model's retries' worst case + 30, "
+        "at least 120)",
     )
 
     worker = sub.add_parser("worker", help="run the one ordered worker")

@@ -134,7 +134,9 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     unknown = unknown_keys(data, Config)
     checks.append(config_keys(path, unknown))
     try:
-        return checks, load_config(home, env), digest
+        cfg = load_config(home, env)
+        checks.append(zone_check(cfg, env))
+        return checks, cfg, digest
     except ConfigError as exc:
         if not unknown:
             checks.append(
@@ -155,6 +157,14 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     except ValidationError as exc:
         checks.append(fail("config.values", describe_validation_error(exc), "fix that value"))
         return checks, None, digest
+
+
+def zone_check(cfg: Config, env: Mapping[str, str]) -> Check:
+    """Which time zone the model's context and the clock use, and where it came from."""
+    from contract.timezone import resolve
+
+    zone = resolve(cfg.owner.timezone, env)
+    return ok("config.timezone", f"times are shown in {zone.describe()}", zone=zone.name)
 
 
 def channel_packages() -> Check:
