@@ -13,6 +13,12 @@ worker enqueues it again after a backoff, so a summary waits for the model, neve
 A model that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
 marked ``method = "fallback"``; a later job may supersede it.
 
+Each job reads config.toml afresh (a changed ``[model]`` is used by the next job); when the file
+does not load (invalid, or unreadable), the job runs with the last good configuration the jobs
+process holds (its config watcher's, :func:`use_last_good`): one bad edit must not send every
+summary job to rq's failed registry (issue 26). The jobs process says why, once
+(``config.rejected`` or ``config.unreadable``).
+
 Jobs get ids, never serialized models: (conversation, first log id, last log id, mode, the
 summary it supersedes, version); the job key (memory/summaries.py) makes applying idempotent.
 """
@@ -20,13 +26,14 @@ summary it supersedes, version); the job key (memory/summaries.py) makes applyin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
 import structlog
 from rq import get_current_job
 
-from contract.config import Config, load_config
+from contract.config import Config, ConfigError, load_config
 from contract.messages import InboundMessage, Kind, Privacy, new_event_id
 from memory.writer import (
     PAUSE_PROMPT,
@@ -45,6 +52,29 @@ log = structlog.get_logger(__name__)
 
 JUDGE_ROWS = 12  # the last messages the pause judgement reads
 
+# the jobs process's last good configuration (worker/jobs.py sets it; rq's work horse, forked
+# from that process, inherits it): None outside the jobs process
+_last_good: Callable[[], Config] | None = None
+
+
+def use_last_good(source: Callable[[], Config] | None) -> None:
+    """Where a job finds the last good configuration when config.toml does not load."""
+    global _last_good  # noqa: PLW0603 (one per process: the jobs process sets it at start)
+    _last_good = source
+
+
+def job_config() -> Config:
+    """config.toml as it is now, or the jobs process's last good configuration when it does not
+    load (:class:`ConfigError` only outside the jobs process, which has none)."""
+    try:
+        return load_config()
+    except ConfigError as exc:
+        if _last_good is None:
+            raise
+        log.info("summary.last_good_config", error=str(exc),
+                 detail="config.toml does not load: this job runs with the last good one")  # fmt: skip
+        return _last_good()
+
 
 def summarize(
     conversation: str,
@@ -57,7 +87,7 @@ def summarize(
 ) -> str:
     """The rq entry point; returns what happened (``proposed``, ``open``, ``undecided``,
     ``stale``, or ``model_down``: the worker enqueues the job again after a backoff)."""
-    cfg = load_config()
+    cfg = job_config()
     job = get_current_job()
     r: redis.Redis = job.connection if job is not None else redis.Redis.from_url(_url(cfg))
     model = make_model(cfg.model.for_derive())
