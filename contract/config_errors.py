@@ -26,9 +26,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 MAX_ERRORS = 5  # errors said in one message (the rest follow once these are fixed)
-MAX_LISTED = 24
+MAX_LISTED = 24  # keys of a section listed when none is close to the unknown one
 _PLAIN = frozenset({"str", "int", "float", "bool"})  # the names pydantic gives plain union members
-_NOT_IN_FILE = frozenset({"home"})  # the configuration's fields that are no keys of the file  # keys of a section listed when none is close to the unknown one
+_NOT_IN_FILE = frozenset({"home"})  # the configuration's fields that are no keys of the file
 
 
 def _owner_of(path: Path) -> str:

@@ -71,8 +71,8 @@ def job_config() -> Config:
     except ConfigError as exc:
         if _last_good is None:
             raise
-        log.info("summary.last_good_config", error=str(exc),
-                 detail="config.toml does not load: this job runs with the last good one")  # fmt: skip
+        detail = "config.toml does not load: this job runs with the last good one"
+        log.info("summary.last_good_config", error=str(exc), detail=detail)
         return _last_good()
 
 

@@ -120,9 +120,8 @@ def test_a_file_this_user_may_not_read_says_whose_it_is_and_how_to_give_it_back(
     with pytest.raises(ConfigUnreadable) as exc:
         read_config_bytes(tmp_path)
     assert "permission denied" in exc.value.problem and "mode 0000" in exc.value.problem
-    assert f"sudo chown {exc.value.problem.split(' cannot be read by ')[1].split(' ')[0]} {path}" in (
-        exc.value.fix
-    )
+    user = exc.value.problem.split(" cannot be read by ")[1].split(" ")[0]
+    assert f"sudo chown {user} {path} && sudo chmod 600 {path}" in exc.value.fix
 
 
 # -- a running process keeps its last good configuration ---------------------------------------
@@ -167,4 +166,3 @@ def test_the_watcher_keeps_the_last_good_config_while_the_file_is_a_directory(
     reload = look(watch)
     assert reload is not None and reload.config.owner.name == "Grace"
     assert "config_error" not in watch.fields()
-
