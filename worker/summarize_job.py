@@ -10,8 +10,11 @@ and applies it (memory/summaries.py). Jobs never write memory.
 has been quiet for ``[derive] quiet``); an unusable judgement leaves the decision to that quiet
 period. A model that is down ends the job with ``model_down`` (one warning, no traceback): the
 worker enqueues it again after a backoff, so a summary waits for the model, never gets dropped.
-A model that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
-marked ``method = "fallback"``; a later job may supersede it.
+A model that answers garbage twice (not JSON, or not a summary of the range: a placeholder such as
+``...``, the prompt echoed, text about something else: memory/segments.py ``summary_problem``) gets
+the deterministic, extractive summary (memory/segments.py), marked ``method = "fallback"`` and
+headed with why the model's reply was rejected (``no model`` only when there is none); a later job
+may supersede it.
 
 Each job reads config.toml afresh (a changed ``[model]`` is used by the next job); when the file
 does not load (invalid, or unreadable), the job runs with the last good configuration the jobs
@@ -26,8 +29,8 @@ summary it supersedes, version); the job key (memory/summaries.py) makes applyin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
@@ -43,10 +46,14 @@ from memory.writer import (
     parse_pause,
     parse_summary,
     summaries,
+    summary_problem,
     transcript,
 )
 from worker.model import ModelError, ModelPort, NoModel
 from worker.openai_client import make_model
+
+if TYPE_CHECKING:
+    from memory.types import LogRow
 
 log = structlog.get_logger(__name__)
 
@@ -143,23 +150,15 @@ def derive(
             r.hset(cfg.keys.derive_judged, conversation, str(last_id))
             bound.info("summary.not_paused")
             return "open"
-    text, method = None, "model"
+    text, rejected = None, None
     if not isinstance(model, NoModel):
-        for _ in range(2):
-            try:
-                text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))
-            except ModelError as exc:
-                if exc.retryable and exc.kind != "garbage":  # enqueued again, backing off
-                    bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
-                    return "model_down"
-                # it will not do better later (a 4xx such as "context too long", or not an
-                # answer at all): as an unusable answer, the extractive fallback after two
-                bound.warning("summary.model_refused", error=str(exc), kind=exc.kind)
-            if text is not None:
-                break
-            bound.warning("summary.unusable_answer")
+        asked = _ask_summary(model, rows, SUMMARY_PROMPT + lines, name, bound)
+        if asked is None:
+            return "model_down"
+        text, rejected = asked
+    method = "model" if text is not None else "fallback"
     if text is None:
-        text, method = fallback_summary(rows, name), "fallback"
+        text = fallback_summary(rows, name, rejected)
     key = summaries.job_key(conversation, first_id, last_id, version)
     last = rows[-1]
     entry = InboundMessage(
@@ -185,6 +184,36 @@ def derive(
     r.xadd(cfg.keys.inbound, entry.to_fields())  # type: ignore[arg-type]
     bound.info("summary.proposed", method=method, chars=len(text), key=key)
     return "proposed"
+
+
+def _ask_summary(
+    model: ModelPort, rows: Sequence[LogRow], prompt: str, name: str, bound: Any
+) -> tuple[str | None, str | None] | None:
+    """The model's summary (None, and why, when its two tries gave none); None when the model
+    is down (the job is enqueued again, backing off)."""
+    rejected = None
+    for _ in range(2):
+        try:
+            answer = _ask(model, prompt)
+        except ModelError as exc:
+            if exc.retryable and exc.kind != "garbage":
+                bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
+                return None
+            # it will not do better later (a 4xx such as "context too long", or not an answer
+            # at all): as an unusable answer, the extractive fallback after two
+            bound.warning("summary.model_refused", error=str(exc), kind=exc.kind)
+            rejected = f"the model failed ({exc.kind})"
+            continue
+        text = parse_summary(answer)
+        if text is None:
+            rejected = "not JSON with a summary"
+        else:
+            # a placeholder, the prompt echoed, text about something else: not a summary
+            rejected = summary_problem(text, rows, name)
+            if rejected is None:
+                return text, None
+        bound.warning("summary.unusable_answer", reason=rejected)
+    return None, rejected
 
 
 def _ask(model: ModelPort, prompt: str) -> str:
