@@ -133,8 +133,8 @@ def parse_summary(text: str) -> str | None:
 _SPACELESS = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
 # a word: one such character, a run of two letters or more, or a number
 _WORD = re.compile(rf"{_SPACELESS}|[^\W\d_]{{2,}}|\d+")
-_COMMON_WORDS = """a about above after again all also am an and any are as at be because been before being
-    below between both but by can could did do does doing done down during each either else
+_COMMON_WORDS = """a about above after again all also am an and any are as at be because
+    been before being below between both but by can could did do does doing done down during each either else
     even ever every few for from further get got had has have having he her here hers him
     his how i if in into is it its just like made make many may me might more most much must
     my no nor not now of off on once one only or other our out over own said same say says
