@@ -133,14 +133,14 @@ def parse_summary(text: str) -> str | None:
 _SPACELESS = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
 # a word: one such character, a run of two letters or more, or a number
 _WORD = re.compile(rf"{_SPACELESS}|[^\W\d_]{{2,}}|\d+")
-_COMMON_WORDS = """a about above after again all also am an and any are as at be because
-    been before being below between both but by can could did do does doing done down during each either else
-    even ever every few for from further get got had has have having he her here hers him
-    his how i if in into is it its just like made make many may me might more most much must
-    my no nor not now of off on once one only or other our out over own said same say says
-    she should since so some still such than that the their them then there these they this
-    those through to too under until up us very was we were what when where which while who
-    whom why will with would yes yet you your"""
+_COMMON_WORDS = """a about above after again all also am an and any are as at be because been
+    before being below between both but by can could did do does doing done down during each
+    either else even ever every few for from further get got had has have having he her here
+    hers him his how i if in into is it its just like made make many may me might more most
+    much must my no nor not now of off on once one only or other our out over own said same say
+    says she should since so some still such than that the their them then there these they
+    this those through to too under until up us very was we were what when where which while
+    who whom why will with would yes yet you your"""
 _COMMON = frozenset(_COMMON_WORDS.split())
 
 
