@@ -99,6 +99,14 @@ def test_a_config_that_turns_into_a_directory_stops_nothing(
     assert checks["config.file"]["verdict"] == "fail"
     assert checks["config.file"]["summary"] == f"{path} is a directory, not a file"
     assert f"mv {path} {path}.d" in checks["config.file"]["hint"]
+    # the processes: running with their last good config, not "restart it" (that would fail)
+    worker_check = checks["processes.worker"]
+    assert worker_check["verdict"] == "warn", worker_check
+    assert (
+        f"config {digest} (its last good config; config.toml does not load: "
+        in (worker_check["summary"])
+    )
+    assert "refuse to start" in worker_check["hint"]
 
     # put back: taken again by the processes, which never stopped
     path.rmdir()
