@@ -276,9 +276,10 @@ def test_a_process_whose_config_toml_does_not_load_keeps_its_last_good_one_not_r
     from relaybot.doctor_liveness import processes
 
     now = 1_000.0
-    beats = {"worker": {"ts": now - 1, "pid": 1, "host": "h", "config": "3f2a9c1d7b60",
-                        "restart_needed": False, "restart_keys": [],
-                        "config_error": "/x/config.toml is a directory, not a file: move it"}}  # fmt: skip
+    error = "/x/config.toml is a directory, not a file: move it"
+    beat = {"ts": now - 1, "pid": 1, "host": "h", "config": "3f2a9c1d7b60",
+            "restart_needed": False, "restart_keys": [], "config_error": error}  # fmt: skip
+    beats = {"worker": beat}
     [check] = [c for c in processes(beats, now, "none", "h") if c.id == "processes.worker"]
     assert check.verdict.value == "warn"
     assert "config 3f2a9c1d7b60 (its last good config; config.toml does not load: /x/config" in (
