@@ -204,6 +204,10 @@ class Importer:
                 why = str(exc) if not isinstance(exc, UnicodeEncodeError) else "not valid Unicode"
                 self.result.rejected.append({"line": line, "index": n, "reason": why})
         if self.log_added:
+            # indexed in the import's own transaction: `relaybot memory search` finds what was
+            # imported as soon as the command answers (the worker's lazy indexing, at its next
+            # idle moment, never came when a zero-config import stopped its worker at once)
+            self.store.sync_index()
             self.store.invalidate()  # rows appeared behind the caches' back
         return self.result
 

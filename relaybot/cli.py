@@ -17,7 +17,7 @@ import structlog
 
 from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
-from contract.config import Config, ConfigError, default_home, load_config
+from contract.config import Config, ConfigError, ConfigUnreadable, default_home, load_config
 from contract.terminal import echo, echo_json
 from relaybot import envfile, private
 
@@ -168,8 +168,10 @@ def _main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         if args.command != "doctor":  # doctor reports it as one of its checks
             print(f"relaybot: configuration error: {exc}", file=sys.stderr)
-        # onboarding is how a broken config gets rewritten; doctor says what is wrong with it
-        if args.command not in ("onboard", "doctor"):
+        # onboarding is how a broken config gets rewritten (not a file it cannot read: it could
+        # not write it either); doctor says what is wrong with it
+        unreadable = isinstance(exc, ConfigUnreadable)
+        if args.command != "doctor" and (args.command != "onboard" or unreadable):
             return EXIT_CONFIG
         cfg = Config(home=default_home())
     if args.command != "doctor":  # doctor reports loose permissions (and how to fix them)

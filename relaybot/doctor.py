@@ -32,11 +32,13 @@ from contract import channels as registry
 from contract.config import (
     Config,
     ConfigError,
+    ConfigUnreadable,
     config_digest,
     default_home,
     env_overrides,
     load_config,
     parse_config,
+    read_config_bytes,
 )
 from contract.messages import describe_validation_error
 from contract.terminal import json_safe, safe
@@ -112,8 +114,13 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     checks: list[Check] = []
     digest: str | None = None
     data: dict[str, Any] = {}
-    if path.exists():
-        raw = path.read_bytes()
+    try:
+        raw = read_config_bytes(home)
+    except ConfigUnreadable as exc:  # a directory, root's after a sudo edit, a link to nothing
+        fix = f"{exc.fix}; the processes that run keep their last good configuration, new ones "
+        checks.append(fail("config.file", exc.problem, fix + "refuse to start until then"))
+        return checks, None, None
+    if raw is not None:
         digest = config_digest(raw)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
