@@ -22,6 +22,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ log = structlog.get_logger(__name__)
 FILENAME = "MEMORY.md"
 MAX_READ_BYTES = 128 * 1024  # what is read of MEMORY.md at most (the context takes less)
 MAX_WRITE_CHARS = 32_000  # what the model may write at once
+KEEP_MAX_BYTES = 4 * 1024 * 1024  # what is kept of MEMORY.md as a version before a write
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,19 @@ def read_curated(path: Path, *, max_bytes: int = MAX_READ_BYTES) -> Curated:
 
 
 class CuratedFile:
-    """MEMORY.md at ``path``, re-read only when it changed on disk."""
+    """MEMORY.md at ``path``, re-read only when it changed on disk. ``on_replace(old, cause)``
+    is given what the file held before each write (memory/curated_versions.py keeps it)."""
 
-    def __init__(self, path: Path, *, max_bytes: int = MAX_READ_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int = MAX_READ_BYTES,
+        on_replace: Callable[[str, str], object] | None = None,
+    ) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.on_replace = on_replace
         self._key: tuple[int, int, int, int] | None = None
         self._value = Curated()
 
@@ -104,7 +114,11 @@ class CuratedFile:
             self._key = key if self._value.error is None else None
         return self._value
 
-    def write(self, text: str) -> int:
+    def write(self, text: str, cause: str = "replace") -> int:
+        if self.on_replace is not None:
+            before = read_curated(self.path, max_bytes=KEEP_MAX_BYTES)
+            if before.error is None and before.text != text:
+                self.on_replace(before.text, cause)
         return write_curated(self.path, text)
 
 
@@ -185,5 +199,5 @@ def memory_write(file: CuratedFile, content: str, *, mode: str = "replace") -> s
             raise CuratedError("MEMORY.md would grow too large: replace it with a shorter version")
     elif mode != "replace":
         raise CuratedError("mode must be 'replace' or 'append'")
-    size = file.write(content)
+    size = file.write(content, mode)
     return f"MEMORY.md {'updated' if mode == 'append' else 'replaced'}: {size} bytes now."
