@@ -124,10 +124,15 @@ def _known_erasures(live: Path, out: Restored) -> tuple[list[ErasureRecord], set
         try:
             with MemoryStore(live, readonly=True) as old:
                 records += read_records(old.conn)
-                stream_ids = {str(s) for (s,) in old.conn.execute("SELECT stream_id FROM log")}
+                stream_ids = _row_keys(old)
         except (MemoryFailure, sqlite3.Error) as exc:
             out.replaced_unreadable = str(exc)
     return _unique(records), stream_ids
+
+
+def _row_keys(store: MemoryStore) -> set[str]:
+    """Every log row by what names it: its direction and stream id."""
+    return {str(k) for (k,) in store.conn.execute("SELECT direction || ' ' || stream_id FROM log")}
 
 
 def _unique(records: list[ErasureRecord]) -> list[ErasureRecord]:
@@ -204,8 +209,8 @@ def _prepare(
         with store.transaction():
             if curated is not None:  # kept before the erasures: they reach it too
                 before = read_curated(curated[0], max_bytes=KEEP_MAX_BYTES)
-                if before.error is None and before.text != curated[1]:
-                    curated_versions.keep(store.conn, before.text, "restore")
+                text = before.text if before.error is None else ""
+                curated_versions.written(store.conn, text, curated[1], "restore")
             for rec in records:
                 erasure_id = _reapply(store, rec)
                 if erasure_id is not None:
@@ -214,7 +219,7 @@ def _prepare(
             store.conn.execute("PRAGMA secure_delete = ON")
             store.conn.execute("VACUUM")  # no free page keeps an erased word
         checkpoint_after_erasure(store, wait_ms=5000)
-        return {str(s) for (s,) in store.conn.execute("SELECT stream_id FROM log")}
+        return _row_keys(store)
     finally:
         store.close()
 

@@ -83,19 +83,19 @@ def read_curated(path: Path, *, max_bytes: int = MAX_READ_BYTES) -> Curated:
 
 
 class CuratedFile:
-    """MEMORY.md at ``path``, re-read only when it changed on disk. ``on_replace(old, cause)``
-    is given what the file held before each write (memory/curated_versions.py keeps it)."""
+    """MEMORY.md at ``path``, re-read only when it changed on disk. ``on_write(before, after,
+    cause, stream_id)`` is told of each write (memory/curated_versions.py records it)."""
 
     def __init__(
         self,
         path: Path,
         *,
         max_bytes: int = MAX_READ_BYTES,
-        on_replace: Callable[[str, str], object] | None = None,
+        on_write: Callable[[str, str, str, str | None], object] | None = None,
     ) -> None:
         self.path = path
         self.max_bytes = max_bytes
-        self.on_replace = on_replace
+        self.on_write = on_write
         self._key: tuple[int, int, int, int] | None = None
         self._value = Curated()
 
@@ -114,11 +114,11 @@ class CuratedFile:
             self._key = key if self._value.error is None else None
         return self._value
 
-    def write(self, text: str, cause: str = "replace") -> int:
-        if self.on_replace is not None:
+    def write(self, text: str, cause: str = "replace", stream_id: str | None = None) -> int:
+        if self.on_write is not None:
             before = read_curated(self.path, max_bytes=KEEP_MAX_BYTES)
-            if before.error is None and before.text != text:
-                self.on_replace(before.text, cause)
+            after = text if not text or text.endswith("\n") else text + "\n"
+            self.on_write(before.text if before.error is None else "", after, cause, stream_id)
         return write_curated(self.path, text)
 
 
@@ -175,10 +175,13 @@ def write_curated(path: Path, text: str) -> int:
     return len(data)
 
 
-def memory_write(file: CuratedFile, content: str, *, mode: str = "replace") -> str:
+def memory_write(
+    file: CuratedFile, content: str, *, mode: str = "replace", stream_id: str | None = None
+) -> str:
     """The ``memory_write`` tool's work: replace MEMORY.md with ``content`` or append it.
 
-    Returns the text for the model. Appending to a file that is too large to be read whole is
+    Returns the text for the model; ``stream_id`` is the turn's (the version it records names
+    it). Appending to a file that is too large to be read whole is
     refused, since the rewrite would lose its end.
     """
     if len(content) > MAX_WRITE_CHARS:
@@ -199,5 +202,5 @@ def memory_write(file: CuratedFile, content: str, *, mode: str = "replace") -> s
             raise CuratedError("MEMORY.md would grow too large: replace it with a shorter version")
     elif mode != "replace":
         raise CuratedError("mode must be 'replace' or 'append'")
-    size = file.write(content, mode)
+    size = file.write(content, mode, stream_id)
     return f"MEMORY.md {'updated' if mode == 'append' else 'replaced'}: {size} bytes now."

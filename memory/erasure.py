@@ -45,7 +45,7 @@ import structlog
 from memory import erasure_log, summaries
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.copies import MIN_TEXT_MATCH, plain
-from memory.curated_versions import erase_versions, holding
+from memory.curated_versions import erase_versions, reached
 from memory.erasure_plan import (
     MAX_HOPS,
     TARGET_KINDS,
@@ -157,7 +157,9 @@ def remove(
     """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
     and delete the notes; the caller holds the grant."""
     marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
-    texts = erased_texts(conn, log_ids)  # MEMORY.md's versions holding them go too
+    versions = erase_versions(conn, log_ids)  # MEMORY.md's, read before the rows are blanked
+    if versions:
+        log.info("memory.erased_curated_versions", erasure=erasure_id, versions=len(versions))
     for chunk in chunks(log_ids):
         conn.execute(
             f"UPDATE log SET text = '', extra = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
@@ -169,9 +171,6 @@ def remove(
     drop_subjects(conn, erasure_id, subject_ids)
     for chunk in chunks(notes):
         conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
-    versions = erase_versions(conn, texts)
-    if versions:
-        log.info("memory.erased_curated_versions", erasure=erasure_id, versions=len(versions))
     # a summary of an erased row (or of a mail that repeated an erased subject) is blanked;
     # its range is derived again from what remains
     summaries.tombstone(conn, erasure_id, [*log_ids, *subject_ids])
@@ -283,7 +282,7 @@ def erase(
             raise CommandError(f"nothing to erase for {kind} {target!r} (already erased?)")
         # MEMORY.md's versions that hold the text go with it (memory/curated_versions.py); the
         # tombstone names them by digest, so an import of an older export leaves them out
-        versions = [d for _, d in holding(conn, erased_texts(conn, plan.log_ids))]
+        versions = [d for _, d in reached(conn, plan.log_ids)]
         more = {"curated_versions": versions} if versions else {}
         with savepoint(conn, "erasure"), granted(conn, requested_by, reason, now):
             cur = conn.execute(

@@ -84,9 +84,6 @@ class Journal:
     records: list[ErasureRecord] = field(default_factory=list)
     unreadable: int = 0
 
-    def newer_than(self, ts: float) -> list[ErasureRecord]:
-        return [r for r in self.records if r.ts > ts]
-
 
 def read(db_path: Path) -> Journal:
     """The journal of the database at ``db_path`` (empty when there is none)."""

@@ -106,8 +106,8 @@ class Memory:
         self.identity = Identity(self.resolver, settings.owner_name)
         self._owners: OwnerView | None = None  # who the owner is now (labels, recording)
         self._last_owners: OwnerView | None = None  # the last one made (reused if the same)
-        # MEMORY.md; what a write replaces is kept as a version (memory/curated_versions.py)
-        self.curated = CuratedFile(curated_path(settings.workspace), on_replace=self._keep_curated)
+        # MEMORY.md; each write is recorded as a version (memory/curated_versions.py)
+        self.curated = CuratedFile(curated_path(settings.workspace), on_write=self._curated_written)
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
         # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
@@ -372,9 +372,14 @@ class Memory:
         as they were queued; [] when memory fails (degraded: nothing to reconcile)."""
         return self.use(lambda s: unsettled_replies(s, window_s, limit)) or []
 
-    def _keep_curated(self, text: str, cause: str) -> None:
-        """Keep what MEMORY.md held before a write; logged when memory cannot (degraded)."""
-        if self.use(lambda s: curated_versions.keep(s.conn, text, cause) or 0) is None:
+    def _curated_written(self, before: str, after: str, cause: str, stream_id: str | None) -> None:
+        """Record a write of MEMORY.md as a version; logged when memory cannot (degraded)."""
+
+        def record(store: MemoryStore) -> bool:
+            curated_versions.written(store.conn, before, after, cause, stream_id=stream_id)
+            return True
+
+        if self.use(record) is None:
             log.warning("curated.version_not_kept", cause=cause)
 
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,15 +113,29 @@ def _private(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
+def work_dir(directory: Path) -> Path:
+    """This process's private directory (0700) for what goes into the archive, beside it:
+    ``.relaybot-backup.<pid>.partial``, removed by the caller (or, when it was killed, by the
+    next backup)."""
+    path = directory / f".relaybot-backup.{os.getpid()}{PARTIAL}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    return path
+
+
 def remove_stale_partials(directory: Path) -> list[Path]:
-    """Partial archives in ``directory`` whose writer is gone (killed half-way)."""
+    """Partial archives and work directories in ``directory`` whose writer is gone (a backup
+    killed half-way)."""
     gone: list[Path] = []
     for path in directory.glob(f".*{PARTIAL}"):
         pid = path.name[: -len(PARTIAL)].rsplit(".", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                gone.append(path)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            gone.append(path)
     return gone
 
 

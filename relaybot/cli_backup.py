@@ -70,7 +70,7 @@ def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         archive.remove_stale_partials(out.parent)
-        work = Path(tempfile.mkdtemp(prefix=".relaybot-backup-", dir=out.parent))
+        work = archive.work_dir(out.parent)
     except OSError as exc:
         echo(f"relaybot: cannot write the backup in {out.parent}: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -178,6 +178,9 @@ def _restore(args: argparse.Namespace, cfg: Config, found: Any) -> int:
     echo(f"restored {cfg.memory_path} from {what}")
     echo(f"  re-applied {len(done.reapplied)} erasure(s) the backup did not hold "
          f"(of {done.erasures_known} known)")  # fmt: skip
+    if done.journal_unreadable:
+        echo(f"  {done.journal_unreadable} line(s) of the erasure journal did not parse (a write "
+             "cut short): erasures in the replaced database were applied")  # fmt: skip
     if done.replaced_unreadable:
         echo(f"  the replaced database did not open ({done.replaced_unreadable}): erasures came "
              "from the journal only")  # fmt: skip
