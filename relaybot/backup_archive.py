@@ -113,11 +113,11 @@ def _private(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def work_dir(directory: Path) -> Path:
-    """This process's private directory (0700) for what goes into the archive, beside it:
-    ``.relaybot-backup.<pid>.partial``, removed by the caller (or, when it was killed, by the
-    next backup)."""
-    path = directory / f".relaybot-backup.{os.getpid()}{PARTIAL}"
+def work_dir(directory: Path, kind: str = "backup") -> Path:
+    """This process's private directory (0700) in ``directory`` for what goes into (or comes out
+    of) an archive: ``.relaybot-<kind>.<pid>.partial``, removed by the caller (or, when it was
+    killed, by the next backup or restore: :func:`remove_stale_partials`)."""
+    path = directory / f".relaybot-{kind}.{os.getpid()}{PARTIAL}"
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(mode=0o700)
     return path

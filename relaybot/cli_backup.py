@@ -24,7 +24,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,8 +102,8 @@ def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
         }
         digest = archive.write_archive(out, files, manifest)
     except MemoryFailure as exc:
-        echo(f"relaybot: cannot copy the memory database {cfg.memory_path}: {exc}",
-             file=sys.stderr)  # fmt: skip
+        hint = "" if cfg.memory_path.exists() else " (the worker creates it when it first starts)"
+        echo(f"relaybot: cannot copy the memory database: {exc}{hint}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
         echo(f"relaybot: the backup failed, nothing was written to {out}: {exc}", file=sys.stderr)
@@ -128,7 +127,8 @@ def cmd_restore(args: argparse.Namespace, cfg: Config) -> int:
     live = cfg.memory_path
     try:
         live.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        work = Path(tempfile.mkdtemp(prefix=".relaybot-restore-", dir=live.parent))
+        archive.remove_stale_partials(live.parent)
+        work = archive.work_dir(live.parent, "restore")
     except OSError as exc:
         echo(f"relaybot: cannot prepare the restore beside {live}: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -254,6 +254,11 @@ class _WorkerLease:
                 return self
             lease.start_renewing()
             self._lease = lease
+        except redis.exceptions.NoPermissionError as exc:
+            self.problem = (
+                f"Redis at {redact(redis_url(cfg))} refused: {exc}: a restore takes the worker "
+                "lease, so it needs the worker's account (REDIS_URL as the worker has it)"
+            )
         except (redis.RedisError, RuntimeProblem, OSError) as exc:
             self.problem = (
                 f"cannot reach Redis at {redact(redis_url(cfg))} to make sure no worker runs "

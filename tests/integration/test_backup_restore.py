@@ -43,7 +43,7 @@ from tests.support.procs import (
     wait_until,
     write_config,
 )
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, redis_with_acl
 from tests.unit.test_admin_import import say
 
 pytestmark = pytest.mark.integration
@@ -286,3 +286,28 @@ def test_a_backup_killed_half_way_leaves_nothing_at_its_path(
     made = relaybot(env, "backup", "--out", str(out))
     assert made.returncode == 0, made.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == ["backup.tar.gz"]  # stale ones gone
+
+
+def test_a_restore_needs_the_workers_redis_account(
+    tmp_path: Path, redis_server: RedisServer, model_server: FakeModelServer
+) -> None:
+    passwords = {"worker": "w-secret", "cli": "c-secret"}
+    acl = (REPO / "deploy" / "redis" / "users.acl").read_text()
+    with redis_with_acl(tmp_path, acl, passwords) as port:
+        env, _ = make_env(tmp_path, "home", redis_server, model_server)
+        _memory(env, ["kept"])
+        archive = tmp_path / "b.tar.gz"
+        assert relaybot(env, "backup", "--out", str(archive)).returncode == 0
+        url = f"redis://relaybot-{{}}:{{}}@127.0.0.1:{port}/0"
+        as_cli = {
+            **env,
+            "REDIS_URL": url.format("cli", "c-secret"),
+            "RELAYBOT_REDIS_PREFIX": "relaybot:",
+        }
+        refused = relaybot(as_cli, "restore", str(archive), "--yes")
+        assert refused.returncode == 1
+        assert "it needs the worker's account" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        as_worker = {**as_cli, "REDIS_URL": url.format("worker", "w-secret")}
+        done = relaybot(as_worker, "restore", str(archive), "--yes")
+        assert done.returncode == 0, done.stdout + done.stderr
