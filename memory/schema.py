@@ -455,9 +455,9 @@ _MIGRATION_15 = _MIGRATION_8.replace(
     "CHECK (status IN ('expired', 'delivered', 'failed', 'withheld'))",
 )
 
-# MEMORY.md's earlier versions (memory/curated_versions.py): each replace of the file keeps what it
-# replaced. Never edited; only an audited erasure (erasure_grant) may delete a version that holds
-# erased text.
+# MEMORY.md's versions (memory/curated_versions.py): each write of the file records the text it
+# wrote (and a hand edit found before it). Never edited; only an audited erasure (erasure_grant)
+# may delete a version (one that holds erased text, or was written by a derived turn).
 _MIGRATION_16 = """
 CREATE TABLE curated_version (
     id         INTEGER PRIMARY KEY,
@@ -496,7 +496,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "the log in its messages' time order", _MIGRATION_13),
     Migration(14, "a person's rows on the time index only", _MIGRATION_14),
     Migration(15, "reply status 'withheld'", _MIGRATION_15),
-    Migration(16, "MEMORY.md's earlier versions", _MIGRATION_16),
+    Migration(16, "MEMORY.md's versions", _MIGRATION_16),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -2,7 +2,7 @@
 
 :class:`MemoryView` opens the database read-only (the worker is its only writer) and answers the
 application's questions through memory's own modules: identity (:attr:`MemoryView.people`),
-search, summaries, notes, MEMORY.md's earlier versions, ``memory status``, the export, and the
+search, summaries, notes, MEMORY.md's versions, ``memory status``, the export, and the
 preview of an erasure. It never
 writes; what changes memory goes to the worker as an owner command (relaybot/owner_commands.py).
 Every method raises :class:`memory.errors.MemoryUnavailable` (SQLite's text) when the database
@@ -81,7 +81,7 @@ class MemoryView:
 
     @translating
     def curated_versions(self) -> list[CuratedVersion]:
-        """MEMORY.md's earlier versions, oldest first, without their text."""
+        """MEMORY.md's versions, oldest first, without their text."""
         return curated_versions.listing(self._store.conn)
 
     @translating

@@ -1,9 +1,9 @@
-"""`relaybot memory curated list|show|restore`: MEMORY.md's earlier versions.
+"""`relaybot memory curated list|show|restore`: MEMORY.md's versions.
 
-Every write of MEMORY.md by the worker (the model's ``memory_write``, a restore) keeps what the
-file held first, in memory's database (memory/curated_versions.py). ``list`` and ``show`` read
-them read-only; ``restore N`` asks the worker (an owner command, ``curated.restore``) to make
-version N the file again, keeping what it replaces as a version too.
+Every write of MEMORY.md by the worker (the model's ``memory_write``, a restore) is recorded in
+memory's database, and so is a hand edit found before one (memory/curated_versions.py). ``list``
+and ``show`` read them read-only; ``restore N`` asks the worker (an owner command,
+``curated.restore``) to make version N the file again (a new version).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ EXIT_FAILED = 1
 
 
 def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
-    p = sub.add_parser("curated", help="MEMORY.md's earlier versions: list, show, restore")
+    p = sub.add_parser("curated", help="MEMORY.md's versions: list, show, restore")
     csub = p.add_subparsers(dest="curated_command", required=True, metavar="COMMAND")
-    one = csub.add_parser("list", help="every earlier version, oldest first")
+    one = csub.add_parser("list", help="every version, oldest first")
     one.add_argument("--json", action="store_true", help="machine-readable output")
     one.set_defaults(func=cmd_list)
     one = csub.add_parser("show", help="print one version's text")
@@ -53,7 +53,7 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
             echo_json(v.record())
         return 0
     if not found:
-        echo("no earlier versions of MEMORY.md (one is kept at each write by the worker)")
+        echo("no versions of MEMORY.md yet (one is recorded at each write by the worker)")
     for v in found:
         echo(f"#{v.id} {stamp(v.ts)} {v.size} bytes, replaced by {v.cause}")
     return 0
