@@ -31,7 +31,7 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import commands, notes, summaries, summary_view
+from memory import commands, curated_versions, notes, summaries, summary_view
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -106,7 +106,8 @@ class Memory:
         self.identity = Identity(self.resolver, settings.owner_name)
         self._owners: OwnerView | None = None  # who the owner is now (labels, recording)
         self._last_owners: OwnerView | None = None  # the last one made (reused if the same)
-        self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
+        # MEMORY.md; each write is recorded as a version (memory/curated_versions.py)
+        self.curated = CuratedFile(curated_path(settings.workspace), on_write=self._curated_written)
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
         # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
@@ -371,6 +372,16 @@ class Memory:
         as they were queued; [] when memory fails (degraded: nothing to reconcile)."""
         return self.use(lambda s: unsettled_replies(s, window_s, limit)) or []
 
+    def _curated_written(self, before: str, after: str, cause: str, stream_id: str | None) -> None:
+        """Record a write of MEMORY.md as a version; logged when memory cannot (degraded)."""
+
+        def record(store: MemoryStore) -> bool:
+            curated_versions.written(store.conn, before, after, cause, stream_id=stream_id)
+            return True
+
+        if self.use(record) is None:
+            log.warning("curated.version_not_kept", cause=cause)
+
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
         self._write(lambda s: s.mark_reply(reply_id, status, detail))
 
@@ -379,7 +390,10 @@ class Memory:
         changed: inside the batch the command has a savepoint of its own)."""
 
         def run(store: MemoryStore) -> dict[str, object]:
-            ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
+            ctx = CommandContext(
+                stream_id, store, owner_name=self.settings.owner_name,
+                workspace=self.settings.workspace,
+            )  # fmt: skip
             result = commands.apply_atomic(store, ctx, op, args)
             if result.get("ok"):
                 self._erased_texts.update(ctx.erased_texts)

@@ -87,7 +87,15 @@ def _parser() -> argparse.ArgumentParser:
         one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
 
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
-    from relaybot import cli_entities, cli_memory, cli_notes, cli_search, cli_summaries
+    from relaybot import (
+        cli_backup,
+        cli_curated,
+        cli_entities,
+        cli_memory,
+        cli_notes,
+        cli_search,
+        cli_summaries,
+    )
 
     memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
     msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
@@ -95,10 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     cli_search.add_parsers(msub)
     cli_notes.add_parsers(msub)
     cli_summaries.add_parsers(msub)
+    cli_curated.add_parsers(msub)
     entities = sub.add_parser("entities", help="people and their handles, links between them")
     esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
     cli_entities.add_parsers(esub)
     cli_entities.add_onboard_parser(sub)
+    cli_backup.add_parsers(sub)
     from relaybot import doctor
 
     doctor.add_parser(sub)

@@ -205,7 +205,8 @@ def memory_write_tool(ctx: TurnContext) -> Tool:
         if privacy_of(ctx.scope) is not Privacy.OWNER:  # belt and braces: never offered there
             return "error: MEMORY.md can be written only in the owner's own conversations"
         try:
-            return memory_write(file, str(args["content"]), mode=str(args.get("mode", "replace")))
+            mode = str(args.get("mode", "replace"))
+            return memory_write(file, str(args["content"]), mode=mode, stream_id=ctx.stream_id)
         except CuratedError as exc:
             return f"error: {exc}"
 
