@@ -30,8 +30,8 @@ from pydantic import (
 
 from contract import channels as registry
 from contract import config_env
+from contract.config_errors import describe_errors, unreadable
 from contract.keys import Keys
-from contract.messages import describe_validation_error
 
 
 def _reached_from() -> str:
@@ -55,6 +55,16 @@ class ConfigError(RuntimeError):
     """The configuration cannot be used; the message says which key and why."""
 
 
+class ConfigUnreadable(ConfigError):
+    """config.toml is there but cannot be read (a directory, a file this user may not read, a
+    dangling symbolic link): ``problem`` names the file and what is wrong with it, ``fix`` the
+    command that mends it (contract/config_errors.py); the message is both, in one line."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}: {fix}")
+        self.problem, self.fix = problem, fix
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -71,6 +81,19 @@ class OwnerConfig(_Section):
     # them). The owner's turns from another channel see only their own conversation, as a
     # group would: what a stolen gateway credential can read (README, "The trust model")
     trusted_channels: list[str] | None = None
+    # an IANA zone (Europe/Berlin) for the times in the model's context and the clock tool;
+    # unset: the system's (contract/timezone.py: TZ, /etc/localtime, else UTC)
+    timezone: str | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from contract.timezone import zone_info
+
+        zone_info(value.strip())  # UnknownZone (a ValueError) says what to write instead
+        return value.strip()
 
     @field_validator("trusted_channels")
     @classmethod
@@ -490,6 +513,7 @@ ENV_OVERRIDES: tuple[tuple[str, str, str], ...] = (
     ("RELAYBOT_MODEL_TIMEOUT", "model", "timeout"),
     ("RELAYBOT_MODEL_RETRIES", "model", "retries"),
     ("RELAYBOT_OWNER_NAME", "owner", "name"),
+    ("RELAYBOT_TIMEZONE", "owner", "timezone"),
     ("RELAYBOT_CONTEXT_TOKENS", "worker", "context_tokens"),
     ("RELAYBOT_MODEL_CONCURRENCY", "model", "concurrency"),
     ("RELAYBOT_TURNS_MODE", "turns", "mode"),
@@ -539,11 +563,19 @@ def load_config(home: Path | None = None, env: Mapping[str, str] | None = None) 
 
 
 def read_config_bytes(home: Path) -> bytes | None:
-    """The bytes of ``home/config.toml``; None when there is no such file."""
+    """The bytes of ``home/config.toml``; None when there is no such file.
+    :class:`ConfigUnreadable` when there is one that cannot be read: a directory, a file this
+    user may not read (root's after a ``sudo`` edit), a symbolic link to nothing (a file meant to
+    be there: not taken for "no file", which would run with the defaults)."""
+    path = home / "config.toml"
     try:
-        return (home / "config.toml").read_bytes()
-    except FileNotFoundError:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        if path.is_symlink():
+            raise ConfigUnreadable(*unreadable(path, exc)) from None
         return None
+    except OSError as exc:
+        raise ConfigUnreadable(*unreadable(path, exc)) from None
 
 
 def config_digest(raw: bytes | None) -> str:
@@ -573,4 +605,4 @@ def parse_config(raw: bytes | None, home: Path, env: Mapping[str, str] | None = 
             {from_env[loc] for err in exc.errors() if (loc := tuple(err["loc"][:2])) in from_env}
         )
         where = f"{path}" + (f" (with {', '.join(blamed)} from the environment)" if blamed else "")
-        raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+        raise ConfigError(f"{where}: {describe_errors(exc, config_class())}") from None

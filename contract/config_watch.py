@@ -12,6 +12,10 @@ the same bytes (a ``touch``) change nothing. New bytes are parsed and validated 
   (``config.missing``, warning): the process goes on with what it has;
 - an invalid file is **rejected**: ``config.rejected`` (error, once per content) with the reason,
   and the process keeps the configuration it runs with;
+- a file that cannot be read (a directory in its place, a file this user may not read after a
+  ``sudo`` edit, a symbolic link to nothing) is **unreadable**: ``config.unreadable`` (error, once
+  per reason) names the file and the fix (contract/config_errors.py), and the process keeps the
+  configuration it runs with, as for an invalid one (issue 26: it used to crash the worker);
 - each changed key (``section.key``) the process uses is either **reloaded** (it is in the
   process's ``reloadable`` set: ``config.reloaded``, info) or needs a **restart**: it keeps its
   old value, and ``config.restart_needed`` (warning, once per change) names the keys. A key the
@@ -41,7 +45,14 @@ import structlog
 from pydantic import BaseModel, SecretStr
 
 from contract import channels as registry
-from contract.config import Config, ConfigError, config_digest, parse_config, read_config_bytes
+from contract.config import (
+    Config,
+    ConfigError,
+    ConfigUnreadable,
+    config_digest,
+    parse_config,
+    read_config_bytes,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -181,23 +192,29 @@ class ConfigWatcher:
         self._every, self._clock = every, clock
         self.started = cfg  # the restart keys keep these values
         self.config = cfg
-        raw = read_config_bytes(cfg.home)
+        self.latest = cfg  # the newest valid configuration, whole (the jobs run with it)
+        self.error = ""  # why the newest file was rejected or unreadable ("" when it was not)
+        try:
+            raw = read_config_bytes(cfg.home)
+        except ConfigUnreadable as exc:  # unreadable since the process loaded it
+            raw, self.error = None, str(exc)
         self.digest = config_digest(raw)  # of the bytes last applied
         self._seen = self.digest  # of the bytes last looked at (applied or rejected)
         self._stat = self._stat_now()
-        self._settling: tuple[int, int] | None = None  # a new size and time seen once
+        self._settling: tuple[int, int, int] | None = None  # a new size and time seen once
         self._checks = 0
         self._next = clock() + every
         self.restart_keys: tuple[str, ...] = ()
-        self.error = ""  # why the newest file was rejected ("" when it was not)
         self._warned: dict[str, Any] = {}  # restart keys said, with the values they were said for
 
-    def _stat_now(self) -> tuple[int, int] | None:
+    def _stat_now(self) -> tuple[int, int, int] | None:
         try:
             st = os.stat(self.path)
         except OSError:
             return None
-        return st.st_mtime_ns, st.st_size
+        # the change time too: a chmod or chown (a file made unreadable, or readable again)
+        # changes neither the size nor the modification time
+        return st.st_mtime_ns, st.st_size, st.st_ctime_ns
 
     def fields(self) -> dict[str, Any]:
         """The heartbeat's fields: ``config``, ``restart_needed``, ``restart_keys`` (and
@@ -231,7 +248,11 @@ class ConfigWatcher:
             self._settling = stat  # changed since the last look: read once it stops changing
             return None  # (an editor that truncates, then writes, is not read half-way)
         self._stat, self._settling = stat, None
-        raw = read_config_bytes(self._home)
+        try:
+            raw = read_config_bytes(self._home)
+        except ConfigUnreadable as exc:
+            self._unreadable(str(exc))
+            return None
         if raw is None:  # deleted, or an editor's save between rename and write: keep going
             if self._seen != "none":
                 detail = "config.toml is gone; still running with the last one"
@@ -250,7 +271,18 @@ class ConfigWatcher:
             log.error("config.rejected", process=self.process, error=self.error, detail=detail)
             return None
         self.error = ""
+        self.latest = new
         return self._apply(new, digest)
+
+    def _unreadable(self, error: str) -> None:
+        """config.toml is there but cannot be read: said once per reason, the process goes on
+        with what it runs with; the heartbeat carries the reason (``config_error``)."""
+        self.error = error
+        seen = f"unreadable:{error}"
+        if self._seen != seen:
+            log.error("config.unreadable", process=self.process, error=error,
+                      detail="still running with the last good configuration")  # fmt: skip
+        self._seen = seen
 
     def _apply(self, new: Config, digest: str) -> Reload | None:
         uses = [k for k in changed_keys(self.config, new) if _covered(k, self._uses)]

@@ -11,6 +11,10 @@ the config, else ``auto``: ``console`` when a person reads the output — stderr
 the process was started by ``honcho`` (which pipes each process's output into its own
 terminal) — and ``json`` otherwise (systemd, docker, a file).
 
+Under honcho a console line has no time of its own: honcho puts its own at the start of every
+line it shows, and one time per line is enough (a JSON line always has its ``timestamp``).
+rq's own lines (a worker's start, "Listening on", cleaning registries, each job) are debug.
+
 Every line carries the process name; channel, session and stream id are bound through
 contextvars where known. Values of keys that look like secrets are replaced before rendering, and
 so are secrets inside any string (the event, a stdlib line's message): passwords in URLs, values
@@ -39,17 +43,21 @@ from contract.terminal import safe
 
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
-_SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api_?key|authorization|credential)", re.I)
+# "token" but not "tokens": max_tokens, prompt_tokens are counts, not secrets
+_SECRET_KEY = re.compile(r"(pass(word)?|secret|token(?!s)|api_?key|authorization|credential)", re.I)
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
 # ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a
 # homeserver's access token on its own. The cheap test first: most lines hold none of these words.
+# An unquoted value after ": " that starts a sentence (a capitalised word, a space, a lower-case
+# word) is not a secret but a message about the key: pydantic's "model.api_key: Input should be
+# a valid string", "matrix.password: Field required" keep their words.
 _HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
 _INLINE_SECRET = re.compile(
-    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token|api_?key|authorization|credential)"""
+    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token(?!s)|api_?key|authorization|credential)"""
     r"""[\w.-]*["']?\s*[:=]\s*)"""
-    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])[^\s,;}\])]+)""",
+    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])(?!(?<=: )[A-Z][a-z]+ [a-z])[^\s,;}\])]+)""",
     re.I,
 )
 _BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
@@ -240,6 +248,8 @@ def configure(
     env = os.environ if env is None else env
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     chosen = choose_format(fmt, out, env)
+    # honcho prefixes each line with its own time: a console line there carries none of its own
+    stamped = chosen == "json" or not under_honcho()
 
     def annotate(
         _logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
@@ -252,7 +262,8 @@ def configure(
         event_dict.setdefault("process", process)
         event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
         _redact_secrets(_logger, method_name, event_dict)
-        event_dict["timestamp"] = utc_stamp(time.time())
+        if stamped:
+            event_dict["timestamp"] = utc_stamp(time.time())
         return event_dict
 
     shared: list[Any] = [structlog.contextvars.merge_contextvars, annotate]
@@ -289,6 +300,12 @@ def configure(
     root.setLevel(max(numeric, logging.INFO))
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # rq's internals (worker started, "Listening on", registries cleaned, each job) at debug:
+    # the jobs process says what matters in its own lines (jobs.started, summary.*)
+    # (each of its loggers by name: rq sets 'rq.worker' to INFO on import unless it has a level)
+    rq_level = logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING
+    for name in ("rq", "rq.worker", "rq.job", "rq.queue", "rq.scheduler"):
+        logging.getLogger(name).setLevel(rq_level)
     # platform noise: nio says "Room ... handling event of type ..." for every event at INFO;
     # never below INFO: its debug lines hold whole responses (the access token of a login, the
     # message bodies of a sync), and no log line may hold a secret or message text

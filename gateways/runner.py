@@ -304,7 +304,7 @@ async def _idle(rt: Runtime, hint: str, cfg: Config) -> int:
     """Not configured: stay up (honcho stops every process when one exits), beating; a section
     configured meanwhile is said to need a restart (config.restart_needed); what the running
     gateway would reload (owner.aliases, allowlists) is taken without one."""
-    log.warning(f"{rt.name}.not_configured", detail=hint)
+    log.info(f"{rt.name}.not_configured", detail=hint)  # a state, not a fault (doctor warns)
     rt.heartbeat.info = {"state": "not configured"}
     watch = watcher(rt, cfg, None)
     rt.heartbeat.start()

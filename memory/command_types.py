@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memory.errors import CommandError as CommandError  # noqa: PLC0414 (its old home)
@@ -28,6 +29,7 @@ class CommandContext:
     owner_name: str = "owner"
     now: float = field(default_factory=time.time)
     erased_texts: dict[int, list[str]] = field(default_factory=dict)
+    workspace: Path | None = None  # holds MEMORY.md (``curated.restore``)
 
 
 Handler = Callable[[CommandContext, dict[str, Any]], dict[str, Any]]

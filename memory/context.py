@@ -19,6 +19,7 @@ crowd the recent history out. The history iterable is read no further than neede
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import tzinfo
 from typing import Protocol
 
 from memory.lines import LINE_MEMO, HistoryLines, Owners, estimate_tokens, line_and_cost, memo_key
@@ -58,6 +59,7 @@ def build_context(
     ready: HistoryLines | None = None,
     drew: DrewOn | None = None,
     owners: Owners | None = None,
+    zone: tzinfo | None = None,
 ) -> list[dict[str, str]]:
     """OpenAI chat messages: one system message (prompt, sections, labelled history oldest
     first) and the current message as the user message.
@@ -68,10 +70,11 @@ def build_context(
     and current message alone exceed the budget they still go in, alone. ``ready`` is the same
     history as :class:`~memory.lines.HistoryLines` (memory.window): then no row is looked at.
     ``drew`` is told the oldest history row that went in (memory.provenance). ``owners`` says
-    who the owner is now (memory.lines: labels are resolved when the context is built).
+    who the owner is now (memory.lines: labels are resolved when the context is built);
+    ``zone`` the owner's time zone, which the lines' times are shown in (None: UTC).
     """
-    key = memo_key(assistant_name, owners)
-    current_line, _ = line_and_cost(current, assistant_name, owners)
+    key = memo_key(assistant_name, owners, zone)
+    current_line, _ = line_and_cost(current, assistant_name, owners, zone)
     used = (
         estimate_tokens(system_prompt + HISTORY_HEADER)
         + estimate_tokens(current_line)
@@ -103,7 +106,7 @@ def build_context(
         if memo is not None and memo[0] == key:
             _, line, cost = memo
         else:
-            line, cost = line_and_cost(row, assistant_name, owners)
+            line, cost = line_and_cost(row, assistant_name, owners, zone)
         if used + cost > budget_tokens:
             if row.id == current_id or (row.stream_id, row.direction) == current_key:
                 continue

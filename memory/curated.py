@@ -22,6 +22,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ log = structlog.get_logger(__name__)
 FILENAME = "MEMORY.md"
 MAX_READ_BYTES = 128 * 1024  # what is read of MEMORY.md at most (the context takes less)
 MAX_WRITE_CHARS = 32_000  # what the model may write at once
+KEEP_MAX_BYTES = 4 * 1024 * 1024  # what is kept of MEMORY.md as a version before a write
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,19 @@ def read_curated(path: Path, *, max_bytes: int = MAX_READ_BYTES) -> Curated:
 
 
 class CuratedFile:
-    """MEMORY.md at ``path``, re-read only when it changed on disk."""
+    """MEMORY.md at ``path``, re-read only when it changed on disk. ``on_write(before, after,
+    cause, stream_id)`` is told of each write (memory/curated_versions.py records it)."""
 
-    def __init__(self, path: Path, *, max_bytes: int = MAX_READ_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int = MAX_READ_BYTES,
+        on_write: Callable[[str, str, str, str | None], object] | None = None,
+    ) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.on_write = on_write
         self._key: tuple[int, int, int, int] | None = None
         self._value = Curated()
 
@@ -104,7 +114,11 @@ class CuratedFile:
             self._key = key if self._value.error is None else None
         return self._value
 
-    def write(self, text: str) -> int:
+    def write(self, text: str, cause: str = "replace", stream_id: str | None = None) -> int:
+        if self.on_write is not None:
+            before = read_curated(self.path, max_bytes=KEEP_MAX_BYTES)
+            after = text if not text or text.endswith("\n") else text + "\n"
+            self.on_write(before.text if before.error is None else "", after, cause, stream_id)
         return write_curated(self.path, text)
 
 
@@ -161,10 +175,13 @@ def write_curated(path: Path, text: str) -> int:
     return len(data)
 
 
-def memory_write(file: CuratedFile, content: str, *, mode: str = "replace") -> str:
+def memory_write(
+    file: CuratedFile, content: str, *, mode: str = "replace", stream_id: str | None = None
+) -> str:
     """The ``memory_write`` tool's work: replace MEMORY.md with ``content`` or append it.
 
-    Returns the text for the model. Appending to a file that is too large to be read whole is
+    Returns the text for the model; ``stream_id`` is the turn's (the version it records names
+    it). Appending to a file that is too large to be read whole is
     refused, since the rewrite would lose its end.
     """
     if len(content) > MAX_WRITE_CHARS:
@@ -185,5 +202,5 @@ def memory_write(file: CuratedFile, content: str, *, mode: str = "replace") -> s
             raise CuratedError("MEMORY.md would grow too large: replace it with a shorter version")
     elif mode != "replace":
         raise CuratedError("mode must be 'replace' or 'append'")
-    size = file.write(content)
+    size = file.write(content, mode, stream_id)
     return f"MEMORY.md {'updated' if mode == 'append' else 'replaced'}: {size} bytes now."

@@ -42,9 +42,10 @@ from typing import Any
 
 import structlog
 
-from memory import summaries
+from memory import erasure_log, summaries
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.copies import MIN_TEXT_MATCH, plain
+from memory.curated_versions import erase_versions, reached
 from memory.erasure_plan import (
     MAX_HOPS,
     TARGET_KINDS,
@@ -156,6 +157,9 @@ def remove(
     """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
     and delete the notes; the caller holds the grant."""
     marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
+    versions = erase_versions(conn, log_ids)  # MEMORY.md's, read before the rows are blanked
+    if versions:
+        log.info("memory.erased_curated_versions", erasure=erasure_id, versions=len(versions))
     for chunk in chunks(log_ids):
         conn.execute(
             f"UPDATE log SET text = '', extra = ? WHERE id IN ({marks(len(chunk))})",  # noqa: S608
@@ -276,6 +280,10 @@ def erase(
         plan = plan_erasure(conn, kind, target, keep)
         if plan.empty:
             raise CommandError(f"nothing to erase for {kind} {target!r} (already erased?)")
+        # MEMORY.md's versions that hold the text go with it (memory/curated_versions.py); the
+        # tombstone names them by digest, so an import of an older export leaves them out
+        versions = [d for _, d in reached(conn, plan.log_ids)]
+        more = {"curated_versions": versions} if versions else {}
         with savepoint(conn, "erasure"), granted(conn, requested_by, reason, now):
             cur = conn.execute(
                 "INSERT INTO erasure (ts, requested_by, reason, target_kind, target, log_rows, "
@@ -288,11 +296,12 @@ def erase(
                     plan.target,
                     len(plan.log_ids),
                     len(plan.note_ids),
-                    json.dumps({**plan.detail(), **(detail or {})}, separators=(",", ":")),
+                    json.dumps({**plan.detail(), **more, **(detail or {})}, separators=(",", ":")),
                     stream_id,
                 ),
             )
             erasure_id = int(cur.lastrowid or 0)
+            erasure_log.journal(conn, store.path, erasure_id)  # durable before the commit
             if texts is not None:
                 texts[erasure_id] = erased_texts(conn, plan.log_ids)
             remove(

@@ -7,7 +7,8 @@ the last a footer (a file without one was cut short)::
      "exported_at": "2026-11-22T10:04:00Z", "counts": {"log": 120, ...}}
     {"type": "entity", "id": "e-1a2b3c", "kind": "person", "name": "Bob", "created_ts": ...}
     {"type": "handle", ...}  {"type": "entity_link", ...}  {"type": "log", ...}
-    {"type": "reply_status", ...}  {"type": "note", ...}  {"type": "erasure", ...}
+    {"type": "reply_status", ...}  {"type": "note", ...}  {"type": "summary", ...}
+    {"type": "curated_version", ...}  {"type": "erasure", ...}
     {"type": "footer", "records": 1234, "corrupt_rows_skipped": 0}
 
 Records come in an order in which every reference points backwards (entities before their
@@ -30,12 +31,14 @@ from memory.records import (
     FORMAT,
     FORMAT_VERSION,
     RECORD_TYPES,
+    CuratedVersionRecord,
     EntityRecord,
     ErasureRecord,
     HandleRecord,
     LinkRecord,
     NoteRecord,
     ReplyStatusRecord,
+    SummaryRecord,
     log_json,
 )
 from memory.schema import schema_version
@@ -54,6 +57,8 @@ _TABLES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "entity_link": ("entity_link", _columns(LinkRecord), "id"),
     "reply_status": ("reply_status", _columns(ReplyStatusRecord), "at, reply_id"),
     "note": ("note", _columns(NoteRecord), "id"),
+    "summary": ("summary", _columns(SummaryRecord), "id"),
+    "curated_version": ("curated_version", _columns(CuratedVersionRecord), "id"),
     "erasure": ("erasure", _columns(ErasureRecord), "id"),
 }
 

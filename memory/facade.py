@@ -24,13 +24,14 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import tzinfo
 from pathlib import Path
 from typing import TypeVar
 
 import structlog
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import commands, notes, summaries, summary_view
+from memory import commands, curated_versions, notes, summaries, summary_view
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -75,6 +76,8 @@ class MemorySettings:
     # the channels whose owner turns see everything (None: all); the owner's turns from the
     # others see their own conversation only, as a group would
     trusted_channels: frozenset[str] | None = None
+    # the owner's time zone: the times in the context are shown in it (None: UTC)
+    timezone: tzinfo | None = None
 
 
 def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
@@ -103,7 +106,8 @@ class Memory:
         self.identity = Identity(self.resolver, settings.owner_name)
         self._owners: OwnerView | None = None  # who the owner is now (labels, recording)
         self._last_owners: OwnerView | None = None  # the last one made (reused if the same)
-        self.curated = CuratedFile(curated_path(settings.workspace))  # MEMORY.md
+        # MEMORY.md; each write is recorded as a version (memory/curated_versions.py)
+        self.curated = CuratedFile(curated_path(settings.workspace), on_write=self._curated_written)
         self._windows: HistoryWindows | None = None  # the store's recent rows per scope
         self._recall: notes.ContextRecall | None = None  # the notes lookup of each turn
         # memory holds a summary (layer 1): the turn looks for them. Read once per store: only
@@ -368,6 +372,16 @@ class Memory:
         as they were queued; [] when memory fails (degraded: nothing to reconcile)."""
         return self.use(lambda s: unsettled_replies(s, window_s, limit)) or []
 
+    def _curated_written(self, before: str, after: str, cause: str, stream_id: str | None) -> None:
+        """Record a write of MEMORY.md as a version; logged when memory cannot (degraded)."""
+
+        def record(store: MemoryStore) -> bool:
+            curated_versions.written(store.conn, before, after, cause, stream_id=stream_id)
+            return True
+
+        if self.use(record) is None:
+            log.warning("curated.version_not_kept", cause=cause)
+
     def mark_reply(self, reply_id: str, status: str, detail: str) -> None:
         self._write(lambda s: s.mark_reply(reply_id, status, detail))
 
@@ -376,7 +390,10 @@ class Memory:
         changed: inside the batch the command has a savepoint of its own)."""
 
         def run(store: MemoryStore) -> dict[str, object]:
-            ctx = CommandContext(stream_id, store, owner_name=self.settings.owner_name)
+            ctx = CommandContext(
+                stream_id, store, owner_name=self.settings.owner_name,
+                workspace=self.settings.workspace,
+            )  # fmt: skip
             result = commands.apply_atomic(store, ctx, op, args)
             if result.get("ok"):
                 self._erased_texts.update(ctx.erased_texts)
@@ -463,6 +480,7 @@ class Memory:
             ready=ready,
             drew=drew,
             owners=owners,
+            zone=settings.timezone,
         )
 
     def _history(
@@ -474,7 +492,8 @@ class Memory:
         if self._windows is None or self._windows.store is not store:
             self._windows = HistoryWindows(store, limit=HISTORY_ROWS)
         try:
-            return self._windows.history(scope, self.settings.assistant_name, owners)
+            settings = self.settings
+            return self._windows.history(scope, settings.assistant_name, owners, settings.timezone)
         except sqlite3.Error as exc:  # a failing query: no history, not a failed turn
             self.failed(exc)
             return (), None
@@ -494,7 +513,9 @@ class Memory:
                 sections.append(CuratedSection(curated))
         shown = self._summaries(msg, scope, current_id)
         if shown:
-            sections.append(SummariesSection([summary_view.line(s) for s in shown]))
+            sections.append(
+                SummariesSection([summary_view.line(s, self.settings.timezone) for s in shown])
+            )
             if drew is not None:  # offered (the budget may cut the oldest): an erasure reaches
                 drew.add_summaries(s.id for s in shown)  # every reply they may have shaped
         found = self._notes(msg, scope, drew)

@@ -13,7 +13,10 @@ handles by ``(channel, address)``, links by stream id or their whole content, no
 ``(reply_id, status)``. Ids are kept when they are free at the end of their table (so a fresh
 home gets the exporter's ids), else new ones are given. An imported tombstone is applied again
 to the rows it names (memory/erasure.py), so an erasure survives an export and an import into an
-older copy.
+older copy. A conversation summary comes in when its range is the same rows here (a home that
+kept the exporter's ids), else it is left out (``derived`` in the result: the jobs derive the
+conversation again). MEMORY.md's versions are known by their digest and time; one that an erasure
+here erased stays out.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from memory import erasure_log
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.erasure import (
     ErasurePlan,
@@ -40,6 +44,7 @@ from memory.erasure import (
 from memory.identity import OWNER, handle_entity, normalize_address, resolve_ref
 from memory.identity_writer import create_handle, ensure_owner
 from memory.records import (
+    CuratedVersionRecord,
     EntityRecord,
     ErasureRecord,
     HandleRecord,
@@ -48,6 +53,7 @@ from memory.records import (
     NoteRecord,
     Record,
     ReplyStatusRecord,
+    SummaryRecord,
     parse_record,
 )
 from memory.rows import NOT_ERASED
@@ -113,12 +119,17 @@ class Present(Exception):
     """The record is already in memory."""
 
 
+class Derived(Exception):
+    """A derived record (a summary) left out: it is derived here again."""
+
+
 @dataclass
 class ImportResult:
     added: dict[str, int] = field(default_factory=dict)
     present: dict[str, int] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     erased: int = 0  # records (among the present) that an erasure here had erased
+    derived: int = 0  # summaries left out: derived again from the imported log
     # the senders of the imported messages: "channel / address" -> {"entity", "how"}, where how
     # is "owner" (an owner alias or a mapping to the owner), "mapped" (a mapping), "known" (a
     # handle memory knew), "new" (an entity of its own, made now) or "conflict" (mapped, but the
@@ -132,6 +143,7 @@ class ImportResult:
             "present": self.present,
             "rejected": self.rejected,
             "erased": self.erased,
+            "derived": self.derived,
             "handles": handles,
             "handles_more": max(0, len(self.handles) - len(handles)),
         }
@@ -176,8 +188,11 @@ def _note_content(rec: NoteRecord) -> tuple[Any, ...]:
 class Importer:
     """Applies import items to the writer's store (see the module docstring)."""
 
-    def __init__(self, store: MemoryStore, *, owner_name: str = "owner") -> None:
+    def __init__(
+        self, store: MemoryStore, *, owner_name: str = "owner", journal: bool = True
+    ) -> None:
         self.store = store
+        self.journal = journal  # journal imported tombstones (memory/erasure_log.py)
         self.conn = store.conn
         self.owner_name = owner_name
         self.result = ImportResult()
@@ -197,6 +212,8 @@ class Importer:
                 with savepoint(self.conn, "import_record"):
                     self._apply(record, item)
                 self.result.added[record.type] = self.result.added.get(record.type, 0) + 1
+            except Derived:
+                self.result.derived += 1
             except Present as exc:
                 kind = str(exc)
                 self.result.present[kind] = self.result.present.get(kind, 0) + 1
@@ -204,6 +221,10 @@ class Importer:
                 why = str(exc) if not isinstance(exc, UnicodeEncodeError) else "not valid Unicode"
                 self.result.rejected.append({"line": line, "index": n, "reason": why})
         if self.log_added:
+            # indexed in the import's own transaction: `relaybot memory search` finds what was
+            # imported as soon as the command answers (the worker's lazy indexing, at its next
+            # idle moment, never came when a zero-config import stopped its worker at once)
+            self.store.sync_index()
             self.store.invalidate()  # rows appeared behind the caches' back
         return self.result
 
@@ -232,6 +253,48 @@ class Importer:
         elif isinstance(record, ReplyStatusRecord):
             params = (record.reply_id, record.status, record.at, record.detail)
             self._insert_or_present(record, _INSERT_REPLY_STATUS, params)
+        elif isinstance(record, SummaryRecord):
+            self._summary(record)
+        elif isinstance(record, CuratedVersionRecord):
+            self._curated_version(record)
+
+    def _summary(self, rec: SummaryRecord) -> None:
+        """A summary whose range is the same rows here (a home that kept the exporter's ids);
+        else it is left out (``derived``): the jobs derive the conversation again."""
+        if self._exists("summary", "job_key = ?", (rec.job_key,)):
+            raise Present("summary")
+        rows = self.conn.execute(
+            "SELECT count(*), min(id), max(id) FROM log WHERE conversation = ? AND id BETWEEN ? "
+            "AND ?",
+            (rec.conversation, rec.first_id, rec.last_id),
+        ).fetchone()
+        if (int(rows[0]), rows[1], rows[2]) != (rec.rows, rec.first_id, rec.last_id):
+            raise Derived
+        supersedes = rec.supersedes
+        if supersedes is not None and not self._exists("summary", "id = ?", (supersedes,)):
+            supersedes = None
+        self.conn.execute(
+            "INSERT INTO summary (id, conversation, channel, privacy, first_id, last_id, rows, "
+            "first_ts, last_ts, text, method, job_key, supersedes, erased, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self._free_id("summary", rec.id), rec.conversation, rec.channel, rec.privacy,
+                rec.first_id, rec.last_id, rec.rows, rec.first_ts, rec.last_ts, rec.text,
+                rec.method, rec.job_key, supersedes, rec.erased, rec.created,
+            ),
+        )  # fmt: skip
+
+    def _curated_version(self, rec: CuratedVersionRecord) -> None:
+        if rec.sha256 in self.tombstones.curated:
+            self.result.erased += 1
+            raise Present("curated_version")
+        if self._exists("curated_version", "sha256 = ? AND ts = ?", (rec.sha256, rec.ts)):
+            raise Present("curated_version")
+        self.conn.execute(
+            "INSERT INTO curated_version (ts, text, sha256, cause, stream_id) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (rec.ts, rec.text, rec.sha256, rec.cause, rec.stream_id),
+        )
 
     def _insert_or_present(self, record: Record, sql: str, params: Sequence[Any]) -> None:
         if self.conn.execute(sql, params).rowcount != 1:
@@ -471,7 +534,10 @@ class Importer:
                 rec.stream_id,
             ),
         )
-        self._reapply(int(cur.lastrowid or 0), rec)
+        erasure_id = int(cur.lastrowid or 0)
+        if self.journal:
+            erasure_log.journal(self.conn, self.store.path, erasure_id)
+        self._reapply(erasure_id, rec)
         self.tombstones.add(rec.target_kind, rec.target, json.dumps(rec.detail))
 
     def _kept(self, keys: Any) -> list[int]:
@@ -497,13 +563,28 @@ class Importer:
         if where:
             plan_notes(self.conn, plan, where)
         subject_ids = self._kept(rec.detail.get("subject_keys"))
-        if not log_ids and not plan.note_ids and not subject_ids:
+        quote_ids = self._kept(rec.detail.get("quote_keys"))
+        if not log_ids and not plan.note_ids and not subject_ids and not quote_ids:
             return
         with granted(self.conn, rec.requested_by, rec.reason, time.time()):
-            remove(self.conn, erasure_id, sorted(log_ids), plan.note_ids, subject_ids=subject_ids)
+            remove(
+                self.conn, erasure_id, sorted(log_ids), plan.note_ids,
+                quote_ids=quote_ids, subject_ids=subject_ids,
+            )  # fmt: skip
         self.log_added = True  # cached rows may hold the text
         self.store.after_commit(lambda: checkpoint_after_erasure(self.store))
         log.info("memory.erasure_reapplied", erasure=erasure_id, log_rows=len(log_ids))
+
+
+def reapply_erasure(store: MemoryStore, rec: ErasureRecord) -> bool:
+    """Write the tombstone ``rec`` here and erase what it erased there, as an imported one is
+    (a restore's journalled erasures: memory/backup.py); False when this database holds it
+    already. Not journalled again: it comes from the journal."""
+    try:
+        Importer(store, journal=False)._erasure(rec)
+    except Present:
+        return False
+    return True
 
 
 def _cmd_import(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Text for the model: the token estimate, and a log row as one labelled line.
 
-Each history entry is one line ``[channel / who] YYYY-MM-DD HH:MM UTC: text`` where *who* is
+Each history entry is one line ``[channel / who] YYYY-MM-DD HH:MM UTC: text`` (in the owner's
+zone when one is given: ``YYYY-MM-DD HH:MM +01:00``, contract/timezone.py) where *who* is
 ``owner`` for the owner, the assistant's name for its own replies and the sender's handle
 otherwise. Who the owner is is decided when the line is made, not when the row was recorded
 (:class:`Owners`: the current owner aliases and the handles merged into the owner), so an alias
@@ -15,11 +16,12 @@ make their words look like the owner's. Pure functions, no I/O.
 from __future__ import annotations
 
 import re
-import time
 from bisect import bisect_left
 from collections.abc import Hashable, Sequence
+from datetime import tzinfo
 from typing import Protocol
 
+from contract import timezone
 from memory.rows import LogRow
 
 CONTINUATION = "\n  "
@@ -70,9 +72,11 @@ class Owners(Protocol):
     def is_owner(self, channel: str, sender: str) -> bool: ...
 
 
-def memo_key(assistant_name: str, owners: Owners | None) -> Hashable:
+def memo_key(assistant_name: str, owners: Owners | None, zone: tzinfo | None = None) -> Hashable:
     """What a memoized line was made under (:data:`LINE_MEMO`, :class:`HistoryLines`)."""
-    return assistant_name if owners is None else (assistant_name, owners.version)
+    if zone is None:
+        return assistant_name if owners is None else (assistant_name, owners.version)
+    return (assistant_name, None if owners is None else owners.version, zone)
 
 
 def label(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str:
@@ -88,24 +92,23 @@ def label(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str
     return f"[{row.channel} / {who}]"
 
 
-def stamp(ts: float) -> str:
-    """``2026-11-22 10:04 UTC``."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
-    except (OverflowError, OSError, ValueError):
-        return "unknown time"
+def stamp(ts: float, zone: tzinfo | None = None) -> str:
+    """``2026-11-22 10:04 UTC``; in ``zone``, ``2026-11-22 11:04 +01:00``."""
+    return timezone.stamp(ts, zone)
 
 
-def format_line(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str:
+def format_line(
+    row: LogRow, assistant_name: str, owners: Owners | None = None, zone: tzinfo | None = None
+) -> str:
     """One labelled line: ``[cli / owner] 2026-11-22 10:04 UTC: text``."""
     text = row.text
     if not text.isprintable():  # every line break Unicode knows, not only \n and \r
         text = _BREAKS.sub(CONTINUATION, text)
-    return f"{label(row, assistant_name, owners)} {stamp(row.ts)}: {text}"
+    return f"{label(row, assistant_name, owners)} {stamp(row.ts, zone)}: {text}"
 
 
 def line_and_cost(
-    row: LogRow, assistant_name: str, owners: Owners | None = None
+    row: LogRow, assistant_name: str, owners: Owners | None = None, zone: tzinfo | None = None
 ) -> tuple[str, int]:
     """The row's line and what it adds to the system message (+1 for the joining newline).
 
@@ -115,13 +118,13 @@ def line_and_cost(
     hashing and repr are unaffected. The memo is keyed by :func:`memo_key`: a change of who the
     owner is makes the line again.
     """
-    key = memo_key(assistant_name, owners)
+    key = memo_key(assistant_name, owners, zone)
     memo_dict = getattr(row, "__dict__", None)
     if memo_dict is not None:
         memo = memo_dict.get(LINE_MEMO)
         if memo is not None and memo[0] == key:
             return memo[1], memo[2]
-    line = format_line(row, assistant_name, owners)
+    line = format_line(row, assistant_name, owners, zone)
     cost = estimate_tokens(line) + 1
     if memo_dict is not None:
         memo_dict[LINE_MEMO] = (key, line, cost)
@@ -134,10 +137,17 @@ class HistoryLines:
     are added at the end, so a turn formats only its new rows, finds what fits the budget with
     one bisect and joins the lines: no work per row of history."""
 
-    def __init__(self, assistant_name: str, limit: int, owners: Owners | None = None) -> None:
+    def __init__(
+        self,
+        assistant_name: str,
+        limit: int,
+        owners: Owners | None = None,
+        zone: tzinfo | None = None,
+    ) -> None:
         self.assistant_name = assistant_name
         self.owners = owners
-        self.key = memo_key(assistant_name, owners)  # what its lines were made under
+        self.zone = zone
+        self.key = memo_key(assistant_name, owners, zone)  # what its lines were made under
         self.limit = limit  # only the newest `limit` rows count (as visible_history's limit)
         self._ids: list[int] = []
         self._lines: list[str] = []
@@ -153,7 +163,7 @@ class HistoryLines:
         """Add ``rows`` (newest first, all newer than :attr:`newest_key`)."""
         total = self._totals[-1]
         for row in reversed(rows):
-            line, cost = line_and_cost(row, self.assistant_name, self.owners)
+            line, cost = line_and_cost(row, self.assistant_name, self.owners, self.zone)
             total += cost
             self._ids.append(row.id)
             self._lines.append(line)

@@ -129,6 +129,40 @@ class ReplyStatusRecord(_Record):
     detail: Annotated[str, Field(max_length=100_000)] = ""
 
 
+class SummaryRecord(_Record):
+    """A conversation summary (layer 1). Derived: an import leaves it out (memory/importer.py),
+    the jobs derive the imported conversations again."""
+
+    type: Literal["summary"] = "summary"
+    id: Annotated[int, Field(gt=0)] | None = None
+    conversation: Key
+    channel: ChannelName
+    privacy: Privacy
+    first_id: int
+    last_id: int
+    rows: Annotated[int, Field(ge=0)]
+    first_ts: float
+    last_ts: float
+    text: Text
+    method: Literal["model", "fallback"]
+    job_key: Key
+    supersedes: int | None = None
+    erased: int | None = None
+    created: float
+
+
+class CuratedVersionRecord(_Record):
+    """An earlier MEMORY.md (memory/curated_versions.py)."""
+
+    type: Literal["curated_version"] = "curated_version"
+    id: Annotated[int, Field(gt=0)] | None = None
+    ts: float
+    text: Text
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    cause: Key
+    stream_id: Key | None = None
+
+
 Record = Annotated[
     LogRecord
     | EntityRecord
@@ -136,11 +170,16 @@ Record = Annotated[
     | LinkRecord
     | NoteRecord
     | ErasureRecord
-    | ReplyStatusRecord,
+    | ReplyStatusRecord
+    | SummaryRecord
+    | CuratedVersionRecord,
     Field(discriminator="type"),
 ]
 RECORD = TypeAdapter(Record)
-RECORD_TYPES = ("entity", "handle", "entity_link", "log", "reply_status", "note", "erasure")
+RECORD_TYPES = (
+    "entity", "handle", "entity_link", "log", "reply_status", "note", "summary",
+    "curated_version", "erasure",
+)  # fmt: skip
 
 
 class Header(BaseModel):

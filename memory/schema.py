@@ -455,6 +455,31 @@ _MIGRATION_15 = _MIGRATION_8.replace(
     "CHECK (status IN ('expired', 'delivered', 'failed', 'withheld'))",
 )
 
+# MEMORY.md's versions (memory/curated_versions.py): each write of the file records the text it
+# wrote (and a hand edit found before it). Never edited; only an audited erasure (erasure_grant)
+# may delete a version (one that holds erased text, or was written by a derived turn).
+_MIGRATION_16 = """
+CREATE TABLE curated_version (
+    id         INTEGER PRIMARY KEY,
+    ts         REAL NOT NULL,
+    text       TEXT NOT NULL,
+    sha256     TEXT NOT NULL,
+    cause      TEXT NOT NULL,
+    stream_id  TEXT
+);
+
+CREATE TRIGGER curated_version_no_update BEFORE UPDATE ON curated_version
+BEGIN
+    SELECT RAISE(ABORT, 'MEMORY.md versions are kept as they were: UPDATE refused');
+END;
+
+CREATE TRIGGER curated_version_no_delete BEFORE DELETE ON curated_version
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'MEMORY.md versions are kept: DELETE refused (erasure only)');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -471,6 +496,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(13, "the log in its messages' time order", _MIGRATION_13),
     Migration(14, "a person's rows on the time index only", _MIGRATION_14),
     Migration(15, "reply status 'withheld'", _MIGRATION_15),
+    Migration(16, "MEMORY.md's versions", _MIGRATION_16),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -9,7 +9,21 @@ decides when) and only if it holds at least ``min_rows`` rows.
 The prompts are plain text with the context's labelled lines (memory/lines.py), so any model, large
 or small, reads them the same way; the answers are small JSON objects, validated here. When the
 model gives no usable summary (twice), :func:`fallback_summary` gives an extractive one: who, when,
-and the salient lines, marked as such.
+and the salient lines, marked as such, with why (``no model``, or ``model reply rejected: <why>``).
+
+A summary is usable when it is real text about its range (:func:`summary_problem`, issue 26: a
+model that echoed the prompt's example ``...`` was stored as a current ``method=model`` summary).
+The rule is cheap and deterministic, words counted, nothing asked of a model:
+
+1. it has words: at least :data:`MIN_SUMMARY_WORDS` words (a word: two letters or more, a number,
+   or one character of a script written without spaces), so ``...``, ``N/A``, a lone ``summary``
+   or punctuation alone are refused;
+2. it is not the prompt: no run of :data:`ECHO_WORDS` consecutive words of the prompt's
+   instructions (a model that answered with the template);
+3. it is about the range: it shares at least one word with the messages it covers (their texts and
+   their senders' names: a name, a number, a word of three letters or more that is not a common
+   English word nor a word of the prompt); words are compared by their first five letters, so
+   ``leaves`` and ``leave`` match. A range with no such word (only greetings, emoji) skips this.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ from memory.lines import format_line, label, stamp
 from memory.rows import LogRow
 
 MAX_SUMMARY_CHARS = 4000  # memory.summaries.MAX_TEXT
+MIN_SUMMARY_WORDS = 3  # a summary has at least this many words
+ECHO_WORDS = 6  # this many consecutive words of the prompt's instructions: the prompt echoed
 _LINE_CHARS = 240  # a salient line in the fallback summary, at most
 _JSON = re.compile(r"\{.*\}", re.S)
 
@@ -113,9 +129,75 @@ def parse_summary(text: str) -> str | None:
     return out or None
 
 
-def fallback_summary(rows: Sequence[LogRow], assistant_name: str) -> str:
+# scripts written without spaces (kana, CJK ideographs, hangul): each character is a word
+_SPACELESS = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+# a word: one such character, a run of two letters or more, or a number
+_WORD = re.compile(rf"{_SPACELESS}|[^\W\d_]{{2,}}|\d+")
+_COMMON_WORDS = """a about above after again all also am an and any are as at be because been
+    before being below between both but by can could did do does doing done down during each
+    either else even ever every few for from further get got had has have having he her here
+    hers him his how i if in into is it its just like made make many may me might more most
+    much must my no nor not now of off on once one only or other our out over own said same say
+    says she should since so some still such than that the their them then there these they
+    this those through to too under until up us very was we were what when where which while
+    who whom why will with would yes yet you your"""
+_COMMON = frozenset(_COMMON_WORDS.split())
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.casefold())
+
+
+def _key(word: str) -> str:
+    return word[:5]
+
+
+def _instructions() -> list[str]:
+    return _words(SUMMARY_PROMPT.split("Messages:", 1)[0])
+
+
+_PROMPT_KEYS = frozenset(_key(w) for w in _instructions())
+
+
+def _content_keys(text: str, generic: frozenset[str]) -> set[str]:
+    return {
+        _key(w)
+        for w in _words(text)
+        if (len(w) >= 3 or w.isdigit() or re.fullmatch(_SPACELESS, w))
+        and w not in _COMMON
+        and _key(w) not in _PROMPT_KEYS
+        and w not in generic
+    }
+
+
+def summary_problem(text: str, rows: Sequence[LogRow], assistant_name: str) -> str | None:
+    """Why ``text`` is not a usable summary of ``rows`` (the rule is in the module docstring);
+    None when it is one. Pure and deterministic."""
+    words = _words(text)
+    if not words:
+        return "no words (a placeholder such as '...')"
+    if len(words) < MIN_SUMMARY_WORDS:
+        return f"too short to be a summary ({len(words)} word{'s' if len(words) > 1 else ''})"
+    said = " ".join(words)
+    prompt = _instructions()
+    for i in range(len(prompt) - ECHO_WORDS + 1):
+        if f" {' '.join(prompt[i : i + ECHO_WORDS])} " in f" {said} ":
+            return "it repeats the prompt's instructions"
+    generic = frozenset({"owner", *_words(assistant_name), *(r.channel for r in rows)})
+    about: set[str] = set()
+    for r in rows:
+        about |= _content_keys(" ".join((r.text, r.sender, r.sender_name)), generic)
+    if about and not (_content_keys(text, generic) & about):
+        return "it mentions nothing of the messages it covers"
+    return None
+
+
+def fallback_summary(
+    rows: Sequence[LogRow], assistant_name: str, rejected: str | None = None
+) -> str:
     """An extractive summary: the participants, the time span and the salient lines (the first
-    and the last, questions, and the longest), in order. Deterministic."""
+    and the last, questions, and the longest), in order. Deterministic. ``rejected``: why the
+    model's reply was not used (None: there is no model)."""
     who: list[str] = []
     for r in rows:
         name = label(r, assistant_name).strip("[]").split(" / ", 1)[-1]
@@ -136,8 +218,9 @@ def fallback_summary(rows: Sequence[LogRow], assistant_name: str) -> str:
         if len(text) > _LINE_CHARS:
             text = text[: _LINE_CHARS - 1] + "…"
         lines.append(f"- {label(rows[i], assistant_name)} {text}")
+    why = "no model" if rejected is None else f"model reply rejected: {rejected}"
     head = (
-        f"(extractive summary, no model) {len(rows)} messages on {first.channel} from "
+        f"(extractive summary, {why}) {len(rows)} messages on {first.channel} from "
         f"{stamp(first.ts)} to {stamp(last.ts)} between {', '.join(who)}. Salient lines:"
     )
     return "\n".join([head, *lines])[:MAX_SUMMARY_CHARS]

@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import tzinfo
 from typing import ClassVar
 
 from contract.messages import Privacy
@@ -40,12 +41,13 @@ OWN_LIMIT = 20  # the conversation's own summaries a turn looks at (newest first
 CANDIDATES = 64  # matching summaries ranked, the newest ones: bounded work per turn
 
 
-def line(s: Summary) -> str:
-    """``[chat / chat:!room] 2026-11-20 10:04 UTC to 2026-11-20 11:30 UTC (log 12..40): ...``"""
+def line(s: Summary, zone: tzinfo | None = None) -> str:
+    """``[chat / chat:!room] 2026-11-20 10:04 UTC to 2026-11-20 11:30 UTC (log 12..40): ...``
+    (the times in ``zone``, the owner's, when given)"""
     text = " ".join(s.text.split())
     fallback = " (extractive)" if s.method == "fallback" else ""
     return (
-        f"[{s.channel} / {s.conversation}] {stamp(s.first_ts)} to {stamp(s.last_ts)} "
+        f"[{s.channel} / {s.conversation}] {stamp(s.first_ts, zone)} to {stamp(s.last_ts, zone)} "
         f"(log {s.first_id}..{s.last_id}, {s.rows} messages{fallback}): {text}"
     )
 
@@ -198,9 +200,9 @@ def _filters(query: SearchQuery) -> tuple[str, list[object]]:
     return " AND ".join(where), params
 
 
-def format_found(found: Sequence[Summary]) -> str:
+def format_found(found: Sequence[Summary], zone: tzinfo | None = None) -> str:
     """The summary hits of a search, after the message hits (each one line, quoted)."""
     lines = ["summaries of earlier conversation that match (fetch a range's messages with "
              "conversation, from_id and to_id):"]  # fmt: skip
-    lines += [f"   S{n}. {line(s)[:1200]}" for n, s in enumerate(found, 1)]
+    lines += [f"   S{n}. {line(s, zone)[:1200]}" for n, s in enumerate(found, 1)]
     return "\n".join(lines)

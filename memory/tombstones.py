@@ -13,7 +13,7 @@ import json
 import sqlite3
 from dataclasses import dataclass, field
 
-from memory.records import NoteRecord
+from memory.records import ErasureRecord, NoteRecord
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Tombstones:
     stream_ids: set[str] = field(default_factory=set)
     entities: set[str] = field(default_factory=set)
     conversations: set[str] = field(default_factory=set)
+    curated: set[str] = field(default_factory=set)  # MEMORY.md versions' digests
 
     @classmethod
     def read(cls, conn: sqlite3.Connection) -> Tombstones:
@@ -42,6 +43,7 @@ class Tombstones:
             if isinstance(key, list) and len(key) == 2:
                 self.stream_ids.add(str(key[1]))
         self.entities.update(e for e in detail.get("entities", []) if isinstance(e, str))
+        self.curated.update(d for d in detail.get("curated_versions", []) if isinstance(d, str))
         if kind == "conversation":
             self.conversations.add(target)
 
@@ -57,3 +59,28 @@ class Tombstones:
             )
             or (rec.chat is not None and rec.chat in self.conversations)
         )
+
+
+_RECORD_COLS = (
+    "id", "ts", "requested_by", "reason", "target_kind", "target", "log_rows", "notes", "detail",
+    "stream_id",
+)  # fmt: skip
+
+
+def read_records(conn: sqlite3.Connection) -> list[ErasureRecord]:
+    """Every tombstone here as the export's record (a restore applies them again elsewhere); a
+    tombstone that does not validate is skipped."""
+    out: list[ErasureRecord] = []
+    sql = f"SELECT {', '.join(_RECORD_COLS)} FROM erasure ORDER BY id"  # noqa: S608 (constants)
+    for raw in conn.execute(sql):
+        data = dict(zip(_RECORD_COLS, raw, strict=True))
+        try:
+            detail = json.loads(str(data["detail"] or "{}"))
+        except ValueError:
+            detail = {}
+        data["detail"] = detail if isinstance(detail, dict) else {}
+        try:
+            out.append(ErasureRecord.model_validate(data))
+        except ValueError:
+            continue
+    return out

@@ -4,6 +4,7 @@ memory.writer (the one writer), memory.view (the application, read-only) and mem
 """
 
 from memory.copies import Copies
+from memory.curated_versions import CuratedVersion
 from memory.erasure_plan import MAX_HOPS, ErasurePlan, Item
 from memory.export import ExportStats
 from memory.identity import OWNER, Entity, Handle, HandleMove, Link, OwnerResolver, OwnerView
@@ -19,6 +20,7 @@ __all__ = [
     "MAX_HOPS",
     "OWNER",
     "Copies",
+    "CuratedVersion",
     "DrewOn",
     "Entity",
     "ErasurePlan",

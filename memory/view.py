@@ -2,7 +2,8 @@
 
 :class:`MemoryView` opens the database read-only (the worker is its only writer) and answers the
 application's questions through memory's own modules: identity (:attr:`MemoryView.people`),
-search, summaries, notes, ``memory status``, the export, and the preview of an erasure. It never
+search, summaries, notes, MEMORY.md's versions, ``memory status``, the export, and the
+preview of an erasure. It never
 writes; what changes memory goes to the worker as an owner command (relaybot/owner_commands.py).
 Every method raises :class:`memory.errors.MemoryUnavailable` (SQLite's text) when the database
 fails: the application never sees ``sqlite3``.
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memory import summaries
+from memory import curated_versions, summaries
+from memory.curated_versions import CuratedVersion
 from memory.erasure import plan_erasure
 from memory.erasure_plan import ErasurePlan
 from memory.errors import translating, translating_iter
@@ -76,6 +78,16 @@ class MemoryView:
     def note_versions(self, note_id: int) -> list[Note]:
         """The note ``note_id`` and its versions, oldest first ([] when there is none)."""
         return note_chain(self._store, note_id)
+
+    @translating
+    def curated_versions(self) -> list[CuratedVersion]:
+        """MEMORY.md's versions, oldest first, without their text."""
+        return curated_versions.listing(self._store.conn)
+
+    @translating
+    def curated_version(self, version_id: int) -> CuratedVersion | None:
+        """One earlier MEMORY.md, with its text (None: there is no such version)."""
+        return curated_versions.version(self._store.conn, version_id)
 
     @translating
     def status(self, *, check: bool = False, assistant_name: str = "relaybot") -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import tzinfo
 
 from contract.messages import Privacy
 from memory.lines import HistoryLines, Owners, memo_key
@@ -57,16 +58,20 @@ class HistoryWindows:
         return () if window is None else window.rows
 
     def history(
-        self, scope: Scope, assistant_name: str, owners: Owners | None = None
+        self,
+        scope: Scope,
+        assistant_name: str,
+        owners: Owners | None = None,
+        zone: tzinfo | None = None,
     ) -> tuple[Sequence[LogRow], HistoryLines]:
         """:meth:`rows`, and their context lines (memory.context) with only new rows formatted
         (all of them again when who the owner is changed: ``owners``, memory.lines)."""
         window = self._window(scope)
         if window is None:
-            return (), HistoryLines(assistant_name, self.limit, owners)
+            return (), HistoryLines(assistant_name, self.limit, owners, zone)
         rows, done = window.rows, window.rendered
-        if done is None or done.key != memo_key(assistant_name, owners):
-            done = window.rendered = HistoryLines(assistant_name, self.limit, owners)
+        if done is None or done.key != memo_key(assistant_name, owners, zone):
+            done = window.rendered = HistoryLines(assistant_name, self.limit, owners, zone)
             done.extend(rows)
         else:
             (top_ts, top_id), new = done.newest_key, 0

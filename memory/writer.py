@@ -29,6 +29,7 @@ from memory.segments import (
     parse_pause,
     parse_summary,
     segment,
+    summary_problem,
     transcript,
 )
 from memory.store import MemoryStore
@@ -49,5 +50,6 @@ __all__ = [
     "parse_summary",
     "segment",
     "summaries",
+    "summary_problem",
     "transcript",
 ]

@@ -12,17 +12,20 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
 from contract.config import Config, display_url
-from contract.messages import RoutingKey
+from contract.messages import ReplyKind, RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
 from relaybot.chat_render import ReplyView
 from relaybot.runtime import Runtime, RuntimeProblem
+
+if TYPE_CHECKING:
+    from relaybot.chat_input import LineReader
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +33,7 @@ EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
 EXIT_NO_REDIS = 1  # as for any command that cannot reach Redis
 EXIT_USAGE = 2
+EXIT_ERROR_REPLY = 5  # the reply came, and says the turn failed (the model could not answer)
 GRACE = 3.0  # seconds to wait for a worker that a zero-config run has just started
 
 HELP = """\
@@ -77,7 +81,14 @@ def _stop_on(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: float) -> int:
+def run_chat(
+    cfg: Config, *, message: str | None, session: str | None, timeout: float | None
+) -> int:
+    """``timeout`` None: long enough for the model's retries (contract/timeouts.py)."""
+    if timeout is None:
+        from contract.timeouts import reply_wait
+
+        timeout = reply_wait(cfg.model)
     name = session or new_session_name()
     if (why := bad_session(name)) is not None:
         _err(why)
@@ -126,9 +137,10 @@ def _await(rt: Runtime, term: Terminal, sid: str, timeout: float) -> int:
     outage = Outage("cli")
     while time.monotonic() < deadline:
         try:
-            if term.wait_for(sid, min(1.0, deadline - time.monotonic())) is not None:
+            reply = term.wait_for(sid, min(1.0, deadline - time.monotonic()))
+            if reply is not None:
                 outage.recovered()
-                return 0
+                return EXIT_ERROR_REPLY if reply.kind == ReplyKind.ERROR else 0
             problem = rt.problem()
             outage.recovered()
         except TRANSIENT as exc:  # the message is accepted: wait for Redis, then its reply
@@ -184,26 +196,29 @@ class Chat:
         self.cfg, self.rt, self.view, self.timeout = cfg, rt, view, timeout
 
     def run(self, name: str) -> int:
-        while True:
-            _err(f"session {name} — type a message, /help for commands, Ctrl-D to quit")
-            with _attached(self.cfg, self.rt, name, self.view) as term:
-                term.drain()
-                outcome = self._session(term)
-            if isinstance(outcome, int):
-                return outcome
-            name = outcome
+        from relaybot.chat_input import LineReader
 
-    def _session(self, term: Terminal) -> int | str:
-        """Lines of one session until Ctrl-D (an exit code) or a switch (the next session)."""
+        with LineReader() as reader:  # a paste of several lines is one message
+            while True:
+                _err(f"session {name} — type a message, /help for commands, Ctrl-D to quit")
+                with _attached(self.cfg, self.rt, name, self.view) as term:
+                    term.drain()
+                    outcome = self._session(term, reader)
+                if isinstance(outcome, int):
+                    return outcome
+                name = outcome
+
+    def _session(self, term: Terminal, reader: LineReader) -> int | str:
+        """Messages of one session until Ctrl-D (an exit code) or a switch (the next session)."""
         while True:
             try:
-                line = input("you> ")
+                line = reader.read("you> ")
             except EOFError:
                 sys.stderr.write("\n")
                 return 0
             if not line.strip():
                 continue
-            if line.startswith("/") and not line.startswith("//"):
+            if line.startswith("/") and not line.startswith("//") and "\n" not in line:
                 switch = self._command(line, term)
                 if switch is not None:
                     return switch

@@ -17,7 +17,7 @@ import structlog
 
 from contract import logs
 from contract.bus import connect, redis_url, wait_for_redis
-from contract.config import Config, ConfigError, default_home, load_config
+from contract.config import Config, ConfigError, ConfigUnreadable, default_home, load_config
 from contract.terminal import echo, echo_json
 from relaybot import envfile, private
 
@@ -55,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("-m", "--message", help="send one message, print the reply and exit")
     chat.add_argument("--session", help="resume (or name) a session; default: a new one")
     chat.add_argument(
-        "--timeout", type=float, default=120.0, help="seconds to wait for a reply (default 120)"
+        "--timeout",
+        type=float,
+        help="seconds to wait for a reply (default: the model's retries' worst case + 30, "
+        "at least 120)",
     )
 
     worker = sub.add_parser("worker", help="run the one ordered worker")
@@ -84,7 +87,15 @@ def _parser() -> argparse.ArgumentParser:
         one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
 
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
-    from relaybot import cli_entities, cli_memory, cli_notes, cli_search, cli_summaries
+    from relaybot import (
+        cli_backup,
+        cli_curated,
+        cli_entities,
+        cli_memory,
+        cli_notes,
+        cli_search,
+        cli_summaries,
+    )
 
     memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
     msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
@@ -92,10 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     cli_search.add_parsers(msub)
     cli_notes.add_parsers(msub)
     cli_summaries.add_parsers(msub)
+    cli_curated.add_parsers(msub)
     entities = sub.add_parser("entities", help="people and their handles, links between them")
     esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
     cli_entities.add_parsers(esub)
     cli_entities.add_onboard_parser(sub)
+    cli_backup.add_parsers(sub)
     from relaybot import doctor
 
     doctor.add_parser(sub)
@@ -165,8 +178,10 @@ def _main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         if args.command != "doctor":  # doctor reports it as one of its checks
             print(f"relaybot: configuration error: {exc}", file=sys.stderr)
-        # onboarding is how a broken config gets rewritten; doctor says what is wrong with it
-        if args.command not in ("onboard", "doctor"):
+        # onboarding is how a broken config gets rewritten (not a file it cannot read: it could
+        # not write it either); doctor says what is wrong with it
+        unreadable = isinstance(exc, ConfigUnreadable)
+        if args.command != "doctor" and (args.command != "onboard" or unreadable):
             return EXIT_CONFIG
         cfg = Config(home=default_home())
     if args.command != "doctor":  # doctor reports loose permissions (and how to fix them)

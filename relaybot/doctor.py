@@ -32,11 +32,13 @@ from contract import channels as registry
 from contract.config import (
     Config,
     ConfigError,
+    ConfigUnreadable,
     apply_env,
     config_digest,
     default_home,
     load_config,
     parse_config,
+    read_config_bytes,
 )
 from contract.messages import describe_validation_error
 from contract.terminal import json_safe, safe
@@ -112,8 +114,13 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     checks: list[Check] = []
     digest: str | None = None
     data: dict[str, Any] = {}
-    if path.exists():
-        raw = path.read_bytes()
+    try:
+        raw = read_config_bytes(home)
+    except ConfigUnreadable as exc:  # a directory, root's after a sudo edit, a link to nothing
+        fix = f"{exc.fix}; the processes that run keep their last good configuration, new ones "
+        checks.append(fail("config.file", exc.problem, fix + "refuse to start until then"))
+        return checks, None, None
+    if raw is not None:
         digest = config_digest(raw)
         try:
             data = tomllib.loads(raw.decode("utf-8"))
@@ -134,7 +141,9 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     unknown = unknown_keys(data, Config)
     checks.append(config_keys(path, unknown))
     try:
-        return checks, load_config(home, env), digest
+        cfg = load_config(home, env)
+        checks.append(zone_check(cfg, env))
+        return checks, cfg, digest
     except ConfigError as exc:
         if not unknown:
             checks.append(
@@ -156,6 +165,14 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
     except ValidationError as exc:
         checks.append(fail("config.values", describe_validation_error(exc), "fix that value"))
         return checks, None, digest
+
+
+def zone_check(cfg: Config, env: Mapping[str, str]) -> Check:
+    """Which time zone the model's context and the clock use, and where it came from."""
+    from contract.timezone import resolve
+
+    zone = resolve(cfg.owner.timezone, env)
+    return ok("config.timezone", f"times are shown in {zone.describe()}", zone=zone.name)
 
 
 def channel_packages() -> Check:

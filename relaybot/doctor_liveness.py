@@ -95,6 +95,14 @@ def _one(name: str, beat: Mapping[str, Any], now: float, digest: str | None) -> 
             f"restart {name} to apply the current config.toml",
             **facts,
         )
+    if beat.get("config_error"):  # the newest config.toml is invalid or unreadable
+        return warn(
+            cid,
+            said + f" (its last good config; config.toml does not load: {beat['config_error']})",
+            "fix config.toml (the config checks say how); restarted before that, it would "
+            "refuse to start",
+            **facts,
+        )
     if digest is None:
         return ok(cid, said + " (another host's config.toml: not compared)", **facts)
     if loaded != digest:

@@ -70,3 +70,9 @@ _.ERASURE
 # a room's guest access as its state says (gateways/matrix/events.py Openness, compared whole in
 # tests/unit/test_room_audience.py); Openness.open says why it does not open a room by itself
 _.guest_access
+
+# a backup's tar members (relaybot/backup_archive.py): tarfile writes these TarInfo fields
+_.mtime
+_.gid
+_.gname
+_.uname

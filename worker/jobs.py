@@ -21,6 +21,7 @@ from contract.config import Config
 from contract.config_watch import JOBS_USES, ConfigWatcher, watch_in_thread
 from contract.liveness import Heartbeat
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
+from worker import summarize_job
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +59,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     its blocking wait for a job ends before its connection's read timeout
     (:func:`rq_connection`)."""
     watch = ConfigWatcher(cfg, process="jobs", uses=JOBS_USES)
+    summarize_job.use_last_good(lambda: watch.latest)  # a job's config when the file is bad
     hb = Heartbeat(r, cfg.keys, "jobs", config=watch.fields()).start()
     stop_watching = watch_in_thread(watch, lambda fields: setattr(hb, "config", fields))
     outage = Outage("jobs")
@@ -92,6 +94,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 if not _ride_out(rq_r, outage, exc):
                     return 0
     finally:
+        summarize_job.use_last_good(None)
         stop_watching.set()
         hb.stop()
         rq_r.close()

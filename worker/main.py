@@ -54,7 +54,7 @@ def open_store(cfg: Config) -> MemoryStore | None:
 
 def turn_tools(ctx: TurnContext) -> ToolRegistry:
     """The tools of one turn: the built-in ones and the memory tools for its privacy scope."""
-    return ToolRegistry([*default_tools(), *memory_tools(ctx)])
+    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx)])
 
 
 def tool_shape(ctx: TurnContext) -> Hashable:
@@ -125,7 +125,7 @@ def build_consumer(
     own_model = model is None
     model = model or make_model(cfg.model)
     if isinstance(model, NoModel):
-        log.warning(
+        log.info(  # a state, not a fault: every reply says so, and doctor warns
             "model.not_configured",
             hint="set [model] base_url and model in config.toml, or OPENAI_BASE_URL and "
             "RELAYBOT_MODEL; replies will say that no model is configured",

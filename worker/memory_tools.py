@@ -205,7 +205,8 @@ def memory_write_tool(ctx: TurnContext) -> Tool:
         if privacy_of(ctx.scope) is not Privacy.OWNER:  # belt and braces: never offered there
             return "error: MEMORY.md can be written only in the owner's own conversations"
         try:
-            return memory_write(file, str(args["content"]), mode=str(args.get("mode", "replace")))
+            mode = str(args.get("mode", "replace"))
+            return memory_write(file, str(args["content"]), mode=mode, stream_id=ctx.stream_id)
         except CuratedError as exc:
             return f"error: {exc}"
 
@@ -288,12 +289,15 @@ def search_history_tool(ctx: TurnContext) -> Tool:
         for hit in result.hits:
             ctx.drew.add_rows(r.id for r in (hit.row, hit.before, hit.after) if r is not None)
         owners = ctx.memory.owners()  # labels follow who the owner is now (memory.lines)
-        text = search.format_hits(result, ctx.memory.settings.assistant_name, owners=owners)
+        settings = ctx.memory.settings  # the owner's zone: the times as in the context
+        text = search.format_hits(
+            result, settings.assistant_name, owners=owners, zone=settings.timezone
+        )
         shown = [hit.row for hit in result.hits]
         found = summary_view.search(store, ctx.scope, _search_query(args), shown)
         if found:
             ctx.drew.add_summaries(s.id for s in found)
-            text += "\n" + summary_view.format_found(found)
+            text += "\n" + summary_view.format_found(found, settings.timezone)
         return text
 
     reach = (

@@ -26,6 +26,7 @@ import httpx
 import structlog
 
 from contract.config import ModelConfig, display_url
+from contract.timeouts import BACKOFF_CAP, JITTER, model_deadline
 from worker.model import Completion, ModelError, ModelPort, NoModel
 from worker.openai_parse import (
     Failure,
@@ -45,16 +46,9 @@ from worker.openai_parse import (
 log = structlog.get_logger(__name__)
 
 CONNECT_TIMEOUT_MAX = 10.0  # seconds; connecting never gets longer, whatever the timeout
-BACKOFF_CAP = 30.0  # seconds; no single exponential backoff wait is longer than this
-JITTER = 0.25  # each backoff wait is stretched by a random factor in [1, 1 + JITTER]
 _KEEP_PREFIX = ": "  # an error that echoes the request keeps what comes before this: "(HTTP 400: "
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # a larger body is not an answer we can use
 MIN_ATTEMPT = 0.05  # seconds; less time than this left before the deadline is not worth a try
-
-
-def max_backoff_total(retries: int, backoff: float) -> float:
-    """The longest the backoff waits between ``retries + 1`` attempts can add up to."""
-    return sum(min(backoff * 2.0**i, BACKOFF_CAP) * (1 + JITTER) for i in range(retries))
 
 
 class OpenAIChatClient:
@@ -101,9 +95,8 @@ class OpenAIChatClient:
         self._redact = Masker(base_url, self._api_key)
         self.endpoint = endpoint_url(base_url, "chat/completions")  # the query kept: ?key=...
         # seconds one complete() may take at most, all attempts and waits included
-        self.deadline = (self.retries + 1) * self.timeout + max_backoff_total(
-            self.retries, self.backoff
-        )
+        # (contract/timeouts.py: relaybot chat waits at least this long for a reply)
+        self.deadline = model_deadline(self.timeout, self.retries, self.backoff)
         headers = {
             "Accept": "application/json",
             "Content-Type": "application/json",
@@ -182,7 +175,7 @@ class OpenAIChatClient:
             budget = min(self.timeout, remaining)
             attempts += 1
             t0 = time.monotonic()
-            log.info(
+            log.debug(  # every attempt: the noise of a turn, shown with -v
                 "model.request",
                 model=self.model,
                 url=self._display,
@@ -221,7 +214,7 @@ class OpenAIChatClient:
                     log.info("model.backoff", attempt=attempts, wait_s=round(wait, 3))
                     self._sleep(wait)
                 continue
-            log.info(
+            log.debug(
                 "model.response",
                 model=self.model,
                 url=self._display,

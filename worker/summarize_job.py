@@ -10,8 +10,17 @@ and applies it (memory/summaries.py). Jobs never write memory.
 has been quiet for ``[derive] quiet``); an unusable judgement leaves the decision to that quiet
 period. A model that is down ends the job with ``model_down`` (one warning, no traceback): the
 worker enqueues it again after a backoff, so a summary waits for the model, never gets dropped.
-A model that answers garbage twice gets the deterministic, extractive summary (memory/segments.py),
-marked ``method = "fallback"``; a later job may supersede it.
+A model that answers garbage twice (not JSON, or not a summary of the range: a placeholder such as
+``...``, the prompt echoed, text about something else: memory/segments.py ``summary_problem``) gets
+the deterministic, extractive summary (memory/segments.py), marked ``method = "fallback"`` and
+headed with why the model's reply was rejected (``no model`` only when there is none); a later job
+may supersede it.
+
+Each job reads config.toml afresh (a changed ``[model]`` is used by the next job); when the file
+does not load (invalid, or unreadable), the job runs with the last good configuration the jobs
+process holds (its config watcher's, :func:`use_last_good`): one bad edit must not send every
+summary job to rq's failed registry (issue 26). The jobs process says why, once
+(``config.rejected`` or ``config.unreadable``).
 
 Jobs get ids, never serialized models: (conversation, first log id, last log id, mode, the
 summary it supersedes, version); the job key (memory/summaries.py) makes applying idempotent.
@@ -20,13 +29,14 @@ summary it supersedes, version); the job key (memory/summaries.py) makes applyin
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
 from rq import get_current_job
 
-from contract.config import Config, load_config
+from contract.config import Config, ConfigError, load_config
 from contract.messages import InboundMessage, Kind, Privacy, new_event_id
 from memory.writer import (
     PAUSE_PROMPT,
@@ -36,14 +46,41 @@ from memory.writer import (
     parse_pause,
     parse_summary,
     summaries,
+    summary_problem,
     transcript,
 )
 from worker.model import ModelError, ModelPort, NoModel
 from worker.openai_client import make_model
 
+if TYPE_CHECKING:
+    from memory.types import LogRow
+
 log = structlog.get_logger(__name__)
 
 JUDGE_ROWS = 12  # the last messages the pause judgement reads
+
+# the jobs process's last good configuration (worker/jobs.py sets it; rq's work horse, forked
+# from that process, inherits it): None outside the jobs process
+_last_good: Callable[[], Config] | None = None
+
+
+def use_last_good(source: Callable[[], Config] | None) -> None:
+    """Where a job finds the last good configuration when config.toml does not load."""
+    global _last_good  # noqa: PLW0603 (one per process: the jobs process sets it at start)
+    _last_good = source
+
+
+def job_config() -> Config:
+    """config.toml as it is now, or the jobs process's last good configuration when it does not
+    load (:class:`ConfigError` only outside the jobs process, which has none)."""
+    try:
+        return load_config()
+    except ConfigError as exc:
+        if _last_good is None:
+            raise
+        detail = "config.toml does not load: this job runs with the last good one"
+        log.info("summary.last_good_config", error=str(exc), detail=detail)
+        return _last_good()
 
 
 def summarize(
@@ -57,7 +94,7 @@ def summarize(
 ) -> str:
     """The rq entry point; returns what happened (``proposed``, ``open``, ``undecided``,
     ``stale``, or ``model_down``: the worker enqueues the job again after a backoff)."""
-    cfg = load_config()
+    cfg = job_config()
     job = get_current_job()
     r: redis.Redis = job.connection if job is not None else redis.Redis.from_url(_url(cfg))
     model = make_model(cfg.model.for_derive())
@@ -113,23 +150,15 @@ def derive(
             r.hset(cfg.keys.derive_judged, conversation, str(last_id))
             bound.info("summary.not_paused")
             return "open"
-    text, method = None, "model"
+    text, rejected = None, None
     if not isinstance(model, NoModel):
-        for _ in range(2):
-            try:
-                text = parse_summary(_ask(model, SUMMARY_PROMPT + lines))
-            except ModelError as exc:
-                if exc.retryable and exc.kind != "garbage":  # enqueued again, backing off
-                    bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
-                    return "model_down"
-                # it will not do better later (a 4xx such as "context too long", or not an
-                # answer at all): as an unusable answer, the extractive fallback after two
-                bound.warning("summary.model_refused", error=str(exc), kind=exc.kind)
-            if text is not None:
-                break
-            bound.warning("summary.unusable_answer")
+        asked = _ask_summary(model, rows, SUMMARY_PROMPT + lines, name, bound)
+        if asked is None:
+            return "model_down"
+        text, rejected = asked
+    method = "model" if text is not None else "fallback"
     if text is None:
-        text, method = fallback_summary(rows, name), "fallback"
+        text = fallback_summary(rows, name, rejected)
     key = summaries.job_key(conversation, first_id, last_id, version)
     last = rows[-1]
     entry = InboundMessage(
@@ -155,6 +184,36 @@ def derive(
     r.xadd(cfg.keys.inbound, entry.to_fields())  # type: ignore[arg-type]
     bound.info("summary.proposed", method=method, chars=len(text), key=key)
     return "proposed"
+
+
+def _ask_summary(
+    model: ModelPort, rows: Sequence[LogRow], prompt: str, name: str, bound: Any
+) -> tuple[str | None, str | None] | None:
+    """The model's summary (None, and why, when its two tries gave none); None when the model
+    is down (the job is enqueued again, backing off)."""
+    rejected = None
+    for _ in range(2):
+        try:
+            answer = _ask(model, prompt)
+        except ModelError as exc:
+            if exc.retryable and exc.kind != "garbage":
+                bound.warning("summary.model_down", error=str(exc), kind=exc.kind)
+                return None
+            # it will not do better later (a 4xx such as "context too long", or not an answer
+            # at all): as an unusable answer, the extractive fallback after two
+            bound.warning("summary.model_refused", error=str(exc), kind=exc.kind)
+            rejected = f"the model failed ({exc.kind})"
+            continue
+        text = parse_summary(answer)
+        if text is None:
+            rejected = "not JSON with a summary"
+        else:
+            # a placeholder, the prompt echoed, text about something else: not a summary
+            rejected = summary_problem(text, rows, name)
+            if rejected is None:
+                return text, None
+        bound.warning("summary.unusable_answer", reason=rejected)
+    return None, rejected
 
 
 def _ask(model: ModelPort, prompt: str) -> str:

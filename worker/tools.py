@@ -14,7 +14,7 @@ import contextvars
 import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -279,12 +279,14 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def clock_tool(now: Callable[[], datetime] = _utc_now) -> Tool:
-    """``clock``: the current date and time, in UTC or in a given IANA time zone."""
+def clock_tool(now: Callable[[], datetime] = _utc_now, owner_zone: tzinfo | None = None) -> Tool:
+    """``clock``: the current date and time, in the owner's time zone (``[owner] timezone``,
+    else the system's: contract/timezone.py; None: UTC) or in a given IANA time zone."""
+    default = getattr(owner_zone, "key", None)  # a ZoneInfo's IANA name; UTC has none
 
     def handler(arguments: dict[str, Any]) -> str:
         utc = now().astimezone(UTC).replace(microsecond=0)
-        zone_name = arguments.get("timezone")
+        zone_name = arguments.get("timezone") or default
         if zone_name is None or zone_name in ("", "UTC", "Etc/UTC", "Z"):
             return f"{utc.isoformat()} ({utc:%A}, UTC)"
         try:
@@ -300,14 +302,16 @@ def clock_tool(now: Callable[[], datetime] = _utc_now) -> Tool:
     return Tool(
         name="clock",
         description=(
-            "The current date and time in ISO 8601, in UTC, or in the given IANA time zone."
+            "The current date and time in ISO 8601, in the owner's time zone, or in the "
+            "given IANA time zone."
         ),
         parameters={
             "type": "object",
             "properties": {
                 "timezone": {
                     "type": "string",
-                    "description": "An IANA time zone such as 'Europe/Berlin'; default UTC.",
+                    "description": "An IANA time zone such as 'Europe/Berlin'; default: "
+                    "the owner's.",
                 }
             },
             "additionalProperties": False,
@@ -316,6 +320,6 @@ def clock_tool(now: Callable[[], datetime] = _utc_now) -> Tool:
     )
 
 
-def default_tools() -> ToolRegistry:
-    """The registry the worker uses: today just the clock."""
-    return ToolRegistry([clock_tool()])
+def default_tools(owner_zone: tzinfo | None = None) -> ToolRegistry:
+    """The registry the worker uses: today just the clock (in the owner's zone)."""
+    return ToolRegistry([clock_tool(owner_zone=owner_zone)])

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, tzinfo
 
 import structlog
 
+from contract import timezone
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Reply, ReplyKind
 from memory.errors import MemoryUnwritable
@@ -65,7 +67,15 @@ def memory_settings(cfg: Config) -> MemorySettings:
         trusted_channels=(
             None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
         ),
+        timezone=owner_zone(cfg),
     )
+
+
+def owner_zone(cfg: Config) -> tzinfo | None:
+    """``[owner] timezone``, else the system's (contract/timezone.py); None for UTC, as
+    memory and the clock take it (the times then read ``… UTC``)."""
+    zone = timezone.resolve(cfg.owner.timezone).info
+    return None if zone is UTC else zone
 
 
 class Turns:

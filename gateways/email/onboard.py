@@ -221,7 +221,9 @@ def imap_login(
         status, _ = conn.select(_quote(folder), readonly=True)
         if status != "OK":
             return Tried(False, f"{where}: logged in, but there is no folder {folder!r}")
-        idle = "IDLE" in conn.capabilities
+        # after login: servers (pymap, Dovecot with some settings) list IDLE only then
+        _typ, caps = conn.capability()
+        idle = "IDLE" in _text_of(caps[0] if caps else b"").upper().split()
         return Tried(True, f"{where}: logged in as {user}" + ("" if idle else " (no IDLE: polls)"))
     except (OSError, imaplib.IMAP4.error) as exc:
         return Tried(False, f"{where}: {short(str(exc)) or type(exc).__name__}")
@@ -232,6 +234,10 @@ def imap_login(
 
 def _quote(folder: str) -> str:
     return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _text_of(data: object) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
 
 
 def _text(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ line's ``--json``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import tzinfo
 from typing import Any
 
 from memory.lines import Owners, label, stamp
@@ -28,8 +29,14 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _entry(row: LogRow, assistant_name: str, limit: int, owners: Owners | None = None) -> str:
-    return f"{label(row, assistant_name, owners)} {stamp(row.ts)}: {_clip(row.text, limit)}"
+def _entry(
+    row: LogRow,
+    assistant_name: str,
+    limit: int,
+    owners: Owners | None = None,
+    zone: tzinfo | None = None,
+) -> str:
+    return f"{label(row, assistant_name, owners)} {stamp(row.ts, zone)}: {_clip(row.text, limit)}"
 
 
 def describe(query: SearchQuery, terms: Sequence[str]) -> str:
@@ -54,6 +61,7 @@ def format_hits(
     header: str = HEADER,
     max_chars: int = MAX_CHARS,
     owners: Owners | None = None,
+    zone: tzinfo | None = None,
 ) -> str:
     """The hits as text: a header, then each hit as an indented, quoted block::
 
@@ -64,7 +72,8 @@ def format_hits(
 
     Every message is one line (line breaks folded), cut to a length, and never starts a line, so
     no message can pass for a header or another hit. The whole text stays under ``max_chars``.
-    ``owners``: who the owner is now (labels are resolved when read: memory.lines).
+    ``owners``: who the owner is now (labels are resolved when read: memory.lines); ``zone``
+    the owner's time zone, the times are shown in it (None: UTC).
     """
     query = result.query
     lines = [header, f"query: {describe(query, result.terms)}"]
@@ -80,16 +89,17 @@ def format_hits(
     for n, hit in enumerate(result.hits, 1):
         row = hit.row
         block = [
-            f"{n}. {label(row, assistant_name, owners)} {stamp(row.ts)} "
+            f"{n}. {label(row, assistant_name, owners)} {stamp(row.ts, zone)} "
             f"(conversation {_clip(row.conversation, 200)})"
         ]
         if hit.before is not None:
             block.append(
-                f"     before: {_entry(hit.before, assistant_name, CONTEXT_CHARS, owners)}"
+                f"     before: {_entry(hit.before, assistant_name, CONTEXT_CHARS, owners, zone)}"
             )
-        block.append(f"   > {_entry(row, assistant_name, MAX_LINE_CHARS, owners)}")
+        block.append(f"   > {_entry(row, assistant_name, MAX_LINE_CHARS, owners, zone)}")
         if hit.after is not None:
-            block.append(f"     after: {_entry(hit.after, assistant_name, CONTEXT_CHARS, owners)}")
+            after = _entry(hit.after, assistant_name, CONTEXT_CHARS, owners, zone)
+            block.append(f"     after: {after}")
         size = sum(len(line) + 1 for line in block)
         if used + size > max_chars - 80:
             break

@@ -64,12 +64,13 @@ def test_worker_logs_are_json_with_turn_context_and_never_show_the_api_key(
     )
     (home / "config.toml").parent.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text("[model]\nbackoff = 0.01\n")
-    worker = procs.worker(env, r=real_redis, keys=keys)
+    worker = procs.worker(env, r=real_redis, keys=keys, verbose=True)  # model.* are debug
 
     outputs: list[str] = []
     for text in ("hello logs", "[[status:401]] who am I", "[[garbage]] and this", "[[tool:clock]]"):
         result = chat(env, text, session="logs", verbose=True)
-        assert result.returncode == 0, result.stderr
+        failed = text.startswith(("[[status", "[[garbage"))  # an error reply: exit 5
+        assert result.returncode == (5 if failed else 0), result.stderr
         outputs += [result.stdout, result.stderr]
         chat_lines = json_lines(result.stderr)  # -v: the chat's own log, on a pipe: JSON
         assert chat_lines

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from contract.keys import Keys
+from relaybot.chat import EXIT_ERROR_REPLY
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
     Procs,
@@ -72,7 +73,8 @@ def test_model_trouble_becomes_an_error_reply_and_the_stream_goes_on(
     started = time.monotonic()
     failed = chat(env, text, session="trouble", timeout=20)
     elapsed = time.monotonic() - started
-    assert failed.returncode == 0, failed.stderr  # an error reply is still a reply
+    # an error reply is printed, and the exit status says the turn failed (issue 26)
+    assert failed.returncode == EXIT_ERROR_REPLY == 5, failed.stderr
     assert failed.stdout.startswith("! Sorry — I could not reach the model: the model ")
     assert base_url not in failed.stdout  # a reply may go to anyone: the log names the endpoint
     assert expected in failed.stdout
@@ -81,7 +83,7 @@ def test_model_trouble_becomes_an_error_reply_and_the_stream_goes_on(
         assert model_server.calls == RETRIES + 1  # retried, then gave up
 
     after = chat(env, "and now?", session="trouble", timeout=20)
-    assert after.returncode == 0, after.stderr
+    assert after.returncode == (EXIT_ERROR_REPLY if case == "down" else 0), after.stderr
     if case == "down":
         assert after.stdout.startswith("! Sorry — I could not reach the model: ")
     else:

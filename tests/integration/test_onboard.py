@@ -214,7 +214,7 @@ def test_email_logins_are_tested_both_ways(
     out = result.stdout
     assert f"FAILED: IMAP 127.0.0.1:{imap.port} (plain): login refused for 'relay'" in out
     assert f"FAILED: SMTP 127.0.0.1:{smtp_auth.port} (plain): login refused for 'relay-out'" in out
-    assert f"ok: IMAP 127.0.0.1:{imap.port} (plain): logged in as relay" in out
+    assert f"ok: IMAP 127.0.0.1:{imap.port} (plain): logged in as relay\n" in out  # IDLE seen
     assert f"ok: SMTP 127.0.0.1:{smtp_auth.port} (plain): logged in as relay-out" in out
     assert written(env)["email"] == {
         "imap_host": "127.0.0.1",

@@ -193,7 +193,7 @@ def _ping(r: object) -> bool:
     ("config", "env_extra", "named"),
     [
         ("[model]\ntimeout = -1\n", {}, "model.timeout"),
-        ("[worker]\nbogus = 1\n", {}, "worker.bogus"),
+        ("[worker]\nbogus = 1\n", {}, "unknown key 'bogus' in [worker]"),
         ("[delivery]\nmax_age = 'soon'\n", {}, "delivery.max_age"),
         ("[redis]\nprefix = 'relaybot:'\n", {"RELAYBOT_MODEL_RETRIES": "many"}, "model.retries"),
         ("[model\nbase_url = 1\n", {}, "not valid TOML"),

@@ -166,12 +166,18 @@ def _derived_answer(text: str) -> str | None:
 
     The pause judgement: ``{"paused": false}`` when the messages hold ``[[open]]``, else true.
     The summary: ``{"summary": "SUMMARY: <the message lines>"}`` (so a test can tell what it
-    covered), or a non-JSON answer when they hold ``[[summary-garbage]]``."""
+    covered), or a non-JSON answer when they hold ``[[summary-garbage]]``; the prompt's example
+    echoed back (``{"summary": "..."}``) with ``[[summary-placeholder]]``, the prompt's first
+    line with ``[[summary-echo]]``."""
     if text.startswith(PAUSE_PREFIX):
         return json.dumps({"paused": "[[open]]" not in text})
     if text.startswith(SUMMARY_PREFIX):
         if "[[summary-garbage]]" in text:
             return "Here is a summary, but not as JSON."
+        if "[[summary-placeholder]]" in text:
+            return json.dumps({"summary": "..."})
+        if "[[summary-echo]]" in text:
+            return json.dumps({"summary": text.splitlines()[0]})
         lines = text.split("Messages:\n", 1)[-1]
         return json.dumps({"summary": "SUMMARY: " + " | ".join(lines.splitlines())})
     return None

@@ -91,6 +91,9 @@ def relaybot_env(
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["RELAYBOT_DOTENV"] = ""  # never the developer's .env of the clone (cwd is the repo)
+    # the times the model sees are in the system's zone ([owner] timezone unset): the tests'
+    # is UTC, wherever they run (contract/timezone.py reads TZ first)
+    env["TZ"] = "UTC"
     if redis_url is not None:
         env["REDIS_URL"] = redis_url
     if prefix is not None:
@@ -320,10 +323,13 @@ class Procs:
         no_wait: bool = False,
         wait_for_lease: bool = True,
         timeout: float = DEFAULT_DEADLINE,
+        verbose: bool = False,
     ) -> Proc:
-        """Start ``relaybot worker``; with ``r`` and ``keys``, wait until it holds the lease and
-        has beaten once (so it is reading the stream and its signal handlers are installed)."""
-        proc = self.start("worker", ["worker", *(["--no-wait"] if no_wait else [])], env)
+        """Start ``relaybot worker`` (``-v``: at debug level); with ``r`` and ``keys``, wait until
+        it holds the lease and has beaten once (so it is reading the stream and its signal
+        handlers are installed)."""
+        args = [*(["-v"] if verbose else []), "worker", *(["--no-wait"] if no_wait else [])]
+        proc = self.start("worker", args, env)
         if wait_for_lease and r is not None and keys is not None:
             wait_for_worker(r, keys, proc, timeout=timeout)
         return proc

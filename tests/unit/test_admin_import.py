@@ -14,7 +14,7 @@ import pytest
 
 from contract.config import OwnerAlias
 from contract.messages import InboundMessage, Privacy, Reply, ReplyKind
-from memory import commands
+from memory import commands, curated_versions
 from memory import importer as admin
 from memory.commands import CommandContext
 from memory.erasure import erase
@@ -22,11 +22,14 @@ from memory.export import ExportStats, export_lines
 from memory.identity import OwnerResolver
 from memory.identity_writer import Identity
 from memory.import_file import parse_file
+from memory.records import RECORD_TYPES
 from memory.status import collect_status
 from memory.store import MemoryStore
 from relaybot.import_parts import command_args
 
-TABLES = ("entity", "handle", "entity_link", "log", "reply_status", "note", "erasure")
+TABLES = (
+    "entity", "handle", "entity_link", "log", "reply_status", "note", "curated_version", "erasure",
+)  # fmt: skip
 RESOLVER = OwnerResolver([OwnerAlias(address="@me:m.org", channel="matrix"), "alex"])
 _n = itertools.count(1)
 _sid = itertools.count(1)
@@ -110,6 +113,13 @@ def populate(store: MemoryStore) -> None:
                 "?, 'owner', ?, ?, ?)",
                 (text, sup, 20.0 + i, f"{i}-1", None if i == 2 else f"key-{i}"),
             )
+        conn.execute(
+            "INSERT INTO summary (conversation, channel, privacy, first_id, last_id, rows, "
+            "first_ts, last_ts, text, method, job_key, created) VALUES ('matrix:room', 'matrix', "
+            "'group', 5, 8, 4, 1.0, 2.0, 'bob and carol said hello', 'model', 'job-1', 3.0)"
+        )
+        curated_versions.keep(conn, "# Ada\n- likes tea\n", "replace", now=30.0)
+        curated_versions.keep(conn, "# Ada\n- a secret to forget\n", "append", now=31.0)
     erase(
         store,
         kind="conversation",
@@ -169,10 +179,8 @@ def test_export_has_every_layer_with_ids(source: MemoryStore) -> None:
     assert header["schema_version"] >= 5
     assert footer == {"type": "footer", "records": len(lines) - 2, "corrupt_rows_skipped": 0}
     types = [r["type"] for r in lines[1:-1]]
-    assert types == sorted(
-        types,
-        key=["entity", "handle", "entity_link", "log", "reply_status", "note", "erasure"].index,
-    )
+    assert types == sorted(types, key=RECORD_TYPES.index)
+    assert set(types) == set(RECORD_TYPES)  # every layer: summaries and MEMORY.md's versions too
     assert header["counts"] == {t: types.count(t) for t in set(types)} == stats.records
     log = [r for r in lines if r["type"] == "log"]
     assert [r["id"] for r in log] == list(range(1, 11))

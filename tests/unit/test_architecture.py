@@ -119,6 +119,7 @@ MEMORY_API = {
         "memory.types",
         "memory.errors",
         "memory.importing",
+        "memory.backup",  # backup and restore (while no worker runs)
     },
 }
 
@@ -131,7 +132,7 @@ def test_every_other_memory_module_is_forbidden(name: str) -> None:
     memory = ROOT / "memory"
     modules = {f"memory.{p.stem}" for p in memory.glob("*.py") if p.stem != "__init__"}
     modules |= {f"memory.{p.name}" for p in memory.iterdir() if (p / "__init__.py").exists()}
-    assert len(MEMORY_API[name]) <= 4
+    assert len(MEMORY_API[name]) <= 5
     assert set(contract["forbidden_modules"]) == modules - MEMORY_API[name]
 
 

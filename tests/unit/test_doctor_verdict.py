@@ -268,3 +268,21 @@ def test_the_owners_mail_refused_as_unauthenticated_is_a_warning_with_the_fix() 
     failed = {**record, "reason": "failed", "seen": ["mx2.example.org"]}
     still = owner_auth(failed, trusted=["mx2.example.org"], trust_mailbox=False, hint="H", now=now)
     assert still.verdict is Verdict.WARN  # a failed check is not fixed by trusting the server
+
+
+def test_a_process_whose_config_toml_does_not_load_keeps_its_last_good_one_not_restart() -> None:
+    """Its heartbeat carries ``config_error`` (issue 26): doctor does not tell to restart it (a
+    restart would refuse to start), it says the process runs its last good config, and why."""
+    from relaybot.doctor_liveness import processes
+
+    now = 1_000.0
+    error = "/x/config.toml is a directory, not a file: move it"
+    beat = {"ts": now - 1, "pid": 1, "host": "h", "config": "3f2a9c1d7b60",
+            "restart_needed": False, "restart_keys": [], "config_error": error}  # fmt: skip
+    beats = {"worker": beat}
+    [check] = [c for c in processes(beats, now, "none", "h") if c.id == "processes.worker"]
+    assert check.verdict.value == "warn"
+    assert "config 3f2a9c1d7b60 (its last good config; config.toml does not load: /x/config" in (
+        check.summary
+    )
+    assert "restart worker" not in check.hint and "refuse to start" in check.hint

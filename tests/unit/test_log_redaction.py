@@ -79,3 +79,35 @@ def test_a_password_holding_an_unencoded_at_sign_is_masked_whole() -> None:
 
     assert mask_text("redis://:PW@SECRET6@127.0.0.1:1") == "redis://:***@127.0.0.1:1"
     assert "pw" not in mask_text("rediss://u:pw@h:1/0 then http://x:y@z/")
+
+
+def test_a_message_about_a_secret_key_keeps_its_words() -> None:
+    """issue 26: "model.api_key: Input should be a valid string" was logged as "model.api_key:
+    *** should be ...": a validation message names the key, it does not hold its value."""
+    from contract.logs import mask_text
+
+    for text in (
+        "/h/config.toml: model.api_key: Input should be a valid string",
+        "matrix.password: Field required",
+        "email.smtp_password: Extra inputs are not permitted",
+    ):
+        assert mask_text(text) == text
+    got = lines(e={"error": "model.api_key: Input should be a valid string", "max_tokens": 512})
+    assert got[0]["error"] == "model.api_key: Input should be a valid string"
+    assert got[0]["max_tokens"] == 512  # a count of tokens is not a token
+    assert mask_text("usage prompt_tokens=40 max_tokens: 512") == (
+        "usage prompt_tokens=40 max_tokens: 512"
+    )
+
+
+def test_real_secrets_next_to_the_words_are_still_masked() -> None:
+    from contract.logs import mask_text
+
+    assert mask_text("password: Hunter2 was refused") == "password: *** was refused"
+    assert mask_text("password=Summer rain") == "password=*** rain"  # "=": a value, not prose
+    assert mask_text("token: abc123, api_key: Sk-live") == "token: ***, api_key: ***"
+    assert mask_text("access_token=syt_abcdefghij tokens_used=4") == (
+        "access_token=*** tokens_used=4"
+    )
+    got = lines(f={"access_token": "syt_x", "api_key": "Input"})
+    assert got[0]["access_token"] == "***" and got[0]["api_key"] == "***"

@@ -259,7 +259,10 @@ def test_garbage_twice_gets_the_fallback_and_a_model_down_is_tried_again_later(
            last_id=rows[-1].id)  # fmt: skip
     [entry] = entries(r, world.cfg)
     assert '"method":"fallback"' in entry["extra"]
-    assert entry["text"].startswith("(extractive summary, no model)")
+    # a model answered, badly: not "no model" (issue 26)
+    assert entry["text"].startswith(
+        "(extractive summary, model reply rejected: not JSON with a summary) 4 messages"
+    )
     down = Scripted(ModelError("down", kind="connect"))
     out = derive(world.cfg, r, down, CONV, first_id=rows[0].id, last_id=rows[-1].id)
     assert out == "model_down"  # the worker enqueues the job again, backing off
@@ -366,6 +369,7 @@ def test_a_model_that_refuses_the_prompt_gets_the_fallback_not_endless_retries(
     assert out == "proposed"
     [entry] = entries(r, world.cfg)
     assert '"method":"fallback"' in entry["extra"] and '"rows":4' in entry["extra"]
+    assert entry["text"].startswith("(extractive summary, model reply rejected: the model failed")
 
 
 def test_what_a_job_proposes_is_bounded() -> None:
