@@ -12,7 +12,8 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from contract.config import Config
+from contract import redis_tls
+from contract.config import Config, ConfigError
 from contract.durable import Durable
 from contract.keys import Keys
 from contract.logs import redact
@@ -58,6 +59,7 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
         health_check_interval=30,
         client_name=f"relaybot-{os.getpid()}",
         retry=Retry(NoBackoff(), 0),
+        **redis_tls.options(cfg),
     )
 
 
@@ -79,19 +81,24 @@ def wait_for_redis(
     (the URL, its password masked) and why it did not answer; then Redis is tried every
     ``poll`` seconds and ``redis.waiting`` is said again every ``say_every`` seconds (a
     warning, with how long so far), and ``redis.ready`` once it answers. ``timeout`` None
-    waits for as long as it takes (a gateway on another host outlives its Redis being down)."""
+    waits for as long as it takes (a gateway on another host outlives its Redis being down).
+    A TLS misconfiguration (:mod:`contract.redis_tls`) is a :class:`ConfigError` at once."""
+    where = _shown_url(cfg)
+    if (problem := redis_tls.file_problem(cfg)) is not None:
+        raise ConfigError(problem)
     r = connect(cfg)
     # the first try gives up soon, so that a Redis that does not answer (a host that drops
     # packets, a server stopped with SIGSTOP) is said at once too, not after socket_timeout
     probe: redis.Redis | None = connect(cfg, timeout=min(FIRST_TRY, cfg.redis.socket_timeout))
     started = time.monotonic()
     said_at: float | None = None
-    where = _shown_url(cfg)
     while True:
         client, probe = probe or r, None
         try:
             client.ping()
         except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError) as exc:
+            if (problem := redis_tls.problem(exc, cfg, where)) is not None:
+                raise ConfigError(problem) from None  # waiting would not cure it
             now = time.monotonic()
             waited = now - started
             if said_at is None or now - said_at >= say_every:

@@ -13,6 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from contract import redis_tls
 from contract.bus import redis_url
 from contract.config import Config
 
@@ -77,4 +78,5 @@ def probe_client(cfg: Config, timeout: float) -> redis.Redis:
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
         client_name="relaybot-doctor",
+        **redis_tls.options(cfg),  # [redis] ca_file, cert_file, key_file
     )

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from contract import channels as registry
+from contract import config_env
 from contract.config_errors import describe_errors, unreadable
 from contract.keys import Keys
 
@@ -199,6 +200,24 @@ class RedisConfig(_Section):
     prefix: str = "relaybot:"
     # seconds a command (and a connection attempt) may take before it counts as Redis being away
     socket_timeout: float = Field(default=10.0, ge=1, le=3600)
+    # rediss:// only: the CA that signed the server's certificate (default: the system's), and
+    # this client's certificate and key, for a server with tls-auth-clients (contract/redis_tls.py)
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_files_need_rediss(self) -> RedisConfig:
+        named = [k for k in ("ca_file", "cert_file", "key_file") if getattr(self, k) is not None]
+        url = self.url.get_secret_value() if self.url is not None else ""
+        if named and not url.startswith("rediss://"):
+            raise ValueError(
+                f"{', '.join(named)} set, but the Redis URL is not rediss:// (TLS): "
+                "use rediss:// or leave the TLS files out"
+            )
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file set without cert_file: give the client certificate too")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -512,6 +531,24 @@ def env_overrides() -> tuple[tuple[str, str, str], ...]:
     return ENV_OVERRIDES + own
 
 
+def apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[tuple[str, str], str]:
+    """Set in ``data`` (config.toml's tables) what the environment sets: the named variables of
+    :func:`env_overrides`, then every ``RELAYBOT_<SECTION>__<KEY>`` (contract/config_env.py),
+    which wins. Returns ``(section, key) -> variable``; :class:`ConfigError` for a variable of
+    that form that names no key or holds an unreadable value."""
+    from_env: dict[tuple[str, str], str] = {}
+    for var, section, key in env_overrides():
+        value = env.get(var)
+        if value:
+            data.setdefault(section, {})[key] = value
+            from_env[(section, key)] = var
+    try:
+        from_env |= config_env.apply(data, env, config_class())
+    except config_env.EnvError as exc:
+        raise ConfigError(f"environment: {exc}") from None
+    return from_env
+
+
 def default_home(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     raw = env.get("RELAYBOT_HOME") or "~/.relaybot"
@@ -558,12 +595,7 @@ def parse_config(raw: bytes | None, home: Path, env: Mapping[str, str] | None = 
             data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    from_env: dict[tuple[str, str], str] = {}
-    for var, section, key in env_overrides():
-        value = env.get(var)
-        if value:
-            data.setdefault(section, {})[key] = value
-            from_env[(section, key)] = var
+    from_env = apply_env(data, env)
     data["home"] = home
     try:
         return config_class().model_validate(data)

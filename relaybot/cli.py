@@ -190,6 +190,9 @@ def _main(argv: Sequence[str]) -> int:
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
+    except ConfigError as exc:  # found once running: a TLS misconfiguration (contract/redis_tls)
+        print(f"relaybot: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except redis.exceptions.NoPermissionError as exc:
         # reached, but this account may not do it (deploy/redis/users.acl: the terminal's
         # account only sends and reads its own replies)
@@ -200,6 +203,11 @@ def _main(argv: Sequence[str]) -> int:
         )
         return 1
     except redis.RedisError as exc:
+        from contract import redis_tls  # only on this path: --version and --help stay light
+
+        if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
+            print(f"relaybot: configuration error: {tls}", file=sys.stderr)
+            return EXIT_CONFIG
         print(
             f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
         )

@@ -33,9 +33,9 @@ from contract.config import (
     Config,
     ConfigError,
     ConfigUnreadable,
+    apply_env,
     config_digest,
     default_home,
-    env_overrides,
     load_config,
     parse_config,
     read_config_bytes,
@@ -156,11 +156,12 @@ def load(home: Path, env: Mapping[str, str]) -> tuple[list[Check], Config | None
             return checks, None, digest
     # only unknown keys (as far as we know): check the rest with them left out
     data = without(data, [p for p, _ in unknown])
-    for var, section, key in env_overrides():
-        if env.get(var):
-            data.setdefault(section, {})[key] = env[var]
     try:
+        apply_env(data, env)
         return checks, Config.model_validate({**data, "home": home}), digest
+    except ConfigError as exc:  # a RELAYBOT_<SECTION>__<KEY> that names no key
+        checks.append(fail("config.values", str(exc), "fix that environment variable"))
+        return checks, None, digest
     except ValidationError as exc:
         checks.append(fail("config.values", describe_validation_error(exc), "fix that value"))
         return checks, None, digest

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 
 from contract import channels as registry
+from contract import redis_tls
 from contract.bus import redis_url, text
 from contract.checks import probe_client
 from contract.config import Config
@@ -151,6 +152,8 @@ def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
         if cfg.embedded_redis:  # nothing of this home runs now: nothing needs it
             hint = "it runs while honcho start or a zero-config relaybot chat runs"
             return warn("redis.reachable", f"the embedded Redis does not answer: {exc}", hint), None
+        if tls := redis_tls.file_problem(cfg) or redis_tls.problem(exc, cfg, where):
+            return fail("redis.reachable", tls, "fix the TLS setting it names"), None
         hint = "start that Redis, or fix REDIS_URL / [redis] url (host, port, TLS: rediss://)"
         return fail("redis.reachable", f"cannot reach {where}: {exc}", hint), None
     ms = (time.monotonic() - started) * 1000

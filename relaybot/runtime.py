@@ -20,8 +20,10 @@ import time
 import redis
 import structlog
 
-from contract.bus import connect
-from contract.config import Config
+from contract import redis_tls
+from contract.bus import connect, redis_url
+from contract.config import Config, ConfigError
+from contract.logs import redact
 from contract.outage import TRANSIENT
 from deploy import embedded
 from relaybot import zeroconf
@@ -78,6 +80,9 @@ class Runtime:
                 self._join()
         except redis.RedisError as exc:
             self.__exit__(None, None, None)
+            where = str(redact(redis_url(cfg)))
+            if tls := redis_tls.file_problem(cfg) or redis_tls.problem(exc, cfg, where):
+                raise ConfigError(tls) from None  # exit 2: waiting or retrying would not cure it
             raise RuntimeProblem(f"cannot reach Redis: {exc}") from None
         return self
 

@@ -19,7 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -182,7 +182,14 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 class Proc:
     """A relaybot process running in the background; stderr (its log) goes to ``log_path``."""
 
-    def __init__(self, name: str, args: list[str], env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        wrap: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.args = args
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +197,7 @@ class Proc:
         self.out_path = log_dir / f"{name}.stdout.log"
         with self.log_path.open("ab") as err, self.out_path.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "relaybot", *args],
+                [*wrap, sys.executable, "-m", "relaybot", *args],  # wrap: ip netns exec NAME
                 env=dict(env),
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
@@ -298,10 +305,12 @@ class Procs:
             with contextlib.suppress(Exception):
                 proc.stop(timeout=5)
 
-    def start(self, name: str, args: list[str], env: Mapping[str, str]) -> Proc:
+    def start(
+        self, name: str, args: list[str], env: Mapping[str, str], wrap: Sequence[str] = ()
+    ) -> Proc:
         n = self._names.get(name, 0) + 1
         self._names[name] = n
-        proc = Proc(f"{name}-{n}", args, env, self.log_dir)
+        proc = Proc(f"{name}-{n}", args, env, self.log_dir, wrap)
         self.started.append(proc)
         return proc
 
