@@ -12,6 +12,7 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from contract import access
 from contract.config import Config
 from contract.durable import Durable
 from contract.keys import Keys
@@ -49,7 +50,9 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
     attempt; a blocking read must block for less (``worker/jobs.py``). Without redis-py's own
     retries (it would resend a command whose reply was lost: an XADD twice, the worker's commit
     script twice): a dropped connection is an error the caller sees, and each process rides it
-    out as :mod:`contract.outage` says. The pool still reconnects on the next command."""
+    out as :mod:`contract.outage` says. The pool still reconnects on the next command. A login
+    Redis refuses is :class:`contract.access.AccessRefused`, not a ``ConnectionError``: no
+    outage loop waits for it."""
     seconds = cfg.redis.socket_timeout if timeout is None else timeout
     return redis.Redis.from_url(
         redis_url(cfg),
@@ -58,6 +61,7 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
         health_check_interval=30,
         client_name=f"relaybot-{os.getpid()}",
         retry=Retry(NoBackoff(), 0),
+        redis_connect_func=access.refuse_login,
     )
 
 
@@ -72,6 +76,7 @@ def wait_for_redis(
     *,
     poll: float = WAIT_POLL,
     say_every: float = WAIT_SAY_EVERY,
+    role: str | None = None,
 ) -> redis.Redis:
     """A client once Redis answers: processes started together (honcho) may come up before it.
 
@@ -79,7 +84,12 @@ def wait_for_redis(
     (the URL, its password masked) and why it did not answer; then Redis is tried every
     ``poll`` seconds and ``redis.waiting`` is said again every ``say_every`` seconds (a
     warning, with how long so far), and ``redis.ready`` once it answers. ``timeout`` None
-    waits for as long as it takes (a gateway on another host outlives its Redis being down)."""
+    waits for as long as it takes (a gateway on another host outlives its Redis being down).
+
+    A Redis that answers but refuses the account is not waited for: wrong credentials raise
+    :class:`contract.access.AccessRefused` at once, and with ``role`` (the worker, jobs, a
+    channel's gateway) the commands that role needs are checked (:func:`contract.access.check`)
+    before the client is handed over."""
     r = connect(cfg)
     # the first try gives up soon, so that a Redis that does not answer (a host that drops
     # packets, a server stopped with SIGSTOP) is said at once too, not after socket_timeout
@@ -114,6 +124,8 @@ def wait_for_redis(
                 client.close()
         if said_at is not None:
             log.info("redis.ready", url=where, waited_s=round(time.monotonic() - started, 1))
+        if role is not None:
+            access.check(r, cfg.keys, role)
         return r
 
 

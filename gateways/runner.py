@@ -47,6 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import structlog
 
+from contract.access import REFUSED
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import POLL_EVERY, ConfigWatcher, gateway_uses
@@ -173,6 +174,8 @@ class Delivery:
                 if self.channel.show_typing is not None:
                     await self.channel.show_typing(busy)
             except FatalGatewayError:
+                raise
+            except REFUSED:  # Redis refused the account: the process stops (exit 2)
                 raise
             except Exception as exc:  # Redis down, the platform unreachable, or a bug: back off
                 await self.rt.retry_after(
@@ -375,6 +378,8 @@ async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, No
 
 
 def _exit_code(name: str, error: BaseException | None, task: str) -> int:
+    if isinstance(error, REFUSED):  # not waited out: `relaybot` says so in one line, exit 2
+        raise error
     if isinstance(error, LeaseLost):  # logged as gateway.lease_lost
         return EXIT_LEASE_LOST
     if isinstance(error, FatalGatewayError):

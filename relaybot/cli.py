@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
-from contract import logs
+from contract import access, logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, default_home, load_config
 from contract.terminal import echo, echo_json
@@ -175,15 +175,11 @@ def _main(argv: Sequence[str]) -> int:
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
-    except redis.exceptions.NoPermissionError as exc:
-        # reached, but this account may not do it (deploy/redis/users.acl: the terminal's
-        # account only sends and reads its own replies)
-        print(
-            f"relaybot: Redis at {logs.redact(redis_url(cfg))} refused: {exc}: this command "
-            "needs an account that may read the whole bus (the worker's, in REDIS_URL)",
-            file=sys.stderr,
-        )
-        return 1
+    except access.REFUSED as exc:
+        # reached, but Redis refused this account (its password, or a command its ACL does not
+        # allow): a configuration error, at start or later (an ACL changed), never waited out
+        print(f"relaybot: {access.line(cfg, exc, _role(args))}", file=sys.stderr)
+        return EXIT_CONFIG
     except redis.RedisError as exc:
         print(
             f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
@@ -191,6 +187,13 @@ def _main(argv: Sequence[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _role(args: argparse.Namespace) -> str:
+    """Which process's Redis account a command runs as (deploy/redis/users.acl)."""
+    if args.command in ("worker", "jobs"):
+        return str(args.command)
+    return str(args.gateway) if args.command == "gateway" else "cli"
 
 
 def _tighten_home(cfg: Config) -> None:
@@ -231,11 +234,11 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         if zeroconf.started_by_chat():  # the zero-config worker: it lives while a chat uses it
             return zeroconf.run(cfg, lambda r: run_worker(cfg, r, wait_for_lease=not args.no_wait))
-        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+        return run_worker(cfg, wait_for_redis(cfg, role="worker"), wait_for_lease=not args.no_wait)
     if args.command == "jobs":
         from worker.jobs import run_jobs
 
-        return run_jobs(cfg, wait_for_redis(cfg))
+        return run_jobs(cfg, wait_for_redis(cfg, role="jobs"))
     if args.command == "redis":
         return _run_redis(cfg)
     if args.command == "status":
@@ -257,7 +260,7 @@ def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
     from contract import channels as registry
 
     main: Callable[[Config, Any], int] = registry.load(run)
-    return main(cfg, wait_for_redis(cfg))
+    return main(cfg, wait_for_redis(cfg, role=args.gateway))
 
 
 def _run_redis(cfg: Config) -> int:

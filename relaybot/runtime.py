@@ -20,6 +20,7 @@ import time
 import redis
 import structlog
 
+from contract.access import REFUSED
 from contract.bus import connect
 from contract.config import Config
 from contract.outage import TRANSIENT
@@ -76,6 +77,9 @@ class Runtime:
             self._r.ping()
             if zero_config:
                 self._join()
+        except REFUSED:  # reached, but the account is refused: `relaybot` says which, exit 2
+            self.__exit__(None, None, None)
+            raise
         except redis.RedisError as exc:
             self.__exit__(None, None, None)
             raise RuntimeProblem(f"cannot reach Redis: {exc}") from None

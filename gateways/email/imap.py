@@ -31,6 +31,7 @@ import aioimaplib
 import redis
 import structlog
 
+from contract.access import REFUSED
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.email.audience import handle_address
@@ -79,6 +80,8 @@ class ImapReader:
                 await self._session()
                 backoff.reset()
             except FatalMailError:
+                raise
+            except REFUSED:  # Redis refused the account: the process stops (exit 2)
                 raise
             except TRANSIENT as exc:  # Redis away: nothing unpublished was passed by the cursor
                 self.rt.heartbeat.info = {"state": "redis unreachable"}
