@@ -165,15 +165,19 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
         if cfg.model.configured
         else "not configured (see `relaybot onboard`)"
     )
+    dead = "?" if status["dead_letters"] is None else status["dead_letters"]
     lines = [
         f"session:  {session}",
         f"worker:   {'running (' + lease['holder'] + ')' if lease else 'none running'}",
-        f"queue:    {group.get('pending', 0)} pending, {status['dead_letters']} dead letters",
+        f"queue:    {group.get('pending', 0)} pending, {dead} dead letters",
         f"model:    {model}",
         f"home:     {cfg.home}",
         f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
         + (f" (stale: {', '.join(stale)})" if stale else ""),
     ]
+    if status.get("unreadable"):
+        refused = ", ".join(status["unreadable"])
+        lines.append(f"not shown: {status['account']} may not read {refused} (Redis is not down)")
     return "\n".join(lines)
 
 
@@ -229,12 +233,15 @@ class Chat:
             else:
                 return rest
         elif word == "status":
+            from contract import access
             from relaybot.status import collect
 
             try:
-                status = collect(self.rt.r, self.cfg.keys)
+                status = collect(self.rt.r, self.cfg.keys, account=access.account(self.cfg))
             except TRANSIENT as exc:
                 self.view.note(f"cannot reach Redis: {exc}")
+            except access.REFUSED as exc:  # reached, but refused: the chat goes on
+                self.view.note(access.line(self.cfg, exc, "cli"))
             else:
                 self.view.note(short_status(status, self.cfg, term.session))
         else:

