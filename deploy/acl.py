@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--redis-6.2",
         dest="six",
         action="store_true",
-        help="for Redis 6.2: no read-only selectors (relaybot status under relaybot-cli shows less)",
+        help="for Redis 6.2: no read-only selectors (status under relaybot-cli shows less)",
     )
     args = parser.parse_args(argv)
     if not args.prefix or any(c.isspace() for c in args.prefix):

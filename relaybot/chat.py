@@ -18,6 +18,7 @@ import structlog
 from pydantic import TypeAdapter, ValidationError
 
 from contract.config import Config, display_url
+from contract.durable import NotDurable
 from contract.messages import RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
@@ -64,8 +65,14 @@ def _err(text: str) -> None:
 
 @contextmanager
 def _attached(cfg: Config, rt: Runtime, name: str, view: ReplyView) -> Iterator[Terminal]:
-    """A terminal on session ``name``, beating while attached."""
+    """A terminal on session ``name``, beating while attached; a Redis that cannot make a sent
+    line durable is :class:`NotDurable` before anything is sent (once per chat: the mode found
+    is kept on the runtime)."""
     term = Terminal(cfg, rt.r, name, show=view.show)
+    if rt.durable is None:
+        term.durable.check()
+        rt.durable = term.durable
+    term.durable = rt.durable
     term.heartbeat.start()
     try:
         yield term
@@ -98,6 +105,9 @@ def run_chat(cfg: Config, *, message: str | None, session: str | None, timeout: 
     except RuntimeProblem as exc:
         _err(str(exc))
         return 1
+    except NotDurable as exc:  # a configuration of Redis's, as a gateway says it: exit 2
+        _err(f"{exc}; nothing was sent")
+        return EXIT_USAGE
 
 
 def _send_and_await(rt: Runtime, term: Terminal, text: str, timeout: float) -> int:

@@ -181,12 +181,29 @@ def _main(argv: Sequence[str]) -> int:
         print(f"relaybot: {access.line(cfg, exc, _role(args))}", file=sys.stderr)
         return EXIT_CONFIG
     except redis.RedisError as exc:
-        print(
-            f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
-        )
+        print(f"relaybot: {_unreachable(cfg, exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from deploy.embedded import EmbeddedRedisError
+
+        if not isinstance(exc, EmbeddedRedisError):
+            raise
+        print(f"relaybot: {exc}", file=sys.stderr)  # no binary: installing one is the fix
+        return EXIT_CONFIG
+
+
+def _unreachable(cfg: Config, exc: redis.RedisError) -> str:
+    """Redis did not answer: where, why, and what to do about an embedded one not running."""
+    said = f"cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}"
+    if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
+        return (
+            f"{said} -- the embedded Redis is not running: it runs while `honcho start` (its "
+            "redis line) or a zero-config `relaybot chat` runs; start one of them (or set "
+            "REDIS_URL)"
+        )
+    return said
 
 
 def _role(args: argparse.Namespace) -> str:
@@ -221,6 +238,10 @@ def _tighten_home(cfg: Config) -> None:
 
 
 def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
+    if cfg.embedded_redis and args.command in ("worker", "jobs", "gateway"):
+        from deploy import embedded
+
+        embedded.redis_binary()  # none: EmbeddedRedisError, said now rather than waited for
     func = getattr(args, "func", None)
     if func is not None:  # the memory / entities / onboard subcommands
         return int(func(args, cfg))

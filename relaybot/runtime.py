@@ -23,6 +23,7 @@ import structlog
 from contract.access import REFUSED
 from contract.bus import connect
 from contract.config import Config
+from contract.durable import Durable
 from contract.outage import TRANSIENT
 from deploy import embedded
 from relaybot import zeroconf
@@ -53,6 +54,7 @@ class Runtime:
         self.worker_proc: subprocess.Popen[bytes] | None = None
         self._r: redis.Redis | None = None
         self._token = ""  # this chat's, while it is registered (relaybot/zeroconf.py)
+        self.durable: Durable | None = None  # how this Redis makes a sent line durable
 
     @property
     def r(self) -> redis.Redis:
@@ -65,6 +67,7 @@ class Runtime:
         cfg.home.mkdir(parents=True, exist_ok=True)
         zero_config = self.start_worker and cfg.embedded_redis
         if cfg.embedded_redis and not embedded.ping(cfg):
+            embedded.redis_binary()  # none: EmbeddedRedisError (relaybot says what to do, exit 2)
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
             elif zero_config:  # the zero-config worker runs the embedded Redis
