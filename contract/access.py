@@ -8,8 +8,9 @@ Wrong credentials (``WRONGPASS``, ``NOAUTH``) and a command the account's ACL do
   TRANSIENT`) waits for it, at start or when a connection is made again later (a Redis restarted
   with another ACL file).
 - :data:`REFUSED` is what a process stops on: that, and ``NoPermissionError`` (NOPERM), at start
-  or later (an ACL changed under a running process). The process stops with exit 2 and the one
-  line :func:`line` builds: the account in use and what to do.
+  or later (an ACL changed under a running process); :func:`refusal` also knows the error of a
+  script whose command the ACL refuses. The process stops with exit 2 and the one line
+  :func:`line` builds: the account in use and what to do.
 - :func:`check` runs at the start of the worker, the jobs process and each gateway: the commands
   its role needs (:func:`role_probes`, as ``relaybot doctor`` checks them) queued in a ``MULTI``
   that is discarded, so a missing permission is said at start, not at the first message.
@@ -42,6 +43,16 @@ class AccessRefused(redis.RedisError):
 
 
 REFUSED: tuple[type[Exception], ...] = (AccessRefused, NoPermissionError)
+# what Redis answers when a script runs a command the account may not (an ERR, not a NOPERM)
+_SCRIPT_REFUSED = ("can't run this command", "no permissions to ")
+
+
+def refusal(exc: BaseException) -> bool:
+    """Whether Redis refused the account (:data:`REFUSED`, or a script's command refused by
+    the ACL), as opposed to being away or a bug."""
+    if isinstance(exc, REFUSED):
+        return True
+    return isinstance(exc, redis.ResponseError) and any(s in str(exc) for s in _SCRIPT_REFUSED)
 
 
 def refuse_login(conn: Any) -> None:

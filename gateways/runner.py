@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import structlog
 
-from contract.access import REFUSED
+from contract.access import REFUSED, refusal
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import POLL_EVERY, ConfigWatcher, gateway_uses
@@ -178,6 +178,8 @@ class Delivery:
             except REFUSED:  # Redis refused the account: the process stops (exit 2)
                 raise
             except Exception as exc:  # Redis down, the platform unreachable, or a bug: back off
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 await self.rt.retry_after(
                     backoff, f"{self.rt.name}.delivery_failed", error=repr(exc)
                 )
@@ -378,7 +380,7 @@ async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, No
 
 
 def _exit_code(name: str, error: BaseException | None, task: str) -> int:
-    if isinstance(error, REFUSED):  # not waited out: `relaybot` says so in one line, exit 2
+    if error is not None and refusal(error):  # not waited out: `relaybot` says it, exit 2
         raise error
     if isinstance(error, LeaseLost):  # logged as gateway.lease_lost
         return EXIT_LEASE_LOST

@@ -175,14 +175,8 @@ def _main(argv: Sequence[str]) -> int:
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
     try:
         return _dispatch(args, cfg)
-    except access.REFUSED as exc:
-        # reached, but Redis refused this account (its password, or a command its ACL does not
-        # allow): a configuration error, at start or later (an ACL changed), never waited out
-        print(f"relaybot: {access.line(cfg, exc, _role(args))}", file=sys.stderr)
-        return EXIT_CONFIG
     except redis.RedisError as exc:
-        print(f"relaybot: {_unreachable(cfg, exc)}", file=sys.stderr)
-        return 1
+        return _redis_failed(cfg, exc, _role(args))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -192,6 +186,17 @@ def _main(argv: Sequence[str]) -> int:
             raise
         print(f"relaybot: {exc}", file=sys.stderr)  # no binary: installing one is the fix
         return EXIT_CONFIG
+
+
+def _redis_failed(cfg: Config, exc: redis.RedisError, role: str) -> int:
+    """Redis refused this account (its password, or a command its ACL does not allow, at start
+    or later: an ACL changed): a configuration error, never waited out, exit 2. Else Redis did
+    not answer: exit 1."""
+    if access.refusal(exc):
+        print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"relaybot: {_unreachable(cfg, exc)}", file=sys.stderr)
+    return 1
 
 
 def _unreachable(cfg: Config, exc: redis.RedisError) -> str:

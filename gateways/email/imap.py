@@ -31,7 +31,7 @@ import aioimaplib
 import redis
 import structlog
 
-from contract.access import REFUSED
+from contract.access import REFUSED, refusal
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.email.audience import handle_address
@@ -87,6 +87,8 @@ class ImapReader:
                 self.rt.heartbeat.info = {"state": "redis unreachable"}
                 await self.rt.redis_away(self._redis, exc)
             except Exception as exc:  # network, Redis, or a bug: back off, never a dead loop
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 self.rt.heartbeat.info = {"state": "reconnecting", "error": repr(exc)[:200]}
                 await self.rt.retry_after(backoff, "email.imap_error", error=repr(exc))
 

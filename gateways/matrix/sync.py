@@ -33,7 +33,7 @@ from nio import (
     SyncResponse,
 )
 
-from contract.access import REFUSED
+from contract.access import REFUSED, refusal
 from contract.bus import stream_id, text
 from contract.config import Config
 from contract.durable import Durable, NotDurable
@@ -121,6 +121,8 @@ class MatrixSync:
                 redis.RedisError,
                 NotDurable,
             ) as exc:
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 await self.rt.retry_after(backoff, "matrix.sync_failed", error=repr(exc))
                 continue
             backoff.reset()
