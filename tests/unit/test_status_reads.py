@@ -11,7 +11,7 @@ import redis
 from rq import Queue, SimpleWorker
 
 from contract.keys import Keys
-from relaybot.status import collect, failure_reason, render
+from relaybot.status import collect, render
 from tests.support.jobs import failing_job
 
 
@@ -53,6 +53,8 @@ def test_each_failed_job_shows_why_it_failed() -> None:
 
 
 def test_a_reason_of_several_lines_is_one_line() -> None:
+    from relaybot.status import failure_reason
+
     trace = (
         "Traceback (most recent call last):\n"
         '  File "/x/rq/job.py", line 1, in perform\n'
