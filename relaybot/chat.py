@@ -18,6 +18,7 @@ import structlog
 from pydantic import TypeAdapter, ValidationError
 
 from contract.config import Config, display_url
+from contract.durable import NotDurable
 from contract.messages import ReplyKind, RoutingKey
 from contract.outage import TRANSIENT, Outage
 from gateways.cli.gateway import Terminal, new_session_name
@@ -68,8 +69,14 @@ def _err(text: str) -> None:
 
 @contextmanager
 def _attached(cfg: Config, rt: Runtime, name: str, view: ReplyView) -> Iterator[Terminal]:
-    """A terminal on session ``name``, beating while attached."""
+    """A terminal on session ``name``, beating while attached; a Redis that cannot make a sent
+    line durable is :class:`NotDurable` before anything is sent (once per chat: the mode found
+    is kept on the runtime)."""
     term = Terminal(cfg, rt.r, name, show=view.show)
+    if rt.durable is None:
+        term.durable.check()
+        rt.durable = term.durable
+    term.durable = rt.durable
     term.heartbeat.start()
     try:
         yield term
@@ -109,6 +116,9 @@ def run_chat(
     except RuntimeProblem as exc:
         _err(str(exc))
         return 1
+    except NotDurable as exc:  # a configuration of Redis's, as a gateway says it: exit 2
+        _err(f"{exc}; nothing was sent")
+        return EXIT_USAGE
 
 
 def _send_and_await(rt: Runtime, term: Terminal, text: str, timeout: float) -> int:
@@ -177,15 +187,19 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
         if cfg.model.configured
         else "not configured (see `relaybot onboard`)"
     )
+    dead = "?" if status["dead_letters"] is None else status["dead_letters"]
     lines = [
         f"session:  {session}",
         f"worker:   {'running (' + lease['holder'] + ')' if lease else 'none running'}",
-        f"queue:    {group.get('pending', 0)} pending, {status['dead_letters']} dead letters",
+        f"queue:    {group.get('pending', 0)} pending, {dead} dead letters",
         f"model:    {model}",
         f"home:     {cfg.home}",
         f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
         + (f" (stale: {', '.join(stale)})" if stale else ""),
     ]
+    if status.get("unreadable"):
+        refused = ", ".join(status["unreadable"])
+        lines.append(f"not shown: {status['account']} may not read {refused} (Redis is not down)")
     return "\n".join(lines)
 
 
@@ -244,12 +258,15 @@ class Chat:
             else:
                 return rest
         elif word == "status":
+            from contract import access
             from relaybot.status import collect
 
             try:
-                status = collect(self.rt.r, self.cfg.keys)
+                status = collect(self.rt.r, self.cfg.keys, account=access.account(self.cfg))
             except TRANSIENT as exc:
                 self.view.note(f"cannot reach Redis: {exc}")
+            except access.REFUSED as exc:  # reached, but refused: the chat goes on
+                self.view.note(access.line(self.cfg, exc, "cli"))
             else:
                 self.view.note(short_status(status, self.cfg, term.session))
         else:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 import structlog
 
-from contract import logs
+from contract import access, logs
 from contract.bus import connect, redis_url, wait_for_redis
 from contract.config import Config, ConfigError, ConfigUnreadable, default_home, load_config
 from contract.terminal import echo, echo_json
@@ -193,27 +193,52 @@ def _main(argv: Sequence[str]) -> int:
     except ConfigError as exc:  # found once running: a TLS misconfiguration (contract/redis_tls)
         print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except redis.exceptions.NoPermissionError as exc:
-        # reached, but this account may not do it (deploy/redis/users.acl: the terminal's
-        # account only sends and reads its own replies)
-        print(
-            f"relaybot: Redis at {logs.redact(redis_url(cfg))} refused: {exc}: this command "
-            "needs an account that may read the whole bus (the worker's, in REDIS_URL)",
-            file=sys.stderr,
-        )
-        return 1
     except redis.RedisError as exc:
-        from contract import redis_tls  # only on this path: --version and --help stay light
-
-        if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
-            print(f"relaybot: configuration error: {tls}", file=sys.stderr)
-            return EXIT_CONFIG
-        print(
-            f"relaybot: cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}", file=sys.stderr
-        )
-        return 1
+        return _redis_failed(cfg, exc, _role(args))
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from deploy.embedded import EmbeddedRedisError
+
+        if not isinstance(exc, EmbeddedRedisError):
+            raise
+        print(f"relaybot: {exc}", file=sys.stderr)  # no binary: installing one is the fix
+        return EXIT_CONFIG
+
+
+def _redis_failed(cfg: Config, exc: redis.RedisError, role: str) -> int:
+    """Redis refused this account (its password, or a command its ACL does not allow, at start
+    or later: an ACL changed): a configuration error, never waited out, exit 2. Else Redis did
+    not answer: exit 1."""
+    if access.refusal(exc):
+        print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
+        return EXIT_CONFIG
+    from contract import redis_tls  # only on this path: --version and --help stay light
+
+    if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
+        print(f"relaybot: configuration error: {tls}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"relaybot: {_unreachable(cfg, exc)}", file=sys.stderr)
+    return 1
+
+
+def _unreachable(cfg: Config, exc: redis.RedisError) -> str:
+    """Redis did not answer: where, why, and what to do about an embedded one not running."""
+    said = f"cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}"
+    if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
+        return (
+            f"{said} -- the embedded Redis is not running: it runs while `honcho start` (its "
+            "redis line) or a zero-config `relaybot chat` runs; start one of them (or set "
+            "REDIS_URL)"
+        )
+    return said
+
+
+def _role(args: argparse.Namespace) -> str:
+    """Which process's Redis account a command runs as (deploy/redis/users.acl)."""
+    if args.command in ("worker", "jobs"):
+        return str(args.command)
+    return str(args.gateway) if args.command == "gateway" else "cli"
 
 
 def _tighten_home(cfg: Config) -> None:
@@ -241,6 +266,10 @@ def _tighten_home(cfg: Config) -> None:
 
 
 def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
+    if cfg.embedded_redis and args.command in ("worker", "jobs", "gateway"):
+        from deploy import embedded
+
+        embedded.redis_binary()  # none: EmbeddedRedisError, said now rather than waited for
     func = getattr(args, "func", None)
     if func is not None:  # the memory / entities / onboard subcommands
         return int(func(args, cfg))
@@ -254,17 +283,17 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         if zeroconf.started_by_chat():  # the zero-config worker: it lives while a chat uses it
             return zeroconf.run(cfg, lambda r: run_worker(cfg, r, wait_for_lease=not args.no_wait))
-        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+        return run_worker(cfg, wait_for_redis(cfg, role="worker"), wait_for_lease=not args.no_wait)
     if args.command == "jobs":
         from worker.jobs import run_jobs
 
-        return run_jobs(cfg, wait_for_redis(cfg))
+        return run_jobs(cfg, wait_for_redis(cfg, role="jobs"))
     if args.command == "redis":
         return _run_redis(cfg)
     if args.command == "status":
         from relaybot.status import collect, render
 
-        status = collect(connect(cfg), cfg.keys)
+        status = collect(connect(cfg), cfg.keys, account=access.account(cfg))
         if args.json:
             echo_json(status, indent=2)
         else:
@@ -280,7 +309,7 @@ def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
     from contract import channels as registry
 
     main: Callable[[Config, Any], int] = registry.load(run)
-    return main(cfg, wait_for_redis(cfg))
+    return main(cfg, wait_for_redis(cfg, role=args.gateway))
 
 
 def _run_redis(cfg: Config) -> int:

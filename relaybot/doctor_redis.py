@@ -13,62 +13,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis
 
 from contract import channels as registry
 from contract import redis_tls
+from contract.access import ROLES, account, refused, role_probes
 from contract.bus import redis_url, text
 from contract.checks import probe_client
 from contract.config import Config
-from contract.keys import Keys
 from contract.liveness import heartbeats
 from contract.logs import redact
 from relaybot import doctor_liveness
 from relaybot.doctor_verdict import Check, acl, fail, ok, persistence, redis_version, skipped, warn
 
 Add = Callable[[Check], None]
-_S = "doctor-probe"  # a session name for the per-session keys (never written)
-
-
-ROLES = ("worker", "jobs")  # the processes that are not a channel's gateway
-
-
-def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
-    """The commands (with keys) a role needs, as in deploy/redis/users.acl: the worker's, the
-    jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
-    beat = ("HSET", keys.heartbeats, "doctor", "1")
-    if role == "jobs":
-        return [
-            beat,
-            ("XADD", keys.inbound, "*", "f", "v"),
-            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
-        ]
-    if role == "worker":
-        streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
-        return [
-            beat,
-            ("EVAL", "return 1", str(len(streams)), *streams),
-            ("XACK", keys.inbound, Keys.GROUP, "0-1"),
-            ("RPUSH", keys.reply(f"cli:{_S}"), "x"),
-            ("SET", keys.lease, "x", "NX", "PX", "1"),
-            ("XADD", keys.dead, "*", "f", "v"),
-            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
-        ]
-    spec = registry.channel(role)
-    ch = spec.name
-    probes = [
-        ("XADD", keys.inbound_of(ch), "*", "f", "v"),
-        ("LMOVE", keys.reply(f"{ch}:{_S}"), keys.inflight(f"{ch}:{_S}"), "LEFT", "RIGHT"),
-        ("ZADD", keys.delivered(f"{ch}:{_S}"), "1", "x"),
-        ("EXISTS", keys.busy(f"{ch}:{_S}")),
-        ("XADD", keys.dead, "*", "f", "v"),
-        beat,
-    ]
-    if spec.account is not None:  # one gateway per account: its lease
-        probes.append(("SET", keys.gateway_lease(ch, _S), "x", "NX", "PX", "1"))
-    return probes + (spec.probes(keys) if spec.probes is not None else [])
 
 
 def roles_of(user: str, cfg: Config) -> list[str]:
@@ -86,41 +45,6 @@ def roles_of(user: str, cfg: Config) -> list[str]:
             if ch.section is None or getattr(cfg, ch.name).configured
         ),
     ]
-
-
-def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
-    """The probes Redis refuses (NOPERM), queued in a MULTI that is discarded."""
-    pool = r.connection_pool
-    conn: Any = pool.get_connection()
-    out: list[str] = []
-    try:
-        conn.send_command("MULTI")
-        try:
-            conn.read_response()
-        except redis.exceptions.NoPermissionError:
-            return ["MULTI (every process needs it)"]
-        for probe in probes:
-            conn.send_command(*probe)
-            try:
-                conn.read_response()
-            except redis.exceptions.NoPermissionError:
-                out.append(" ".join(probe[:2]) if probe[0] != "EVAL" else "EVAL (scripts)")
-            except redis.ResponseError:
-                pass  # a wrong-type or syntax complaint: the ACL let it through
-        conn.send_command("DISCARD")
-        conn.read_response()
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-    return out
-
-
-def _user(cfg: Config) -> str:
-    if cfg.redis.url is None:
-        return "default"
-    return unquote(urlsplit(cfg.redis.url.get_secret_value()).username or "") or "default"
 
 
 def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
@@ -143,8 +67,18 @@ def reachable(cfg: Config, timeout: float) -> tuple[Check, redis.Redis | None]:
         return (
             fail(
                 "redis.reachable",
-                f"{where} refused the credentials: {exc}",
-                "fix the user and password in REDIS_URL / [redis] url",
+                f"{where} refused the login of account {account(cfg)}: {exc}",
+                f"set {account(cfg)}'s user and password in REDIS_URL / [redis] url, as the "
+                "Redis ACL file has them (deploy/redis/users.acl)",
+            ),
+            None,
+        )
+    except redis.exceptions.NoPermissionError as exc:  # reached: the account may not PING
+        return (
+            fail(
+                "redis.reachable",
+                f"{where} answered, but account {account(cfg)} may not run PING: {exc}",
+                "use an account of deploy/redis/users.acl (python -m deploy.acl) in REDIS_URL",
             ),
             None,
         )
@@ -205,7 +139,7 @@ def redis_group(cfg: Config, timeout: float, add: Add) -> None:
         add(redis_version(server, version))
         appendonly, appendfsync = append_config(r)
         add(persistence(version, appendonly, appendfsync, embedded=cfg.embedded_redis))
-        user = _user(cfg)
+        user = account(cfg)
         try:
             roles = roles_of(user, cfg)
         except registry.UnknownChannel as exc:
@@ -230,6 +164,8 @@ def processes_group(
         r = probe_client(cfg, timeout)
         try:
             beats = heartbeats(r, cfg.keys)
+        except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as exc:
+            because = f"Redis refused account {account(cfg)} (redis.reachable, redis.acl): {exc}"
         except (redis.RedisError, OSError) as exc:
             because = f"Redis is not reachable (redis.reachable): {exc}"
         finally:

@@ -21,8 +21,10 @@ import redis
 import structlog
 
 from contract import redis_tls
+from contract.access import REFUSED
 from contract.bus import connect, redis_url
 from contract.config import Config, ConfigError
+from contract.durable import Durable
 from contract.logs import redact
 from contract.outage import TRANSIENT
 from deploy import embedded
@@ -54,6 +56,7 @@ class Runtime:
         self.worker_proc: subprocess.Popen[bytes] | None = None
         self._r: redis.Redis | None = None
         self._token = ""  # this chat's, while it is registered (relaybot/zeroconf.py)
+        self.durable: Durable | None = None  # how this Redis makes a sent line durable
 
     @property
     def r(self) -> redis.Redis:
@@ -66,6 +69,7 @@ class Runtime:
         cfg.home.mkdir(parents=True, exist_ok=True)
         zero_config = self.start_worker and cfg.embedded_redis
         if cfg.embedded_redis and not embedded.ping(cfg):
+            embedded.redis_binary()  # none: EmbeddedRedisError (relaybot says what to do, exit 2)
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
             elif zero_config:  # the zero-config worker runs the embedded Redis
@@ -78,6 +82,9 @@ class Runtime:
             self._r.ping()
             if zero_config:
                 self._join()
+        except REFUSED:  # reached, but the account is refused: `relaybot` says which, exit 2
+            self.__exit__(None, None, None)
+            raise
         except redis.RedisError as exc:
             self.__exit__(None, None, None)
             where = str(redact(redis_url(cfg)))

@@ -1,11 +1,20 @@
-"""``relaybot status``: stream, group, pending, dead letters, reply queues and heartbeats."""
+"""``relaybot status``: stream, group, pending, dead letters, reply queues and heartbeats.
+
+It only reads (rq's registries are counted without rq's clean-up, which writes), and it runs
+under the terminal's account (``relaybot-cli``), which may count what status shows but not read
+other people's data (gateways/cli/channel.py): what an account may not read is left out and
+named (``unreadable``), so a refusal is never taken for a Redis that is down.
+"""
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
+from redis.exceptions import NoPermissionError
 
 from contract.bus import text
 from contract.keys import Keys
@@ -13,6 +22,25 @@ from contract.liveness import heartbeats
 from contract.messages import CHANNELS, stream_id_ms
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is shown as stale
+FAILED_SHOWN = 10  # the newest failed jobs whose reasons status shows
+REASON_MAX = 300  # characters of one failed job's reason
+
+T = TypeVar("T")
+
+
+class _Reads:
+    """Reads that an ACL may refuse: each refused one is named, and gives its default."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def __call__(self, what: str, read: Callable[[], T], default: T) -> T:
+        try:
+            return read()
+        except NoPermissionError:
+            if what not in self.refused:
+                self.refused.append(what)
+            return default
 
 
 def _stream(r: redis.Redis, key: str, now: float) -> dict[str, Any]:
@@ -20,6 +48,8 @@ def _stream(r: redis.Redis, key: str, now: float) -> dict[str, Any]:
     out: dict[str, Any] = {"length": int(r.xlen(key)), "group": None}
     try:
         groups: Any = r.xinfo_groups(key)
+    except NoPermissionError:
+        raise
     except redis.ResponseError:  # no stream yet
         groups = []
     for g in groups:
@@ -59,70 +89,144 @@ def _together(streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def collect(r: redis.Redis, keys: Keys, *, now: float | None = None) -> dict[str, Any]:
+def collect(
+    r: redis.Redis, keys: Keys, *, now: float | None = None, account: str | None = None
+) -> dict[str, Any]:
     """What ``relaybot status`` shows. ``stream`` and ``group`` are the inbound streams taken
-    together (one per channel, and the one without a channel: ``streams`` has each)."""
+    together (one per channel, and the one without a channel: ``streams`` has each).
+    ``unreadable`` names what ``account`` (the Redis user) may not read."""
     now = now or time.time()
+    reads = _Reads()
     keys_of = [keys.inbound, *(keys.inbound_of(c) for c in CHANNELS)]
-    streams = {key: _stream(r, key, now) for key in keys_of}
+    streams: dict[str, dict[str, Any]] = {}
+    for key in keys_of:
+        streams[key] = reads(f"stream {key}", functools.partial(_stream, r, key, now), _UNREAD)
     out: dict[str, Any] = {
         "prefix": keys.prefix,
-        "stream": {"key": keys.inbound, "length": sum(s["length"] for s in streams.values())},
+        "stream": {
+            "keys": f"{keys.inbound}*",
+            "length": sum(s["length"] or 0 for s in streams.values()),
+        },
         "group": _together(streams),
         "streams": streams,
-        "dead_letters": int(r.xlen(keys.dead)),
-        "reply_queues": {},
-        "in_flight": {},
+        "dead_letters": reads("dead letters", lambda: int(r.xlen(keys.dead)), None),
+        "reply_queues": reads("reply queues", lambda: _depths(r, keys, "reply"), None),
+        "in_flight": reads("in-flight replies", lambda: _depths(r, keys, "inflight"), None),
         "heartbeats": {},
         "worker_lease": None,
     }
-    for key in r.scan_iter(match=keys.reply_pattern(), count=500):
-        name = text(key)
-        out["reply_queues"][keys.session_of_reply_key(name)] = int(r.llen(name))
-    for key in r.scan_iter(match=keys.inflight_pattern(), count=500):
-        name = text(key)
-        out["in_flight"][keys.session_of_inflight_key(name)] = int(r.llen(name))
-    for name, beat in sorted(heartbeats(r, keys).items()):
+    beats: dict[str, dict[str, Any]] = reads("heartbeats", lambda: heartbeats(r, keys), {})
+    for name, beat in sorted(beats.items()):
         # a beat written after `now` was read (the process beat meanwhile) is fresh: age 0
         age = max(0.0, round(now - float(beat.get("ts", 0)), 3))
         out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
-    holder = r.get(keys.lease)
+    holder = reads("worker lease", lambda: r.get(keys.lease), None)
     if holder is not None:
-        out["worker_lease"] = {"holder": text(holder), "ttl_ms": int(r.pttl(keys.lease))}
-    out["jobs"] = jobs_queue(r, keys, now)
+        ttl = reads("worker lease", lambda: int(r.pttl(keys.lease)), None)
+        out["worker_lease"] = {"holder": text(holder), "ttl_ms": ttl}
+    out["jobs"] = jobs_queue(r, keys, now, reads)
+    out["account"] = account
+    out["unreadable"] = reads.refused
     return out
 
 
-def jobs_queue(r: redis.Redis, keys: Keys, now: float) -> dict[str, Any]:
-    """The rq queue of derived work (summaries): queued, running, failed, and the age of the
-    oldest queued job."""
+_UNREAD: dict[str, Any] = {"length": None, "group": None}
+
+
+def _depths(r: redis.Redis, keys: Keys, kind: str) -> dict[str, int]:
+    """Each session's reply queue (``reply``) or in-flight list (``inflight``) depth."""
+    if kind == "reply":
+        pattern, session_of = keys.reply_pattern(), keys.session_of_reply_key
+    else:
+        pattern, session_of = keys.inflight_pattern(), keys.session_of_inflight_key
+    return {
+        session_of(text(key)): int(r.llen(text(key)))
+        for key in r.scan_iter(match=pattern, count=500)
+    }
+
+
+def jobs_queue(
+    r: redis.Redis, keys: Keys, now: float, reads: _Reads | None = None
+) -> dict[str, Any]:
+    """The rq queue of derived work (summaries): queued, running, failed (with the reason of
+    each of the newest failed jobs), and the age of the oldest queued job."""
     from rq import Queue
     from rq.registry import FailedJobRegistry, StartedJobRegistry
 
+    reads = reads or _Reads()
     q = Queue(keys.jobs_queue, connection=r)
-    oldest: float | None = None
+    failed = FailedJobRegistry(queue=q)
+    return {
+        "queue": keys.jobs_queue,
+        "queued": reads("jobs", lambda: q.count, None),
+        "running": reads(
+            "jobs", lambda: StartedJobRegistry(queue=q).get_job_count(cleanup=False), None
+        ),
+        "failed": reads("jobs", lambda: failed.get_job_count(cleanup=False), None),
+        "failed_jobs": reads("failed jobs' reasons", lambda: _failures(q, failed), None),
+        "oldest_queued_age_s": reads("jobs' ages", lambda: _oldest(q, now), None),
+    }
+
+
+def _oldest(q: Any, now: float) -> float | None:
     first = q.get_job_ids(0, 1)
     if first:
         job = q.fetch_job(first[0])
         if job is not None and job.enqueued_at is not None:
-            oldest = round(max(0.0, now - job.enqueued_at.timestamp()), 1)
-    return {
-        "queue": keys.jobs_queue,
-        "queued": q.count,
-        "running": StartedJobRegistry(queue=q).count,
-        "failed": FailedJobRegistry(queue=q).count,
-        "oldest_queued_age_s": oldest,
-    }
+            return round(max(0.0, now - float(job.enqueued_at.timestamp())), 1)
+    return None
+
+
+def _failures(q: Any, failed: Any) -> list[dict[str, Any]]:
+    """The newest failed jobs: id, function, when, and why (the exception, one line)."""
+    from rq.job import Job
+
+    ids = failed.get_job_ids(0, FAILED_SHOWN - 1, desc=True, cleanup=False)
+    out = []
+    for job in Job.fetch_many(ids, connection=q.connection):
+        if job is None:  # expired meanwhile
+            continue
+        result = job.latest_result()
+        trace = getattr(result, "exc_string", None) or ""
+        ended = job.ended_at
+        out.append(
+            {
+                "id": job.id,
+                "func": job.func_name,
+                "ended_at": ended.isoformat() if ended is not None else None,
+                "reason": failure_reason(trace),
+            }
+        )
+    return out
+
+
+def failure_reason(trace: str) -> str:
+    """A traceback's exception as one line: ``Type: message`` (a message of several lines,
+    a pydantic error's, joined), shortened to :data:`REASON_MAX` characters."""
+    lines = trace.strip().splitlines()
+    # the exception starts at the last line that is not indented, after the last frame
+    last_frame = max((i for i, ln in enumerate(lines) if ln.startswith("  File ")), default=-1)
+    start = next(
+        (i for i in range(last_frame + 1, len(lines)) if lines[i] and not lines[i][0].isspace()),
+        None,
+    )
+    if start is None:
+        return "no reason recorded (see the jobs process's log)"
+    reason = " ".join(ln.strip() for ln in lines[start:] if ln.strip())
+    return reason if len(reason) <= REASON_MAX else reason[: REASON_MAX - 1] + "…"
 
 
 def render(status: dict[str, Any]) -> str:
-    lines = [f"stream {status['stream']['key']}: {status['stream']['length']} entries"]
+    total = status["stream"]
+    lines = [f"inbound streams ({total['keys']}): {total['length']} entries"]
     for key, one in status["streams"].items():  # each channel's stream, and the one without
         if one["length"]:
             pending = f", {one['group']['pending']} pending" if one["group"] else ""
             lines.append(f"  {key}: {one['length']}{pending}")
     g = status["group"]
-    if g is None:
+    if g is None and any(one["length"] is None for one in status["streams"].values()):
+        lines.append("consumer group: ?")
+    elif g is None:
         lines.append("consumer group: none yet (no worker has run)")
     else:
         age = g["oldest_pending_age_s"]
@@ -135,20 +239,20 @@ def render(status: dict[str, Any]) -> str:
             )
             + (f", lag {g['lag']}" if g.get("lag") is not None else "")
         )
-    lines.append(f"dead letters: {status['dead_letters']}")
+    lines.append(f"dead letters: {_count(status['dead_letters'])}")
     lease = status["worker_lease"]
     lines.append(f"worker lease: {lease['holder'] if lease else 'free (no worker running)'}")
     queues = status["reply_queues"]
-    lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
-    lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
-    lines += [f"  {s}: {n} in flight" for s, n in sorted(status["in_flight"].items()) if n]
+    if queues is None:
+        lines.append("reply queues: ?")
+    else:
+        lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
+        lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
+    inflight = status["in_flight"] or {}
+    lines += [f"  {s}: {n} in flight" for s, n in sorted(inflight.items()) if n]
     j = status.get("jobs")
     if j is not None:
-        age = j["oldest_queued_age_s"]
-        lines.append(
-            f"jobs {j['queue']}: {j['queued']} queued, {j['running']} running, "
-            f"{j['failed']} failed" + (f", oldest queued {age:.1f} s" if age is not None else "")
-        )
+        lines += _jobs_lines(j)
     beats = status["heartbeats"]
     lines.append("heartbeats:" + ("" if beats else " none"))
     for name, beat in beats.items():
@@ -159,7 +263,29 @@ def render(status: dict[str, Any]) -> str:
         if beat.get("memory"):  # the worker cannot write memory: entries wait (issue 11)
             lines.append(f"    memory {beat['memory']} (messages wait, pending, until it can)")
         lines += _config_lines(beat)
+    if status.get("unreadable"):
+        who = f"account {status['account']}" if status.get("account") else "this Redis account"
+        lines.append(
+            f"not shown (? above): {who} may not read {', '.join(status['unreadable'])} "
+            "-- Redis refused it (NOPERM), it is not down; the worker's account reads them all"
+        )
     return "\n".join(lines)
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _jobs_lines(j: dict[str, Any]) -> list[str]:
+    age = j["oldest_queued_age_s"]
+    out = [
+        f"jobs {j['queue']}: {_count(j['queued'])} queued, {_count(j['running'])} running, "
+        f"{_count(j['failed'])} failed"
+        + (f", oldest queued {age:.1f} s" if age is not None else "")
+    ]
+    for job in j.get("failed_jobs") or []:  # why each failed (rq keeps them 7 days)
+        out.append(f"  failed {job['id']} ({job['func']}, {job['ended_at']}): {job['reason']}")
+    return out
 
 
 def _config_lines(beat: dict[str, Any]) -> list[str]:

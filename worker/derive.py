@@ -34,6 +34,7 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
+from contract.access import REFUSED, refusal
 from contract.config import Config
 from memory.turns import Memory
 from memory.types import LogRow
@@ -118,7 +119,11 @@ class Deriver:
             planned = self.plan()
             for p in planned:
                 self.enqueue(p)
+        except REFUSED:  # Redis refused the account: the worker stops (exit 2), not retried
+            raise
         except redis.RedisError as exc:  # tried again at the next check
+            if refusal(exc):
+                raise
             log.warning("summary.plan_failed", error=str(exc))
             return []
         return planned

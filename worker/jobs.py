@@ -17,6 +17,7 @@ import structlog
 from rq import Queue, Worker
 from rq.registry import StartedJobRegistry
 
+from contract import access
 from contract.config import Config
 from contract.config_watch import JOBS_USES, ConfigWatcher, watch_in_thread
 from contract.liveness import Heartbeat
@@ -88,6 +89,9 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
                 # that is no reason to stop (under honcho one exit stops every process)
                 log.warning("jobs.rq_loop_ended", detail="no stop was asked: starting it again")
+                # rq logs any error of its loop and ends it: one Redis refused (an ACL changed
+                # under us) is not waited out, it stops the process (exit 2, relaybot/cli.py)
+                access.check(rq_r, cfg.keys, "jobs")
                 if not _ride_out(rq_r, outage, RuntimeError("the rq worker's loop ended")):
                     return 0
             except TRANSIENT as exc:

@@ -14,7 +14,9 @@ import structlog
 from contract.clock import RedisClock
 from contract.config import Config
 from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
+from contract.durable import NotDurable, probe
 from contract.liveness import process_identity
+from contract.outage import TRANSIENT
 from memory.errors import MemoryUnavailable
 from memory.turns import privacy_of
 from memory.writer import MemoryStore, WalCheckpointer
@@ -152,10 +154,25 @@ def build_consumer(
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:
+    warn_if_not_durable(r)
     with worker_memory(cfg) as store:
         consumer = build_consumer(cfg, r, store=store)
         consumer.install_signal_handlers()
         return consumer.run(wait_for_lease=wait_for_lease)
+
+
+def warn_if_not_durable(r: redis.Redis) -> None:
+    """One warning at start on a Redis that cannot make an accepted message durable: the worker
+    runs (it loses nothing of memory), but gateways and ``relaybot chat`` refuse to publish."""
+    try:
+        probe(r)
+    except NotDurable as exc:
+        log.warning(
+            "redis.not_durable",
+            detail=f"{exc}. The gateways and relaybot chat refuse to publish to it",
+        )
+    except TRANSIENT:  # Redis is away: the worker's own loop waits for it
+        pass
 
 
 @contextmanager

@@ -2,6 +2,14 @@
 
 It has no config section and takes no lease (one terminal per person, many at once); its ACL
 user may read the worker's lease (``relaybot chat`` says when the worker is not running).
+
+``relaybot status`` and ``/status`` run under this account too: a read-only selector (Redis >= 7,
+``%R~``) lets it count what status shows -- the length, group and pending counts of every
+inbound stream (XLEN, XINFO GROUPS, XPENDING: ids and counts, never an entry's text), the dead
+letters, the heartbeats, the lease's TTL and the jobs queue's counts -- and nothing more: no
+XRANGE of another channel's stream, no SCAN of other sessions' keys (their names say who talks
+to the assistant), no read of a reply queue or a job. ``python -m deploy.acl --redis-6.2``
+leaves the selector out (6.2 refuses the file); status then says what it could not read.
 """
 
 from __future__ import annotations
@@ -13,7 +21,11 @@ ACL = (
     "~{prefix}inbound:cli ~{prefix}dead ~{prefix}heartbeats ~{prefix}worker:lease "
     "~{prefix}reply:cli:* ~{prefix}inflight:cli:* ~{prefix}delivered:cli:* ~{prefix}busy:cli:* "
     "-@all +ping +hello +auth +client|setname +xadd +lmove +blmove +lindex +lrem +zadd +zscore "
-    "+zremrangebyscore +exists +get +hset +hdel +multi +exec +discard +time"
+    "+zremrangebyscore +exists +get +hset +hdel +multi +exec +discard +time "
+    # relaybot status: counts only, read-only keys (Redis >= 7 selector)
+    "(%R~{prefix}inbound* %R~{prefix}dead %R~{prefix}heartbeats %R~{prefix}worker:lease "
+    "%R~rq:queue:{prefix}jobs %R~rq:wip:{prefix}jobs %R~rq:failed:{prefix}jobs "
+    "+xlen +xinfo|groups +xpending +hgetall +pttl +llen +zcard)"
 )
 
 

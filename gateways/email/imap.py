@@ -31,6 +31,7 @@ import aioimaplib
 import redis
 import structlog
 
+from contract.access import REFUSED, refusal
 from contract.durable import NotDurable
 from contract.outage import TRANSIENT, Outage
 from gateways.email.audience import handle_address
@@ -80,10 +81,14 @@ class ImapReader:
                 backoff.reset()
             except FatalMailError:
                 raise
+            except REFUSED:  # Redis refused the account: the process stops (exit 2)
+                raise
             except TRANSIENT as exc:  # Redis away: nothing unpublished was passed by the cursor
                 self.rt.heartbeat.info = {"state": "redis unreachable"}
                 await self.rt.redis_away(self._redis, exc)
             except Exception as exc:  # network, Redis, or a bug: back off, never a dead loop
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 self.rt.heartbeat.info = {"state": "reconnecting", "error": repr(exc)[:200]}
                 await self.rt.retry_after(backoff, "email.imap_error", error=repr(exc))
 

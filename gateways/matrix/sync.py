@@ -33,6 +33,7 @@ from nio import (
     SyncResponse,
 )
 
+from contract.access import REFUSED, refusal
 from contract.bus import stream_id, text
 from contract.config import Config
 from contract.durable import Durable, NotDurable
@@ -107,6 +108,8 @@ class MatrixSync:
             except TRANSIENT as exc:  # Redis away: the token was not saved, sync it again
                 await self.rt.redis_away(outage, exc)
                 continue
+            except REFUSED:  # Redis refused the account (NOPERM): the runner stops, exit 2
+                raise
             except ErrorValue as failed:  # an error response, returned as a value
                 check_fatal(failed.resp)
                 await self.rt.retry_after(backoff, "matrix.sync_error", error=str(failed))
@@ -118,6 +121,8 @@ class MatrixSync:
                 redis.RedisError,
                 NotDurable,
             ) as exc:
+                if refusal(exc):  # a script of ours refused by the ACL: as REFUSED
+                    raise
                 await self.rt.retry_after(backoff, "matrix.sync_failed", error=repr(exc))
                 continue
             backoff.reset()

@@ -169,7 +169,7 @@ def test_bad_entries_are_dead_lettered_and_status_shows_it(
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["prefix"] == prefix
-    assert status["stream"] == {"key": stream, "length": len(written) + 2}
+    assert status["stream"] == {"keys": f"{stream}*", "length": len(written) + 2}
     assert status["dead_letters"] == len(written)
     group = status["group"]
     assert group["pending"] == 0
@@ -190,7 +190,7 @@ def test_bad_entries_are_dead_lettered_and_status_shows_it(
     plain = run_relaybot(["status"], env, timeout=20)
     assert plain.returncode == 0, plain.stderr
     text = plain.stdout
-    assert f"stream {stream}: {len(written) + 2} entries" in text
+    assert f"inbound streams ({stream}*): {len(written) + 2} entries" in text
     assert "group worker: 1 consumer(s), 0 pending" in text
     assert f"dead letters: {len(written)}" in text
     assert f"worker lease: {holder}" in text

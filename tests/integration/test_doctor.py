@@ -23,7 +23,6 @@ from redis.retry import Retry
 from contract.config import Config
 from contract.keys import Keys
 from contract.liveness import beat
-from deploy.embedded import redis_binary
 from gateways.email import doctor as email_doctor
 from gateways.matrix import doctor as matrix_doctor
 from relaybot import doctor_model, doctor_redis
@@ -44,7 +43,7 @@ from tests.support.procs import (
     wait_until,
     write_config,
 )
-from tests.support.servers import RedisServer, free_port
+from tests.support.servers import RedisServer, acl_redis_binary, free_port
 from tests.support.synapse import SynapseServer
 
 pytestmark = pytest.mark.integration
@@ -213,7 +212,7 @@ def acl_port(tmp_path: Path) -> Iterator[int]:
     (tmp_path / "users.acl").write_text(text)
     port = free_port()
     proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--dir", str(tmp_path), "--aclfile", str(tmp_path / "users.acl")],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip

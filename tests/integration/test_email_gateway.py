@@ -20,7 +20,6 @@ import redis
 
 from contract.keys import Keys
 from contract.messages import InboundMessage
-from deploy.embedded import redis_binary
 from gateways.audience import audience_key
 from tests.support.fakemodel import FakeModelServer
 from tests.support.mailcorpus import corpus
@@ -41,7 +40,7 @@ from tests.support.procs import (
     wait_until,
     write_config,
 )
-from tests.support.servers import RedisServer, free_port
+from tests.support.servers import RedisServer, acl_redis_binary, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -598,7 +597,7 @@ def test_through_the_deploy_acl_users(
     (tmp_path / "users.acl").write_text(acl)
     port = free_port()
     server = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--dir", str(tmp_path), "--aclfile", str(tmp_path / "users.acl")],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip

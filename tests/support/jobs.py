@@ -7,3 +7,8 @@ The jobs process imports it by its dotted name: every relaybot process the tests
 
 def ping_job() -> str:
     return "pong"
+
+
+def failing_job() -> str:
+    """A job that fails as a summary job did on an invalid config.toml (issue 26)."""
+    raise ValueError("config.toml: [worker] foo: Extra inputs are not permitted")

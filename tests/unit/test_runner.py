@@ -350,3 +350,25 @@ def test_an_idle_gateway_takes_what_it_would_reload_and_asks_a_restart_for_the_r
     for _ in range(3):
         watch.check()
     assert watch.fields()["restart_needed"] is True  # configured meanwhile: start it anew
+
+
+def test_redis_refusing_the_account_in_delivery_stops_the_gateway_not_retried(
+    r: fakeredis.FakeRedis, cfg: Config
+) -> None:
+    """Issue 26: a NOPERM (an ACL changed under a running gateway) is a configuration error:
+    the delivery loop does not back off and retry it for ever; it reaches `relaybot`, which
+    says it in one line and exits 2."""
+    channel = FakeChannel()
+    refusal = redis.exceptions.NoPermissionError("this user has no permissions to run 'lmove'")
+    channel.session_errors = [refusal, refusal]  # what a real ACL would keep answering
+
+    async def until_retried() -> None:  # ends the gateway (exit 0) once the refusal was retried
+        while len(channel.session_errors) > 0:
+            await asyncio.sleep(0.01)
+
+    channel.loops = {"inbound": until_retried()}
+    with capture_logs() as logs, pytest.raises(redis.exceptions.NoPermissionError):
+        gateway(r, cfg, channel)
+    assert not events(logs, "fake.delivery_failed")
+    assert channel.closed
+    assert heartbeats(r, cfg.keys) == {}

@@ -1,0 +1,186 @@
+"""A Redis that refuses this account is a configuration error, not an outage.
+
+Wrong credentials (``WRONGPASS``, ``NOAUTH``) and a command the account's ACL does not allow
+(``NOPERM``) never go away by waiting: a person has to fix ``REDIS_URL`` or the ACL file. So:
+
+- :func:`contract.bus.connect` turns a login Redis refuses into :class:`AccessRefused`, which is
+  *not* a ``redis.ConnectionError``: no loop that rides out an outage (:data:`contract.outage.
+  TRANSIENT`) waits for it, at start or when a connection is made again later (a Redis restarted
+  with another ACL file).
+- :data:`REFUSED` is what a process stops on: that, and ``NoPermissionError`` (NOPERM), at start
+  or later (an ACL changed under a running process); :func:`refusal` also knows the error of a
+  script whose command the ACL refuses. The process stops with exit 2 and the one line
+  :func:`line` builds: the account in use and what to do.
+- :func:`check` runs at the start of the worker, the jobs process and each gateway: the commands
+  its role needs (:func:`role_probes`, as ``relaybot doctor`` checks them) queued in a ``MULTI``
+  that is discarded, so a missing permission is said at start, not at the first message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.exceptions import NoPermissionError
+
+from contract import channels as registry
+from contract.config import Config
+from contract.keys import Keys
+from contract.logs import redact
+
+ROLES = ("worker", "jobs")  # the processes that are not a channel's gateway
+_S = "doctor-probe"  # a session name for the per-session keys (never written)
+
+
+class AccessRefused(redis.RedisError):
+    """Redis refused this account: its credentials (at login), or commands its ACL does not
+    allow (:func:`check`). Not a ``ConnectionError``: nothing waits it out."""
+
+    def __init__(self, message: str, *, login: bool) -> None:
+        super().__init__(message)
+        self.login = login
+
+
+REFUSED: tuple[type[Exception], ...] = (AccessRefused, NoPermissionError)
+# what Redis answers when a script runs a command the account may not (an ERR, not a NOPERM)
+_SCRIPT_REFUSED = ("can't run this command", "no permissions to ")
+
+
+def refusal(exc: BaseException) -> bool:
+    """Whether Redis refused the account (:data:`REFUSED`, or a script's command refused by
+    the ACL), as opposed to being away or a bug."""
+    if isinstance(exc, REFUSED):
+        return True
+    return isinstance(exc, redis.ResponseError) and any(s in str(exc) for s in _SCRIPT_REFUSED)
+
+
+def refuse_login(conn: Any) -> None:
+    """redis-py's ``redis_connect_func``: its own ``on_connect`` (AUTH, CLIENT SETNAME, SELECT),
+    with a refused login raised as :class:`AccessRefused` instead of ``AuthenticationError``
+    (a ``ConnectionError``, which every outage loop would wait out for ever)."""
+    try:
+        conn.on_connect()
+    except redis.AuthenticationError as exc:
+        raise AccessRefused(str(exc) or type(exc).__name__, login=True) from None
+
+
+def account(cfg: Config) -> str:
+    """The Redis user relaybot logs in as: the URL's user name, else ``default``."""
+    if cfg.redis.url is None:
+        return "default"
+    url = cfg.redis.url.get_secret_value()
+    return unquote(urlsplit(url).username or "") or "default"
+
+
+def role_title(role: str) -> str:
+    """A process in words: ``the worker``, ``the jobs process``, ``the matrix gateway``."""
+    if role == "worker":
+        return "the worker"
+    if role == "jobs":
+        return "the jobs process"
+    if role == "cli":
+        return "the terminal (relaybot chat, status and the owner commands)"
+    return f"the {role} gateway"
+
+
+def line(cfg: Config, exc: BaseException, role: str | None = None) -> str:
+    """The one line a process stops with when Redis refused its account: who, what, the fix."""
+    user = account(cfg)
+    url = cfg.redis.url
+    where = "the embedded Redis" if url is None else str(redact(url.get_secret_value()))
+    detail = str(exc).strip() or type(exc).__name__
+    if (isinstance(exc, AccessRefused) and exc.login) or isinstance(exc, redis.AuthenticationError):
+        return (
+            f"Redis at {where} refused the login of account {user}: {detail} -- set that "
+            "account's user and password in REDIS_URL (or [redis] url), as the Redis ACL file "
+            "has them (deploy/redis/users.acl, deploy/README.md), then start it again"
+        )
+    needs = f"relaybot-{role}" if role is not None else None
+    which = f"{role_title(role)} runs as {needs}" if role is not None else "this command needs"
+    if needs is None:
+        fix = (
+            "use an account that may (the worker's, relaybot-worker, may do everything) in "
+            "REDIS_URL"
+        )
+    elif user == needs:
+        fix = (
+            f"give {user} these commands in the Redis ACL file: regenerate it with "
+            "`python -m deploy.acl` (deploy/README.md) and restart Redis"
+        )
+    else:
+        fix = f"set REDIS_URL to the account {needs} (or give {user} these commands)"
+    return f"Redis account {user} may not do this: {detail} -- {which}: {fix}"
+
+
+def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
+    """The commands (with keys) a role needs, as in deploy/redis/users.acl: the worker's, the
+    jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
+    beat = ("HSET", keys.heartbeats, "doctor", "1")
+    if role == "jobs":
+        return [
+            beat,
+            ("XADD", keys.inbound, "*", "f", "v"),
+            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+        ]
+    if role == "worker":
+        streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
+        return [
+            beat,
+            ("EVAL", "return 1", str(len(streams)), *streams),
+            ("XACK", keys.inbound, Keys.GROUP, "0-1"),
+            ("RPUSH", keys.reply(f"cli:{_S}"), "x"),
+            ("SET", keys.lease, "x", "NX", "PX", "1"),
+            ("XADD", keys.dead, "*", "f", "v"),
+            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+        ]
+    spec = registry.channel(role)
+    ch = spec.name
+    probes = [
+        ("XADD", keys.inbound_of(ch), "*", "f", "v"),
+        ("LMOVE", keys.reply(f"{ch}:{_S}"), keys.inflight(f"{ch}:{_S}"), "LEFT", "RIGHT"),
+        ("ZADD", keys.delivered(f"{ch}:{_S}"), "1", "x"),
+        ("EXISTS", keys.busy(f"{ch}:{_S}")),
+        ("XADD", keys.dead, "*", "f", "v"),
+        beat,
+    ]
+    if spec.account is not None:  # one gateway per account: its lease
+        probes.append(("SET", keys.gateway_lease(ch, _S), "x", "NX", "PX", "1"))
+    return probes + (spec.probes(keys) if spec.probes is not None else [])
+
+
+def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
+    """The probes Redis refuses (NOPERM), queued in a MULTI that is discarded: Redis checks a
+    command's ACL (command and keys) when it queues it, and none is ever executed."""
+    pool = r.connection_pool
+    conn: Any = pool.get_connection()
+    out: list[str] = []
+    try:
+        conn.send_command("MULTI")
+        try:
+            conn.read_response()
+        except NoPermissionError:
+            return ["MULTI (every process needs it)"]
+        for probe in probes:
+            conn.send_command(*probe)
+            try:
+                conn.read_response()
+            except NoPermissionError:
+                out.append(" ".join(probe[:2]) if probe[0] != "EVAL" else "EVAL (scripts)")
+            except redis.ResponseError:
+                pass  # a wrong-type or syntax complaint: the ACL let it through
+        conn.send_command("DISCARD")
+        conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    return out
+
+
+def check(r: redis.Redis, keys: Keys, role: str) -> None:
+    """At a process's start: :class:`AccessRefused` naming what its account may not run."""
+    missing = refused(r, role_probes(keys, role))
+    if missing:
+        raise AccessRefused(f"NOPERM for {', '.join(missing)}", login=False)
