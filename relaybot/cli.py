@@ -1,10 +1,16 @@
-"""The ``relaybot`` command and its subcommands."""
+"""The ``relaybot`` command and its subcommands.
+
+Start-up is kept short: ``--version`` and ``--help`` read no configuration and import only
+argparse (the arguments of a command are added only when that command is the one asked for, and
+its module is imported then), and what a command needs (structlog, redis, pydantic's
+configuration, the channel registry, the worker) is imported once its arguments are read.
+``tests/unit/test_cli_imports.py`` keeps it so.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import os
 import subprocess
 import sys
@@ -12,19 +18,44 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis
-import structlog
-
-from contract import logs
-from contract.bus import connect, redis_url, wait_for_redis
-from contract.config import Config, ConfigError, default_home, load_config
 from contract.terminal import echo, echo_json
 from relaybot import envfile, private
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-log = structlog.get_logger(__name__)
+    from contract.config import Config
+
+
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger(__name__)
+
+
+# structlog imports these when they are installed, for features relaybot does not use: rich for
+# its tracebacks (contract/logs.py renders plain ones) and Twisted for its Twisted loggers (the
+# test suite's IMAP server installs Twisted). Together about half of structlog's import time.
+_STRUCTLOG_EXTRAS = ("rich", "twisted")
+
+
+def import_structlog() -> None:
+    """Import structlog without its optional extras (:data:`_STRUCTLOG_EXTRAS`): each is
+    hidden for the import (``sys.modules[name] = None``, so that structlog's ``import rich``
+    raises the ImportError it expects when rich is not installed), then made importable again
+    (``relaybot chat`` renders Markdown with rich on a terminal). Called before anything else
+    imports structlog; once structlog is imported, it does nothing."""
+    if "structlog" in sys.modules:
+        return
+    hidden = [name for name in _STRUCTLOG_EXTRAS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import structlog  # noqa: F401
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+
 
 EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
@@ -42,13 +73,30 @@ class _Parser(argparse.ArgumentParser):
             (file or sys.stderr).write(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Version(argparse._VersionAction):
+    """``--version``: the installed version is looked up only when it is asked for."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"relaybot {version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """relaybot's parser. Every command is listed (``--help``), but the arguments of the memory,
+    entities, onboard, doctor and gateway commands, whose modules take time to import, are added
+    only to ``command``'s parser (the one the command line names)."""
     p = _Parser(
         prog="relaybot",
         description="A self-hosted personal assistant: every channel, one memory.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    p.add_argument("-V", "--version", action="version", version=f"relaybot {version()}")
+    p.add_argument("-V", "--version", action=_Version, version="relaybot")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     chat = sub.add_parser("chat", help="chat in this terminal (starts what is missing)")
@@ -65,12 +113,9 @@ def _parser() -> argparse.ArgumentParser:
         help="exit (code 3) instead of waiting when another worker holds the lease",
     )
     sub.add_parser("jobs", help="run an rq worker for background jobs")
-    from contract import channels as registry
-
-    runnable = [ch for ch in registry.channels() if ch.gateway]  # the terminal's is `chat`
-    names = ", ".join(ch.name for ch in runnable)
-    gateway = sub.add_parser("gateway", help=f"run one channel's gateway ({names})")
-    gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
+    gateway = sub.add_parser("gateway", help="run a channel's gateway (`gateway -h` lists them)")
+    if command == "gateway":
+        _gateway_parsers(gateway)
     sub.add_parser("redis", help="run the embedded Redis in the foreground (for the Procfile)")
 
     status = sub.add_parser("status", help="stream, pending, dead letters, queues, heartbeats")
@@ -79,30 +124,55 @@ def _parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
     cli.add_argument("args", nargs=argparse.REMAINDER)
 
-    for ch in runnable:
-        one = gateway_sub.add_parser(ch.name, help=f"{ch.title} ([{ch.name}] in the config)")
-        one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
-
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
-    from relaybot import cli_entities, cli_memory, cli_notes, cli_search, cli_summaries
-
     memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
-    msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
-    cli_memory.add_parsers(msub)
-    cli_search.add_parsers(msub)
-    cli_notes.add_parsers(msub)
-    cli_summaries.add_parsers(msub)
-    entities = sub.add_parser("entities", help="people and their handles, links between them")
-    esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
-    cli_entities.add_parsers(esub)
-    cli_entities.add_onboard_parser(sub)
-    from relaybot import doctor
+    if command == "memory":
+        from relaybot import cli_memory, cli_notes, cli_search, cli_summaries
 
-    doctor.add_parser(sub)
+        msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
+        cli_memory.add_parsers(msub)
+        cli_search.add_parsers(msub)
+        cli_notes.add_parsers(msub)
+        cli_summaries.add_parsers(msub)
+    entities = sub.add_parser("entities", help="people and their handles, links between them")
+    if command == "entities":
+        from relaybot import cli_entities
+
+        esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
+        cli_entities.add_parsers(esub)
+    onboard = sub.add_parser(
+        "onboard",
+        help="first-run setup: who you are, your addresses, the model, the channels (tested)",
+    )
+    if command == "onboard":
+        from relaybot import cli_entities
+
+        cli_entities.add_onboard_arguments(onboard)
+    doctor = sub.add_parser(
+        "doctor", help="check Redis, the model, the channels, disk, config and processes"
+    )
+    if command == "doctor":
+        from relaybot import doctor as doctor_command
+
+        doctor_command.add_arguments(doctor)
     return p
 
 
+def _gateway_parsers(gateway: argparse.ArgumentParser) -> None:
+    """``relaybot gateway <channel>``: one per channel of the registry that has a gateway (the
+    terminal's is ``chat``)."""
+    from contract import channels as registry
+
+    gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
+    for ch in registry.channels():
+        if ch.gateway:
+            one = gateway_sub.add_parser(ch.name, help=f"{ch.title} ([{ch.name}] in the config)")
+            one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
+
+
 def version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("relaybot")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
@@ -115,11 +185,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     first word that is not one of relaybot's own options (which take no value)."""
     argv = list(argv)
     at = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
-    if at is not None and argv[at] == "redis-cli":
-        args = _parser().parse_args(argv[: at + 1])
+    command = None if at is None else argv[at]
+    if at is not None and command == "redis-cli":
+        args = _parser(command).parse_args(argv[: at + 1])
         args.args = argv[at + 1 :]
         return args
-    return _parser().parse_args(argv)
+    return _parser(command).parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,6 +228,14 @@ def _main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    # what every command needs, imported once its arguments are read (not for --help)
+    import_structlog()
+    import redis
+
+    from contract import logs
+    from contract.bus import redis_url
+    from contract.config import Config, ConfigError, default_home, load_config
+
     interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
@@ -195,6 +274,7 @@ def _main(argv: Sequence[str]) -> int:
 
 def _tighten_home(cfg: Config) -> None:
     """Files from before (an older relaybot, a copy) others could read: made private, and said."""
+    log = _log()
     try:
         done, failed = private.tighten(cfg)
     except OSError as exc:
@@ -226,19 +306,22 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
     if args.command == "worker":
+        from contract.bus import wait_for_redis
         from relaybot import zeroconf
-        from worker.main import run_worker
 
         if zeroconf.started_by_chat():  # the zero-config worker: it lives while a chat uses it
-            return zeroconf.run(cfg, lambda r: run_worker(cfg, r, wait_for_lease=not args.no_wait))
-        return run_worker(cfg, wait_for_redis(cfg), wait_for_lease=not args.no_wait)
+            # its Redis is started first, the worker's modules imported meanwhile (_run_worker)
+            return zeroconf.run(cfg, functools.partial(_run_worker, cfg, args))
+        return _run_worker(cfg, args, wait_for_redis(cfg))
     if args.command == "jobs":
+        from contract.bus import wait_for_redis
         from worker.jobs import run_jobs
 
         return run_jobs(cfg, wait_for_redis(cfg))
     if args.command == "redis":
         return _run_redis(cfg)
     if args.command == "status":
+        from contract.bus import connect
         from relaybot.status import collect, render
 
         status = collect(connect(cfg), cfg.keys)
@@ -252,9 +335,16 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 
+def _run_worker(cfg: Config, args: argparse.Namespace, r: Any) -> int:
+    from worker.main import run_worker
+
+    return run_worker(cfg, r, wait_for_lease=not args.no_wait)
+
+
 def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
     """``relaybot gateway <channel>``: the runner its spec names (imported only now)."""
     from contract import channels as registry
+    from contract.bus import wait_for_redis
 
     main: Callable[[Config, Any], int] = registry.load(run)
     return main(cfg, wait_for_redis(cfg))
@@ -263,6 +353,7 @@ def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
 def _run_redis(cfg: Config) -> int:
     from deploy import embedded
 
+    log = _log()
     if not cfg.embedded_redis:
         # honcho stops every process when one exits, so stay up but do nothing
         log.info("redis.external", detail="REDIS_URL is set; the embedded Redis is not started")
@@ -285,6 +376,7 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
+    from contract.bus import redis_url
     from deploy import embedded
 
     binary = embedded.redis_binary("redis-cli")

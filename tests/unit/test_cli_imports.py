@@ -1,0 +1,145 @@
+"""What ``relaybot --version`` and ``--help`` import (issue 26, "Start-up that feels instant").
+
+A command that starts nothing must not pay for what the others need: no structlog (with rich
+and, where installed, Twisted), no Redis client (which imports redis.asyncio), no pydantic
+configuration, no httpx, no channel registry (entry points), no rq, nio or mail clients. Each
+case runs the command as a process with ``python -X importtime`` and reads from its stderr every
+module it imported; a module coming back is a failure that names the module and who imported it.
+The time itself is not asserted here (bench/coldstart.py measures it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relaybot import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+# modules (and their submodules) a command that starts nothing must not import
+HEAVY = (
+    "structlog",
+    "rich",
+    "twisted",
+    "redis",
+    "httpx",
+    "pydantic",
+    "pydantic_core",
+    "rq",
+    "nio",
+    "aiosmtplib",
+    "aioimaplib",
+    "asyncio",
+    "sqlite3",
+    "contract.config",
+    "contract.channels",
+    "contract.logs",
+    "contract.bus",
+    "gateways",
+    "worker",
+    "memory",
+    "deploy",
+    "relaybot.cli_memory",
+    "relaybot.doctor",
+    "relaybot.onboard_ask",
+)
+
+
+def imported(args: list[str], **env: str) -> list[str]:
+    """The modules ``python -m relaybot ARGS`` imports, in the order ``-X importtime`` lists
+    them (a module after the modules it imports); asserts that it exits 0."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "relaybot", *args],
+        env={**os.environ, "RELAYBOT_DOTENV": "", **env},
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.MULTILINE)
+    assert "relaybot.cli" in found, proc.stderr[-2000:]  # importtime's lines are there
+    return found
+
+
+def heavy(modules: list[str]) -> list[str]:
+    """The heavy modules among ``modules``."""
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+@pytest.mark.parametrize("args", [["--version"], ["-V"], ["--help"], ["-v", "--help"]])
+def test_version_and_help_import_nothing_a_command_needs(args: list[str]) -> None:
+    assert heavy(imported(args)) == []
+
+
+def test_help_does_not_look_up_the_installed_version_or_the_channels() -> None:
+    """``--help`` lists the commands from relaybot's own parser: no importlib.metadata (the
+    version, the channels' entry points); ``--version`` reads the version and nothing else."""
+    assert "importlib.metadata" not in imported(["--help"])
+    assert "importlib.metadata" in imported(["--version"])
+
+
+def test_a_commands_own_help_still_has_its_arguments() -> None:
+    """The arguments a command's module adds (memory's subcommands, doctor's, onboarding's
+    questions, a gateway per channel) are there when that command is asked for."""
+    for argv, wanted in (
+        (["memory", "--help"], "search"),
+        (["entities", "--help"], "link"),
+        (["doctor", "--help"], "--timeout"),
+        (["onboard", "--help"], "--matrix-homeserver"),
+        (["gateway", "--help"], "matrix"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "relaybot", *argv],
+            env={**os.environ, "RELAYBOT_DOTENV": ""},
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert wanted in done.stdout, (argv, done.stdout)
+
+
+def test_the_command_word_chooses_which_arguments_are_added() -> None:
+    args = cli.parse_args(["-v", "memory", "search", "blue", "--limit", "3"])
+    assert (args.command, args.memory_command, args.limit) == ("memory", "search", 3)
+    assert cli.parse_args(["doctor", "--json"]).json is True
+    assert cli.parse_args(["gateway", "email"]).gateway == "email"
+
+
+def test_structlog_is_imported_without_its_optional_extras() -> None:
+    """relaybot's logs render plain tracebacks (contract/logs.py): structlog's rich and Twisted
+    integrations are not imported with it, and rich stays importable (the chat's Markdown)."""
+    code = (
+        "import sys\n"
+        "from relaybot import cli\n"
+        "cli.import_structlog()\n"
+        "import structlog, contract.logs\n"
+        "assert 'rich' not in sys.modules and 'twisted' not in sys.modules, sorted(sys.modules)\n"
+        "assert structlog.dev.rich is None\n"
+        "contract.logs.configure('chat')\n"
+        "structlog.get_logger('x').warning('said', detail='here')\n"
+        "import rich.markdown\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RELAYBOT_DOTENV": "", "RELAYBOT_LOG_FORMAT": "console"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "said" in done.stderr and "detail=here" in done.stderr
