@@ -24,6 +24,7 @@ from contract.bus import connect
 from contract.config import Config
 from contract.outage import TRANSIENT
 from deploy import embedded
+from deploy.embedded import START_POLL
 from relaybot import zeroconf
 
 log = structlog.get_logger(__name__)
@@ -123,7 +124,7 @@ class Runtime:
                     f"the embedded Redis did not answer within {START_WAIT:.0f} s; see "
                     f"{self.cfg.log_dir / 'worker.log'} and {self.cfg.log_dir / 'redis.log'}"
                 )
-            time.sleep(0.02)
+            time.sleep(START_POLL)
 
     def _wait_for_embedded(self, timeout: float = SUPERVISED_WAIT) -> None:
         deadline = time.monotonic() + timeout

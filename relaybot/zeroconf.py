@@ -9,7 +9,8 @@ A chat with the embedded Redis and no worker running starts ``relaybot worker`` 
    (``deploy.embedded.dies_with_parent``);
 2. works while a chat uses it: the chat that started it, or any chat that registered in the
    chats set (:func:`register`: every zero-config chat, when it opens; :func:`unregister` when it
-   ends). It looks every :data:`FOLLOW_EVERY` seconds;
+   ends). It looks every :data:`FOLLOW_EVERY` seconds, and at once when a chat that leaves
+   wakes it (:func:`unregister` pushes to :func:`wake_key`, the follower waits on it);
 3. when no chat is left -- they ended by Ctrl-D, a closed terminal, SIGTERM, or kill -9 and had
    no say -- it stops as on SIGTERM (the turns in hand finished and acked, their replies queued),
    and if a chat registered meanwhile (it opened while this worker was finishing) it works again;
@@ -43,6 +44,7 @@ ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: 
 FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
 CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
 LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
+WAKE_TTL = 10  # seconds a wake-up no worker took is kept (a worker that starts later looks anyway)
 LEASE_LOST = 4  # the worker's exit code when another worker took its lease (worker/consumer.py)
 OTHERS_WAIT = 30.0  # seconds the Redis's worker waits for the home's other workers to stop
 
@@ -96,11 +98,18 @@ def register(r: redis.Redis, cfg: Config) -> str:
 
 def unregister(r: redis.Redis, cfg: Config, tok: str) -> None:
     """This chat no longer uses the worker; it is marked as left, so a worker it started does
-    not count it as its starter while it waits for that worker to stop."""
+    not count it as its starter while it waits for that worker to stop. The worker is woken to
+    look at once (a chat that ends waits for it to stop) instead of at its next look."""
     with r.pipeline(transaction=True) as pipe:
         pipe.srem(chats_key(cfg), tok)
         pipe.set(_left_key(cfg, tok), 1, ex=LEFT_TTL)
+        pipe.rpush(wake_key(cfg), tok)
+        pipe.expire(wake_key(cfg), WAKE_TTL)
         pipe.execute()
+
+
+def wake_key(cfg: Config) -> str:
+    return f"{cfg.keys.prefix}zeroconf:wake"
 
 
 def _left_key(cfg: Config, tok: str) -> str:
@@ -147,8 +156,19 @@ class _Follower:
         starter = self.starter
         return bool(starter) and alive(starter) and not self.r.exists(_left_key(self.cfg, starter))
 
+    def _pause(self) -> None:
+        """:data:`FOLLOW_EVERY` seconds, or until a chat that leaves wakes it (:func:`unregister`;
+        a wake-up is only a hint: what counts is what :meth:`_run` then finds)."""
+        try:
+            self.r.blpop([wake_key(self.cfg)], timeout=FOLLOW_EVERY)
+        except TRANSIENT:  # Redis away: keep the pace, the look after it says what to do
+            self._done.wait(FOLLOW_EVERY)
+
     def _run(self) -> None:
-        while not self._done.wait(FOLLOW_EVERY):
+        while not self._done.is_set():
+            self._pause()
+            if self._done.is_set():
+                return
             try:
                 if users(self.r, self.cfg) or self._starter_stays():
                     continue

@@ -118,18 +118,22 @@ def test_the_command_word_chooses_which_arguments_are_added() -> None:
     assert cli.parse_args(["gateway", "email"]).gateway == "email"
 
 
-def test_structlog_is_imported_without_its_optional_extras() -> None:
-    """relaybot's logs render plain tracebacks (contract/logs.py): structlog's rich and Twisted
-    integrations are not imported with it, and rich stays importable (the chat's Markdown)."""
+def test_structlog_and_httpx_are_imported_without_their_optional_extras() -> None:
+    """relaybot's logs render plain tracebacks (contract/logs.py) and nothing runs httpx's
+    command-line client: structlog's rich and Twisted integrations and httpx's CLI (click,
+    pygments, rich) are not imported with them; both still work, and rich stays importable
+    (the chat's Markdown)."""
     code = (
         "import sys\n"
-        "from relaybot import cli\n"
-        "cli.import_structlog()\n"
-        "import structlog, contract.logs\n"
-        "assert 'rich' not in sys.modules and 'twisted' not in sys.modules, sorted(sys.modules)\n"
+        "from contract import imports\n"
+        "imports.lean_structlog()\n"
+        "imports.lean_httpx()\n"
+        "import httpx, structlog, contract.logs\n"
+        "extras = {'rich', 'twisted', 'click', 'pygments'} & set(sys.modules)\n"
+        "assert not extras, extras\n"
         "assert structlog.dev.rich is None\n"
         "contract.logs.configure('chat')\n"
-        "structlog.get_logger('x').warning('said', detail='here')\n"
+        "structlog.get_logger('x').warning('said', detail=str(httpx.URL('http://[::1]:8/v1')))\n"
         "import rich.markdown\n"
     )
     done = subprocess.run(
@@ -142,4 +146,4 @@ def test_structlog_is_imported_without_its_optional_extras() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "said" in done.stderr and "detail=here" in done.stderr
+    assert "said" in done.stderr and "detail=http://[::1]:8/v1" in done.stderr
