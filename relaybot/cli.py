@@ -309,6 +309,7 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
         from contract.bus import wait_for_redis
 
         imports.lean_httpx()  # the model client's (contract/imports.py)
+        imports.lean_httpcore()
         from worker.jobs import run_jobs
 
         return run_jobs(cfg, wait_for_redis(cfg))
@@ -333,6 +334,7 @@ def _run_worker(cfg: Config, args: argparse.Namespace, r: Any) -> int:
     from contract import imports
 
     imports.lean_httpx()  # the model client's (contract/imports.py)
+    imports.lean_httpcore()
     from worker.main import run_worker
 
     return run_worker(cfg, r, wait_for_lease=not args.no_wait)

@@ -103,22 +103,34 @@ def test_the_command_word_chooses_which_arguments_are_added() -> None:
 
 
 def test_structlog_and_httpx_are_imported_without_their_optional_extras() -> None:
-    """relaybot's logs render plain tracebacks (contract/logs.py) and nothing runs httpx's
-    command-line client: structlog's rich and Twisted integrations and httpx's CLI (click,
-    pygments, rich) are not imported with them; both still work, and rich stays importable
-    (the chat's Markdown)."""
+    """relaybot's logs render plain tracebacks (contract/logs.py), nothing runs httpx's
+    command-line client and the model client speaks HTTP/1.1: structlog's rich and Twisted
+    integrations, httpx's CLI (click, pygments, rich) and httpcore's HTTP/2 (h2) are not imported
+    with them; all still work (a log line, a request), and the extras stay importable."""
     code = (
-        "import sys\n"
+        "import sys, threading\n"
+        "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
         "from contract import imports\n"
         "imports.lean_structlog()\n"
         "imports.lean_httpx()\n"
+        "imports.lean_httpcore()\n"
         "import httpx, structlog, contract.logs\n"
-        "extras = {'rich', 'twisted', 'click', 'pygments'} & set(sys.modules)\n"
+        "extras = {'rich', 'twisted', 'click', 'pygments', 'h2'} & set(sys.modules)\n"
         "assert not extras, extras\n"
         "assert structlog.dev.rich is None\n"
+        "class Ok(BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.send_header('Content-Length', '2')\n"
+        "        self.end_headers(); self.wfile.write(b'ok')\n"
+        "    def log_message(self, *args): pass\n"
+        "server = HTTPServer(('127.0.0.1', 0), Ok)\n"
+        "threading.Thread(target=server.handle_request, daemon=True).start()\n"
+        "url = f'http://127.0.0.1:{server.server_address[1]}/v1'\n"
+        "with httpx.Client(follow_redirects=False) as client:\n"
+        "    answer = client.get(url).text\n"
         "contract.logs.configure('chat')\n"
-        "structlog.get_logger('x').warning('said', detail=str(httpx.URL('http://[::1]:8/v1')))\n"
-        "import rich.markdown\n"
+        "structlog.get_logger('x').warning('said', detail=answer)\n"
+        "import rich.markdown, h2.connection, click\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -130,4 +142,4 @@ def test_structlog_and_httpx_are_imported_without_their_optional_extras() -> Non
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "said" in done.stderr and "detail=http://[::1]:8/v1" in done.stderr
+    assert "said" in done.stderr and "detail=ok" in done.stderr
