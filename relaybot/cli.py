@@ -217,6 +217,10 @@ def _main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    if args.command == "chat":  # its zero-config worker starts beside it (relaybot/prestart.py)
+        from relaybot import prestart
+
+        prestart.start()
     # what every command needs, imported once its arguments are read (not for --help)
     from contract import imports
 

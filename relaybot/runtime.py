@@ -12,9 +12,7 @@ dies (``dies_with_parent``).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 
 import redis
@@ -25,7 +23,7 @@ from contract.config import Config
 from contract.outage import TRANSIENT
 from deploy import embedded
 from deploy.embedded import START_POLL
-from relaybot import zeroconf
+from relaybot import prestart, zeroconf
 
 log = structlog.get_logger(__name__)
 
@@ -64,11 +62,14 @@ class Runtime:
         cfg = self.cfg
         cfg.home.mkdir(parents=True, exist_ok=True)
         zero_config = self.start_worker and cfg.embedded_redis
+        if zero_config:  # the worker the chat started as soon as it could (relaybot/prestart.py)
+            self.worker_proc = self._adopt(prestart.take(cfg.home))
         if cfg.embedded_redis and not embedded.ping(cfg):
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
             elif zero_config:  # the zero-config worker runs the embedded Redis
-                self.worker_proc = self._spawn_worker()
+                if self.worker_proc is None:
+                    self.worker_proc = self._spawn_worker()
                 self._wait_for_workers_redis()
             else:
                 self.redis_proc = embedded.start_unless_running(cfg, with_parent=True)
@@ -138,20 +139,13 @@ class Runtime:
             time.sleep(0.1)
 
     def _spawn_worker(self) -> subprocess.Popen[bytes]:
-        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        logfile = (self.cfg.log_dir / "worker.log").open("ab")
-        env = dict(os.environ, RELAYBOT_HOME=str(self.cfg.home))
-        env[zeroconf.ZEROCONF] = zeroconf.token()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relaybot", "worker"],
-            stdin=subprocess.DEVNULL,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        logfile.close()
+        proc = prestart.spawn_worker(self.cfg.home)
         log.info("runtime.worker_started", pid=proc.pid)
+        return proc
+
+    def _adopt(self, proc: subprocess.Popen[bytes] | None) -> subprocess.Popen[bytes] | None:
+        if proc is not None:
+            log.info("runtime.worker_started", pid=proc.pid, early=True)
         return proc
 
     def worker_died(self) -> str | None:

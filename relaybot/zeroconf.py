@@ -2,7 +2,8 @@
 it lives (as long as a chat uses it, however the chats end).
 
 A chat with the embedded Redis and no worker running starts ``relaybot worker`` with
-:data:`ZEROCONF` set to its own :func:`token`. That worker
+:data:`ZEROCONF` set to its own :func:`token` (relaybot/prestart.py: as soon as its arguments are
+read, when it can tell it will need one). That worker
 
 1. starts the embedded Redis as its own child, unless one answers already (then it is someone
    else's and stays); the kernel stops that Redis if the worker itself dies
@@ -37,33 +38,16 @@ from contract.bus import wait_for_redis
 from contract.config import Config
 from contract.outage import TRANSIENT
 from deploy import embedded
+from relaybot.prestart import ZEROCONF, start_time, token
 
 log = structlog.get_logger(__name__)
 
-ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: that chat's token
 FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
 CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
 LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
 WAKE_TTL = 10  # seconds a wake-up no worker took is kept (a worker that starts later looks anyway)
 LEASE_LOST = 4  # the worker's exit code when another worker took its lease (worker/consumer.py)
 OTHERS_WAIT = 30.0  # seconds the Redis's worker waits for the home's other workers to stop
-
-
-def token(pid: int | None = None) -> str:
-    """A process as ``pid:start`` (its start time since boot, from /proc, so that a pid used
-    again by another process is not the same token); ``pid`` alone without /proc."""
-    pid = os.getpid() if pid is None else pid
-    start = _start_time(pid)
-    return f"{pid}:{start}" if start else str(pid)
-
-
-def _start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else ""  # field 22 of stat, counted after the name
 
 
 def alive(tok: str) -> bool:
@@ -82,7 +66,7 @@ def alive(tok: str) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except (OSError, IndexError):
         return True  # no /proc: the signal check is all there is
-    return state != "Z" and (not start or _start_time(pid) == start)
+    return state != "Z" and (not start or start_time(pid) == start)
 
 
 def chats_key(cfg: Config) -> str:

@@ -89,6 +89,7 @@ def test_a_chat_that_leaves_wakes_the_worker_instead_of_waiting_for_its_next_loo
     try:
         zeroconf.unregister(chat_side, cfg, mine)
         assert follower.fired.wait(10), "the follower was not woken by the chat that left"
+        wait_until(lambda: asked, message="the follower's SIGTERM")  # sent after it fired
         assert asked == [signal.SIGTERM]
     finally:
         follower.stop()
