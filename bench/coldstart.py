@@ -1,16 +1,23 @@
-"""Cold start in zero-config mode: ``relaybot chat -m hi`` until the first reply is printed.
+"""Start-up of the ``relaybot`` command, as ratios to ``python -c pass`` in the same run.
 
-Each repetition uses a fresh, empty RELAYBOT_HOME, no REDIS_URL and no model, so the command
-starts the embedded redis-server, spawns a worker, creates the memory database, sends "hi",
-prints the worker's "no model is configured" reply and shuts everything down. Timed from the
-moment the process is started: until the first byte of the reply arrives on its stdout, and until
-the process has exited (after stopping the worker and Redis). Beside it, the everyday path: the
-same command when the worker already runs (``relaybot redis`` and ``relaybot worker`` started
-first in another fresh home, as honcho runs them), and ``relaybot --version`` and ``--help``.
+Four figures, each against a bare ``python -c pass`` of the same interpreter timed in the same
+repetitions (the aims of issue 26 in brackets):
 
-Baseline, side by side in the same repetitions: the floor that any Python tool that starts its own
-Redis pays — ``python -c pass`` (interpreter start) plus redis-server, started with the embedded
-server's own arguments, until PING answers on its unix socket.
+- ``relaybot --version`` and ``relaybot --help``: commands that start nothing (6x);
+- a zero-config cold ``relaybot chat -m hi`` with an instant model, until its reply is printed
+  (30x): a fresh, empty RELAYBOT_HOME, no REDIS_URL, so the command starts the embedded
+  redis-server, spawns a worker, creates the memory database, sends "hi", prints the model's
+  answer and shuts everything down; the model is an OpenAI-compatible endpoint this benchmark
+  serves, which answers at once;
+- ``relaybot chat -m hi`` when the worker already runs (``relaybot redis`` and ``relaybot worker``
+  started first in another fresh home, as honcho runs them), until the process exited (15x).
+
+Beside them: the same cold chat with no model at all (the quickstart's first run: the worker's
+"no model is configured" reply), each cold chat until its process exited (the shutdown of the
+worker and Redis included), and where the cold chat's time goes (the XADD, from the stream id
+``<channel>/<ms>-<seq>`` the worker logs, and the worker's milestones from ``worker.log``, on the
+same clock). The floor any Python tool that starts its own Redis pays is shown too: ``python -c
+pass`` plus redis-server, started with the embedded server's own arguments, until PING answers.
 
     .venv/bin/python -m bench.coldstart            # 5 repetitions
     .venv/bin/python -m bench.coldstart --quick    # 2 repetitions
@@ -27,8 +34,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +51,63 @@ PYTHON = str(REPO / ".venv" / "bin" / "python")
 RELAYBOT = REPO / ".venv" / "bin" / "relaybot"
 
 
-def clean_env(home: Path) -> dict[str, str]:
+AIMS = {"version": 6.0, "help": 6.0, "cold": 30.0, "warm": 15.0}  # x python -c pass (issue 26)
+NO_MODEL_SAYS = "No model is configured"
+
+
+class InstantModel:
+    """An OpenAI-compatible endpoint on 127.0.0.1 that answers every chat completion at once
+    (``echo: <the last user message>``), in a thread of this process."""
+
+    def __init__(self) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> InstantModel:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Answer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _json(self, data: dict[str, Any]) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._json({"object": "list", "data": [{"id": "instant", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        users = [m for m in request.get("messages", []) if m.get("role") == "user"]
+        text = users[-1].get("content", "") if users else ""
+        message = {"role": "assistant", "content": f"echo: {text}"}
+        self._json({
+            "id": "chatcmpl-instant", "object": "chat.completion", "created": int(time.time()),
+            "model": request.get("model", "instant"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        })  # fmt: skip
+
+
+def clean_env(home: Path, model_url: str | None = None) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -51,6 +116,9 @@ def clean_env(home: Path) -> dict[str, str]:
     env["RELAYBOT_HOME"] = str(home)
     env["RELAYBOT_DOTENV"] = ""  # no .env of the working directory (a temporary one) either
     env.pop("PYTHONPATH", None)
+    if model_url is not None:
+        env["OPENAI_BASE_URL"] = model_url
+        env["RELAYBOT_MODEL"] = "instant"
     return env
 
 
@@ -63,7 +131,7 @@ def relaybot_cmd() -> list[str]:
     return [str(RELAYBOT)] if RELAYBOT.exists() else [PYTHON, "-m", "relaybot"]
 
 
-def timed_chat(home: Path, timeout: float) -> dict[str, Any]:
+def timed_chat(home: Path, timeout: float, model_url: str | None = None) -> dict[str, Any]:
     """``relaybot chat -m hi`` in ``home``: until the reply's first byte and until it exited."""
     cmd = [*relaybot_cmd(), "chat", "-m", "hi", "--timeout", str(timeout)]
     wall0 = time.time()
@@ -73,7 +141,7 @@ def timed_chat(home: Path, timeout: float) -> dict[str, Any]:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=clean_env(home),
+        env=clean_env(home, model_url),
         cwd=tempfile.gettempdir(),
     )
     assert proc.stdout is not None
@@ -88,7 +156,7 @@ def timed_chat(home: Path, timeout: float) -> dict[str, Any]:
     t_exit = time.perf_counter()
     err = proc.stderr.read().decode(errors="replace")
     out = b"".join(chunks).decode(errors="replace")
-    ok = code == 0 and "No model is configured" in out
+    ok = code == 0 and ("echo: " if model_url else NO_MODEL_SAYS) in out
     return {
         "wall0": wall0,
         "first_reply_ms": (t_first - t0) * 1000 if first else float("nan"),
@@ -100,11 +168,11 @@ def timed_chat(home: Path, timeout: float) -> dict[str, Any]:
     }
 
 
-def chat_once(timeout: float) -> dict[str, Any]:
+def chat_once(timeout: float, model_url: str | None = None) -> dict[str, Any]:
     """One ``relaybot chat -m hi`` in a fresh home; times in milliseconds."""
     home = fresh_home()
     try:
-        res = timed_chat(home, timeout)
+        res = timed_chat(home, timeout, model_url)
         res["marks"] = marks = _worker_marks(home, res["wall0"])
     finally:  # a run that failed leaves no Redis and no home behind
         _cleanup(home)
@@ -114,12 +182,12 @@ def chat_once(timeout: float) -> dict[str, Any]:
     return res
 
 
-def chat_to_running_worker(timeout: float) -> dict[str, Any]:
+def chat_to_running_worker(timeout: float, model_url: str | None) -> dict[str, Any]:
     """``relaybot chat -m hi`` when the worker already runs (``relaybot redis`` and ``relaybot
     worker`` started first in the same fresh home, as honcho runs them): the everyday path."""
     home = fresh_home()
     home.mkdir(parents=True)
-    env = {**clean_env(home), "RELAYBOT_LOG_FORMAT": "json"}
+    env = {**clean_env(home, model_url), "RELAYBOT_LOG_FORMAT": "json"}
     log = home.parent / "worker.err"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -140,7 +208,7 @@ def chat_to_running_worker(timeout: float) -> dict[str, Any]:
                 tail = log.read_bytes()[-400:].decode(errors="replace")
                 return {"ok": False, "detail": f"the worker did not take its lease: {tail!r}"}
             time.sleep(0.02)
-        return timed_chat(home, timeout)
+        return timed_chat(home, timeout, model_url)
     finally:
         for proc in reversed(procs):  # the worker first, then its Redis
             proc.terminate()
@@ -214,14 +282,6 @@ def relaybot_flag(flag: str) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def python_import(modules: str) -> float:
-    t = time.perf_counter()
-    subprocess.run(
-        [PYTHON, "-c", f"import {modules}"], check=True, cwd=REPO, env=clean_env(Path("/x"))
-    )
-    return (time.perf_counter() - t) * 1000
-
-
 def redis_until_ping() -> tuple[float, float]:
     """redis-server with the embedded server's arguments, until PING answers; then its stop."""
     home = fresh_home()
@@ -261,69 +321,78 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_note())
     print(
         f"command: {RELAYBOT if RELAYBOT.exists() else PYTHON + ' -m relaybot'} chat -m hi "
-        "(fresh RELAYBOT_HOME, no REDIS_URL, no model)\n"
+        "(fresh RELAYBOT_HOME, no REDIS_URL; an instant model, or none)\n"
     )
+    with InstantModel() as model:
+        runs, failures = _repetitions(reps, args.timeout, model.base_url)
+    print()
+    _report(runs, reps)
+    for f in failures:
+        print(f"FAILED: {f}")
+    return 1 if failures else 0
 
-    runs: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "first",
-            "total",
-            "shutdown",
-            "py",
-            "redis",
-            "redis_stop",
-            "floor",
-            "imp_cli",
-            "imp_worker",
-            "version",
-            "help",
-            "warm_first",
-            "warm_total",
-            "xadd",
-            "memory.migrated",
-            "worker.lease_acquired",
-            "turn.done",
-        )
-    }
+
+KEYS = (
+    "py", "redis", "redis_stop", "floor", "version", "help",
+    "first", "total", "shutdown", "bare_first", "bare_total", "warm_first", "warm_total",
+    "xadd", "memory.migrated", "worker.lease_acquired", "turn.done",
+)  # fmt: skip
+
+
+def _repetitions(
+    reps: int, timeout: float, model_url: str
+) -> tuple[dict[str, list[float]], list[str]]:
+    """Each repetition times every command once, one after the other (so that a busy moment
+    of the machine weighs on all of them alike)."""
+    runs: dict[str, list[float]] = {k: [] for k in KEYS}
     failures = []
     python_pass()  # the first start after a while pays for the disk cache; not counted
     for i in range(reps):
         py = python_pass()
         r_start, r_stop = redis_until_ping()
-        res = chat_once(args.timeout)
         runs["py"].append(py)
         runs["redis"].append(r_start)
         runs["redis_stop"].append(r_stop)
         runs["floor"].append(py + r_start)
-        runs["imp_cli"].append(python_import("relaybot.cli, relaybot.chat"))
-        runs["imp_worker"].append(python_import("relaybot.cli, worker.main"))
         runs["version"].append(relaybot_flag("--version"))
         runs["help"].append(relaybot_flag("--help"))
-        warm = chat_to_running_worker(args.timeout)
+        cold = chat_once(timeout, model_url)
+        bare = chat_once(timeout)
+        warm = chat_to_running_worker(timeout, model_url)
+        if cold["ok"]:
+            for mark, ms in cold["marks"].items():
+                runs[mark].append(ms)
+            runs["first"].append(cold["first_reply_ms"])
+            runs["total"].append(cold["total_ms"])
+            runs["shutdown"].append(cold["shutdown_ms"])
+        else:
+            failures.append(f"cold, instant model: {cold['detail']}")
+        if bare["ok"]:
+            runs["bare_first"].append(bare["first_reply_ms"])
+            runs["bare_total"].append(bare["total_ms"])
+        else:
+            failures.append(f"cold, no model: {bare['detail']}")
         if warm["ok"]:
             runs["warm_first"].append(warm["first_reply_ms"])
             runs["warm_total"].append(warm["total_ms"])
         else:
             failures.append(f"worker running: {warm['detail']}")
-        if res["ok"]:
-            for mark, ms in res["marks"].items():
-                runs[mark].append(ms)
-            runs["first"].append(res["first_reply_ms"])
-            runs["total"].append(res["total_ms"])
-            runs["shutdown"].append(res["shutdown_ms"])
-        else:
-            failures.append(res["detail"])
         print(
-            f"  rep {i + 1}: first reply {res['first_reply_ms']:.0f} ms, total "
-            f"{res['total_ms']:.0f} ms, floor {py + r_start:.0f} ms; worker running: total "
-            f"{warm.get('total_ms', float('nan')):.0f} ms"
-            + ("" if res["ok"] else f"  FAILED: {res['detail']}")
-            + ("" if warm["ok"] else f"  FAILED (worker running): {warm['detail']}"),
+            f"  rep {i + 1}: python -c pass {py:.0f} ms; cold chat first reply "
+            f"{cold.get('first_reply_ms', float('nan')):.0f} ms (no model "
+            f"{bare.get('first_reply_ms', float('nan')):.0f} ms); worker running "
+            f"{warm.get('total_ms', float('nan')):.0f} ms; --version {runs['version'][-1]:.0f} ms"
+            + "".join(
+                f"  FAILED ({what}): {res['detail']}"
+                for what, res in (("cold", cold), ("no model", bare), ("worker running", warm))
+                if not res["ok"]
+            ),
             flush=True,
         )
-    print()
+    return runs, failures
 
+
+def _report(runs: dict[str, list[float]], reps: int) -> None:
     def row(name: str, key: str, what: str) -> list[object]:
         v = runs[key]
         if not v:
@@ -334,30 +403,23 @@ def main(argv: list[str] | None = None) -> int:
         row("relaybot chat: first reply printed", "first", "start -> first byte on stdout"),
         row("relaybot chat: total", "total", "start -> process exited"),
         row("relaybot chat: shutdown", "shutdown", "reply printed -> exited"),
+        row("relaybot chat, no model: first reply", "bare_first", "start -> first byte"),
+        row("relaybot chat, no model: total", "bare_total", "start -> process exited"),
         row("relaybot chat, worker running: first reply", "warm_first", "start -> first byte"),
         row("relaybot chat, worker running: total", "warm_total", "start -> process exited"),
+        row("relaybot --version", "version", "starts nothing"),
+        row("relaybot --help", "help", "starts nothing"),
         row("baseline: python -c pass", "py", "interpreter start"),
         row("baseline: redis-server until PING", "redis", "embedded args, unix socket"),
         row("baseline floor (sum)", "floor", "python -c pass + redis until PING"),
         row("(info) redis-server stop", "redis_stop", "SHUTDOWN -> exited"),
-        row("(info) relaybot --version", "version", "starts nothing"),
-        row("(info) relaybot --help", "help", "starts nothing"),
-        row(
-            "(info) python -c 'import relaybot.cli, relaybot.chat'",
-            "imp_cli",
-            "the chat process's imports",
-        ),
-        row(
-            "(info) python -c 'import relaybot.cli, worker.main'",
-            "imp_worker",
-            "the worker process's imports",
-        ),
     ]
+    ok = min(len(runs[k]) for k in ("first", "bare_first", "warm_total"))
     print(
         table(
             ["", "median ms", "min ms", "max ms", "what"],
             rows,
-            title=f"Cold start, zero-config ({len(runs['first'])} of {reps} runs ok)",
+            title=f"Cold start, zero-config ({ok} of {reps} runs ok)",
         )
     )
     print()
@@ -375,38 +437,47 @@ def main(argv: list[str] | None = None) -> int:
                     ("chat process exited", "total", ""),
                 )
             ],
-            title="Where the time goes (worker.log timestamps; same clock)",
+            title="Where the cold chat's time goes (instant model; worker.log, same clock)",
         )
     )
-    if runs["first"] and runs["floor"]:
-        first, total, floor = median(runs["first"]), median(runs["total"]), median(runs["floor"])
-        print()
-        print(
-            table(
-                ["ratio", "value"],
-                [
-                    ["first reply / floor", f"{first / floor:.2f}"],
-                    ["total / floor", f"{total / floor:.2f}"],
-                    ["added by relaybot until first reply (ms)", f"{first - floor:.0f}"],
-                    [
-                        "relaybot --version / python -c pass",
-                        f"{median(runs['version']) / median(runs['py']):.2f}",
-                    ],
-                    [
-                        "relaybot --help / python -c pass",
-                        f"{median(runs['help']) / median(runs['py']):.2f}",
-                    ],
-                    [
-                        "chat to a running worker (total) / python -c pass",
-                        f"{median(runs['warm_total']) / median(runs['py']):.2f}",
-                    ],
-                ],
-                title="relaybot vs the floor (medians)",
-            )
+    if not (runs["py"] and runs["first"] and runs["warm_total"]):
+        return
+    py, floor = median(runs["py"]), median(runs["floor"])
+
+    def ratio(name: str, key: str, aim: str) -> list[object]:
+        value = median(runs[key]) / py
+        limit = AIMS.get(aim)
+        verdict = "" if limit is None else ("within" if value <= limit else "over")
+        return [name, f"{value:.2f}", f"{limit:g}" if limit else "", verdict]
+
+    print()
+    print(
+        table(
+            ["median / median of python -c pass", "ratio", "aim", ""],
+            [
+                ratio("relaybot --version / python -c pass", "version", "version"),
+                ratio("relaybot --help / python -c pass", "help", "help"),
+                ratio("cold chat, first reply / python -c pass", "first", "cold"),
+                ratio("chat to a running worker (total) / python -c pass", "warm_total", "warm"),
+                ratio("cold chat, no model, first reply / python -c pass", "bare_first", ""),
+                ratio("cold chat, total / python -c pass", "total", ""),
+            ],
+            title=f"relaybot vs python -c pass (its median: {py:.1f} ms)",
         )
-    for f in failures:
-        print(f"FAILED: {f}")
-    return 1 if failures else 0
+    )
+    first = median(runs["first"])
+    print()
+    print(
+        table(
+            ["ratio", "value"],
+            [
+                ["first reply / floor", f"{first / floor:.2f}"],
+                ["total / floor", f"{median(runs['total']) / floor:.2f}"],
+                ["added by relaybot until first reply (ms)", f"{first - floor:.0f}"],
+            ],
+            title="The cold chat vs the floor (python -c pass + redis-server until PING)",
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
 
-import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -145,6 +144,11 @@ def check_redis_url(url: str) -> None:
 def display_url(base_url: str) -> str:
     """The base URL without any user:password part, query or fragment (a key may ride in
     either: ``?key=...``), for messages and logs."""
+    from contract.imports import lean_httpx
+
+    lean_httpx()  # tens of ms: only for the commands that show or check a model URL
+    import httpx
+
     try:
         url = httpx.URL(base_url)
     except (httpx.InvalidURL, TypeError):
@@ -172,6 +176,11 @@ def check_model_url(url: str) -> None:
         raise ValueError("the URL names no host (e.g. http://127.0.0.1:11434/v1)")
     if any(unicodedata.category(c) in ("Cf", "Zs", "Zl", "Zp") for c in url):
         raise ValueError("the URL holds an invisible character (pasted with it?)")
+    from contract.imports import lean_httpx
+
+    lean_httpx()
+    import httpx
+
     try:
         httpx.URL(url)  # what the client will parse: an IDNA host, an IPv6 literal
     except httpx.InvalidURL:

@@ -33,6 +33,9 @@ from contract.outage import Backoff
 log = structlog.get_logger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# seconds between looks while a Redis starts (it answers within ~10 ms; a look before its socket
+# exists is one stat)
+START_POLL = 0.005
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -148,7 +151,7 @@ def start(
         if ping(cfg):
             log.info("redis.embedded_started", pid=proc.pid, dir=str(cfg.redis_dir))
             return proc
-        time.sleep(0.02)
+        time.sleep(START_POLL)
     proc.kill()
     raise EmbeddedRedisError(f"redis-server did not answer within {timeout:.0f} s")
 

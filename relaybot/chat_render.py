@@ -6,14 +6,13 @@ quote what a remote sender wrote, and a pipe often ends on a terminal too."""
 from __future__ import annotations
 
 import time
-from typing import TextIO
-
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.text import Text
+from typing import TYPE_CHECKING, TextIO
 
 from contract.messages import Reply, ReplyKind
 from contract.terminal import safe
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def stamp(created: float, now: float | None = None) -> str:
@@ -38,7 +37,11 @@ class ReplyView:
         self.out = out
         self.assistant = assistant
         self.rich = out.isatty()
-        self.console = Console(file=out, highlight=False, soft_wrap=False) if self.rich else None
+        self.console: Console | None = None
+        if self.rich:  # rich (and its Markdown) only for a terminal: `chat -m` in a pipe starts
+            from rich.console import Console  # sooner without it
+
+            self.console = Console(file=out, highlight=False, soft_wrap=False)
 
     def show(self, reply: Reply) -> None:
         if self.console is None:
@@ -46,6 +49,9 @@ class ReplyView:
             self.out.write(f"{prefix}{safe(reply.text)}\n")
             self.out.flush()
             return
+        from rich.markdown import Markdown
+        from rich.text import Text
+
         style = "bold red" if reply.kind == ReplyKind.ERROR else "bold cyan"
         self.console.print(Text(safe(header(reply, self.assistant)), style=style))
         # links as "text (url)": an OSC 8 hyperlink would hide where it leads behind its text
@@ -58,4 +64,6 @@ class ReplyView:
             self.out.write(f"{safe(text)}\n")
             self.out.flush()
         else:
+            from rich.text import Text
+
             self.console.print(Text(safe(text), style="dim"), soft_wrap=True)

@@ -1,10 +1,17 @@
-"""The ``relaybot`` command and its subcommands."""
+"""The ``relaybot`` command and its subcommands.
+
+Start-up is kept short: ``--version`` and ``--help`` read no configuration and import only
+argparse (the arguments of a command are added only when that command is the one asked for, and
+its module is imported then), and what a command needs (structlog, redis, pydantic's
+configuration, the channel registry, the worker) is imported once its arguments are read.
+``tests/unit/test_cli_imports.py`` keeps it so.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
+import gc
 import os
 import subprocess
 import sys
@@ -12,19 +19,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import redis
-import structlog
-
-from contract import access, logs
-from contract.bus import connect, redis_url, wait_for_redis
-from contract.config import Config, ConfigError, ConfigUnreadable, default_home, load_config
 from contract.terminal import echo, echo_json
 from relaybot import envfile, private
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-log = structlog.get_logger(__name__)
+    from contract.config import Config
+
+
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger(__name__)
+
 
 EXIT_TIMEOUT = 3
 EXIT_NO_WORKER = 4
@@ -42,13 +50,30 @@ class _Parser(argparse.ArgumentParser):
             (file or sys.stderr).write(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Version(argparse._VersionAction):
+    """``--version``: the installed version is looked up only when it is asked for."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"relaybot {version()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """relaybot's parser. Every command is listed (``--help``), but the arguments of the memory,
+    entities, onboard, doctor and gateway commands, whose modules take time to import, are added
+    only to ``command``'s parser (the one the command line names)."""
     p = _Parser(
         prog="relaybot",
         description="A self-hosted personal assistant: every channel, one memory.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    p.add_argument("-V", "--version", action="version", version=f"relaybot {version()}")
+    p.add_argument("-V", "--version", action=_Version, version="relaybot")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     chat = sub.add_parser("chat", help="chat in this terminal (starts what is missing)")
@@ -68,12 +93,9 @@ def _parser() -> argparse.ArgumentParser:
         help="exit (code 3) instead of waiting when another worker holds the lease",
     )
     sub.add_parser("jobs", help="run an rq worker for background jobs")
-    from contract import channels as registry
-
-    runnable = [ch for ch in registry.channels() if ch.gateway]  # the terminal's is `chat`
-    names = ", ".join(ch.name for ch in runnable)
-    gateway = sub.add_parser("gateway", help=f"run one channel's gateway ({names})")
-    gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
+    gateway = sub.add_parser("gateway", help="run a channel's gateway (`gateway -h` lists them)")
+    if command == "gateway":
+        _gateway_parsers(gateway)
     sub.add_parser("redis", help="run the embedded Redis in the foreground (for the Procfile)")
 
     status = sub.add_parser("status", help="stream, pending, dead letters, queues, heartbeats")
@@ -82,40 +104,62 @@ def _parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("redis-cli", help="redis-cli connected to relaybot's Redis")
     cli.add_argument("args", nargs=argparse.REMAINDER)
 
-    for ch in runnable:
-        one = gateway_sub.add_parser(ch.name, help=f"{ch.title} ([{ch.name}] in the config)")
-        one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
-
     # memory and identity commands: each module adds its parsers with set_defaults(func=...)
-    from relaybot import (
-        cli_backup,
-        cli_curated,
-        cli_entities,
-        cli_memory,
-        cli_notes,
-        cli_search,
-        cli_summaries,
-    )
-
     memory = sub.add_parser("memory", help="search, inspect, export, import and erase memory")
-    msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
-    cli_memory.add_parsers(msub)
-    cli_search.add_parsers(msub)
-    cli_notes.add_parsers(msub)
-    cli_summaries.add_parsers(msub)
-    cli_curated.add_parsers(msub)
-    entities = sub.add_parser("entities", help="people and their handles, links between them")
-    esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
-    cli_entities.add_parsers(esub)
-    cli_entities.add_onboard_parser(sub)
-    cli_backup.add_parsers(sub)
-    from relaybot import doctor
+    if command == "memory":
+        from relaybot import cli_curated, cli_memory, cli_notes, cli_search, cli_summaries
 
-    doctor.add_parser(sub)
+        msub = memory.add_subparsers(dest="memory_command", required=True, metavar="MEMORY_COMMAND")
+        cli_memory.add_parsers(msub)
+        cli_search.add_parsers(msub)
+        cli_notes.add_parsers(msub)
+        cli_summaries.add_parsers(msub)
+        cli_curated.add_parsers(msub)
+    entities = sub.add_parser("entities", help="people and their handles, links between them")
+    if command == "entities":
+        from relaybot import cli_entities
+
+        esub = entities.add_subparsers(dest="entities_command", required=True, metavar="COMMAND")
+        cli_entities.add_parsers(esub)
+    onboard = sub.add_parser(
+        "onboard",
+        help="first-run setup: who you are, your addresses, the model, the channels (tested)",
+    )
+    if command == "onboard":
+        from relaybot import cli_entities
+
+        cli_entities.add_onboard_arguments(onboard)
+    doctor = sub.add_parser(
+        "doctor", help="check Redis, the model, the channels, disk, config and processes"
+    )
+    if command == "doctor":
+        from relaybot import doctor as doctor_command
+
+        doctor_command.add_arguments(doctor)
+    backup = sub.add_parser("backup", help="a consistent copy of memory, MEMORY.md and the config")
+    restore = sub.add_parser("restore", help="put a backup back (no worker may run meanwhile)")
+    if command in ("backup", "restore"):
+        from relaybot import cli_backup
+
+        cli_backup.add_arguments(backup, restore)
     return p
 
 
+def _gateway_parsers(gateway: argparse.ArgumentParser) -> None:
+    """``relaybot gateway <channel>``: one per channel of the registry that has a gateway (the
+    terminal's is ``chat``)."""
+    from contract import channels as registry
+
+    gateway_sub = gateway.add_subparsers(dest="gateway", required=True, metavar="CHANNEL")
+    for ch in registry.channels():
+        if ch.gateway:
+            one = gateway_sub.add_parser(ch.name, help=f"{ch.title} ([{ch.name}] in the config)")
+            one.set_defaults(func=functools.partial(_run_gateway, ch.gateway))
+
+
 def version() -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("relaybot")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
@@ -128,11 +172,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     first word that is not one of relaybot's own options (which take no value)."""
     argv = list(argv)
     at = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
-    if at is not None and argv[at] == "redis-cli":
-        args = _parser().parse_args(argv[: at + 1])
+    command = None if at is None else argv[at]
+    if at is not None and command == "redis-cli":
+        args = _parser(command).parse_args(argv[: at + 1])
         args.args = argv[at + 1 :]
         return args
-    return _parser().parse_args(argv)
+    return _parser(command).parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,7 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
+    if argv is None:  # the process's own command (not a test calling main): it exits now
+        _skip_the_last_collection()
     return code
+
+
+def _skip_the_last_collection() -> None:
+    """At exit, Python's last garbage collection walks every object the imports made (some
+    30 ms for a chat, more for the worker, on every exit) only to free memory the kernel takes
+    back anyway: the objects are moved out of its reach (``gc.freeze``). Nothing of relaybot's
+    waits on that collection: stores, Redis connections, subprocesses and files are closed by
+    the commands themselves, stdout is flushed above and logging's handlers at exit (atexit
+    runs before that collection); what is not in a reference cycle is still freed as before."""
+    gc.freeze()
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -170,6 +227,17 @@ def _main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    if args.command == "chat":  # its zero-config worker starts beside it (relaybot/prestart.py)
+        from relaybot import prestart
+
+        prestart.start()
+    # what every command needs, imported once its arguments are read (not for --help)
+    from contract import imports
+
+    imports.lean_structlog()  # without rich and Twisted (contract/imports.py)
+    from contract import logs
+    from contract.config import Config, ConfigError, ConfigUnreadable, default_home, load_config
+
     interactive = args.command not in ("worker", "jobs", "redis", "gateway")
     level = "DEBUG" if args.verbose else ("WARNING" if interactive else "INFO")
     logs.configure(args.command, level=level)
@@ -188,13 +256,26 @@ def _main(argv: Sequence[str]) -> int:
         _tighten_home(cfg)
     if cfg.logs.format != "auto":  # [logs] format (RELAYBOT_LOG_FORMAT still wins)
         logs.configure(args.command, level=level, fmt=cfg.logs.format)
+    return _run(args, cfg)
+
+
+def _run(args: argparse.Namespace, cfg: Config) -> int:
+    """The command, with what it may fail on said in one line: a configuration found wrong once
+    running (TLS), Redis refusing the account (exit 2) or not answering (exit 1), no embedded
+    Redis binary (exit 2)."""
+    import redis
+
+    from contract import access, logs
+    from contract.bus import redis_url
+    from contract.config import ConfigError
+
     try:
         return _dispatch(args, cfg)
     except ConfigError as exc:  # found once running: a TLS misconfiguration (contract/redis_tls)
         print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except redis.RedisError as exc:
-        return _redis_failed(cfg, exc, _role(args))
+        return _redis_failed(cfg, exc, _role(args), access, logs.redact(redis_url(cfg)))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -206,32 +287,26 @@ def _main(argv: Sequence[str]) -> int:
         return EXIT_CONFIG
 
 
-def _redis_failed(cfg: Config, exc: redis.RedisError, role: str) -> int:
+def _redis_failed(cfg: Config, exc: Exception, role: str, access: Any, where: str) -> int:
     """Redis refused this account (its password, or a command its ACL does not allow, at start
     or later: an ACL changed): a configuration error, never waited out, exit 2. Else Redis did
     not answer: exit 1."""
     if access.refusal(exc):
         print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
         return EXIT_CONFIG
-    from contract import redis_tls  # only on this path: --version and --help stay light
+    from contract import redis_tls  # only on this path
 
-    if (tls := redis_tls.problem(exc, cfg, logs.redact(redis_url(cfg)))) is not None:
+    if (tls := redis_tls.problem(exc, cfg, where)) is not None:
         print(f"relaybot: configuration error: {tls}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"relaybot: {_unreachable(cfg, exc)}", file=sys.stderr)
-    return 1
-
-
-def _unreachable(cfg: Config, exc: redis.RedisError) -> str:
-    """Redis did not answer: where, why, and what to do about an embedded one not running."""
-    said = f"cannot reach Redis at {logs.redact(redis_url(cfg))}: {exc}"
+    said = f"cannot reach Redis at {where}: {exc}"
     if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
-        return (
-            f"{said} -- the embedded Redis is not running: it runs while `honcho start` (its "
-            "redis line) or a zero-config `relaybot chat` runs; start one of them (or set "
-            "REDIS_URL)"
+        said += (
+            " -- the embedded Redis is not running: it runs while `honcho start` (its redis "
+            "line) or a zero-config `relaybot chat` runs; start one of them (or set REDIS_URL)"
         )
-    return said
+    print(f"relaybot: {said}", file=sys.stderr)
+    return 1
 
 
 def _role(args: argparse.Namespace) -> str:
@@ -243,6 +318,7 @@ def _role(args: argparse.Namespace) -> str:
 
 def _tighten_home(cfg: Config) -> None:
     """Files from before (an older relaybot, a copy) others could read: made private, and said."""
+    log = _log()
     try:
         done, failed = private.tighten(cfg)
     except OSError as exc:
@@ -278,19 +354,27 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
     if args.command == "worker":
+        from contract.bus import wait_for_redis
         from relaybot import zeroconf
-        from worker.main import run_worker
 
         if zeroconf.started_by_chat():  # the zero-config worker: it lives while a chat uses it
-            return zeroconf.run(cfg, lambda r: run_worker(cfg, r, wait_for_lease=not args.no_wait))
-        return run_worker(cfg, wait_for_redis(cfg, role="worker"), wait_for_lease=not args.no_wait)
+            # its Redis is started first, the worker's modules imported meanwhile (_run_worker)
+            return zeroconf.run(cfg, functools.partial(_run_worker, cfg, args))
+        return _run_worker(cfg, args, wait_for_redis(cfg, role="worker"))
     if args.command == "jobs":
+        from contract import imports
+        from contract.bus import wait_for_redis
+
+        imports.lean_httpx()  # the model client's (contract/imports.py)
+        imports.lean_httpcore()
         from worker.jobs import run_jobs
 
         return run_jobs(cfg, wait_for_redis(cfg, role="jobs"))
     if args.command == "redis":
         return _run_redis(cfg)
     if args.command == "status":
+        from contract import access
+        from contract.bus import connect
         from relaybot.status import collect, render
 
         status = collect(connect(cfg), cfg.keys, account=access.account(cfg))
@@ -304,10 +388,23 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 
+def _run_worker(cfg: Config, args: argparse.Namespace, r: Any) -> int:
+    from contract import imports
+
+    imports.lean_httpx()  # the model client's (contract/imports.py)
+    imports.lean_httpcore()
+    from worker.main import run_worker
+
+    return run_worker(cfg, r, wait_for_lease=not args.no_wait)
+
+
 def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
     """``relaybot gateway <channel>``: the runner its spec names (imported only now)."""
     from contract import channels as registry
+    from contract import imports
+    from contract.bus import wait_for_redis
 
+    imports.lean_httpx()  # what a gateway's platform client or its checks may use
     main: Callable[[Config, Any], int] = registry.load(run)
     return main(cfg, wait_for_redis(cfg, role=args.gateway))
 
@@ -315,6 +412,7 @@ def _run_gateway(run: str, args: argparse.Namespace, cfg: Config) -> int:
 def _run_redis(cfg: Config) -> int:
     from deploy import embedded
 
+    log = _log()
     if not cfg.embedded_redis:
         # honcho stops every process when one exits, so stay up but do nothing
         log.info("redis.external", detail="REDIS_URL is set; the embedded Redis is not started")
@@ -337,6 +435,7 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
+    from contract.bus import redis_url
     from deploy import embedded
 
     binary = embedded.redis_binary("redis-cli")

@@ -37,21 +37,21 @@ if TYPE_CHECKING:
 EXIT_FAILED = 1
 
 
-def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public type
-    p = sub.add_parser("backup", help="a consistent backup of memory, MEMORY.md and the config")
-    p.add_argument(
+def add_arguments(backup: argparse.ArgumentParser, restore: argparse.ArgumentParser) -> None:
+    """The arguments of ``relaybot backup`` and ``relaybot restore`` (relaybot/cli.py adds the
+    commands; their arguments only when one of them is named)."""
+    backup.add_argument(
         "--out",
         type=Path,
         help="the archive (default: $RELAYBOT_HOME/backups/relaybot-<UTC time>.tar.gz)",
     )
-    p.add_argument(
+    backup.add_argument(
         "--with-secrets", action="store_true", help="keep the config's secrets (default: masked)"
     )
-    p.set_defaults(func=cmd_backup)
-    p = sub.add_parser("restore", help="put a backup back (no worker may run meanwhile)")
-    p.add_argument("file", type=Path, help="a relaybot backup (.tar.gz)")
-    p.add_argument("--yes", action="store_true", help="do not ask before replacing memory")
-    p.set_defaults(func=cmd_restore)
+    backup.set_defaults(func=cmd_backup)
+    restore.add_argument("file", type=Path, help="a relaybot backup (.tar.gz)")
+    restore.add_argument("--yes", action="store_true", help="do not ask before replacing memory")
+    restore.set_defaults(func=cmd_restore)
 
 
 def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
@@ -273,4 +273,4 @@ class _WorkerLease:
             self._runtime.__exit__(None, None, None)
 
 
-__all__ = ["add_parsers", "cmd_backup", "cmd_restore"]
+__all__ = ["add_arguments", "cmd_backup", "cmd_restore"]

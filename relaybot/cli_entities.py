@@ -68,13 +68,10 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     p.set_defaults(func=cmd_unmerge)
 
 
-def add_onboard_parser(sub: Any) -> None:
+def add_onboard_arguments(p: argparse.ArgumentParser) -> None:
+    """``relaybot onboard``'s arguments (its parser is relaybot/cli.py's)."""
     from relaybot.onboard_ask import add_arguments
 
-    p = sub.add_parser(
-        "onboard",
-        help="first-run setup: who you are, your addresses, the model, the channels (tested)",
-    )
     add_arguments(p)
     p.set_defaults(func=cmd_onboard)
 

@@ -70,11 +70,8 @@ BUDGET = {
 MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
 
 
-def add_parser(sub: Any) -> None:
-    """``relaybot doctor`` (registered by relaybot/cli.py)."""
-    p = sub.add_parser(
-        "doctor", help="check Redis, the model, the channels, disk, config and processes"
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``relaybot doctor``'s arguments (its parser is relaybot/cli.py's)."""
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.add_argument(
         "--timeout",

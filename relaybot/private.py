@@ -17,9 +17,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from contract import channels as registry
-from contract.config import Config
+if TYPE_CHECKING:  # every command sets the umask before its arguments are read: nothing heavy
+    from contract.config import Config
 
 PRIVATE_UMASK = 0o077
 OTHERS = 0o077  # the group's and everyone else's permission bits
@@ -56,6 +57,8 @@ def _tree(root: Path) -> Iterator[Path]:
 
 def private_paths(cfg: Config) -> Iterator[Path]:
     """What relaybot keeps for the owner: the home, and what the configuration puts elsewhere."""
+    from contract import channels as registry
+
     home = cfg.home
     yield from _tree(home)
     memory = cfg.memory_path

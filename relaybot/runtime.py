@@ -12,9 +12,7 @@ dies (``dies_with_parent``).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 
 import redis
@@ -28,7 +26,8 @@ from contract.durable import Durable
 from contract.logs import redact
 from contract.outage import TRANSIENT
 from deploy import embedded
-from relaybot import zeroconf
+from deploy.embedded import START_POLL
+from relaybot import prestart, zeroconf
 
 log = structlog.get_logger(__name__)
 
@@ -68,12 +67,15 @@ class Runtime:
         cfg = self.cfg
         cfg.home.mkdir(parents=True, exist_ok=True)
         zero_config = self.start_worker and cfg.embedded_redis
+        if zero_config:  # the worker the chat started as soon as it could (relaybot/prestart.py)
+            self.worker_proc = self._adopt(prestart.take(cfg.home))
         if cfg.embedded_redis and not embedded.ping(cfg):
             embedded.redis_binary()  # none: EmbeddedRedisError (relaybot says what to do, exit 2)
             if embedded.supervised(cfg):  # `relaybot redis` is restarting it: wait, not a second
                 self._wait_for_embedded()
             elif zero_config:  # the zero-config worker runs the embedded Redis
-                self.worker_proc = self._spawn_worker()
+                if self.worker_proc is None:
+                    self.worker_proc = self._spawn_worker()
                 self._wait_for_workers_redis()
             else:
                 self.redis_proc = embedded.start_unless_running(cfg, with_parent=True)
@@ -135,7 +137,7 @@ class Runtime:
                     f"the embedded Redis did not answer within {START_WAIT:.0f} s; see "
                     f"{self.cfg.log_dir / 'worker.log'} and {self.cfg.log_dir / 'redis.log'}"
                 )
-            time.sleep(0.02)
+            time.sleep(START_POLL)
 
     def _wait_for_embedded(self, timeout: float = SUPERVISED_WAIT) -> None:
         deadline = time.monotonic() + timeout
@@ -149,20 +151,13 @@ class Runtime:
             time.sleep(0.1)
 
     def _spawn_worker(self) -> subprocess.Popen[bytes]:
-        self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
-        logfile = (self.cfg.log_dir / "worker.log").open("ab")
-        env = dict(os.environ, RELAYBOT_HOME=str(self.cfg.home))
-        env[zeroconf.ZEROCONF] = zeroconf.token()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relaybot", "worker"],
-            stdin=subprocess.DEVNULL,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        logfile.close()
+        proc = prestart.spawn_worker(self.cfg.home)
         log.info("runtime.worker_started", pid=proc.pid)
+        return proc
+
+    def _adopt(self, proc: subprocess.Popen[bytes] | None) -> subprocess.Popen[bytes] | None:
+        if proc is not None:
+            log.info("runtime.worker_started", pid=proc.pid, early=True)
         return proc
 
     def worker_died(self) -> str | None:

@@ -2,14 +2,16 @@
 it lives (as long as a chat uses it, however the chats end).
 
 A chat with the embedded Redis and no worker running starts ``relaybot worker`` with
-:data:`ZEROCONF` set to its own :func:`token`. That worker
+:data:`ZEROCONF` set to its own :func:`token` (relaybot/prestart.py: as soon as its arguments are
+read, when it can tell it will need one). That worker
 
 1. starts the embedded Redis as its own child, unless one answers already (then it is someone
    else's and stays); the kernel stops that Redis if the worker itself dies
    (``deploy.embedded.dies_with_parent``);
 2. works while a chat uses it: the chat that started it, or any chat that registered in the
    chats set (:func:`register`: every zero-config chat, when it opens; :func:`unregister` when it
-   ends). It looks every :data:`FOLLOW_EVERY` seconds;
+   ends). It looks every :data:`FOLLOW_EVERY` seconds, and at once when a chat that leaves
+   wakes it (:func:`unregister` pushes to :func:`wake_key`, the follower waits on it);
 3. when no chat is left -- they ended by Ctrl-D, a closed terminal, SIGTERM, or kill -9 and had
    no say -- it stops as on SIGTERM (the turns in hand finished and acked, their replies queued),
    and if a chat registered meanwhile (it opened while this worker was finishing) it works again;
@@ -36,32 +38,16 @@ from contract.bus import wait_for_redis
 from contract.config import Config
 from contract.outage import TRANSIENT
 from deploy import embedded
+from relaybot.prestart import ZEROCONF, start_time, token
 
 log = structlog.get_logger(__name__)
 
-ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: that chat's token
 FOLLOW_EVERY = 0.5  # seconds between looks at whether a chat still uses the worker
 CLOSING_TTL = 120  # seconds the closing flag lasts at most (its worker's token also expires it)
 LEFT_TTL = 600  # seconds a chat that left is remembered as left (its token: one process)
+WAKE_TTL = 10  # seconds a wake-up no worker took is kept (a worker that starts later looks anyway)
 LEASE_LOST = 4  # the worker's exit code when another worker took its lease (worker/consumer.py)
 OTHERS_WAIT = 30.0  # seconds the Redis's worker waits for the home's other workers to stop
-
-
-def token(pid: int | None = None) -> str:
-    """A process as ``pid:start`` (its start time since boot, from /proc, so that a pid used
-    again by another process is not the same token); ``pid`` alone without /proc."""
-    pid = os.getpid() if pid is None else pid
-    start = _start_time(pid)
-    return f"{pid}:{start}" if start else str(pid)
-
-
-def _start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else ""  # field 22 of stat, counted after the name
 
 
 def alive(tok: str) -> bool:
@@ -80,7 +66,7 @@ def alive(tok: str) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except (OSError, IndexError):
         return True  # no /proc: the signal check is all there is
-    return state != "Z" and (not start or _start_time(pid) == start)
+    return state != "Z" and (not start or start_time(pid) == start)
 
 
 def chats_key(cfg: Config) -> str:
@@ -96,11 +82,18 @@ def register(r: redis.Redis, cfg: Config) -> str:
 
 def unregister(r: redis.Redis, cfg: Config, tok: str) -> None:
     """This chat no longer uses the worker; it is marked as left, so a worker it started does
-    not count it as its starter while it waits for that worker to stop."""
+    not count it as its starter while it waits for that worker to stop. The worker is woken to
+    look at once (a chat that ends waits for it to stop) instead of at its next look."""
     with r.pipeline(transaction=True) as pipe:
         pipe.srem(chats_key(cfg), tok)
         pipe.set(_left_key(cfg, tok), 1, ex=LEFT_TTL)
+        pipe.rpush(wake_key(cfg), tok)
+        pipe.expire(wake_key(cfg), WAKE_TTL)
         pipe.execute()
+
+
+def wake_key(cfg: Config) -> str:
+    return f"{cfg.keys.prefix}zeroconf:wake"
 
 
 def _left_key(cfg: Config, tok: str) -> str:
@@ -147,8 +140,19 @@ class _Follower:
         starter = self.starter
         return bool(starter) and alive(starter) and not self.r.exists(_left_key(self.cfg, starter))
 
+    def _pause(self) -> None:
+        """:data:`FOLLOW_EVERY` seconds, or until a chat that leaves wakes it (:func:`unregister`;
+        a wake-up is only a hint: what counts is what :meth:`_run` then finds)."""
+        try:
+            self.r.blpop([wake_key(self.cfg)], timeout=FOLLOW_EVERY)
+        except TRANSIENT:  # Redis away: keep the pace, the look after it says what to do
+            self._done.wait(FOLLOW_EVERY)
+
     def _run(self) -> None:
-        while not self._done.wait(FOLLOW_EVERY):
+        while not self._done.is_set():
+            self._pause()
+            if self._done.is_set():
+                return
             try:
                 if users(self.r, self.cfg) or self._starter_stays():
                     continue

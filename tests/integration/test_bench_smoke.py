@@ -44,12 +44,15 @@ RESULTS: dict[str, tuple[str, ...]] = {
         rf"^1,000\s+direct\s+{NUM}\s.*\byes$",
     ),
     "coldstart": (
-        r"^Cold start, zero-config \(1 of 1 runs ok\)$",
+        r"^Cold start, zero-config \(1 of 1 runs ok\)$",  # the three chats answered
         rf"^the chat process XADDs 'hi' \(stream id\)\s+{NUM}\s",
         rf"^first reply / floor\s+{NUM}$",
         rf"^relaybot chat, worker running: total\s+{NUM}\s",
-        rf"^relaybot --version / python -c pass\s+{NUM}$",
-        rf"^chat to a running worker \(total\) / python -c pass\s+{NUM}$",
+        # issue 26's four ratios to python -c pass of the same run, each beside its aim
+        rf"^relaybot --version / python -c pass\s+{NUM}\s+6\s+(within|over)$",
+        rf"^relaybot --help / python -c pass\s+{NUM}\s+6\s+(within|over)$",
+        rf"^cold chat, first reply / python -c pass\s+{NUM}\s+30\s+(within|over)$",
+        rf"^chat to a running worker \(total\) / python -c pass\s+{NUM}\s+15\s+(within|over)$",
     ),
     "search": (
         rf"^\s+1,000: owner p50 {NUM} ms, p95 {NUM} ms; squidbot p50 {NUM} ms$",

@@ -214,3 +214,14 @@ def test_bad_config_makes_status_exit_2_naming_the_key(
     for var in env_extra:
         assert var in result.stderr  # a bad value from the environment names its variable
     assert not (home / "redis").exists()  # nothing was started
+
+
+def test_a_zero_config_chat_starts_its_worker_as_soon_as_it_can(tmp: Path) -> None:
+    """Before its own imports and configuration (relaybot/prestart.py): the worker's start is
+    most of a cold chat's wait, and the two processes start side by side."""
+    env = relaybot_env(tmp / "home", user_home=tmp / "user")
+    done = chat(env, "hi", session="early", verbose=True, deadline=30)
+    assert done.returncode == 0, done.stderr
+    (started,) = [r for r in json_lines(done.stderr) if r.get("event") == "runtime.worker_started"]
+    assert started.get("early") is True, started
+    assert processes_mentioning(str(tmp / "home")) == []  # and it stopped with the chat

@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -160,6 +161,49 @@ def chat(
     if timeout is not None:
         args += ["--timeout", str(timeout)]
     return run_relaybot(args, env, timeout=deadline, cwd=cwd)
+
+
+# ``relaybot ARGS`` as its console script runs it, and the modules it held when it exited
+_MODULES_AT_EXIT = """
+import atexit, json, os, sys
+def _dump():
+    with open(os.environ["RELAYBOT_TEST_MODULES"], "w") as out:
+        json.dump(sorted(name for name, mod in sys.modules.items() if mod is not None), out)
+atexit.register(_dump)
+from relaybot.cli import main
+sys.argv[0] = "relaybot"
+sys.exit(main())
+"""
+
+
+def modules_at_exit(
+    args: list[str], env: Mapping[str, str], *, timeout: float = 60.0
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``relaybot ARGS`` (as ``relaybot`` runs, ``cli.main()`` with the process's own
+    arguments) and return it with the modules it had imported when it exited: what it
+    imported, not what it tried to (a library's optional import that failed is not there)."""
+    fd, path = tempfile.mkstemp(prefix="modules-", suffix=".json")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MODULES_AT_EXIT, *args],
+            env={**env, "RELAYBOT_TEST_MODULES": path},
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        text = Path(path).read_text()
+        return done, json.loads(text) if text else []
+    finally:
+        os.unlink(path)
+
+
+def among(modules: list[str], packages: tuple[str, ...]) -> list[str]:
+    """The modules of ``modules`` that are one of ``packages`` or inside one."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

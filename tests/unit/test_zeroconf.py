@@ -4,14 +4,18 @@ closing flag that keeps a chat from attaching to a worker that shuts its Redis d
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import fakeredis
+import pytest
 
 from contract.config import Config
 from relaybot import zeroconf
+from tests.support.procs import wait_until
 
 
 def _dead_token() -> str:
@@ -57,3 +61,61 @@ def test_the_closing_flag_settles_a_chat_that_opens_as_the_worker_stops(tmp_path
     # a flag left by a worker that is gone counts for nothing
     r.set(zeroconf.closing_key(cfg), _dead_token())
     assert not zeroconf.closing(r, cfg)
+
+
+def test_a_chat_that_leaves_wakes_the_worker_instead_of_waiting_for_its_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chat that ends waits for its worker to stop (relaybot/runtime.py): the worker's
+    follower is woken by the chat's unregister, not found by its next periodic look (made an
+    hour here, so only the wake-up can fire it within the test's deadline)."""
+    monkeypatch.setattr(zeroconf, "FOLLOW_EVERY", 3600.0)
+    asked: list[int] = []
+    real_kill = os.kill
+
+    def kill(pid: int, sig: int) -> None:  # the follower's SIGTERM to its own process, noted
+        if pid == os.getpid() and sig == signal.SIGTERM:
+            asked.append(sig)
+        else:
+            real_kill(pid, sig)
+
+    monkeypatch.setattr(os, "kill", kill)
+    server = fakeredis.FakeServer()
+    cfg = Config(home=tmp_path)
+    worker_side, chat_side = (fakeredis.FakeRedis(server=server) for _ in range(2))
+    mine = zeroconf.register(chat_side, cfg)
+    follower = zeroconf._Follower(worker_side, cfg, starter=mine)
+    follower.start()
+    try:
+        zeroconf.unregister(chat_side, cfg, mine)
+        assert follower.fired.wait(10), "the follower was not woken by the chat that left"
+        wait_until(lambda: asked, message="the follower's SIGTERM")  # sent after it fired
+        assert asked == [signal.SIGTERM]
+    finally:
+        follower.stop()
+
+
+def test_a_wake_up_is_only_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wake-up while a chat still uses the worker (another chat left) stops nothing."""
+    monkeypatch.setattr(zeroconf, "FOLLOW_EVERY", 3600.0)
+    monkeypatch.setattr(os, "kill", _refuse_sigterm(os.kill))
+    server = fakeredis.FakeServer()
+    cfg = Config(home=tmp_path)
+    worker_side, chat_side = (fakeredis.FakeRedis(server=server) for _ in range(2))
+    staying = zeroconf.register(chat_side, cfg)
+    follower = zeroconf._Follower(worker_side, cfg, starter=staying)
+    follower.start()
+    try:
+        zeroconf.unregister(chat_side, cfg, _dead_token())  # another chat left
+        wait_until(lambda: not chat_side.exists(zeroconf.wake_key(cfg)), message="the wake-up")
+        assert not follower.fired.is_set()
+    finally:
+        follower.stop()
+
+
+def _refuse_sigterm(real_kill: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    def kill(pid: int, sig: int) -> None:
+        assert not (pid == os.getpid() and sig == signal.SIGTERM), "the worker was stopped"
+        real_kill(pid, sig)
+
+    return kill
