@@ -6,9 +6,10 @@ the chat itself took to get there, and the chat waits for it. When the signs are
 chat starts that worker before its own imports instead, and the two start side by side (two
 cores); the chat's :class:`~relaybot.runtime.Runtime` then takes it (:func:`take`) as the worker
 it would have started. The signs, read without importing anything heavy: no Redis URL in the
-environment (``REDIS_URL``, ``RELAYBOT_REDIS_URL``: ``.env`` is read by then) nor in config.toml
-(which must parse), and nothing of an embedded Redis for this home yet (its socket, the pid file
-of a ``relaybot redis`` line). Otherwise nothing is started early and the chat goes on as before.
+environment (``REDIS_URL``, ``RELAYBOT_REDIS_URL``, ``RELAYBOT_REDIS__URL``: ``.env`` is read
+by then) nor in config.toml (which must parse), and nothing of an embedded Redis for this home
+yet (its socket, the pid file of a ``relaybot redis`` line). Otherwise nothing is started early
+and the chat goes on as before.
 
 A worker started early whose chat then does not use it (a bad configuration, a bad session name)
 sees its chat end and stops, as one whose chat was killed while it started (relaybot/zeroconf.py).
@@ -26,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ZEROCONF = "RELAYBOT_ZEROCONF"  # set for the worker a zero-config chat starts: that chat's token
-REDIS_URL_VARS = ("REDIS_URL", "RELAYBOT_REDIS_URL")  # contract/config.py's overrides of it
+# contract/config.py's overrides of [redis] url, and contract/config_env.py's one rule
+REDIS_URL_VARS = ("REDIS_URL", "RELAYBOT_REDIS_URL", "RELAYBOT_REDIS__URL")
 
 _started: dict[Path, subprocess.Popen[bytes]] = {}  # home -> the worker started for it
 

@@ -23,6 +23,7 @@ def test_nothing_configured_and_nothing_running_is_plain(tmp_path: Path) -> None
     [
         (None, {"REDIS_URL": "redis://127.0.0.1:6379/0"}, None),
         (None, {"RELAYBOT_REDIS_URL": "redis://127.0.0.1:6379/0"}, None),
+        (None, {"RELAYBOT_REDIS__URL": "rediss://h:6380/0"}, None),  # the one environment rule
         ('[redis]\nurl = "redis://h:6379/0"\n', {}, None),
         ("[redis\nurl = ", {}, None),  # does not parse: the chat says so, nothing starts early
         (b"\xff\xfe", {}, None),
