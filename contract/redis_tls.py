@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,8 @@ _NOT_TLS = (
     "http request",
     "tlsv1 alert protocol version",
 )
+# what redis-py says when a server hangs up on its plain-text first command (a TLS-only port)
+_CLOSED = ("closed by server", "connection reset by peer")
 _NEEDS_CLIENT_CERT = ("certificate required", "alert bad certificate", "alert handshake failure")
 
 
@@ -73,6 +76,11 @@ def problem(exc: BaseException, cfg: Config, where: str) -> str | None:
     said = str(exc)
     low = said.lower()
     if not _is_tls(cfg):
+        if any(m in low for m in _CLOSED) and _speaks_tls(cfg):
+            return (
+                f"Redis at {where} speaks TLS on that port ({said}): use a rediss:// URL, with "
+                "[redis] ca_file (RELAYBOT_REDIS__CA_FILE) the CA that signed its certificate"
+            )
         return None
     if "certificate_verify_failed" in low or "certificate verify failed" in low:
         reason = said.split("certificate verify failed:", 1)[-1].strip(" .)") or said
@@ -111,3 +119,26 @@ def _plain_redis(cfg: Config) -> bool:
     except OSError:
         return False
     return answer[:1] in (b"+", b"-")  # +PONG, -NOAUTH ..., -ERR ...
+
+
+def _speaks_tls(cfg: Config) -> bool:
+    """Whether the redis:// URL's host and port complete a TLS handshake (a Redis with only its
+    tls-port there hangs up on a plain-text connection: redis-py says "Connection reset by peer"
+    or "Connection closed by server", which waiting would never cure). The certificate is not
+    checked: only the protocol is."""
+    if cfg.redis.url is None:
+        return False
+    parts = urlsplit(cfg.redis.url.get_secret_value())
+    if parts.scheme != "redis":
+        return False
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((parts.hostname or "localhost", parts.port or 6379), 2) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            return tls.version() is not None
+    except (OSError, ssl.SSLError):
+        return False

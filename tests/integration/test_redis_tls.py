@@ -103,6 +103,18 @@ def test_rediss_against_a_plain_server_says_so(redis_server: RedisServer, tmp_pa
     )
 
 
+def test_a_plain_url_against_the_tls_port_says_so(
+    tls_redis: tuple[int, Pki], tmp_path: Path
+) -> None:
+    """redis:// at a port that speaks only TLS: the server closes each plain connection, which
+    waiting never cures (it was "waiting for Redis" every 10 s, forever)."""
+    port, _pki = tls_redis
+    env = _env(tmp_path / "home", f"redis://relaybot-worker:{PASSWORD}@127.0.0.1:{port}/0")
+    for args in (["worker"], ["gateway", "email"], ["status"]):
+        line = _one_line_exit_2(run_relaybot(args, env, timeout=30), "speaks TLS", "rediss://")
+        assert PASSWORD not in line
+
+
 def test_tls_files_with_a_plain_url_are_refused(tmp_path: Path) -> None:
     env = _env(tmp_path / "home", "redis://127.0.0.1:1/0", RELAYBOT_REDIS__CA_FILE=str(tmp_path))
     _one_line_exit_2(run_relaybot(["worker"], env, timeout=30), "rediss://")
