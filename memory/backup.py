@@ -12,9 +12,11 @@ point (``relaybot backup``, ``relaybot restore``; relaybot/cli_backup.py packs t
   still opens — as an imported tombstone is (memory/importer.py: by the erased rows' stream ids,
   the notes' op keys, the quotes and subjects, the summaries, MEMORY.md's versions). Its WAL is
   checkpointed into it, then the live database (with its ``-wal`` and ``-shm``) is moved aside to
-  ``<stem>.replaced.sqlite3`` and the prepared one takes its place (``os.replace``). The caller
-  makes sure no worker runs (it holds the worker lease meanwhile).
-- :func:`forget_replaced`: the kept database goes at the next backup.
+  a new ``<stem>.replaced-<UTC time>.sqlite3`` (never over another: each restore keeps its own)
+  and the prepared one takes its place (``os.replace``). The caller makes sure no worker runs
+  (it holds the worker lease meanwhile).
+- :func:`forget_replaced`: a backup deletes each kept database it covers (every message of it is
+  in the backup's copy: imported back, or never newer); it keeps the others and says so.
 
 Only the worker writes the live database; a restore writes a copy no one else has open yet, while
 no worker runs, as the worker's own migrations do.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,20 +39,40 @@ from memory.erasure import checkpoint_after_erasure
 from memory.errors import CuratedError, MemoryFailure, MemoryUnavailable, translated
 from memory.importer import reapply_erasure
 from memory.records import ErasureRecord
+from memory.rows import NOT_ERASED
 from memory.schema import check_version, schema_version
 from memory.store import MemoryStore
 from memory.tombstones import read_records
 
 log = structlog.get_logger(__name__)
 
-REPLACED = ".replaced.sqlite3"
+REPLACED = ".replaced"
 RESTORING = ".restoring.sqlite3"
 _SIDE = ("-wal", "-shm", "-journal")
 
 
-def replaced_path(db_path: Path) -> Path:
-    """Where a restore keeps the database it replaced (until the next backup)."""
-    return db_path.with_name(db_path.stem + REPLACED)
+def replaced_path(db_path: Path, now: float | None = None) -> Path:
+    """A new path where a restore keeps the database it replaced:
+    ``<stem>.replaced-<UTC time>.sqlite3`` (``-2``, ``-3``... when that one exists)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    base = f"{db_path.stem}{REPLACED}-{stamp}"
+    path, n = db_path.with_name(f"{base}.sqlite3"), 1
+    while any(os.path.lexists(f"{path}{s}") for s in ("", *_SIDE)):
+        n += 1
+        path = db_path.with_name(f"{base}-{n}.sqlite3")
+    return path
+
+
+def replaced_databases(db_path: Path) -> list[Path]:
+    """Every database a restore kept beside ``db_path``, oldest first (an earlier relaybot's
+    ``<stem>.replaced.sqlite3`` included)."""
+    start = len(db_path.stem + REPLACED)
+
+    def order(path: Path) -> tuple[str, int]:  # -<stamp>, then -<stamp>-2, -<stamp>-3...
+        stamp, _, n = path.name[start : -len(".sqlite3")].lstrip("-").partition("-")
+        return stamp, int(n) if n.isdigit() else 1
+
+    return sorted(db_path.parent.glob(f"{db_path.stem}{REPLACED}*.sqlite3"), key=order)
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,17 @@ class Restored:
     journal_unreadable: int = 0
     newer_rows: int = 0  # rows the replaced database holds that the backup does not
     curated_error: str | None = None  # MEMORY.md could not be put back
+    # the databases earlier restores kept, with the messages each holds that the restored one
+    # does not (-1: it did not open)
+    earlier: list[tuple[Path, int]] = field(default_factory=list)
+
+    @property
+    def erasures_incomplete(self) -> bool:
+        """A journal line did not parse and no replaced database told what it recorded: an
+        erasure made after the backup may not have been applied again."""
+        return bool(self.journal_unreadable) and (
+            self.replaced is None or self.replaced_unreadable is not None
+        )
 
 
 def _known_erasures(live: Path, out: Restored) -> tuple[list[ErasureRecord], set[str]]:
@@ -124,15 +158,28 @@ def _known_erasures(live: Path, out: Restored) -> tuple[list[ErasureRecord], set
         try:
             with MemoryStore(live, readonly=True) as old:
                 records += read_records(old.conn)
-                stream_ids = _row_keys(old)
+                stream_ids = _row_keys(old, kept_only=True)
         except (MemoryFailure, sqlite3.Error) as exc:
             out.replaced_unreadable = str(exc)
     return _unique(records), stream_ids
 
 
-def _row_keys(store: MemoryStore) -> set[str]:
-    """Every log row by what names it: its direction and stream id."""
-    return {str(k) for (k,) in store.conn.execute("SELECT direction || ' ' || stream_id FROM log")}
+def _row_keys(store: MemoryStore, *, kept_only: bool = False) -> set[str]:
+    """Every log row by what names it: its direction and stream id (``kept_only``: not the
+    erased ones, which hold nothing to bring back)."""
+    where = f" WHERE {NOT_ERASED}" if kept_only else ""
+    sql = f"SELECT direction || ' ' || stream_id FROM log{where}"  # noqa: S608
+    return {str(k) for (k,) in store.conn.execute(sql)}
+
+
+def _missing_from(path: Path, present: set[str]) -> int:
+    """How many messages the database at ``path`` holds (not erased) that are not in
+    ``present``; -1 when it does not open."""
+    try:
+        with MemoryStore(path, readonly=True) as db:
+            return len(_row_keys(db, kept_only=True) - present)
+    except (MemoryFailure, sqlite3.Error):
+        return -1
 
 
 def _unique(records: list[ErasureRecord]) -> list[ErasureRecord]:
@@ -171,6 +218,7 @@ def restore(
         _copy_private(backup_db, staged)
         restored_ids = _prepare(staged, records, curated, out)
         out.newer_rows = len(live_ids - restored_ids)
+        out.earlier = [(p, _missing_from(p, restored_ids)) for p in replaced_databases(live)]
         _swap(staged, live, out)
     if curated is not None:
         try:
@@ -228,8 +276,7 @@ def _swap(staged: Path, live: Path, out: Restored) -> None:
     """The live database (with its -wal and -shm) moved aside, the staged one in its place."""
     _remove_side(staged)
     if live.exists():
-        out.replaced = replaced_path(live)
-        _remove(out.replaced)
+        out.replaced = replaced_path(live)  # a new name: never over a kept database
         for suffix in ("", *_SIDE):
             with contextlib.suppress(FileNotFoundError):
                 os.replace(f"{live}{suffix}", f"{out.replaced}{suffix}")
@@ -245,13 +292,29 @@ def _reapply(store: MemoryStore, rec: ErasureRecord) -> int | None:
     return int(raw[0]) if raw and raw[0] is not None else None
 
 
-def forget_replaced(db_path: Path) -> Path | None:
-    """Delete the database a restore kept (at the next backup); its path, or None."""
-    kept = replaced_path(db_path)
-    if not kept.exists():
-        return None
-    _remove(kept)
-    return kept
+@dataclass
+class Forgotten:
+    deleted: list[Path] = field(default_factory=list)
+    kept: list[tuple[Path, int]] = field(default_factory=list)  # messages not covered (-1: unread)
+
+
+def forget_replaced(db_path: Path, copy: Path) -> Forgotten:
+    """At a backup whose copy of memory is ``copy``: delete each database a restore kept whose
+    every message (not erased) is in the copy; keep the others (and those that do not open)."""
+    out = Forgotten()
+    kept = replaced_databases(db_path)
+    if not kept:
+        return out
+    with translated(), MemoryStore(copy, readonly=True) as db:
+        present = _row_keys(db)
+    for path in kept:
+        missing = _missing_from(path, present)
+        if missing == 0:
+            _remove(path)
+            out.deleted.append(path)
+        else:
+            out.kept.append((path, missing))
+    return out
 
 
 def _remove(path: Path) -> None:
@@ -277,12 +340,14 @@ def _fsync_dir(directory: Path) -> None:
 journal_path = erasure_log.journal_path
 
 __all__ = [
+    "Forgotten",
     "MemoryUnavailable",
     "Restored",
     "Snapshot",
     "check",
     "forget_replaced",
     "journal_path",
+    "replaced_databases",
     "replaced_path",
     "restore",
     "snapshot",

@@ -3,18 +3,23 @@
 ``backup`` takes a consistent copy of memory while the worker runs (memory/backup.py), packs it
 with MEMORY.md, the erasure journal and config.toml (secrets masked unless ``--with-secrets``)
 under a manifest of sha256 checksums (relaybot/backup_archive.py), mode 0600, by default to
-``$RELAYBOT_HOME/backups/relaybot-<UTC time>.tar.gz``; then it deletes the database the last
-restore kept.
+``$RELAYBOT_HOME/backups/relaybot-<UTC time>.tar.gz``; ``--out`` never replaces anything, never
+points into RELAYBOT_HOME but its backups/, and makes no directory. Then it deletes each database
+a restore kept that the backup holds every message of (and names the others).
 
 ``restore FILE`` checks the archive (one line and exit 1 for a damaged, truncated or tampered
-file), asks unless ``--yes``, and takes the worker lease for as long as it runs, so that no
-worker writes memory meanwhile: while a worker holds it, restore refuses and says how to stop
-it (it never stops a worker itself: that one may run under systemd, honcho, or on another
-terminal). It then puts the copy in place with every erasure made after the backup applied
-again, keeps the replaced database (``<memory>.replaced.sqlite3``) until the next backup, and
-puts back MEMORY.md (what it replaces is kept as one of its versions). Redis is left as it is
-(README, "Backup and restore": what a restore does not bring back, and how to).
-Exit codes: 0 done, 1 refused or failed, 2 configuration error.
+file, or a member larger than the manifest says), refuses another relaybot's backup (another
+home or Redis prefix) unless ``--other-instance``, asks unless ``--yes``, and takes the worker
+lease for as long as it runs, so that no worker writes memory meanwhile: while a worker holds
+it, restore refuses and says how to stop it (it never stops a worker itself: that one may run
+under systemd, honcho, or on another terminal). It then puts the copy in place with every
+erasure made after the backup applied again, keeps the replaced database (a new
+``<memory>.replaced-<UTC time>.sqlite3``, never over an earlier one) until a backup holds its
+messages, and puts back MEMORY.md (what it replaces is kept as one of its versions). Redis is
+left as it is (README, "Backup and restore": what a restore does not bring back, and how to).
+Exit codes: 0 done, 1 refused or failed (or done while an erasure may be missing: a cut journal
+line and no replaced database to read), 2 configuration error (a Redis account that may not
+take the worker lease).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
     from contract.config import Config
 
 EXIT_FAILED = 1
+EXIT_CONFIG = 2
 
 
 def add_arguments(backup: argparse.ArgumentParser, restore: argparse.ArgumentParser) -> None:
@@ -51,6 +57,11 @@ def add_arguments(backup: argparse.ArgumentParser, restore: argparse.ArgumentPar
     backup.set_defaults(func=cmd_backup)
     restore.add_argument("file", type=Path, help="a relaybot backup (.tar.gz)")
     restore.add_argument("--yes", action="store_true", help="do not ask before replacing memory")
+    restore.add_argument(
+        "--other-instance",
+        action="store_true",
+        help="restore a backup another relaybot took (another home or Redis prefix)",
+    )
     restore.set_defaults(func=cmd_restore)
 
 
@@ -63,11 +74,13 @@ def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
     taken_at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     out: Path = args.out or cfg.home / "backups" / archive.default_name(taken_at)
     out = out.expanduser().absolute()
-    if out.is_dir():
-        echo(f"relaybot: {out} is a directory: name the archive (--out FILE)", file=sys.stderr)
+    refused = _refused_out(out, cfg, explicit=args.out is not None)
+    if refused:
+        echo(f"relaybot: {refused}", file=sys.stderr)
         return EXIT_FAILED
     try:
-        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if args.out is None:  # only the default directory is made
+            out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         archive.remove_stale_partials(out.parent)
         work = archive.work_dir(out.parent)
     except OSError as exc:
@@ -99,8 +112,15 @@ def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
             "erasures": snap.erasures,
             "secrets": "included" if args.with_secrets else "masked",
             "host": socket.gethostname(),
+            "home": str(cfg.home.expanduser().absolute()),
+            "redis_prefix": cfg.redis.prefix,
         }
         digest = archive.write_archive(out, files, manifest)
+        forgotten = backup.forget_replaced(cfg.memory_path, files[archive.DATABASE])
+    except archive.OutExists:
+        echo(f"relaybot: {out} exists: a backup never replaces a file; name a new one",
+             file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
     except MemoryFailure as exc:
         hint = "" if cfg.memory_path.exists() else " (the worker creates it when it first starts)"
         echo(f"relaybot: cannot copy the memory database: {exc}{hint}", file=sys.stderr)
@@ -115,10 +135,43 @@ def cmd_backup(args: argparse.Namespace, cfg: Config) -> int:
     echo(f"  taken {taken_at}: {snap.log_rows} messages, schema {snap.schema_version}, "
          f"MEMORY.md {'included' if archive.CURATED in files else 'absent'}, "
          f"config.toml {secrets if archive.CONFIG in files else 'absent'}")  # fmt: skip
-    kept = backup.forget_replaced(cfg.memory_path)
-    if kept is not None:
-        echo(f"  deleted {kept}, the database the last restore replaced")
+    for path in forgotten.deleted:
+        echo(f"  deleted {path}, a database a restore replaced: every message of it is in this "
+             "backup")  # fmt: skip
+    for path, missing in forgotten.kept:
+        why = "it did not open" if missing < 0 else f"{missing} message(s) of it are not in it"
+        echo(
+            f"  kept {path}, a database a restore replaced: {why}; "
+            f"{_bring_back(path) if missing > 0 else 'delete it yourself once you know'}"
+        )
     return 0
+
+
+def _bring_back(path: Path) -> str:
+    return (
+        f"to bring them back: RELAYBOT_MEMORY_PATH={path} relaybot memory export --out "
+        "newer.jsonl && relaybot memory import newer.jsonl"
+    )
+
+
+def _refused_out(out: Path, cfg: Config, *, explicit: bool) -> str | None:
+    """Why the archive cannot be written at ``out`` (None: it can): it never replaces anything,
+    never goes into RELAYBOT_HOME but its backups/ directory, and an explicit --out's directory
+    must exist."""
+    if os.path.lexists(out):
+        kind = "a directory" if out.is_dir() else "a file" if out.is_file() else "not a file"
+        return f"{out} exists ({kind}): a backup never replaces a file; name a new one (--out FILE)"
+    parent = out.parent
+    if explicit and not parent.is_dir():
+        return f"{parent} is not a directory: --out FILE must name a file in an existing one"
+    home = cfg.home.expanduser().resolve()
+    where = parent.resolve() if parent.exists() else parent
+    if where.is_relative_to(home) and not where.is_relative_to(home / "backups"):
+        return (
+            f"{out} is inside RELAYBOT_HOME ({home}), where relaybot keeps its own files: write "
+            f"the backup in {home / 'backups'} or outside {home}"
+        )
+    return None
 
 
 def cmd_restore(args: argparse.Namespace, cfg: Config) -> int:
@@ -155,6 +208,12 @@ def _restore(args: argparse.Namespace, cfg: Config, found: Any) -> int:
         echo(f"relaybot: {args.file.name}: its database is not usable: {exc}", file=sys.stderr)
         return EXIT_FAILED
     what = f"the backup taken {manifest.get('taken_at', '?')} ({snap.log_rows} messages)"
+    foreign = _foreign(manifest, cfg)
+    if foreign and not args.other_instance:
+        echo(f"relaybot: {args.file.name} was taken by another relaybot ({foreign}): restoring it "
+             "puts that one's memory in place of this one's; run again with --other-instance to "
+             "do so", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILED
     if not args.yes and not _confirm(f"Replace memory at {cfg.memory_path} with {what}? [y/N] "):
         echo("relaybot: nothing restored (run again with --yes to restore without asking)",
              file=sys.stderr)  # fmt: skip
@@ -162,7 +221,7 @@ def _restore(args: argparse.Namespace, cfg: Config, found: Any) -> int:
     with _WorkerLease(cfg) as lease:
         if lease.problem:
             echo(f"relaybot: {lease.problem}", file=sys.stderr)
-            return EXIT_FAILED
+            return lease.exit_code
         curated = found.files.get(archive.CURATED)
         try:
             done = backup.restore(
@@ -176,26 +235,64 @@ def _restore(args: argparse.Namespace, cfg: Config, found: Any) -> int:
                  file=sys.stderr)  # fmt: skip
             return EXIT_FAILED
     echo(f"restored {cfg.memory_path} from {what}")
+    if foreign:
+        echo(f"  the backup came from another relaybot ({foreign})")
     echo(f"  re-applied {len(done.reapplied)} erasure(s) the backup did not hold "
          f"(of {done.erasures_known} known)")  # fmt: skip
-    if done.journal_unreadable:
-        echo(f"  {done.journal_unreadable} line(s) of the erasure journal did not parse (a write "
-             "cut short): erasures in the replaced database were applied")  # fmt: skip
-    if done.replaced_unreadable:
-        echo(f"  the replaced database did not open ({done.replaced_unreadable}): erasures came "
-             "from the journal only")  # fmt: skip
+    _erasure_sources(done)
     if done.replaced is not None:
-        echo(f"  the replaced database is kept at {done.replaced} until the next backup")
-    if done.newer_rows:
-        echo(f"  {done.newer_rows} message(s) recorded after the backup are not in it; to bring "
-             f"them back: RELAYBOT_MEMORY_PATH={done.replaced} relaybot memory export --out "
-             "newer.jsonl && relaybot memory import newer.jsonl")  # fmt: skip
+        echo(f"  the replaced database is kept at {done.replaced} until a backup holds every "
+             "message of it")  # fmt: skip
+    later = "not in the backup" if foreign else "recorded after the backup, not in it"
+    if done.newer_rows and done.replaced is not None:
+        echo(f"  {done.newer_rows} message(s) of it are {later}; {_bring_back(done.replaced)}")
+    for path, missing in done.earlier:
+        if missing:
+            why = "it did not open" if missing < 0 else f"{missing} message(s) not in this memory"
+            hint = _bring_back(path) if missing > 0 else "it is kept"
+            echo(f"  an earlier restore's replaced database {path} holds {why}; {hint}")
     if done.curated_error:
         echo(f"  MEMORY.md was not put back: {done.curated_error}")
     elif curated:
         echo("  MEMORY.md is the backup's again (what it held is kept: relaybot memory curated "
              "list)")  # fmt: skip
-    return 0
+    return EXIT_FAILED if done.erasures_incomplete else 0
+
+
+def _erasure_sources(done: Any) -> None:
+    """One true line on where the erasures came from when a source could not be read."""
+    cut = done.journal_unreadable
+    if done.erasures_incomplete:
+        gone = (
+            f"the replaced database did not open ({done.replaced_unreadable})"
+            if done.replaced is not None
+            else "there was no database to replace"
+        )
+        echo(f"relaybot: {cut} line(s) of the erasure journal did not parse (a write cut short) "
+             f"and {gone}: an erasure made after the backup may not have been applied again; "
+             "erase again what you erased since then (relaybot memory erase)",
+             file=sys.stderr)  # fmt: skip
+    elif cut:
+        echo(f"  {cut} line(s) of the erasure journal did not parse (a write cut short): the "
+             "replaced database's tombstones were applied too")  # fmt: skip
+    elif done.replaced_unreadable:
+        echo(f"  the replaced database did not open ({done.replaced_unreadable}): erasures came "
+             "from the journal only")  # fmt: skip
+
+
+def _foreign(manifest: dict[str, Any], cfg: Config) -> str | None:
+    """How the backup's relaybot differs from this one (home, Redis prefix), or None (the same,
+    or a backup that does not say)."""
+    here = {"home": str(cfg.home.expanduser().absolute()), "redis_prefix": cfg.redis.prefix}
+    names = {"home": "home", "redis_prefix": "Redis prefix"}
+    diff = [
+        f"{names[k]} {manifest[k]!r}, this one {v!r}"
+        for k, v in here.items()
+        if isinstance(manifest.get(k), str) and manifest[k] != v
+    ]
+    if not diff:
+        return None
+    return f"on {manifest.get('host', '?')}: " + "; ".join(diff)
 
 
 def _version() -> str:
@@ -223,6 +320,7 @@ class _WorkerLease:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.problem: str | None = None
+        self.exit_code = EXIT_FAILED
         self._runtime: Any = None
         self._lease: Any = None
 
@@ -259,6 +357,7 @@ class _WorkerLease:
                 f"Redis at {redact(redis_url(cfg))} refused: {exc}: a restore takes the worker "
                 "lease, so it needs the worker's account (REDIS_URL as the worker has it)"
             )
+            self.exit_code = EXIT_CONFIG  # a refused account is a configuration error
         except (redis.RedisError, RuntimeProblem, OSError) as exc:
             self.problem = (
                 f"cannot reach Redis at {redact(redis_url(cfg))} to make sure no worker runs "

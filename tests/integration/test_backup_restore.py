@@ -6,8 +6,9 @@ manifest's checksums right; a restore is refused while a worker holds the lease,
 truncated or tampered archive with one line, leaving memory as it was; a restore applies again
 every erasure made after the backup (the erased words are in no byte of the restored database,
 its full-text index included, and no search finds them; MEMORY.md's versions that held them are
-gone), keeps the replaced database until the next backup, and the worker goes on on it; a backup
-killed with SIGKILL leaves nothing at its final path.
+gone), keeps the replaced database until a backup holds its messages, and the worker goes on on
+it; a second restore keeps the first one's replaced database; a backup killed with SIGKILL leaves
+nothing at its final path; a restore under another Redis account than the worker's exits 2.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def test_backup_while_the_worker_writes_and_a_restore_that_keeps_later_erasures(
     writer.start()
     try:
         wait_until(lambda: writer.sent >= 20, timeout=30, message="messages in flight")
+        (tmp_path / "b").mkdir()  # an explicit --out's directory must exist
         made = relaybot(env, "backup", "--out", str(tmp_path / "b" / "backup.tar.gz"))
     finally:
         writer.done.set()
@@ -168,9 +170,9 @@ def test_backup_while_the_worker_writes_and_a_restore_that_keeps_later_erasures(
     done = relaybot(env, "restore", str(archive), "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "re-applied 2 erasure(s)" in done.stdout
-    replaced = home(env) / "memory.replaced.sqlite3"
-    assert f"kept at {replaced} until the next backup" in done.stdout and replaced.exists()
-    assert "recorded after the backup are not in it" in done.stdout
+    (replaced,) = home(env).glob("memory.replaced-*.sqlite3")
+    assert f"kept at {replaced} until a backup holds every message" in done.stdout
+    assert "are recorded after the backup, not in it" in done.stdout
 
     # the erased word: in no byte of the file, no search, no version of MEMORY.md
     assert SECRET.encode() not in raw_bytes(db)
@@ -208,7 +210,7 @@ def test_backup_while_the_worker_writes_and_a_restore_that_keeps_later_erasures(
     texts = {r["text"] for r in memory_rows(db, "SELECT text FROM log")}
     assert "after the backup" in texts and SECRET.encode() not in raw_bytes(db)
 
-    # the next backup deletes the database the restore kept
+    # the next backup deletes the database the restore kept: it holds every message of it now
     nextone = relaybot(env, "backup")
     assert nextone.returncode == 0, nextone.stdout + nextone.stderr
     assert f"deleted {replaced}" in nextone.stdout and not replaced.exists()
@@ -254,7 +256,7 @@ def test_a_truncated_or_tampered_backup_is_refused_and_memory_is_untouched(
 
     unasked = relaybot(env, "restore", str(archive))  # no terminal, no --yes
     assert unasked.returncode == 1 and "--yes" in unasked.stderr
-    assert raw_bytes(db) == before and not (home(env) / "memory.replaced.sqlite3").exists()
+    assert raw_bytes(db) == before and not list(home(env).glob("memory.replaced*"))
 
 
 def test_a_backup_killed_half_way_leaves_nothing_at_its_path(
@@ -266,6 +268,7 @@ def test_a_backup_killed_half_way_leaves_nothing_at_its_path(
     workspace.mkdir()
     (workspace / "MEMORY.md").write_bytes(os.urandom(48 << 20))  # slow to compress
     out = tmp_path / "b" / "backup.tar.gz"
+    out.parent.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "relaybot", "backup", "--out", str(out)], env=env, cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -296,18 +299,41 @@ def test_a_restore_needs_the_workers_redis_account(
     with redis_with_acl(tmp_path, acl, passwords) as port:
         env, _ = make_env(tmp_path, "home", redis_server, model_server)
         _memory(env, ["kept"])
-        archive = tmp_path / "b.tar.gz"
-        assert relaybot(env, "backup", "--out", str(archive)).returncode == 0
         url = f"redis://relaybot-{{}}:{{}}@127.0.0.1:{port}/0"
         as_cli = {
             **env,
             "REDIS_URL": url.format("cli", "c-secret"),
             "RELAYBOT_REDIS_PREFIX": "relaybot:",
         }
+        archive = tmp_path / "b.tar.gz"
+        assert relaybot(as_cli, "backup", "--out", str(archive)).returncode == 0
         refused = relaybot(as_cli, "restore", str(archive), "--yes")
-        assert refused.returncode == 1
+        assert refused.returncode == 2  # a refused account: a configuration error
         assert "it needs the worker's account" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
         as_worker = {**as_cli, "REDIS_URL": url.format("worker", "w-secret")}
         done = relaybot(as_worker, "restore", str(archive), "--yes")
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_second_restore_loses_nothing_and_says_where_the_newer_messages_are(
+    tmp_path: Path, redis_server: RedisServer, model_server: FakeModelServer
+) -> None:
+    env, _ = make_env(tmp_path, "home", redis_server, model_server)
+    db = _memory(env, ["before"])
+    archive = tmp_path / "b.tgz"
+    assert relaybot(env, "backup", "--out", str(archive)).returncode == 0
+    _memory(env, ["after-precious"])
+    first = relaybot(env, "restore", str(archive), "--yes")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = relaybot(env, "restore", str(archive), "--yes")  # retried
+    assert second.returncode == 0, second.stdout + second.stderr
+    kept = sorted(home(env).glob("memory.replaced-*.sqlite3"))
+    holding = [p for p in kept if "after-precious" in
+               {r["text"] for r in memory_rows(p, "SELECT text FROM log")}]  # fmt: skip
+    assert len(kept) == 2 and len(holding) == 1, kept
+    assert (
+        f"an earlier restore's replaced database {holding[0]} holds 2 message(s)" in second.stdout
+    )
+    assert f"RELAYBOT_MEMORY_PATH={holding[0]} relaybot memory export" in second.stdout
+    assert {r["text"] for r in memory_rows(db, "SELECT text FROM log")} == {"before", "ok"}

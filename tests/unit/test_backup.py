@@ -139,7 +139,7 @@ def test_a_restore_applies_every_later_erasure_again(
     assert len(again.reapplied) == 1 and SECRET.encode() not in raw_bytes(live)
 
 
-def test_the_replaced_database_is_kept_until_the_next_backup(
+def test_the_replaced_database_is_kept_until_a_backup_holds_its_messages(
     store: MemoryStore, live: Path, tmp_path: Path
 ) -> None:
     say(store, "before the backup")
@@ -148,10 +148,12 @@ def test_the_replaced_database_is_kept_until_the_next_backup(
     say(store, "after the backup")
     store.close()
     done = backup.restore(copy, live)
-    assert done.replaced == live.with_name("memory.replaced.sqlite3") and done.replaced.exists()
+    assert done.replaced is not None and done.replaced.exists()
+    assert backup.replaced_databases(live) == [done.replaced]
     assert done.newer_rows == 2  # the message and its reply recorded after the backup
-    assert backup.forget_replaced(live) == done.replaced and not done.replaced.exists()
-    assert backup.forget_replaced(live) is None
+    assert backup.forget_replaced(live, copy).kept == [(done.replaced, 2)]
+    assert backup.forget_replaced(live, done.replaced).deleted == [done.replaced]
+    assert not done.replaced.exists() and backup.replaced_databases(live) == []
 
 
 def owner_turn(tmp_path: Path, store: MemoryStore) -> TurnContext:
