@@ -23,6 +23,22 @@ def process_identity(role: str) -> str:
     return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
 
+def gone_from_this_host(identity: str) -> bool:
+    """Whether a :func:`process_identity` names a process of this host that no longer runs (a
+    worker stopped with its Redis, as honcho stops both at once, leaves its lease to expire)."""
+    role_host, _, pid = identity.rpartition(":")
+    host = role_host.partition("@")[2]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # runs, as another user
+        return False
+    return False
+
+
 def beat(r: redis.Redis, keys: Keys, name: str, **info: Any) -> None:
     """Publish liveness: one hash field per process, its value the time and a few facts."""
     payload = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}

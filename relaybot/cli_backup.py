@@ -214,14 +214,15 @@ def _restore(args: argparse.Namespace, cfg: Config, found: Any) -> int:
              "puts that one's memory in place of this one's; run again with --other-instance to "
              "do so", file=sys.stderr)  # fmt: skip
         return EXIT_FAILED
-    if not args.yes and not _confirm(f"Replace memory at {cfg.memory_path} with {what}? [y/N] "):
-        echo("relaybot: nothing restored (run again with --yes to restore without asking)",
-             file=sys.stderr)  # fmt: skip
-        return EXIT_FAILED
-    with _WorkerLease(cfg) as lease:
+    with _WorkerLease(cfg) as lease:  # taken before asking: a running worker is said at once
         if lease.problem:
             echo(f"relaybot: {lease.problem}", file=sys.stderr)
             return lease.exit_code
+        question = f"Replace memory at {cfg.memory_path} with {what}? [y/N] "
+        if not args.yes and not _confirm(question):
+            echo("relaybot: nothing restored (run again with --yes to restore without asking)",
+                 file=sys.stderr)  # fmt: skip
+            return EXIT_FAILED
         curated = found.files.get(archive.CURATED)
         try:
             done = backup.restore(
@@ -313,6 +314,28 @@ def _confirm(question: str) -> bool:
         return False
 
 
+def _acquire(lease: Any, ttl: float) -> bool:
+    """The lease; when a worker of this host that is gone still holds it (stopped together with
+    its Redis: honcho stops both at once, so it could not release it), its lease runs out within
+    ``ttl`` seconds: waited for, and said."""
+    from contract.liveness import gone_from_this_host
+
+    deadline = time.monotonic() + ttl + 1
+    said = False
+    while not lease.try_acquire():
+        holder = lease.holder()
+        if holder is None:
+            continue  # it ran out just now
+        if not gone_from_this_host(holder) or time.monotonic() > deadline:
+            return False
+        if not said:
+            echo(f"relaybot: the worker that held the lease ({holder}) is gone; its lease runs "
+                 f"out within {ttl:.0f} s", file=sys.stderr)  # fmt: skip
+            said = True
+        time.sleep(0.2)
+    return True
+
+
 class _WorkerLease:
     """The worker lease, held by the restore while it runs (no worker may start meanwhile);
     ``problem`` says why it could not be taken."""
@@ -342,7 +365,7 @@ class _WorkerLease:
                 r = connect(cfg)
             token = f"restore:{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
             lease = Lease(r, cfg.keys.lease, token, cfg.worker.lease_seconds)
-            if not lease.try_acquire():
+            if not _acquire(lease, cfg.worker.lease_seconds):
                 holder = lease.holder() or "a worker"
                 self.problem = (
                     f"a worker holds the worker lease ({holder}), so memory is in use: stop it "

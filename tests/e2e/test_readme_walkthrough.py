@@ -111,6 +111,7 @@ class Walk:
             "VIRTUAL_ENV": str(self.clone / ".venv"),
         }
         self.background: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.started: list[str] = []
         self.done: list[str] = []
 
     def env_for(self, command: str) -> dict[str, str]:
@@ -129,7 +130,7 @@ class Walk:
 
     def start(self, command: str) -> None:
         """A long-running command (``honcho start``, terminal 1): up until the walk ends."""
-        out = self.clone.parent / f"background-{len(self.background)}.out"
+        out = self.clone.parent / f"background-{len(self.done)}.out"
         with out.open("wb") as sink:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", f"exec {command}"],
@@ -137,6 +138,7 @@ class Walk:
                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.background.append((proc, out))
+        self.started.append(command)
         self.wait_for_worker(proc, out)
         self.done.append(command)
 
@@ -168,6 +170,14 @@ class Walk:
                 return
             time.sleep(0.2)
         raise AssertionError(f"no reply for {session} within 30 s")
+
+    def pause(self) -> list[str]:
+        """Stop the long-running commands (Ctrl-C on them); returns them, to start again."""
+        commands = list(self.started)
+        self.stop()
+        self.background.clear()
+        self.started.clear()
+        return commands
 
     def stop(self) -> None:
         for proc, out in self.background:
@@ -205,6 +215,17 @@ def step(walk: Walk, command: Command, skipped: dict[str, str]) -> None:
     elif "relaybot chat" in bare and "prints both replies" in command.text:
         done = walk.run(run)
         assert done.stdout.count(NO_MODEL) == 2, done.stdout
+    elif bare.startswith("relaybot restore "):  # the README: once the worker is stopped
+        refused = subprocess.run(
+            ["/bin/sh", "-c", run], cwd=walk.clone, env=walk.env_for(run),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "holds the worker lease" in refused.stderr, refused
+        started = walk.pause()  # Ctrl-C on honcho start
+        done = walk.run(run)
+        assert "restored " in done.stdout, done.stdout
+        for again in started:
+            walk.start(again)
     elif "memory import history.jsonl" in bare:  # the reader's own squidbot history
         (walk.clone / "history.jsonl").write_text(HISTORY, encoding="utf-8")
         done = walk.run(run)
