@@ -47,8 +47,8 @@ FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token(?!s)|api_?key|authorization|credential)", re.I)
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
-# every value of a URL's query, and its fragment (a gateway's key rides in "?key=...", a token
-# in "#access_token=..."), in any text
+# every value of a URL's query, and of its fragment (a gateway's key rides in "?key=...", a
+# token in "#access_token=..."), in any text
 _URL_QUERY = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s?#"'<>]*)([?#][^\s"'<>]*)""", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
 # ('access_token': 'syt_...'), JSON ("password": "..."), or key: value / key=value. An unquoted
@@ -89,16 +89,22 @@ def _mask_inline(match: re.Match[str]) -> str:
     return f"{match.group('key')}{quote}***{quote}"
 
 
+def _mask_pairs(part: str, bare: str) -> str:
+    """``a=1&b`` as ``a=***&***`` (``bare``: what a part without ``=`` becomes)."""
+    return "&".join(
+        (item.partition("=")[0] + "=***" if "=" in item else bare) if item else item
+        for item in part.split("&")
+    )
+
+
 def _mask_query(match: re.Match[str]) -> str:
-    """``?a=1&b#f`` as ``?a=***&***#***``."""
+    """``?a=1&b#c=2`` as ``?a=***&***#c=***``: every value of the query; the fragment's values
+    where it has any (``#access_token=...``; an anchor such as ``#section`` stays)."""
     rest = match.group(2)
     query, sep, fragment = rest[1:].partition("#") if rest[0] == "?" else ("", "#", rest[1:])
-    shown = "&".join(
-        (part.partition("=")[0] + "=***" if "=" in part else "***") if part else part
-        for part in query.split("&")
-    )
-    head = f"?{shown}" if rest[0] == "?" else ""
-    return f"{match.group(1)}{head}{sep}{'***' if fragment else ''}"
+    head = f"?{_mask_pairs(query, '***')}" if rest[0] == "?" else ""
+    tail = _mask_pairs(fragment, "***") if "=" in fragment else fragment
+    return f"{match.group(1)}{head}{sep}{tail}"
 
 
 def mask_text(text: str) -> str:
