@@ -47,17 +47,37 @@ FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 _SECRET_KEY = re.compile(r"(pass(word)?|secret|token(?!s)|api_?key|authorization|credential)", re.I)
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
+# every value of a URL's query, and of its fragment (a gateway's key rides in "?key=...", a
+# token in "#access_token=..."), in any text
+_URL_QUERY = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s?#"'<>]*)([?#][^\s"'<>]*)""", re.I)
 # A secret inside a message: a secret-looking key followed by its value, as a dict's repr
-# ('access_token': 'syt_...'), JSON ("password": "..."), or key=value; a bearer token; a
-# homeserver's access token on its own. The cheap test first: most lines hold none of these words.
-# An unquoted value after ": " that starts a sentence (a capitalised word, a space, a lower-case
-# word) is not a secret but a message about the key: pydantic's "model.api_key: Input should be
-# a valid string", "matrix.password: Field required" keep their words.
+# ('access_token': 'syt_...'), JSON ("password": "..."), or key: value / key=value. An unquoted
+# value runs to the end of the line (a passphrase holds spaces: "password: Correct horse
+# battery"), or to the next "key=", ", key: " or "; " (the joiner of config errors), or a closing
+# bracket. The cheap test first: most lines hold none of these words.
+# The one exception: pydantic's own words after "loc: " in a validation error
+# ("model.api_key: Input should be a valid string", "matrix.password: Field required") carry no
+# secret and stay. PYDANTIC_OPENINGS are the first two words of every message template of
+# pydantic-core 2.x (tests/unit/test_log_redaction.py checks them against the installed one).
+PYDANTIC_OPENINGS = (
+    "Arguments must", "Assertion failed,", "Cannot check", "Data should", "Date should",
+    "Datetimes provided", "Decimal input", "Error extracting", "Error iterating", "Extra inputs",
+    "Field is", "Field required", "Fraction input", "Got multiple", "Input is", "Input should",
+    "Input tag", "Input violated", "Instance is", "Invalid JSON:", "Invalid datetime",
+    "JSON input", "Keys should", "Missing required", "Object has", "Recursion error",
+    "Set items", "String should", "The default", "Timezone offset", "URL input", "URL scheme",
+    "URL should", "UUID input", "UUID version", "Unable to", "Unexpected keyword",
+    "Unexpected positional", "Value error,",
+)  # fmt: skip
+_PYDANTIC = "|".join(re.escape(o) for o in PYDANTIC_OPENINGS) + r"|[A-Z][a-z]+ should have at"
 _HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
 _INLINE_SECRET = re.compile(
     r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token(?!s)|api_?key|authorization|credential)"""
-    r"""[\w.-]*["']?\s*[:=]\s*)"""
-    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)|(?!["'])(?!(?<=: )[A-Z][a-z]+ [a-z])[^\s,;}\])]+)""",
+    r"""[\w.-]*["']?\s*[:=][ \t]*)"""
+    r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)"""
+    rf"""|(?!["'])(?!(?<=: )(?-i:{_PYDANTIC}))"""
+    r"""[^\s,;}\]][^\n]*?"""
+    r"""(?=[,;]?[ \t]+[\w.-]+=|,[ \t]*["']?[\w.-]+["']?:[ \t]|;[ \t]|[}\]]|\n|$))""",
     re.I,
 )
 _BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
@@ -69,11 +89,31 @@ def _mask_inline(match: re.Match[str]) -> str:
     return f"{match.group('key')}{quote}***{quote}"
 
 
+def _mask_pairs(part: str, bare: str) -> str:
+    """``a=1&b`` as ``a=***&***`` (``bare``: what a part without ``=`` becomes)."""
+    return "&".join(
+        (item.partition("=")[0] + "=***" if "=" in item else bare) if item else item
+        for item in part.split("&")
+    )
+
+
+def _mask_query(match: re.Match[str]) -> str:
+    """``?a=1&b#c=2`` as ``?a=***&***#c=***``: every value of the query; the fragment's values
+    where it has any (``#access_token=...``; an anchor such as ``#section`` stays)."""
+    rest = match.group(2)
+    query, sep, fragment = rest[1:].partition("#") if rest[0] == "?" else ("", "#", rest[1:])
+    head = f"?{_mask_pairs(query, '***')}" if rest[0] == "?" else ""
+    tail = _mask_pairs(fragment, "***") if "=" in fragment else fragment
+    return f"{match.group(1)}{head}{sep}{tail}"
+
+
 def mask_text(text: str) -> str:
-    """``text`` with the secrets it may carry replaced by ``***``: passwords in URLs, values of
-    secret-looking keys (in a dict's repr, JSON or key=value), bearer tokens, homeserver tokens."""
+    """``text`` with the secrets it may carry replaced by ``***``: passwords, query values and
+    fragments in URLs, values of secret-looking keys (in a dict's repr, JSON, key: value or
+    key=value; not pydantic's own words after one), bearer tokens, homeserver tokens."""
     if "://" in text:
         text = _URL_PASSWORD.sub(r"\1***\3", text)
+        text = _URL_QUERY.sub(_mask_query, text)
     if _HINT.search(text) is None:
         return text
     text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)  # before "Authorization: Bearer"

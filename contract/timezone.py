@@ -9,7 +9,8 @@ context can be traced to its source.
 
 The worker shows every time in the model's context in this zone, with its offset
 (``2026-11-22 11:04 +01:00``), and the clock tool answers in it; scheduled work (reminders)
-reads the zone from here too.
+reads the zone from here too, and so do the commands that show the owner times of memory
+(``relaybot memory search``, ``memory notes show``, ``memory entities``, ``memory curated``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,13 @@ def _file_name(path: Path) -> str | None:
         return path.read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeError):
         return None
+
+
+def owner_zone(configured: str | None, env: Mapping[str, str] | None = None) -> tzinfo | None:
+    """The zone the owner reads times in (:func:`resolve`), as :func:`stamp` and memory take it:
+    None for UTC (the times then read ``… UTC``)."""
+    info = resolve(configured, env).info
+    return None if info is UTC else info
 
 
 def stamp(ts: float, zone: tzinfo | None = None) -> str:

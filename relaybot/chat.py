@@ -1,7 +1,8 @@
 """``relaybot chat``: the terminal gateway's command loop (one message, or interactive).
 
-Interactively, a line that starts with ``/`` is a command of the chat (``/help``): a new session,
-another session, a short status. ``//`` sends a line that starts with ``/``.
+Interactively, a typed line that starts with ``/`` is a command of the chat (``/help``): a new
+session, another session, a short status. ``//`` sends a line that starts with ``/``. Pasted text
+is always a message, sent as it is.
 """
 
 from __future__ import annotations
@@ -226,18 +227,21 @@ class Chat:
         """Messages of one session until Ctrl-D (an exit code) or a switch (the next session)."""
         while True:
             try:
-                line = reader.read("you> ")
+                line, pasted = reader.read("you> ")
             except EOFError:
                 sys.stderr.write("\n")
                 return 0
             if not line.strip():
                 continue
-            if line.startswith("/") and not line.startswith("//") and "\n" not in line:
+            if pasted:  # pasted text is a message as it is, never a command
+                text = line
+            elif line.startswith("/") and not line.startswith("//"):
                 switch = self._command(line, term)
                 if switch is not None:
                     return switch
                 continue
-            text = line[1:] if line.startswith("//") else line
+            else:
+                text = line[1:] if line.startswith("//") else line
             code = _send_and_await(self.rt, term, text, self.timeout)
             if code in (EXIT_NO_WORKER, EXIT_NO_REDIS):
                 return code

@@ -6,6 +6,11 @@ pasted text in ``ESC[200~`` … ``ESC[201~``, so a paste of several lines is rea
 (``ESC[?2004l``) and the terminal's settings put back when the chat ends. While it is on, the
 terminal's echo of control characters as ``^[`` is off, so the markers are not shown.
 
+Pasted text is a message, never a ``/`` command, whatever it holds (:attr:`Said.pasted`). Its line
+breaks are the pasted text's own: CR LF and a lone CR are one line break each. To tell them apart
+the terminal's input mapping is set while the chat reads (CR to NL as usual for the Enter key, and
+NL to CR, with CR also ending a line), and the lines are read from the terminal as they came.
+
 Piped or redirected input is read line by line, as before: each line is a message.
 """
 
@@ -15,7 +20,7 @@ import contextlib
 import os
 import sys
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 PASTE_ON = "\x1b[?2004h"
 PASTE_OFF = "\x1b[?2004l"
@@ -23,15 +28,34 @@ START = "\x1b[200~"
 END = "\x1b[201~"
 
 
-def join_paste(first: str, more: list[str]) -> str:
-    """The message of ``first`` and the lines read after it to complete a paste, the markers
-    taken out; a paste that ended with a line break does not end the message with it."""
-    text = "\n".join([first, *more])
-    start, end = text.find(START), text.rfind(END)
-    if start >= 0 and end > start:
-        pasted = text[start + len(START) : end].rstrip("\n")
-        text = text[:start] + pasted + text[end + len(END) :]
-    return text.replace(START, "").replace(END, "")
+_SWAP = str.maketrans({"\n": "\r", "\r": "\n"})
+
+
+class Said(NamedTuple):
+    """What one read gives: the message, and whether any of it was pasted (then it is sent as it
+    is: never a command)."""
+
+    text: str
+    pasted: bool
+
+
+def line_breaks(text: str) -> str:
+    """CR LF and a lone CR as LF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def join_paste(raw: str) -> Said:
+    """The message of ``raw`` (the lines read for it, with their line breaks, without the Enter
+    that sent it), the markers taken out; a paste that ended with a line break does not end the
+    message with it."""
+    start = raw.find(START)
+    if start < 0:
+        return Said(raw.replace(END, ""), False)
+    end = raw.rfind(END)
+    end = end if end > start else len(raw)  # no end: the input ended inside the paste
+    pasted = line_breaks(raw[start + len(START) : end]).rstrip("\n")
+    text = raw[:start] + pasted + raw[end + len(END) :]
+    return Said(text.replace(START, "").replace(END, ""), True)
 
 
 class LineReader:
@@ -68,30 +92,58 @@ class LineReader:
                 termios.tcsetattr(self.stdin.fileno(), termios.TCSADRAIN, self._saved)
 
     def _quiet_controls(self) -> None:
-        """ECHOCTL off: the paste markers are not echoed as ``^[[200~``."""
+        """ECHOCTL off: the paste markers are not echoed as ``^[[200~``. And the line breaks
+        kept apart: CR (the Enter key, a pasted line break) comes as NL, NL as CR, and CR also
+        ends a line (VEOL), so a pasted CR LF is NL CR, not two line breaks."""
         try:
             import termios
 
             fd = self.stdin.fileno()
             self._saved = termios.tcgetattr(fd)
             quiet = termios.tcgetattr(fd)
+            quiet[0] = (quiet[0] | termios.ICRNL | termios.INLCR) & ~termios.IGNCR
             quiet[3] &= ~getattr(termios, "ECHOCTL", 0)
+            quiet[6][termios.VEOL] = b"\r"
             termios.tcsetattr(fd, termios.TCSADRAIN, quiet)
         except (ImportError, OSError, ValueError):
             self._saved = None
 
-    def read(self, prompt: str) -> str:
-        first = line = input(prompt)
-        if START not in first:
-            return first
-        more: list[str] = []
-        while END not in line[line.rfind(START) + 1 :]:  # the rest of the paste, to its end
+    def read(self, prompt: str) -> Said:
+        if self._saved is None:  # lines as input() gives them
+            first = line = input(prompt)
+            more: list[str] = []
+            while START in first and END not in line[line.rfind(START) + 1 :]:
+                try:  # the rest of the paste, to its end
+                    line = input()
+                except EOFError:
+                    break
+                more.append(line)
+            return join_paste("\n".join([first, *more]))
+        self.stdout.write(prompt)
+        self.stdout.flush()
+        got = self._line()
+        while START in got and END not in got[got.rfind(START) + 1 :]:
             try:
-                line = input()
+                got += self._line()
             except EOFError:
                 break
-            more.append(line)
-        return join_paste(first, more)
+        raw = got.translate(_SWAP)  # the line breaks as they came (see _quiet_controls)
+        if raw.endswith("\n"):  # a typed NL: its echo (a CR) did not move to the next line
+            self.stdout.write("\n")
+            self.stdout.flush()
+        return join_paste(raw[:-1] if raw.endswith(("\r", "\n")) else raw)
+
+    def _line(self) -> str:
+        """One line from the terminal, with the character that ended it."""
+        fd, chunks = self.stdin.fileno(), bytearray()
+        while not chunks.endswith((b"\n", b"\r")):
+            data = os.read(fd, 65536)
+            if not data:  # Ctrl-D
+                if not chunks:
+                    raise EOFError
+                break
+            chunks += data
+        return chunks.decode(self.stdin.encoding or "utf-8", "replace")
 
 
 def _tty(stream: TextIO) -> bool:

@@ -35,6 +35,7 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 
 def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
+    from contract.timezone import owner_zone
     from memory.errors import MemoryFailure
     from memory.view import stamp
     from relaybot.cli_shared import open_memory
@@ -54,8 +55,9 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
         return 0
     if not found:
         echo("no versions of MEMORY.md yet (one is recorded at each write by the worker)")
+    zone = owner_zone(cfg.owner.timezone)
     for v in found:
-        echo(f"#{v.id} {stamp(v.ts)} {v.size} bytes, replaced by {v.cause}")
+        echo(f"#{v.id} {stamp(v.ts, zone)} {v.size} bytes, replaced by {v.cause}")
     return 0
 
 

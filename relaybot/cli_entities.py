@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from contract.terminal import echo, echo_json
+from contract.timezone import owner_zone, stamp
 from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
+    from datetime import tzinfo
+
     from contract.config import Config
     from memory.types import People
 
@@ -152,10 +154,9 @@ def describe_link_result(op: str, result: dict[str, Any]) -> str:
 # -- reading: the database, read-only ----------------------------------------------------------
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
+def _when(ts: float | None, zone: tzinfo | None) -> str:
+    """In the owner's zone, with its offset (``2026-11-22 11:04 +01:00``; ``… UTC``)."""
+    return "-" if ts is None else stamp(ts, zone)
 
 
 def entity_table(people: People, cfg: Config) -> list[dict[str, Any]]:
@@ -209,18 +210,20 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
     if args.json:
         echo_json(table, indent=2, ensure_ascii=False)
         return 0
-    echo(f"{'ENTITY':<16} {'KIND':<8} {'MSGS':>6}  {'LAST':<16} {'LINKS':<12} NAME / HANDLES")
+    zone = owner_zone(cfg.owner.timezone)
+    echo(f"{'ENTITY':<16} {'KIND':<8} {'MSGS':>6}  {'LAST':<23} {'LINKS':<12} NAME / HANDLES")
     for e in table:
         links = ", ".join(f"{n} {s}" for s, n in sorted(e["links"].items())) or "-"
         echo(
-            f"{e['id']:<16} {e['kind']:<8} {e['messages']:>6}  {_when(e['last_message']):<16} "
+            f"{e['id']:<16} {e['kind']:<8} {e['messages']:>6}  "
+            f"{_when(e['last_message'], zone):<23} "
             f"{links:<12} {e['name']}"
         )
         for handle in e["handles"]:
-            echo(f"{'':<62} {handle}")
+            echo(f"{'':<69} {handle}")
         for handle in e["owner_aliases"]:
             echo(
-                f"{'':<62} ! {handle} is an owner alias: relaybot entities merge {handle}",
+                f"{'':<69} ! {handle} is an owner alias: relaybot entities merge {handle}",
             )
     return 0
 
@@ -307,8 +310,9 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
     if args.json:
         echo_json(detail, indent=2, ensure_ascii=False)
         return 0
+    zone = owner_zone(cfg.owner.timezone)
     echo(f"{detail['id']}  ({detail['kind']})  {detail['name']}")
-    echo(f"  created   {_when(detail['created'])}")
+    echo(f"  created   {_when(detail['created'], zone)}")
     echo("  handles")
     for h in detail["handles"] or [{"handle": "(none)", "display": "", "first_seen": None}]:
         shown = f" — {h['display']}" if h["display"] else ""
@@ -320,16 +324,16 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         echo("    (none)")
     for link in detail["links"]:
         why = f" — {link['reason']}" if link["reason"] else ""
-        when = _when(link["ts"])
+        when = _when(link["ts"], zone)
         echo(f"    {link['with']:<16} {link['status']:<10} {when} by {link['actor']}{why}")
     for m in detail["merges"]:
         why = f" — {m['reason']}" if m["reason"] else ""
-        echo(f"  merged    {m['handle']}: {m['from']} → {m['to']} {_when(m['ts'])}{why}")
+        echo(f"  merged    {m['handle']}: {m['from']} → {m['to']} {_when(m['ts'], zone)}{why}")
     channels = ", ".join(f"{c} {n}" for c, n in detail["messages_by_channel"].items())
     echo(f"  messages  {detail['messages']}" + (f" ({channels})" if channels else ""))
     if detail["messages"]:
-        echo(f"  first     {_when(detail['first_message'])}")
-        echo(f"  last      {_when(detail['last_message'])}")
+        echo(f"  first     {_when(detail['first_message'], zone)}")
+        echo(f"  last      {_when(detail['last_message'], zone)}")
     for conv in detail["conversations"]:
         echo(f"    {conv['messages']:>6}  {conv['conversation']} ({conv['privacy']})")
     return 0

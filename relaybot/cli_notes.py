@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 from contract.terminal import echo, echo_json
+from contract.timezone import owner_zone, stamp
 from relaybot.cli_shared import EXIT_FAILED, open_memory, send_command
 
 if TYPE_CHECKING:
@@ -203,8 +203,9 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
         payload = {"note": note.as_dict(), "versions": [n.as_dict() for n in versions]}
         echo_json(payload, indent=2, ensure_ascii=False)
         return 0
+    zone = owner_zone(cfg.owner.timezone)
     for key, value in note.as_dict().items():
-        shown = _when(float(value)) if key == "created_ts" else value
+        shown = stamp(float(value), zone) if key == "created_ts" else value
         echo(f"{key:>20}: {'-' if shown is None else shown}")
     if len(versions) > 1:
         echo("\nversions (oldest first):")
@@ -212,10 +213,6 @@ def cmd_show(args: argparse.Namespace, cfg: Config) -> int:
             mark = "*" if version.id == note.id else " "
             echo(f" {mark} {describe(version)}")
     return 0
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(ts))
 
 
 def describe(note: Note) -> str:

@@ -76,6 +76,7 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
 
 def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     from contract.messages import Privacy
+    from contract.timezone import owner_zone
     from memory.errors import MemoryFailure, SearchError
     from memory.types import OwnerResolver, Scope, SearchQuery
     from memory.view import MemoryView, format_hits, hit_record
@@ -94,6 +95,7 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
     )
     scope = Scope(conversation="cli", privacy=Privacy.OWNER, entity="owner")
     assistant = cfg.worker.assistant_name
+    zone = owner_zone(cfg.owner.timezone)  # the times as the model's search_history shows them
     try:
         with MemoryView(cfg.memory_path) as store:
             owners = store.owners(OwnerResolver(cfg.owner_aliases))
@@ -111,11 +113,15 @@ def cmd_search(args: argparse.Namespace, cfg: Config) -> int:
         return EXIT_FAILED
     if args.json:
         for hit in result.hits:
-            echo_json(hit_record(hit, assistant, owners), ensure_ascii=False)
+            echo_json(hit_record(hit, assistant, owners, zone), ensure_ascii=False)
         if result.corrupt:
             echo(f"relaybot: {result.corrupt} damaged messages skipped", file=sys.stderr)
         return 0
-    echo(format_hits(result, assistant, header=OWNER_HEADER, max_chars=1 << 30, owners=owners))
+    echo(
+        format_hits(
+            result, assistant, header=OWNER_HEADER, max_chars=1 << 30, owners=owners, zone=zone
+        )
+    )
     return 0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, tzinfo
+from datetime import tzinfo
 
 import structlog
 
@@ -74,8 +74,7 @@ def memory_settings(cfg: Config) -> MemorySettings:
 def owner_zone(cfg: Config) -> tzinfo | None:
     """``[owner] timezone``, else the system's (contract/timezone.py); None for UTC, as
     memory and the clock take it (the times then read ``… UTC``)."""
-    zone = timezone.resolve(cfg.owner.timezone).info
-    return None if zone is UTC else zone
+    return timezone.owner_zone(cfg.owner.timezone)
 
 
 class Turns:

@@ -115,8 +115,11 @@ def format_hits(
     return "\n".join(lines)
 
 
-def hit_record(hit: Hit, assistant_name: str, owners: Owners | None = None) -> dict[str, Any]:
-    """One hit as JSON-ready data (the CLI's ``--json``)."""
+def hit_record(
+    hit: Hit, assistant_name: str, owners: Owners | None = None, zone: tzinfo | None = None
+) -> dict[str, Any]:
+    """One hit as JSON-ready data (the CLI's ``--json``): ``time`` in ``zone`` (None: UTC),
+    ``ts`` the Unix time."""
 
     def one(row: LogRow | None) -> dict[str, Any] | None:
         if row is None:
@@ -124,7 +127,7 @@ def hit_record(hit: Hit, assistant_name: str, owners: Owners | None = None) -> d
         return {
             "id": row.id,
             "ts": row.ts,
-            "time": stamp(row.ts),
+            "time": stamp(row.ts, zone),
             "label": label(row, assistant_name, owners),
             "channel": row.channel,
             "conversation": row.conversation,

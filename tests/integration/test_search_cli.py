@@ -211,3 +211,25 @@ def test_sender_names_a_handle_or_an_entity_never_a_display_name(tmp_path: Path)
     assert texts("--sender", "@eve:evil.org") == ["the lisbon plan, says @eve:evil.org"]
     bad = run_relaybot(["memory", "search", "lisbon", "--sender", "e-00000000"], env)
     assert bad.returncode == 1 and "no entity" in bad.stderr
+
+
+def test_times_are_in_the_owners_zone_with_its_offset(env: dict[str, str]) -> None:
+    """issue 26: with [owner] timezone set, the search showed UTC while the model's
+    search_history (and its clock) showed the owner's zone; so did `entities`."""
+    env = dict(env, RELAYBOT_TIMEZONE="Europe/Lisbon")  # +01:00 in September
+    done = run_relaybot(["memory", "search", "lisbon", "trip"], env)
+    assert done.returncode == 0, done.stderr
+    assert "1. [cli / owner] 2026-09-21 16:13 +01:00 (conversation cli:laptop)" in done.stdout
+    assert "   > [cli / owner] 2026-09-21 16:13 +01:00: remind me" in done.stdout
+    assert " UTC" not in done.stdout
+    done = run_relaybot(["memory", "search", "trip", "--json"], env)
+    assert done.returncode == 0, done.stderr
+    hit = json.loads(done.stdout.splitlines()[0])
+    assert hit["time"] == "2026-09-21 16:13 +01:00" and hit["ts"] == T0 + 3600
+    listed = run_relaybot(["entities", "list"], env)
+    assert listed.returncode == 0, listed.stderr
+    owner = next(line for line in listed.stdout.splitlines() if line.startswith("owner "))
+    assert "2026-09-21 16:13 +01:00" in owner
+    shown = run_relaybot(["entities", "show", "owner"], env)
+    assert shown.returncode == 0, shown.stderr
+    assert "  last      2026-09-21 16:13 +01:00" in shown.stdout

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from relaybot import chat_input
-from relaybot.chat_input import LineReader
+from relaybot.chat_input import LineReader, Said, join_paste
 
 
 def reads(monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> list[str]:
@@ -26,7 +26,7 @@ def reads(monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> list[str]:
     with reader:
         while True:
             try:
-                out.append(reader.read("you> "))
+                out.append(reader.read("you> ").text)
             except EOFError:
                 return out
 
@@ -56,3 +56,18 @@ def test_not_a_terminal_asks_nothing_of_it() -> None:
     with LineReader(io.StringIO(), out) as reader:
         assert not reader.bracketed
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("/new", Said("/new", False)),  # typed: the chat decides whether it is a command
+        (f"{S}/new{E}", Said("/new", True)),  # pasted, one line: a message, never a command
+        (f"{S}//x{E}", Said("//x", True)),  # as it is, the // kept
+        (f"{S}a\r\nb{E}", Said("a\nb", True)),  # CR LF is one line break
+        (f"{S}a\rb\r\rc{E}", Said("a\nb\n\nc", True)),  # a lone CR too; CR CR a blank line
+        (f"{S}a\r\n{E}", Said("a", True)),  # the paste's own last line break is not sent
+    ],
+)
+def test_what_is_pasted_is_marked_and_keeps_its_line_breaks(raw: str, said: Said) -> None:
+    assert join_paste(raw) == said

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
+import pytest
 import structlog
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from contract import logs
 
@@ -103,11 +107,89 @@ def test_a_message_about_a_secret_key_keeps_its_words() -> None:
 def test_real_secrets_next_to_the_words_are_still_masked() -> None:
     from contract.logs import mask_text
 
-    assert mask_text("password: Hunter2 was refused") == "password: *** was refused"
-    assert mask_text("password=Summer rain") == "password=*** rain"  # "=": a value, not prose
+    # a value runs to the end of the line (a passphrase holds spaces), or to the next key
+    assert mask_text("password: Hunter2 was refused") == "password: ***"
+    assert mask_text("password=Summer rain") == "password=***"
     assert mask_text("token: abc123, api_key: Sk-live") == "token: ***, api_key: ***"
     assert mask_text("access_token=syt_abcdefghij tokens_used=4") == (
         "access_token=*** tokens_used=4"
     )
     got = lines(f={"access_token": "syt_x", "api_key": "Input"})
     assert got[0]["access_token"] == "***" and got[0]["api_key"] == "***"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("password: Abc def", "password: ***"),
+        ("smtp_password: Correct horse battery", "smtp_password: ***"),
+        ("login password=correct horse battery user=bob", "login password=*** user=bob"),
+        ("smtp_password: Correct horse; next: x", "smtp_password: ***; next: x"),
+        ("password: Hunter2\nnext line", "password: ***\nnext line"),
+        ("asked https://gw/v1?key=QKEY123 for it", "asked https://gw/v1?key=*** for it"),
+        ("GET https://h/p?a=1&QKEY#access_token=T0K", "GET https://h/p?a=***&***#access_token=***"),
+        (
+            "see https://docs.example.org/x.html#anchor",
+            "see https://docs.example.org/x.html#anchor",
+        ),
+        (
+            "to redis://relay:pw@h:1/0?ssl_cert_reqs=none",
+            "to redis://relay:***@h:1/0?ssl_cert_reqs=***",
+        ),
+    ],
+)
+def test_passphrases_and_url_queries_are_masked(text: str, masked: str) -> None:
+    """issue 26: a passphrase with spaces after a secret-named key, and a URL's query in free
+    text, were left as they were."""
+    assert logs.mask_text(text) == masked
+
+
+def _pydantic_messages() -> list[str]:
+    """Every message template of the installed pydantic-core, its placeholders filled."""
+    from pydantic_core._pydantic_core import list_all_errors
+
+    return sorted(
+        {
+            re.sub(r"\{(\w+)\}", lambda m: "List" if m[1] == "field_type" else "x1", e[key])
+            for e in list_all_errors()
+            for key in ("message_template_python", "message_template_json")
+            if key in e
+        }
+    )
+
+
+@pytest.mark.parametrize("message", _pydantic_messages())
+def test_pydantic_own_words_after_a_secret_key_stay(message: str) -> None:
+    """The openings kept are pydantic's real ones: each of its messages after "loc: " is kept,
+    a value of the same key that is not one is masked."""
+    text = f"email.smtp_password: {message}"
+    assert logs.mask_text(text) == text
+    assert any(message.startswith(o) for o in logs.PYDANTIC_OPENINGS) or " should have at " in (
+        message
+    )
+
+
+_WORD = st.text(
+    alphabet=st.characters(
+        codec="utf-8", exclude_categories=("Cc", "Cs", "Z"), exclude_characters=",;]}=\"'"
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@given(words=st.lists(_WORD, min_size=1, max_size=5), key=st.sampled_from(
+    ["password", "smtp_password", "api_key", "matrix.access_token", "client_secret"]
+))  # fmt: skip
+def test_any_passphrase_after_a_secret_key_is_masked(words: list[str], key: str) -> None:
+    value = " ".join(words)
+    assume(not any(value.startswith(o) for o in logs.PYDANTIC_OPENINGS))
+    assume(re.match(r"[A-Z][a-z]+ should have at", value) is None)
+    for sep in (": ", "="):
+        assert logs.mask_text(f"{key}{sep}{value}") == f"{key}{sep}***"
+
+
+@given(value=st.text(alphabet=st.characters(codec="ascii", categories=("L", "N")), min_size=4))
+def test_any_url_query_value_is_masked(value: str) -> None:
+    text = logs.mask_text(f"calling https://gw.example.org/v1?key={value}&v=2 now")
+    assert text == "calling https://gw.example.org/v1?key=***&v=*** now"
