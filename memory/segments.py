@@ -177,7 +177,7 @@ _PLACEHOLDERS = (
     ("FIXME", re.compile(r"\bfixme\b")),
     ("placeholder", re.compile(r"\bplaceholders?\b")),
     ("lorem ipsum", re.compile(r"\blorem\b|\bipsum\b")),
-    ("goes here", re.compile(r"\b(?:goes|go|comes?) here\b")),
+    ("goes here", re.compile(r"\bgoes here\b")),
     ("insert ... here", re.compile(r"\binsert\b.{0,40}\bhere\b")),
     ("<summary>", re.compile(r"[<{\[]\s*/?\s*summary\s*[>}\]]")),
 )

@@ -181,6 +181,7 @@ GREETINGS = rng("hi", "hello!", ">hey Bob")
         (TRIP, "Trip: boat at nine, tent, stove … all planned by Bob."),
         (TRIP, "Unfortunately the boat leaves at nine; none of the tents are packed."),
         (TRIP, "Not enough tents: Bob brings the blue one; the boat leaves at nine."),
+        (TRIP, "Bob will come here with the boat at nine; the stove stays."),
     ],
 )  # fmt: skip
 def test_real_short_summaries_of_varied_ranges_pass(texts: list[LogRow], summary: str) -> None:
