@@ -12,18 +12,33 @@ model gives no usable summary (twice), :func:`fallback_summary` gives an extract
 and the salient lines, marked as such, with why (``no model``, or ``model reply rejected: <why>``).
 
 A summary is usable when it is real text about its range (:func:`summary_problem`, issue 26: a
-model that echoed the prompt's example ``...`` was stored as a current ``method=model`` summary).
-The rule is cheap and deterministic, words counted, nothing asked of a model:
+model that echoed the prompt's example ``...`` was stored as a current ``method=model`` summary;
+then ``A conversation with Bob.`` passed, the sender's name being "about the range"). The rule is
+cheap and deterministic, words counted, nothing asked of a model; a rejection says why:
 
 1. it has words: at least :data:`MIN_SUMMARY_WORDS` words (a word: two letters or more, a number,
    or one character of a script written without spaces), so ``...``, ``N/A``, a lone ``summary``
    or punctuation alone are refused;
-2. it is not the prompt: no run of :data:`ECHO_WORDS` consecutive words of the prompt's
+2. it is no placeholder: no ``TODO``, ``TBD``, ``FIXME``, ``placeholder``, ``lorem ipsum``,
+   ``... goes here``, ``insert ... here``, ``<summary>`` -- unless the messages say it too (a
+   conversation about a TODO list);
+3. it does not decline: it does not start with ``I cannot``, ``I'm sorry``, ``As an AI``,
+   ``Nothing relevant``, ``There is nothing``, ``No summary``, ``N/A`` and the like;
+4. it is not our own context lines (memory/lines.py): no ``[channel / who] 2026-11-29 04:28``
+   that the messages do not themselves hold, and no ``...`` standing for the content
+   (``Summary: ...``, ``"..."``);
+5. it is not the prompt: no run of :data:`ECHO_WORDS` consecutive words of the prompt's
    instructions (a model that answered with the template);
-3. it is about the range: it shares at least one word with the messages it covers (their texts and
-   their senders' names: a name, a number, a word of three letters or more that is not a common
-   English word nor a word of the prompt); words are compared by their first five letters, so
-   ``leaves`` and ``leave`` match. A range with no such word (only greetings, emoji) skips this.
+6. it says something: it has a content word (a number, a greeting, a character of a spaceless
+   script other than hiragana, a word of three letters or more that is not a common English,
+   German, French or Spanish word nor a word of the prompt) that is not a **name**: the senders'
+   handles and names (every part of an address: ``bob@example.com`` is bob, example and com),
+   the channels, the assistant's name, ``owner``. Names alone never make a summary;
+7. it is about the range: one of those words is one of the messages' texts' content words (not
+   a name either, even when a message says it); words are compared by their first five letters,
+   so ``leaves`` and ``leave`` match, numbers by value (``09`` is ``9``), and greetings, thanks
+   and goodbyes of a few languages as one word each (``hi`` and ``greeted``). A range whose texts
+   have no content word (emoji, ``ok``) skips this, not 6.
 """
 
 from __future__ import annotations
@@ -131,6 +146,7 @@ def parse_summary(text: str) -> str | None:
 
 # scripts written without spaces (kana, CJK ideographs, hangul): each character is a word
 _SPACELESS = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
+_HIRAGANA = re.compile(r"[\u3040-\u309f]")  # mostly particles and endings: no content of its own
 # a word: one such character, a run of two letters or more, or a number
 _WORD = re.compile(rf"{_SPACELESS}|[^\W\d_]{{2,}}|\d+")
 _COMMON_WORDS = """a about above after again all also am an and any are as at be because been
@@ -140,8 +156,46 @@ _COMMON_WORDS = """a about above after again all also am an and any are as at be
     much must my no nor not now of off on once one only or other our out over own said same say
     says she should since so some still such than that the their them then there these they
     this those through to too under until up us very was we were what when where which while
-    who whom why will with would yes yet you your"""
+    who whom why will with would yes yet you your
+    aber alle als auch auf aus bei bin bis das dass dem den der des die doch ein eine einem
+    einen einer hat haben ich ihm ihn ihr ist mit nach nicht noch nur oder sein sich sie sind
+    und uns von war was wie wir wird zum zur über
+    avec dans des est les mais pas pour que qui une con del las los para por que una"""
 _COMMON = frozenset(_COMMON_WORDS.split())
+# greetings, thanks and goodbyes of a few languages: a range of only these is about greeting
+_GREETINGS = {
+    "greet": "hi hey hello hallo hola moin servus bonjour salut ciao greet grüß gruss grüss",
+    "thank": "thanks thank thx danke merci gracias grazie",
+    "bye": "bye goodbye tschüss tschüs adieu",
+}
+_ALIAS = {w: k for k, ws in _GREETINGS.items() for w in ws.split()}
+
+# what a placeholder holds where the summary should be (not when the messages say it too)
+_PLACEHOLDERS = (
+    ("TODO", re.compile(r"\btodo\b")),
+    ("TBD", re.compile(r"\btb[dac]\b")),
+    ("FIXME", re.compile(r"\bfixme\b")),
+    ("placeholder", re.compile(r"\bplaceholders?\b")),
+    ("lorem ipsum", re.compile(r"\blorem\b|\bipsum\b")),
+    ("goes here", re.compile(r"\bgoes here\b")),
+    ("insert ... here", re.compile(r"\binsert\b.{0,40}\bhere\b")),
+    ("<summary>", re.compile(r"[<{\[]\s*/?\s*summary\s*[>}\]]")),
+)
+# a reply that declines, or says there is nothing: not a summary, whatever else it says
+_REFUSAL = re.compile(
+    r"^\W*(?:i(?:'m| am)? ?(?:sorry|unable|cannot|can ?not|can't|could ?not|couldn't"
+    r"|won't|will not|do not|don't|am not able)|sorry\b|as an ai\b|unfortunately,? i\b"
+    r"|there (?:is|are|was|were)(?: really)? (?:nothing|no)\b|there's nothing\b"
+    r"|nothing (?:relevant|to summari[sz]e|of note|notable|important|significant|to report)"
+    r"|no (?:summary|relevant|content|messages|conversation|information)\b"
+    r"|not enough (?:information|context|content)|n/a\b|not available\b)"
+)
+# an ellipsis where the content should be: ``Summary: ...``, ``"..."``, ``<...>``
+_SLOT = re.compile(r":\s*(?:\.{3,}|…)\s*(?:$|[|\n\"'”\]})])|[\"“<{]\s*(?:\.{3,}|…)\s*[\"”>}]")
+# the shape of our own context lines (memory/lines.py): ``[channel / who] 2026-11-22 10:04``
+_CONTEXT_LINE = re.compile(
+    r"\[[^\[\]\n]{1,120} / [^\[\]\n]{1,240}\]\s*\d{4}-\d\d-\d\d[ T]\d\d?:\d\d"
+)
 
 
 def _words(text: str) -> list[str]:
@@ -149,7 +203,9 @@ def _words(text: str) -> list[str]:
 
 
 def _key(word: str) -> str:
-    return word[:5]
+    if word.isdigit():
+        return word.lstrip("0")[:9] or "0"  # 09 and 9 are the same number
+    return _ALIAS.get(word, word[:5])
 
 
 def _instructions() -> list[str]:
@@ -159,15 +215,29 @@ def _instructions() -> list[str]:
 _PROMPT_KEYS = frozenset(_key(w) for w in _instructions())
 
 
-def _content_keys(text: str, generic: frozenset[str]) -> set[str]:
-    return {
-        _key(w)
-        for w in _words(text)
-        if (len(w) >= 3 or w.isdigit() or re.fullmatch(_SPACELESS, w))
-        and w not in _COMMON
-        and _key(w) not in _PROMPT_KEYS
-        and w not in generic
-    }
+def _content_keys(text: str) -> set[str]:
+    """The keys of ``text``'s content words: a number, a greeting, one character of a script
+    written without spaces (not hiragana), a word of three letters or more that is not a common
+    word nor a word of the prompt."""
+    keys: set[str] = set()
+    for w in _words(text):
+        k = _key(w)
+        if w in _ALIAS or w.isdigit():
+            keys.add(k)
+        elif re.fullmatch(_SPACELESS, w):
+            if not _HIRAGANA.fullmatch(w):
+                keys.add(k)
+        elif len(w) >= 3 and w not in _COMMON and k not in _PROMPT_KEYS:
+            keys.add(k)
+    return keys
+
+
+def _name_keys(rows: Sequence[LogRow], assistant_name: str) -> set[str]:
+    """Who took part and where: the senders' handles and names (every part of an address:
+    ``bob@example.com`` is bob, example and com), the channels, the assistant, ``owner``."""
+    said = [assistant_name, "owner unverified unknown"]
+    said += [f"{r.sender} {r.sender_name} {r.channel}" for r in rows]
+    return {_key(w) for w in _words(" ".join(said))} - set(_ALIAS.values())
 
 
 def summary_problem(text: str, rows: Sequence[LogRow], assistant_name: str) -> str | None:
@@ -178,16 +248,32 @@ def summary_problem(text: str, rows: Sequence[LogRow], assistant_name: str) -> s
         return "no words (a placeholder such as '...')"
     if len(words) < MIN_SUMMARY_WORDS:
         return f"too short to be a summary ({len(words)} word{'s' if len(words) > 1 else ''})"
+    folded = text.casefold().replace("\u2019", "'")  # a typographic apostrophe
+    texts = "\n".join(r.text for r in rows).casefold()  # the messages' own markers are words
+    for marker, pattern in _PLACEHOLDERS:
+        if pattern.search(folded) and not pattern.search(texts):
+            return f"a placeholder ({marker!r}), not a summary"
+    if _REFUSAL.match(folded):
+        return "it declines or says there is nothing, not a summary"
+    raw = "\n".join(r.text for r in rows)
+    if any(m.group(0) not in raw for m in _CONTEXT_LINE.finditer(text)):  # not a quote of one
+        return "it copies the messages' lines ([channel / who] time: text), not a summary"
+    if _SLOT.search(text):
+        return "a template with '...' where the summary should be"
     said = " ".join(words)
     prompt = _instructions()
     for i in range(len(prompt) - ECHO_WORDS + 1):
         if f" {' '.join(prompt[i : i + ECHO_WORDS])} " in f" {said} ":
             return "it repeats the prompt's instructions"
-    generic = frozenset({"owner", *_words(assistant_name), *(r.channel for r in rows)})
-    about: set[str] = set()
-    for r in rows:
-        about |= _content_keys(" ".join((r.text, r.sender, r.sender_name)), generic)
-    if about and not (_content_keys(text, generic) & about):
+    names = _name_keys(rows, assistant_name)
+    content = _content_keys(text)
+    own = content - names
+    if not own:
+        if content:
+            return "only names, nothing said about the messages"
+        return "only common words, nothing said about the messages"
+    about = set[str]().union(*(_content_keys(r.text) for r in rows)) - names
+    if about and not (own & about):
         return "it mentions nothing of the messages it covers"
     return None
 

@@ -11,7 +11,8 @@ has been quiet for ``[derive] quiet``); an unusable judgement leaves the decisio
 period. A model that is down ends the job with ``model_down`` (one warning, no traceback): the
 worker enqueues it again after a backoff, so a summary waits for the model, never gets dropped.
 A model that answers garbage twice (not JSON, or not a summary of the range: a placeholder such as
-``...``, the prompt echoed, text about something else: memory/segments.py ``summary_problem``) gets
+``...``, a refusal, only names, our own context lines, the prompt echoed, text about something
+else: memory/segments.py ``summary_problem``) gets
 the deterministic, extractive summary (memory/segments.py), marked ``method = "fallback"`` and
 headed with why the model's reply was rejected (``no model`` only when there is none); a later job
 may supersede it.

@@ -109,7 +109,10 @@ def locomo_sample(root: Path) -> Path:
                        "answer": topic, "evidence": [dia], "category": 4})  # fmt: skip
         raw[f"session_{s}"] = turns
         raw[f"session_{s}_date_time"] = f"1:5{s} pm on {s + 7} May, 2023"
-        raw[f"session_{s}_summary"] = f"In session {s} {speakers[0]} and {speakers[1]} talked."
+        said = ", ".join(TOPICS[(s + i) % len(TOPICS)] for i in range(4))  # not names only
+        raw[f"session_{s}_summary"] = (
+            f"In session {s} {speakers[0]} and {speakers[1]} talk: {said}."
+        )
     raw["qa"] = qa
     data = root / "locomo-dev"
     data.mkdir(parents=True, exist_ok=True)

@@ -94,8 +94,8 @@ def test_a_paused_conversation_is_summarised_by_the_jobs_and_applied_once(rig: R
         Path(env["RELAYBOT_HOME"]) / "memory.sqlite3", "SELECT id FROM log ORDER BY id"
     )
     assert (made["first_id"], made["last_id"], made["rows"]) == (log[0]["id"], log[-1]["id"], 4)
-    assert made["method"] == "model" and made["privacy"] == "owner"
-    assert made["text"].startswith("SUMMARY: [cli / owner]")
+    assert made["method"] == "model" and made["privacy"] == "owner", made["text"]
+    assert made["text"].startswith("SUMMARY: owner: ")
     assert "the boat leaves at nine" in made["text"] and "bring the blue tent" in made["text"]
     prompts = [r["messages"][-1]["content"] for r in rig.model.requests]
     assert any(p.startswith("You read the last messages") for p in prompts)  # judged first

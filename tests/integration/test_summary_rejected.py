@@ -1,6 +1,7 @@
 """A model reply that is not a summary of its range is not stored as one (issue 26), end to end:
 the worker plans, a real rq jobs process asks our model server, which answers with the prompt's
-example (``{"summary": "..."}``) or the prompt itself; the summary stored is the extractive
+example (``{"summary": "..."}``), the prompt itself, only the participants' names or a line in the
+shape of the messages' lines with ``...`` for its text; the summary stored is the extractive
 fallback, headed with why the reply was rejected (not "no model": a model answered)."""
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ CONFIG = "[derive]\njudge_after = 0.5\nquiet = 60\ncheck_every = 0.2\nmin_rows =
     [
         ("[[summary-placeholder]]", "no words (a placeholder such as '...')"),
         ("[[summary-echo]]", "it repeats the prompt's instructions"),
+        ("[[summary-names]]", "only names, nothing said about the messages"),
+        # (the echoing model's replies quote that line, so it is the '...' that rejects it here)
+        ("[[summary-line]]", "a template with '...' where the summary should be"),
     ],
 )
 def test_a_placeholder_or_the_prompt_echoed_is_rejected_for_the_fallback(

@@ -158,6 +158,8 @@ def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 PAUSE_PREFIX = "You read the last messages of a conversation."
+# a context line (memory/lines.py): ``[cli / owner] 2026-11-22 10:04 UTC: text``
+_LINE = re.compile(r"(?P<head>\[[^\]/]* / (?P<who>[^\]]*)\] \S+ \S+ \S+): (?P<text>.*)")
 SUMMARY_PREFIX = "Summarise this part of a conversation"
 
 
@@ -165,10 +167,13 @@ def _derived_answer(text: str) -> str | None:
     """The answers to the summary jobs' prompts (memory/segments.py), or None for any other.
 
     The pause judgement: ``{"paused": false}`` when the messages hold ``[[open]]``, else true.
-    The summary: ``{"summary": "SUMMARY: <the message lines>"}`` (so a test can tell what it
-    covered), or a non-JSON answer when they hold ``[[summary-garbage]]``; the prompt's example
-    echoed back (``{"summary": "..."}``) with ``[[summary-placeholder]]``, the prompt's first
-    line with ``[[summary-echo]]``."""
+    The summary: ``{"summary": "SUMMARY: <who>: <text> | <who>: <text> ..."}``, each message's
+    sender label and text (so a test can tell what it covered), or a non-JSON answer when they
+    hold ``[[summary-garbage]]``; the prompt's example echoed back (``{"summary": "..."}``) with
+    ``[[summary-placeholder]]``, the prompt's first line with ``[[summary-echo]]``, only the
+    participants (``A conversation between owner and relaybot.``) with ``[[summary-names]]``,
+    the first message line with ``...`` for its text (``[cli / owner] <time>: ...``) with
+    ``[[summary-line]]``."""
     if text.startswith(PAUSE_PREFIX):
         return json.dumps({"paused": "[[open]]" not in text})
     if text.startswith(SUMMARY_PREFIX):
@@ -178,8 +183,15 @@ def _derived_answer(text: str) -> str | None:
             return json.dumps({"summary": "..."})
         if "[[summary-echo]]" in text:
             return json.dumps({"summary": text.splitlines()[0]})
-        lines = text.split("Messages:\n", 1)[-1]
-        return json.dumps({"summary": "SUMMARY: " + " | ".join(lines.splitlines())})
+        lines = [_LINE.match(line) for line in text.split("Messages:\n", 1)[-1].splitlines()]
+        said = [m for m in lines if m is not None]
+        if "[[summary-names]]" in text:
+            who = " and ".join(dict.fromkeys(m["who"] for m in said))
+            return json.dumps({"summary": f"A conversation between {who}."})
+        if "[[summary-line]]" in text:
+            return json.dumps({"summary": f"{said[0]['head']}: ..."})
+        parts = [f"{m['who']}: {m['text']}" for m in said]
+        return json.dumps({"summary": "SUMMARY: " + " | ".join(parts)})
     return None
 
 

@@ -227,14 +227,14 @@ def entries(r: fakeredis.FakeRedis, cfg: Config) -> list[dict[str, str]]:
 def test_the_job_proposes_a_summary_it_never_writes_memory(world: World) -> None:
     rows = [world.say(f"m{i}") for i in range(4)]
     r = fakeredis.FakeRedis()
-    model = Scripted('{"paused": true}', '{"summary": "Bob counted to three."}')
+    model = Scripted('{"paused": true}', '{"summary": "Bob counted from m0 to m3."}')
     out = derive(world.cfg, r, model, CONV, first_id=rows[0].id, last_id=rows[-1].id, mode="judge")
     assert out == "proposed"
     assert model.prompts[0].startswith("You read the last messages")
     assert "[matrix / @bob:m.org]" in model.prompts[1] and "m3" in model.prompts[1]
     [entry] = entries(r, world.cfg)
     msg = InboundMessage.from_fields(entry)
-    assert msg.kind is Kind.DERIVED and msg.text == "Bob counted to three."
+    assert msg.kind is Kind.DERIVED and msg.text == "Bob counted from m0 to m3."
     assert msg.extra["type"] == "summary" and msg.extra["method"] == "model"
     assert msg.extra["job_key"] == summaries.job_key(CONV, rows[0].id, rows[-1].id)
     assert summaries.listing(world.store.conn, every=True) == []  # jobs never write memory
