@@ -435,22 +435,49 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
-    from contract.bus import redis_url
     from deploy import embedded
 
     binary = embedded.redis_binary("redis-cli")
+    env = dict(os.environ)
     if cfg.embedded_redis:
         target = ["-s", str(cfg.redis_dir / "redis.sock")]
     else:
-        target = ["-u", redis_url(cfg)]
+        target = _redis_cli_target(cfg, env)
     argv = [binary, *target, *extra]
     if cfg.embedded_redis and not embedded.ping(cfg) and not embedded.supervised(cfg):
         from relaybot.runtime import Runtime
 
         with Runtime(cfg, start_worker=False):
-            return subprocess.run(argv, check=False).returncode
-    os.execv(binary, argv)
+            return subprocess.run(argv, check=False, env=env).returncode
+    os.execve(binary, argv, env)
     return 0  # not reached
+
+
+def _redis_cli_target(cfg: Config, env: dict[str, str]) -> list[str]:
+    """redis-cli's options for ``[redis] url``. The password goes in ``REDISCLI_AUTH`` (not on
+    the command line, where ``ps`` shows it), and a URL without a user (``redis://:pw@…``,
+    Redis's ``requirepass``) authenticates as redis-py does, not as the user "" (redis-cli's
+    ``-u`` answered WRONGPASS)."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from contract.bus import redis_url
+
+    parts = urlsplit(redis_url(cfg))
+    query = parse_qs(parts.query)
+    if parts.password:
+        env["REDISCLI_AUTH"] = unquote(parts.password)
+    out = ["--user", unquote(parts.username)] if parts.username and parts.password else []
+    if parts.scheme == "unix":
+        return [*out, "-s", unquote(parts.path), "-n", query.get("db", ["0"])[0]]
+    out += ["-h", parts.hostname or "localhost", "-p", str(parts.port or 6379)]
+    out += ["-n", parts.path.strip("/") or "0"]
+    if parts.scheme == "rediss":
+        out.append("--tls")
+        r = cfg.redis
+        for flag, path in (("--cacert", r.ca_file), ("--cert", r.cert_file), ("--key", r.key_file)):
+            if path is not None:
+                out += [flag, str(path)]
+    return out
 
 
 if __name__ == "__main__":
