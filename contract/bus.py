@@ -36,9 +36,10 @@ def redis_url(cfg: Config) -> str:
 def embedded_socket(cfg: Config) -> str:
     path = str(cfg.redis_dir / "redis.sock")
     if len(path.encode()) > UNIX_SOCKET_MAX:
-        raise RuntimeError(
-            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}); "
-            "use a shorter RELAYBOT_HOME or set REDIS_URL"
+        raise ConfigError(
+            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}: "
+            f"{len(path.encode())} bytes, at most {UNIX_SOCKET_MAX}); use a shorter "
+            "RELAYBOT_HOME or set REDIS_URL"
         )
     return path
 
