@@ -244,11 +244,12 @@ def _main(argv: Sequence[str]) -> int:
     try:
         cfg = load_config()
     except ConfigError as exc:
-        if args.command != "doctor":  # doctor reports it as one of its checks
-            print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         # onboarding is how a broken config gets rewritten (not a file it cannot read: it could
-        # not write it either); doctor says what is wrong with it
+        # not write it either) and says what is wrong with it; so does doctor, as a check
         unreadable = isinstance(exc, ConfigUnreadable)
+        said_by_onboard = args.command == "onboard" and "not valid TOML" in str(exc)
+        if args.command != "doctor" and not said_by_onboard:
+            print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         if args.command != "doctor" and (args.command != "onboard" or unreadable):
             return EXIT_CONFIG
         cfg = Config(home=default_home())

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import getpass
 import sys
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,26 +122,35 @@ def _fail(message: str) -> int:
     return EXIT_FAILED
 
 
-def _existing(path: Path, force: bool) -> dict[str, Any] | str:
+def _existing(path: Path, force: bool, asker: Asker) -> dict[str, Any] | str:
     if not path.exists():
+        return {}
+    try:
+        existing = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if not force:
+            return (
+                f"{path} is not valid TOML ({exc}): fix that line, or run `relaybot onboard "
+                "--force` to write a new one (the broken file is kept beside it)"
+            )
+        kept = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.rename(kept)
+        asker.say(f"{path} was not valid TOML ({exc}): kept as {kept}, nothing of it is reused")
         return {}
     if not force:
         return (
             f"{path} already exists; run `relaybot onboard --force` to answer the questions "
             "again (other settings in it are kept)"
         )
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return f"{path} is not valid TOML ({exc}); fix or remove it"
+    return existing
 
 
 def run_onboarding(cfg: Config, *, force: bool = False, asker: Asker | None = None) -> int:
     path = cfg.config_file
-    existing = _existing(path, force)
+    asker = asker or Asker()
+    existing = _existing(path, force, asker)
     if isinstance(existing, str):
         return _fail(existing)
-    asker = asker or Asker()
     try:
         answers = ask_everything(asker, cfg)
     except Cancelled as exc:

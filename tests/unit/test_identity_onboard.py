@@ -144,6 +144,25 @@ def test_an_existing_config_is_kept_unless_forced_and_then_merged(
     assert written.model.api_key is not None and written.model.api_key.get_secret_value() == "key"
 
 
+def test_a_config_that_is_not_toml_is_kept_aside_by_force_and_written_anew(
+    cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The troubleshooting table says `relaybot onboard` rewrites a broken file: it refused,
+    "not valid TOML; fix or remove it", even with --force."""
+    broken = '[owner]\nname = "Ada\n'
+    (home / "config.toml").write_text(broken)
+    assert run_onboarding(cfg, asker=asker(["Ada"], [])) == 1
+    err = capsys.readouterr().err
+    assert "not valid TOML" in err and "--force" in err
+    said: list[str] = []
+    answers = ["Ada", "", "", "", "", "n", "n"]
+    assert run_onboarding(cfg, force=True, asker=asker(answers, said)) == 0
+    assert load_config(home, env={}).owner.name == "Ada"
+    (kept,) = home.glob("config.toml.broken-*")
+    assert kept.read_text() == broken
+    assert any(str(kept) in s for s in said)
+
+
 def test_running_out_of_answers_cancels_and_writes_nothing(
     cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
