@@ -204,3 +204,23 @@ def test_without_input_flags_answer_and_a_missing_name_is_named(
     assert written.owner.name == "Ada" and not written.model.configured
     assert not written.matrix.configured and not written.email.configured
     assert (home / "config.toml").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_next_steps_name_relaybot_as_it_can_be_typed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "Start chatting with: relaybot chat" was wrong in a clone whose venv is not activated
+    (relaybot is not on PATH there): the next steps name the program that ran."""
+    from relaybot import onboard
+
+    me = tmp_path / ".venv" / "bin" / "relaybot"
+    me.parent.mkdir(parents=True)
+    me.touch()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(onboard.sys, "argv", [str(me), "onboard"])
+    monkeypatch.setattr(onboard.shutil, "which", lambda _name: None)
+    assert onboard.command_name() == ".venv/bin/relaybot"
+    monkeypatch.setattr(onboard.shutil, "which", lambda _name: str(me))
+    assert onboard.command_name() == "relaybot"
+    monkeypatch.setattr(onboard.sys, "argv", ["/usr/lib/python3/relaybot/__main__.py"])
+    assert onboard.command_name() == "relaybot"
