@@ -256,21 +256,7 @@ def render(status: dict[str, Any]) -> str:
             + (f", lag {g['lag']}" if g.get("lag") is not None else "")
         )
     lines.append(f"dead letters: {_count(status['dead_letters'])}")
-    lease = status["worker_lease"]
-    if lease is None and "worker lease" in unread:
-        lines.append("worker lease: ?")
-    else:
-        lines.append(f"worker lease: {lease['holder'] if lease else 'free (no worker running)'}")
-    queues = status["reply_queues"]
-    if queues is None:
-        lines.append("reply queues: ?")
-    else:
-        lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
-        lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
-    inflight = status["in_flight"]
-    if inflight is None and queues is not None:
-        lines.append("in flight: ?")
-    lines += [f"  {s}: {n} in flight" for s, n in sorted((inflight or {}).items()) if n]
+    lines += _lease_and_queue_lines(status, unread)
     j = status.get("jobs")
     if j is not None:
         lines += _jobs_lines(j)
@@ -287,6 +273,26 @@ def render(status: dict[str, Any]) -> str:
     if status.get("unreadable"):
         lines.append(_refused_line(status["unreadable"], status.get("account")))
     return "\n".join(lines)
+
+
+def _lease_and_queue_lines(status: dict[str, Any], unread: set[str]) -> list[str]:
+    lines = []
+    lease = status["worker_lease"]
+    if lease is None and "worker lease" in unread:
+        lines.append("worker lease: ?")
+    else:
+        lines.append(f"worker lease: {lease['holder'] if lease else 'free (no worker running)'}")
+    queues = status["reply_queues"]
+    if queues is None:
+        lines.append("reply queues: ?")
+    else:
+        lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
+        lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
+    inflight = status["in_flight"]
+    if inflight is None and queues is not None:
+        lines.append("in flight: ?")
+    lines += [f"  {s}: {n} in flight" for s, n in sorted((inflight or {}).items()) if n]
+    return lines
 
 
 def _refused_line(unreadable: list[str], account: str | None) -> str:
