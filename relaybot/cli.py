@@ -435,9 +435,13 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
+    from contract import redis_tls
     from contract.bus import redis_url
+    from contract.config import ConfigError
     from deploy import embedded
 
+    if (problem := redis_tls.file_problem(cfg)) is not None:  # as every command (bus.connect)
+        raise ConfigError(problem)
     binary = embedded.redis_binary("redis-cli")
     if cfg.embedded_redis:
         target = ["-s", str(cfg.redis_dir / "redis.sock")]
