@@ -118,11 +118,7 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
     jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
     beat = ("HSET", keys.heartbeats, "doctor", "1")
     if role == "jobs":
-        return [
-            beat,
-            ("XADD", keys.inbound, "*", "f", "v"),
-            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
-        ]
+        return [beat, ("XADD", keys.inbound, "*", "f", "v"), *_rq_worker_probes(keys)]
     if role == "worker":
         streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
         return [
@@ -147,6 +143,56 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
     if spec.account is not None:  # one gateway per account: its lease
         probes.append(("SET", keys.gateway_lease(ch, _S), "x", "NX", "PX", "1"))
     return probes + (spec.probes(keys) if spec.probes is not None else [])
+
+
+def _rq_worker_probes(keys: Keys) -> list[tuple[str, ...]]:
+    """What rq's worker runs (rq 3: worker/base.py, queue.py, registry.py, job.py, results.py,
+    worker_registration.py): a command it lacks ended rq's loop with a traceback, started again
+    once a second for ever. Keys as rq names them (``rq:*`` in deploy/redis/users.acl)."""
+    q = f"rq:queue:{keys.jobs_queue}"
+    job, me = "rq:job:doctor-probe", f"rq:worker:{_S}"
+    registries = [f"rq:{kind}:{keys.jobs_queue}" for kind in ("wip", "failed", "finished")]
+    return [
+        ("LPUSH", q, "x"),  # enqueue, a job put back
+        ("BLMOVE", q, f"{q}:intermediate", "LEFT", "RIGHT", "1"),  # waiting for a job
+        ("LMOVE", q, f"{q}:intermediate", "LEFT", "RIGHT"),
+        ("BLPOP", q, "1"),
+        ("LPOP", q),
+        ("LREM", f"{q}:intermediate", "1", "x"),
+        ("LRANGE", q, "0", "0"),
+        ("LLEN", q),
+        *(
+            (cmd, reg, *args)
+            for reg in registries
+            for cmd, *args in (
+                ("ZADD", "1", "x"),
+                ("ZREM", "x"),
+                ("ZRANGEBYSCORE", "0", "1"),
+                ("ZREMRANGEBYSCORE", "0", "1"),
+                ("ZCARD",),
+            )
+        ),
+        ("HSET", job, "f", "v"),  # a job's hash
+        ("HGETALL", job),
+        ("HGET", job, "f"),
+        ("HMGET", job, "f"),
+        ("HINCRBY", me, "f", "1"),  # the worker's own hash (its counts)
+        ("HINCRBYFLOAT", me, "f", "1"),
+        ("EXPIRE", job, "1"),
+        ("PERSIST", job),
+        ("DEL", job),
+        ("EXISTS", job),
+        ("SADD", "rq:workers", me),  # its registration
+        ("SREM", "rq:workers", me),
+        ("SMEMBERS", "rq:workers"),
+        ("SET", f"rq:clean_registries:{keys.jobs_queue}", "1", "NX", "EX", "1"),
+        ("XADD", f"rq:results:{_S}", "MAXLEN", "10", "*", "f", "v"),  # a job's result
+        ("WATCH", job),
+        ("PUBLISH", f"rq:pubsub:{_S}", "x"),  # its commands channel
+        ("SUBSCRIBE", f"rq:pubsub:{_S}"),
+        ("CLIENT", "SETNAME", "x"),
+        ("CLIENT", "INFO"),
+    ]
 
 
 def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:

@@ -131,6 +131,38 @@ def test_a_permission_or_a_password_taken_away_at_run_time_stops_the_process(
         assert jobs.wait(30) == 2
         line = jobs.log_text().strip().splitlines()[-1]
         assert "refused the login of account relaybot-jobs" in line
+        # rq's pubsub thread met the refusal too: it printed "Exception in thread Thread-1:
+        # Traceback ... AccessRefused" (now it ends rq's loop, quietly)
+        assert "Traceback" not in jobs.log_text(), jobs.log_text()
+
+
+def test_jobs_without_a_command_rq_runs_stops_at_start_and_at_run_time(
+    tmp_path: Path, acl_port: int
+) -> None:
+    """`ACL SETUSER relaybot-jobs -blmove`: rq's "unhandled exception" and its traceback, then
+    `jobs.rq_loop_ended` and `redis.unreachable retry_in 1.0` once a second, for ever (its
+    start checked no command of rq's). Now exit 2 and the one line, at start or at run time."""
+    root = admin(acl_port)
+    env = relaybot_env(tmp_path / "home", redis_url=url(acl_port, "jobs"))
+    root.execute_command("ACL", "SETUSER", "relaybot-jobs", "-blmove", "-brpop")
+    result = run_relaybot(["jobs"], env, timeout=60)
+    line = one_line(result.stderr + result.stdout)
+    assert result.returncode == 2, result
+    assert line.startswith("relaybot: Redis account relaybot-jobs may not do this: NOPERM")
+    assert "BLMOVE rq:queue:relaybot:jobs" in line
+
+    root.execute_command("ACL", "SETUSER", "relaybot-jobs", "+blmove", "+brpop")
+    with Procs(tmp_path / "logs") as procs:
+        jobs = procs.jobs(env)
+        jobs.wait_for_log("jobs.started")
+        root.execute_command("ACL", "SETUSER", "relaybot-jobs", "-blmove", "-brpop")
+        assert jobs.wait(30) == 2
+        text = jobs.log_text()
+        last = text.strip().splitlines()[-1]
+        assert last.startswith("relaybot: Redis account relaybot-jobs may not do this: ")
+        assert "blmove" in last.lower()
+        assert "Traceback" not in text and "unhandled exception" not in text
+        assert "redis.unreachable" not in text and "jobs.rq_loop_ended" not in text
 
 
 def test_the_shipped_cli_account_runs_status_and_reads_no_one_elses_data(
