@@ -18,6 +18,8 @@ Wrong credentials (``WRONGPASS``, ``NOAUTH``) and a command the account's ACL do
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -45,6 +47,36 @@ class AccessRefused(redis.RedisError):
 REFUSED: tuple[type[Exception], ...] = (AccessRefused, NoPermissionError)
 # what Redis answers when a script runs a command the account may not (an ERR, not a NOPERM)
 _SCRIPT_REFUSED = ("can't run this command", "no permissions to ")
+
+
+# the scripts relaybot runs, by SHA1: Redis names a script it refused a command of by its SHA
+_SCRIPTS: dict[str, tuple[str, str]] = {}
+_SCRIPT_AT = re.compile(r"script: ([0-9a-f]{40})(?:, on @user_script:(\d+))?\.?")
+_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z|]+)'")
+
+
+def name_script(name: str, source: str) -> None:
+    """Name a script (``the worker's commit script``) for :func:`line`: Redis's refusal of one
+    of its commands names only the script's SHA and a line of it."""
+    _SCRIPTS[hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()] = (name, source)
+
+
+def _script_in_words(detail: str) -> str:
+    """``... script: <sha>, on @user_script:12.`` as ``... : XREADGROUP, run by the worker's
+    read script (EVALSHA abe802f2…, its line 12)``."""
+    found = _SCRIPT_AT.search(detail)
+    if found is None:
+        return detail
+    sha, at = found.group(1), found.group(2)
+    name, source = _SCRIPTS.get(sha, ("a script of relaybot's", ""))
+    lines = source.splitlines()
+    command = None
+    if at is not None and 0 < int(at) <= len(lines):
+        call = _CALL.search(lines[int(at) - 1])
+        command = call.group(1).upper() if call else None
+    said = f"{command}, run by {name}" if command else f"a command of {name}"
+    where = f"EVALSHA {sha[:8]}…" + (f", its line {at}" if at else "")
+    return f"{detail[: found.start()].rstrip()}: {said} ({where})"
 
 
 def refusal(exc: BaseException) -> bool:
@@ -89,7 +121,7 @@ def line(cfg: Config, exc: BaseException, role: str | None = None) -> str:
     user = account(cfg)
     url = cfg.redis.url
     where = "the embedded Redis" if url is None else str(redact(url.get_secret_value()))
-    detail = str(exc).strip() or type(exc).__name__
+    detail = _script_in_words(str(exc).strip() or type(exc).__name__)
     if (isinstance(exc, AccessRefused) and exc.login) or isinstance(exc, redis.AuthenticationError):
         return (
             f"Redis at {where} refused the login of account {user}: {detail} -- set that "
@@ -97,6 +129,11 @@ def line(cfg: Config, exc: BaseException, role: str | None = None) -> str:
             "has them (deploy/redis/users.acl, deploy/README.md), then start it again"
         )
     needs = f"relaybot-{role}" if role is not None else None
+    if "'select' command" in detail.lower():  # a URL naming a database other than 0
+        return (
+            f"Redis account {user} may not do this: {detail} -- the shipped ACL allows "
+            "database 0 only: use /0 at the end of REDIS_URL (or [redis] url)"
+        )
     which = f"{role_title(role)} runs as {needs}" if role is not None else "this command needs"
     if needs is None:
         fix = (

@@ -294,6 +294,23 @@ def _redis_failed(cfg: Config, exc: Exception, role: str, access: Any, where: st
     if access.refusal(exc):
         print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
         return EXIT_CONFIG
+    import redis
+
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # reached, but full: operations
+        print(
+            f"relaybot: Redis at {where} is full and refuses writes (maxmemory reached: {exc}) "
+            "-- give it more memory (maxmemory in its redis.conf, or CONFIG SET maxmemory) or "
+            "free some, then try again",
+            file=sys.stderr,
+        )
+        return 1
+    if isinstance(exc, redis.exceptions.ReadOnlyError):  # a replica: the URL is wrong
+        print(
+            f"relaybot: Redis at {where} is a read-only replica ({exc}) -- set REDIS_URL (or "
+            "[redis] url) to its primary: relaybot writes",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     from contract import redis_tls  # only on this path
 
     if (tls := redis_tls.problem(exc, cfg, where)) is not None:

@@ -124,6 +124,8 @@ def test_a_permission_or_a_password_taken_away_at_run_time_stops_the_process(
         line = worker.log_text().strip().splitlines()[-1]
         assert line.startswith("relaybot: Redis account relaybot-worker may not do this: ")
         assert "can't run this command" in line
+        # the command and the script, not the script's SHA alone
+        assert "XREADGROUP, run by the worker's read script (EVALSHA " in line
         assert "give relaybot-worker these commands in the Redis ACL file" in line
 
         root.execute_command("ACL", "SETUSER", "relaybot-jobs", "resetpass", ">rotated")
@@ -273,6 +275,10 @@ def test_a_stock_redis_is_one_line_for_the_chat_and_a_warning_of_the_workers(
         assert line.startswith("relaybot: Redis runs with appendonly no: ")
         assert line.endswith("see deploy/README.md; nothing was sent")
         assert server.client().keys("*") == []  # nothing was sent indeed
+        piped = run_relaybot(["chat"], env, stdin="hello\n", timeout=60)  # no -m, no TTY
+        assert piped.returncode == 2, piped
+        assert "Redis runs with appendonly no: " in piped.stderr
+        assert server.client().keys("*") == []
 
         with Procs(tmp_path / "logs") as procs:
             worker = procs.worker(env, r=server.client(), keys=Keys())
@@ -311,3 +317,32 @@ def test_the_embedded_redis_not_running_says_what_runs_it(tmp_path: Path) -> Non
     assert result.returncode == 1
     assert "No such file or directory" in line
     assert "the embedded Redis is not running: it runs while `honcho start`" in line
+
+
+def test_a_full_redis_and_a_read_only_replica_are_said_as_what_they_are(tmp_path: Path) -> None:
+    """OOM (`CONFIG SET maxmemory 1`) and READONLY (a replica) were `cannot reach Redis`: a full
+    Redis is an operational problem (exit 1, with the fix), a replica in REDIS_URL a
+    configuration error (exit 2)."""
+    server = RedisServer(tmp_path / "full").start()
+    replica = RedisServer(
+        tmp_path / "replica", persistence=(*DURABLE, "--replicaof", "127.0.0.1", "1")
+    ).start()
+    try:
+        server.client().config_set("maxmemory", "1")
+        env = relaybot_env(tmp_path / "home", redis_url=server.url)
+        result = run_relaybot(["chat", "-m", "hello"], env, timeout=60)
+        # (the chat's heartbeat may warn that its beat failed, as it would in the log)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("relaybot: ")]
+        assert "Traceback" not in result.stderr
+        assert result.returncode == 1, result
+        assert "is full and refuses writes (maxmemory reached" in line
+        assert "give it more memory" in line and "cannot reach" not in line
+
+        env = relaybot_env(tmp_path / "home2", redis_url=replica.url)
+        result = run_relaybot(["chat", "-m", "hello"], env, timeout=60)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("relaybot: ")]
+        assert result.returncode == 2, result
+        assert "is a read-only replica" in line and "to its primary" in line
+    finally:
+        server.stop()
+        replica.stop()
