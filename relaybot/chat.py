@@ -189,7 +189,7 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
         else "not configured (see `relaybot onboard`)"
     )
     dead = "?" if status["dead_letters"] is None else status["dead_letters"]
-    unread_streams = any(one["length"] is None for one in status["streams"].values())
+    unread_streams = any(one["length"] is None for one in status.get("streams", {}).values())
     pending = "?" if not group and unread_streams else group.get("pending", 0)
     lines = [
         f"session:  {session}",

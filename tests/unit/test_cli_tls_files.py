@@ -4,10 +4,13 @@ worker, chat, the gateways and doctor said which file."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from relaybot import cli
 
@@ -19,6 +22,19 @@ def _umask() -> object:
     os.umask(old)
     yield
     os.umask(old)
+
+
+@pytest.fixture(autouse=True)
+def _logging_back() -> Iterator[None]:
+    """cli.main points the logs at this test's captured stderr, closed after it: the logging
+    of the tests after this one is put back as it was."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.mark.parametrize(
@@ -35,14 +51,14 @@ def test_a_missing_ca_file_is_one_configuration_line_and_exit_2(
     args: list[str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("RELAYBOT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("REDIS_URL", "rediss://relaybot-cli:pw@127.0.0.1:1/0")
     monkeypatch.setenv("RELAYBOT_REDIS__CA_FILE", str(tmp_path / "missing.pem"))
     monkeypatch.setattr(cli.os, "execv", lambda *_: pytest.fail("redis-cli was started"))
     assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capfd.readouterr().err.strip().splitlines()
     assert err[-1] == (
         f"relaybot: configuration error: [redis] ca_file {tmp_path / 'missing.pem'} does not "
         "exist: fix the path ([redis] ca_file or RELAYBOT_REDIS__CA_FILE) or its permissions"
