@@ -47,10 +47,13 @@ class Worker(RqWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.refused: BaseException | None = None
+        self.full: BaseException | None = None  # the OOM that ended rq's loop (ridden out)
         self.log = _RefusalLog(self.log, self._note_refusal)  # type: ignore[assignment]
 
     def _note_refusal(self, exc: BaseException) -> None:
-        if self.refused is None:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self.full = exc
+        elif self.refused is None:
             self.refused = exc
 
     def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
@@ -65,14 +68,16 @@ class Worker(RqWorker):
 
 
 class _RefusalLog:
-    """rq's logger, less the records of a refusal (handed to ``refused`` instead)."""
+    """rq's logger, less the records (and tracebacks) of a refusal or of a full Redis (handed
+    to ``refused`` instead: :func:`run_jobs` stops on the one, rides the other out)."""
 
     def __init__(self, inner: Any, refused: Any) -> None:
         self._inner, self._refused = inner, refused
 
     def error(self, msg: object, *args: object, **kwargs: Any) -> None:
         exc = sys.exc_info()[1] if kwargs.get("exc_info") is True else kwargs.get("exc_info")
-        if isinstance(exc, BaseException) and access.refusal(exc):
+        full = isinstance(exc, redis.exceptions.OutOfMemoryError)
+        if isinstance(exc, BaseException) and (full or access.refusal(exc)):
             self._refused(exc)
             return
         self._inner.error(msg, *args, **kwargs)
@@ -124,6 +129,9 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         while True:
             try:
                 recover_abandoned(queue(cfg, rq_r))
+                # this process's rq worker of before (its loop ended, its teardown failed: a
+                # full or lost Redis) is gone: rq would refuse to start one of the same name
+                rq_r.delete(RqWorker.redis_worker_namespace_prefix + worker_name())
                 worker = Worker(
                     [queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15, name=worker_name()
                 )
@@ -145,6 +153,11 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                     return 0  # stopped by a signal (or, in a burst, done)
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
                 # that is no reason to stop (under honcho one exit stops every process)
+                full = getattr(worker, "full", None)
+                if full is not None:  # Redis is full (maxmemory): back off, then go on
+                    if not _ride_out(rq_r, outage, full):
+                        return 0
+                    continue
                 log.warning("jobs.rq_loop_ended", detail="no stop was asked: starting it again")
                 # rq logs any error of its loop and ends it: one Redis refused (an ACL changed
                 # under us) is not waited out, it stops the process (exit 2, relaybot/cli.py)

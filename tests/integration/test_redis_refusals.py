@@ -346,3 +346,34 @@ def test_a_full_redis_and_a_read_only_replica_are_said_as_what_they_are(tmp_path
     finally:
         server.stop()
         replica.stop()
+
+
+def test_jobs_rides_out_a_full_redis_and_goes_on(tmp_path: Path) -> None:
+    """`CONFIG SET maxmemory 1`: jobs exited 1 (stopping everything under honcho); rq's loop
+    logged its traceback. Now it backs off, says why, and runs jobs once Redis takes writes."""
+    from rq import Queue
+
+    from tests.support.procs import wait_until
+
+    server = RedisServer(tmp_path / "full").start()
+    keys = Keys()
+    try:
+        r = server.client()
+        with Procs(tmp_path / "logs") as procs:
+            jobs = procs.jobs(relaybot_env(tmp_path / "home", redis_url=server.url))
+            jobs.wait_for_log("jobs.started")
+            r.config_set("maxmemory", "1")
+            full = jobs.wait_for_log("redis.unreachable", timeout=30)
+            assert "maxmemory" in full["error"]
+            wait_until(lambda: len(jobs.events("redis.unreachable")) >= 2, timeout=30)
+            assert jobs.returncode is None, jobs.log_text()  # still running
+            r.config_set("maxmemory", "0")
+            job = Queue(keys.jobs_queue, connection=r).enqueue("tests.support.jobs.ping_job")
+            wait_until(
+                lambda: job.get_status(refresh=True) == "finished",
+                timeout=60,
+                message=lambda: jobs.log_text()[-3000:],
+            )
+            assert "Traceback" not in jobs.log_text()
+    finally:
+        server.stop()
