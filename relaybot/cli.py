@@ -295,6 +295,23 @@ def _redis_failed(cfg: Config, exc: Exception, role: str, access: Any, where: st
     if access.refusal(exc):
         print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
         return EXIT_CONFIG
+    import redis
+
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # reached, but full: operations
+        print(
+            f"relaybot: Redis at {where} is full and refuses writes (maxmemory reached: {exc}) "
+            "-- give it more memory (maxmemory in its redis.conf, or CONFIG SET maxmemory) or "
+            "free some, then try again",
+            file=sys.stderr,
+        )
+        return 1
+    if isinstance(exc, redis.exceptions.ReadOnlyError):  # a replica: the URL is wrong
+        print(
+            f"relaybot: Redis at {where} is a read-only replica ({exc}) -- set REDIS_URL (or "
+            "[redis] url) to its primary: relaybot writes",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     from contract import redis_tls  # only on this path
 
     if (tls := redis_tls.problem(exc, cfg, where)) is not None:
@@ -436,8 +453,12 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
+    from contract import redis_tls
+    from contract.config import ConfigError
     from deploy import embedded
 
+    if (problem := redis_tls.file_problem(cfg)) is not None:  # as every command (bus.connect)
+        raise ConfigError(problem)
     binary = embedded.redis_binary("redis-cli")
     env = dict(os.environ)
     if cfg.embedded_redis:
