@@ -18,6 +18,8 @@ Wrong credentials (``WRONGPASS``, ``NOAUTH``) and a command the account's ACL do
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -45,6 +47,36 @@ class AccessRefused(redis.RedisError):
 REFUSED: tuple[type[Exception], ...] = (AccessRefused, NoPermissionError)
 # what Redis answers when a script runs a command the account may not (an ERR, not a NOPERM)
 _SCRIPT_REFUSED = ("can't run this command", "no permissions to ")
+
+
+# the scripts relaybot runs, by SHA1: Redis names a script it refused a command of by its SHA
+_SCRIPTS: dict[str, tuple[str, str]] = {}
+_SCRIPT_AT = re.compile(r"script: ([0-9a-f]{40})(?:, on @user_script:(\d+))?\.?")
+_CALL = re.compile(r"redis\.p?call\(\s*'([A-Za-z|]+)'")
+
+
+def name_script(name: str, source: str) -> None:
+    """Name a script (``the worker's commit script``) for :func:`line`: Redis's refusal of one
+    of its commands names only the script's SHA and a line of it."""
+    _SCRIPTS[hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()] = (name, source)
+
+
+def _script_in_words(detail: str) -> str:
+    """``... script: <sha>, on @user_script:12.`` as ``... : XREADGROUP, run by the worker's
+    read script (EVALSHA abe802f2…, its line 12)``."""
+    found = _SCRIPT_AT.search(detail)
+    if found is None:
+        return detail
+    sha, at = found.group(1), found.group(2)
+    name, source = _SCRIPTS.get(sha, ("a script of relaybot's", ""))
+    lines = source.splitlines()
+    command = None
+    if at is not None and 0 < int(at) <= len(lines):
+        call = _CALL.search(lines[int(at) - 1])
+        command = call.group(1).upper() if call else None
+    said = f"{command}, run by {name}" if command else f"a command of {name}"
+    where = f"EVALSHA {sha[:8]}…" + (f", its line {at}" if at else "")
+    return f"{detail[: found.start()].rstrip()}: {said} ({where})"
 
 
 def refusal(exc: BaseException) -> bool:
@@ -89,7 +121,7 @@ def line(cfg: Config, exc: BaseException, role: str | None = None) -> str:
     user = account(cfg)
     url = cfg.redis.url
     where = "the embedded Redis" if url is None else str(redact(url.get_secret_value()))
-    detail = str(exc).strip() or type(exc).__name__
+    detail = _script_in_words(str(exc).strip() or type(exc).__name__)
     if (isinstance(exc, AccessRefused) and exc.login) or isinstance(exc, redis.AuthenticationError):
         return (
             f"Redis at {where} refused the login of account {user}: {detail} -- set that "
@@ -97,6 +129,11 @@ def line(cfg: Config, exc: BaseException, role: str | None = None) -> str:
             "has them (deploy/redis/users.acl, deploy/README.md), then start it again"
         )
     needs = f"relaybot-{role}" if role is not None else None
+    if "'select' command" in detail.lower():  # a URL naming a database other than 0
+        return (
+            f"Redis account {user} may not do this: {detail} -- the shipped ACL allows "
+            "database 0 only: use /0 at the end of REDIS_URL (or [redis] url)"
+        )
     which = f"{role_title(role)} runs as {needs}" if role is not None else "this command needs"
     if needs is None:
         fix = (
@@ -118,11 +155,7 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
     jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
     beat = ("HSET", keys.heartbeats, "doctor", "1")
     if role == "jobs":
-        return [
-            beat,
-            ("XADD", keys.inbound, "*", "f", "v"),
-            ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
-        ]
+        return [beat, ("XADD", keys.inbound, "*", "f", "v"), *_rq_worker_probes(keys)]
     if role == "worker":
         streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
         return [
@@ -147,6 +180,56 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
     if spec.account is not None:  # one gateway per account: its lease
         probes.append(("SET", keys.gateway_lease(ch, _S), "x", "NX", "PX", "1"))
     return probes + (spec.probes(keys) if spec.probes is not None else [])
+
+
+def _rq_worker_probes(keys: Keys) -> list[tuple[str, ...]]:
+    """What rq's worker runs (rq 3: worker/base.py, queue.py, registry.py, job.py, results.py,
+    worker_registration.py): a command it lacks ended rq's loop with a traceback, started again
+    once a second for ever. Keys as rq names them (``rq:*`` in deploy/redis/users.acl)."""
+    q = f"rq:queue:{keys.jobs_queue}"
+    job, me = "rq:job:doctor-probe", f"rq:worker:{_S}"
+    registries = [f"rq:{kind}:{keys.jobs_queue}" for kind in ("wip", "failed", "finished")]
+    return [
+        ("LPUSH", q, "x"),  # enqueue, a job put back
+        ("BLMOVE", q, f"{q}:intermediate", "LEFT", "RIGHT", "1"),  # waiting for a job
+        ("LMOVE", q, f"{q}:intermediate", "LEFT", "RIGHT"),
+        ("BLPOP", q, "1"),
+        ("LPOP", q),
+        ("LREM", f"{q}:intermediate", "1", "x"),
+        ("LRANGE", q, "0", "0"),
+        ("LLEN", q),
+        *(
+            (cmd, reg, *args)
+            for reg in registries
+            for cmd, *args in (
+                ("ZADD", "1", "x"),
+                ("ZREM", "x"),
+                ("ZRANGEBYSCORE", "0", "1"),
+                ("ZREMRANGEBYSCORE", "0", "1"),
+                ("ZCARD",),
+            )
+        ),
+        ("HSET", job, "f", "v"),  # a job's hash
+        ("HGETALL", job),
+        ("HGET", job, "f"),
+        ("HMGET", job, "f"),
+        ("HINCRBY", me, "f", "1"),  # the worker's own hash (its counts)
+        ("HINCRBYFLOAT", me, "f", "1"),
+        ("EXPIRE", job, "1"),
+        ("PERSIST", job),
+        ("DEL", job),
+        ("EXISTS", job),
+        ("SADD", "rq:workers", me),  # its registration
+        ("SREM", "rq:workers", me),
+        ("SMEMBERS", "rq:workers"),
+        ("SET", f"rq:clean_registries:{keys.jobs_queue}", "1", "NX", "EX", "1"),
+        ("XADD", f"rq:results:{_S}", "MAXLEN", "10", "*", "f", "v"),  # a job's result
+        ("WATCH", job),
+        ("PUBLISH", f"rq:pubsub:{_S}", "x"),  # its commands channel
+        ("SUBSCRIBE", f"rq:pubsub:{_S}"),
+        ("CLIENT", "SETNAME", "x"),
+        ("CLIENT", "INFO"),
+    ]
 
 
 def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:

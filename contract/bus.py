@@ -36,9 +36,10 @@ def redis_url(cfg: Config) -> str:
 def embedded_socket(cfg: Config) -> str:
     path = str(cfg.redis_dir / "redis.sock")
     if len(path.encode()) > UNIX_SOCKET_MAX:
-        raise RuntimeError(
-            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}); "
-            "use a shorter RELAYBOT_HOME or set REDIS_URL"
+        raise ConfigError(
+            f"RELAYBOT_HOME is too long for the embedded Redis socket ({path}: "
+            f"{len(path.encode())} bytes, at most {UNIX_SOCKET_MAX}); use a shorter "
+            "RELAYBOT_HOME or set REDIS_URL"
         )
     return path
 
@@ -52,7 +53,11 @@ def connect(cfg: Config, *, timeout: float | None = None) -> redis.Redis:
     script twice): a dropped connection is an error the caller sees, and each process rides it
     out as :mod:`contract.outage` says. The pool still reconnects on the next command. A login
     Redis refuses is :class:`contract.access.AccessRefused`, not a ``ConnectionError``: no
-    outage loop waits for it."""
+    outage loop waits for it. A TLS file ([redis] ca_file, cert_file, key_file) this process
+    cannot read is a :class:`ConfigError` here, for every command alike (``relaybot status``
+    said "cannot reach Redis ... No such file", exit 1, where the worker said which file)."""
+    if (problem := redis_tls.file_problem(cfg)) is not None:
+        raise ConfigError(problem)
     seconds = cfg.redis.socket_timeout if timeout is None else timeout
     return redis.Redis.from_url(
         redis_url(cfg),
@@ -93,9 +98,7 @@ def wait_for_redis(
     channel's gateway) the commands that role needs are checked (:func:`contract.access.check`)
     before the client is handed over."""
     where = _shown_url(cfg)
-    if (problem := redis_tls.file_problem(cfg)) is not None:
-        raise ConfigError(problem)
-    r = connect(cfg)
+    r = connect(cfg)  # a TLS file it cannot read: ConfigError
     # the first try gives up soon, so that a Redis that does not answer (a host that drops
     # packets, a server stopped with SIGSTOP) is said at once too, not after socket_timeout
     probe: redis.Redis | None = connect(cfg, timeout=min(FIRST_TRY, cfg.redis.socket_timeout))

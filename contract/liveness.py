@@ -14,6 +14,7 @@ from typing import Any
 import redis
 import structlog
 
+from contract import access
 from contract.keys import Keys
 
 log = structlog.get_logger(__name__)
@@ -132,6 +133,10 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+access.name_script("the worker's lease script (renew)", _RENEW)
+access.name_script("the worker's lease script (acquire)", _ACQUIRE)
+access.name_script("the worker's lease script (raise)", _RAISE)
+access.name_script("the worker's lease script (release)", _RELEASE)
 
 
 class Lease:

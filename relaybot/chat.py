@@ -310,21 +310,33 @@ def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
     """``relaybot status`` in a few lines, for ``/status``."""
     lease = status["worker_lease"]
     group = status["group"] or {}
-    beats = status["heartbeats"]
-    stale = sorted(name for name, beat in beats.items() if beat["stale"])
+    unread = set(status.get("unreadable") or [])
+    beats = status["heartbeats"]  # None: refused (never "none")
+    stale = sorted(name for name, beat in (beats or {}).items() if beat["stale"])
     model = (
         f"{cfg.model.model} at {display_url(str(cfg.model.base_url))}"
         if cfg.model.configured
         else "not configured (see `relaybot onboard`)"
     )
     dead = "?" if status["dead_letters"] is None else status["dead_letters"]
+    unread_streams = any(one["length"] is None for one in status.get("streams", {}).values())
+    pending = "?" if not group and unread_streams else group.get("pending", 0)
     lines = [
         f"session:  {session}",
-        f"worker:   {'running (' + lease['holder'] + ')' if lease else 'none running'}",
-        f"queue:    {group.get('pending', 0)} pending, {dead} dead letters",
+        "worker:   "
+        + (
+            "?"
+            if lease is None and "worker lease" in unread
+            else f"running ({lease['holder']})"
+            if lease
+            else "none running"
+        ),
+        f"queue:    {pending} pending, {dead} dead letters",
         f"model:    {model}",
         f"home:     {cfg.home}",
-        f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
+        "alive:    ?"
+        if beats is None
+        else f"alive:    {', '.join(sorted(n for n in beats if n not in stale)) or 'none'}"
         + (f" (stale: {', '.join(stale)})" if stale else ""),
     ]
     if status.get("unreadable"):

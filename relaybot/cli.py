@@ -250,11 +250,12 @@ def _main(argv: Sequence[str]) -> int:
     try:
         cfg = load_config()
     except ConfigError as exc:
-        if args.command != "doctor":  # doctor reports it as one of its checks
-            print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         # onboarding is how a broken config gets rewritten (not a file it cannot read: it could
-        # not write it either); doctor says what is wrong with it
+        # not write it either) and says what is wrong with it; so does doctor, as a check
         unreadable = isinstance(exc, ConfigUnreadable)
+        said_by_onboard = args.command == "onboard" and "not valid TOML" in str(exc)
+        if args.command != "doctor" and not said_by_onboard:
+            print(f"relaybot: configuration error: {exc}", file=sys.stderr)
         if args.command != "doctor" and (args.command != "onboard" or unreadable):
             return EXIT_CONFIG
         cfg = Config(home=default_home())
@@ -299,6 +300,23 @@ def _redis_failed(cfg: Config, exc: Exception, role: str, access: Any, where: st
     not answer: exit 1."""
     if access.refusal(exc):
         print(f"relaybot: {access.line(cfg, exc, role)}", file=sys.stderr)
+        return EXIT_CONFIG
+    import redis
+
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # reached, but full: operations
+        print(
+            f"relaybot: Redis at {where} is full and refuses writes (maxmemory reached: {exc}) "
+            "-- give it more memory (maxmemory in its redis.conf, or CONFIG SET maxmemory) or "
+            "free some, then try again",
+            file=sys.stderr,
+        )
+        return 1
+    if isinstance(exc, redis.exceptions.ReadOnlyError):  # a replica: the URL is wrong
+        print(
+            f"relaybot: Redis at {where} is a read-only replica ({exc}) -- set REDIS_URL (or "
+            "[redis] url) to its primary: relaybot writes",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     from contract import redis_tls  # only on this path
 
@@ -448,22 +466,53 @@ def _exec_redis_cli(cfg: Config, extra: list[str]) -> int:
     """redis-cli against relaybot's Redis. The embedded one, when nothing runs it (no chat, no
     ``honcho start``), is started for this command and stopped after it: the stream, the
     queues and the dead letters are on disk, and the README's recipes work at any time."""
-    from contract.bus import redis_url
+    from contract import redis_tls
+    from contract.config import ConfigError
     from deploy import embedded
 
+    if (problem := redis_tls.file_problem(cfg)) is not None:  # as every command (bus.connect)
+        raise ConfigError(problem)
     binary = embedded.redis_binary("redis-cli")
+    env = dict(os.environ)
     if cfg.embedded_redis:
         target = ["-s", str(cfg.redis_dir / "redis.sock")]
     else:
-        target = ["-u", redis_url(cfg)]
+        target = _redis_cli_target(cfg, env)
     argv = [binary, *target, *extra]
     if cfg.embedded_redis and not embedded.ping(cfg) and not embedded.supervised(cfg):
         from relaybot.runtime import Runtime
 
         with Runtime(cfg, start_worker=False):
-            return subprocess.run(argv, check=False).returncode
-    os.execv(binary, argv)
+            return subprocess.run(argv, check=False, env=env).returncode
+    os.execve(binary, argv, env)
     return 0  # not reached
+
+
+def _redis_cli_target(cfg: Config, env: dict[str, str]) -> list[str]:
+    """redis-cli's options for ``[redis] url``. The password goes in ``REDISCLI_AUTH`` (not on
+    the command line, where ``ps`` shows it), and a URL without a user (``redis://:pw@…``,
+    Redis's ``requirepass``) authenticates as redis-py does, not as the user "" (redis-cli's
+    ``-u`` answered WRONGPASS)."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from contract.bus import redis_url
+
+    parts = urlsplit(redis_url(cfg))
+    query = parse_qs(parts.query)
+    if parts.password:
+        env["REDISCLI_AUTH"] = unquote(parts.password)
+    out = ["--user", unquote(parts.username)] if parts.username and parts.password else []
+    if parts.scheme == "unix":
+        return [*out, "-s", unquote(parts.path), "-n", query.get("db", ["0"])[0]]
+    out += ["-h", parts.hostname or "localhost", "-p", str(parts.port or 6379)]
+    out += ["-n", parts.path.strip("/") or "0"]
+    if parts.scheme == "rediss":
+        out.append("--tls")
+        r = cfg.redis
+        for flag, path in (("--cacert", r.ca_file), ("--cert", r.cert_file), ("--key", r.key_file)):
+            if path is not None:
+                out += [flag, str(path)]
+    return out
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ channel, so anyone who could pick "ada" as a handle somewhere would be taken for
 from __future__ import annotations
 
 import getpass
+import shutil
 import sys
+import time
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,26 +123,35 @@ def _fail(message: str) -> int:
     return EXIT_FAILED
 
 
-def _existing(path: Path, force: bool) -> dict[str, Any] | str:
+def _existing(path: Path, force: bool, asker: Asker) -> dict[str, Any] | str:
     if not path.exists():
+        return {}
+    try:
+        existing = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        if not force:
+            return (
+                f"{path} is not valid TOML ({exc}): fix that line, or run `relaybot onboard "
+                "--force` to write a new one (the broken file is kept beside it)"
+            )
+        kept = path.with_name(f"{path.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.rename(kept)
+        asker.say(f"{path} was not valid TOML ({exc}): kept as {kept}, nothing of it is reused")
         return {}
     if not force:
         return (
             f"{path} already exists; run `relaybot onboard --force` to answer the questions "
             "again (other settings in it are kept)"
         )
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return f"{path} is not valid TOML ({exc}); fix or remove it"
+    return existing
 
 
 def run_onboarding(cfg: Config, *, force: bool = False, asker: Asker | None = None) -> int:
     path = cfg.config_file
-    existing = _existing(path, force)
+    asker = asker or Asker()
+    existing = _existing(path, force, asker)
     if isinstance(existing, str):
         return _fail(existing)
-    asker = asker or Asker()
     try:
         answers = ask_everything(asker, cfg)
     except Cancelled as exc:
@@ -161,19 +172,34 @@ def run_onboarding(cfg: Config, *, force: bool = False, asker: Asker | None = No
     return 0
 
 
+def command_name() -> str:
+    """How to type relaybot here: ``relaybot`` when that is on PATH and is this one, else this
+    one's path (``.venv/bin/relaybot`` in a clone whose venv is not activated)."""
+    me = Path(sys.argv[0])
+    if me.name != "relaybot":  # python -m relaybot, a test's runner
+        return "relaybot"
+    on_path = shutil.which("relaybot")
+    if on_path is not None and Path(on_path).resolve() == me.resolve():
+        return "relaybot"
+    try:
+        return str(me.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(me.resolve())
+
+
 def _next_steps(answers: Mapping[str, Any]) -> list[str]:
     out = []
     if answers["model"]:
-        out.append("Start chatting with: relaybot chat")
+        out.append(f"Start chatting with: {command_name()} chat")
     else:
         out.append(
             "No model yet: set [model] base_url and model in that file (or OPENAI_BASE_URL and "
-            "RELAYBOT_MODEL), then: relaybot chat"
+            f"RELAYBOT_MODEL), then: {command_name()} chat"
         )
     channels = onboardings()
     if any(answers.get(channel) for channel in channels):
         names = "|".join(channels)
-        out.append(f"The gateways run under `honcho start` (or: relaybot gateway {names}).")
+        out.append(f"The gateways run under `honcho start` (or: {command_name()} gateway {names}).")
     for channel, o in channels.items():
         if answers.get(channel) and o.next_steps is not None:
             out += o.next_steps(answers[channel])

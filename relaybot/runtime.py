@@ -92,7 +92,7 @@ class Runtime:
             where = str(redact(redis_url(cfg)))
             if tls := redis_tls.file_problem(cfg) or redis_tls.problem(exc, cfg, where):
                 raise ConfigError(tls) from None  # exit 2: waiting or retrying would not cure it
-            raise RuntimeProblem(f"cannot reach Redis: {exc}") from None
+            raise RuntimeProblem(f"cannot reach Redis at {where}: {exc}") from None
         return self
 
     def _join(self) -> None:

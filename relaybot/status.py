@@ -19,6 +19,7 @@ from redis.exceptions import NoPermissionError
 from contract.bus import text
 from contract.keys import Keys
 from contract.liveness import heartbeats
+from contract.logs import mask_text
 from contract.messages import CHANNELS, stream_id_ms
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is shown as stale
@@ -33,13 +34,15 @@ class _Reads:
 
     def __init__(self) -> None:
         self.refused: list[str] = []
+        self.refusals: dict[str, str] = {}  # what -> Redis's NOPERM message
 
     def __call__(self, what: str, read: Callable[[], T], default: T) -> T:
         try:
             return read()
-        except NoPermissionError:
+        except NoPermissionError as exc:
             if what not in self.refused:
                 self.refused.append(what)
+                self.refusals[what] = str(exc) or type(exc).__name__
             return default
 
 
@@ -105,21 +108,24 @@ def collect(
         "prefix": keys.prefix,
         "stream": {
             "keys": f"{keys.inbound}*",
-            "length": sum(s["length"] or 0 for s in streams.values()),
+            # one stream it may not count: the total is not known either (never 0)
+            "length": _total([s["length"] for s in streams.values()]),
         },
         "group": _together(streams),
         "streams": streams,
         "dead_letters": reads("dead letters", lambda: int(r.xlen(keys.dead)), None),
         "reply_queues": reads("reply queues", lambda: _depths(r, keys, "reply"), None),
         "in_flight": reads("in-flight replies", lambda: _depths(r, keys, "inflight"), None),
-        "heartbeats": {},
-        "worker_lease": None,
+        "heartbeats": None,  # None: not read (refused); {}: none
+        "worker_lease": None,  # None: free, or not read ("worker lease" in unreadable)
     }
-    beats: dict[str, dict[str, Any]] = reads("heartbeats", lambda: heartbeats(r, keys), {})
-    for name, beat in sorted(beats.items()):
-        # a beat written after `now` was read (the process beat meanwhile) is fresh: age 0
-        age = max(0.0, round(now - float(beat.get("ts", 0)), 3))
-        out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
+    beats: dict[str, dict[str, Any]] | None = reads("heartbeats", lambda: heartbeats(r, keys), None)
+    if beats is not None:
+        out["heartbeats"] = {}
+        for name, beat in sorted(beats.items()):
+            # a beat written after `now` was read (the process beat meanwhile) is fresh: age 0
+            age = max(0.0, round(now - float(beat.get("ts", 0)), 3))
+            out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
     holder = reads("worker lease", lambda: r.get(keys.lease), None)
     if holder is not None:
         ttl = reads("worker lease", lambda: int(r.pttl(keys.lease)), None)
@@ -127,7 +133,12 @@ def collect(
     out["jobs"] = jobs_queue(r, keys, now, reads)
     out["account"] = account
     out["unreadable"] = reads.refused
+    out["refusals"] = reads.refusals  # what -> Redis's words (NOPERM ...)
     return out
+
+
+def _total(lengths: list[int | None]) -> int | None:
+    return None if any(n is None for n in lengths) else sum(n or 0 for n in lengths)
 
 
 _UNREAD: dict[str, Any] = {"length": None, "group": None}
@@ -202,7 +213,9 @@ def _failures(q: Any, failed: Any) -> list[dict[str, Any]]:
 
 def failure_reason(trace: str) -> str:
     """A traceback's exception as one line: ``Type: message`` (a message of several lines,
-    a pydantic error's, joined), shortened to :data:`REASON_MAX` characters."""
+    a pydantic error's, joined), its secrets masked as in the logs (a URL's password, an
+    ``api_key=...``: :func:`contract.logs.mask_text`), shortened to :data:`REASON_MAX`
+    characters."""
     lines = trace.strip().splitlines()
     # the exception starts at the last line that is not indented, after the last frame
     last_frame = max((i for i, ln in enumerate(lines) if ln.startswith("  File ")), default=-1)
@@ -212,13 +225,16 @@ def failure_reason(trace: str) -> str:
     )
     if start is None:
         return "no reason recorded (see the jobs process's log)"
-    reason = " ".join(ln.strip() for ln in lines[start:] if ln.strip())
+    reason = mask_text(" ".join(ln.strip() for ln in lines[start:] if ln.strip()))
     return reason if len(reason) <= REASON_MAX else reason[: REASON_MAX - 1] + "…"
 
 
 def render(status: dict[str, Any]) -> str:
+    """The text of ``relaybot status``: what was not read (refused) is ``?``, never 0, free
+    or none."""
     total = status["stream"]
-    lines = [f"inbound streams ({total['keys']}): {total['length']} entries"]
+    unread = set(status.get("unreadable") or [])
+    lines = [f"inbound streams ({total['keys']}): {_count(total['length'])} entries"]
     for key, one in status["streams"].items():  # each channel's stream, and the one without
         if one["length"]:
             pending = f", {one['group']['pending']} pending" if one["group"] else ""
@@ -240,22 +256,13 @@ def render(status: dict[str, Any]) -> str:
             + (f", lag {g['lag']}" if g.get("lag") is not None else "")
         )
     lines.append(f"dead letters: {_count(status['dead_letters'])}")
-    lease = status["worker_lease"]
-    lines.append(f"worker lease: {lease['holder'] if lease else 'free (no worker running)'}")
-    queues = status["reply_queues"]
-    if queues is None:
-        lines.append("reply queues: ?")
-    else:
-        lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
-        lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
-    inflight = status["in_flight"] or {}
-    lines += [f"  {s}: {n} in flight" for s, n in sorted(inflight.items()) if n]
+    lines += _lease_and_queue_lines(status, unread)
     j = status.get("jobs")
     if j is not None:
         lines += _jobs_lines(j)
     beats = status["heartbeats"]
-    lines.append("heartbeats:" + ("" if beats else " none"))
-    for name, beat in beats.items():
+    lines.append("heartbeats:" + (" ?" if beats is None else "" if beats else " none"))
+    for name, beat in (beats or {}).items():
         flag = "  STALE" if beat["stale"] else ""
         lines.append(f"  {name}: {beat['age_s']:.1f} s ago (pid {beat.get('pid')}){flag}")
         if beat.get("turns"):  # the worker's turns side by side (issue 12)
@@ -264,12 +271,50 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"    memory {beat['memory']} (messages wait, pending, until it can)")
         lines += _config_lines(beat)
     if status.get("unreadable"):
-        who = f"account {status['account']}" if status.get("account") else "this Redis account"
-        lines.append(
-            f"not shown (? above): {who} may not read {', '.join(status['unreadable'])} "
-            "-- Redis refused it (NOPERM), it is not down; the worker's account reads them all"
-        )
+        lines.append(_refused_line(status["unreadable"], status.get("account")))
     return "\n".join(lines)
+
+
+def _lease_and_queue_lines(status: dict[str, Any], unread: set[str]) -> list[str]:
+    lines = []
+    lease = status["worker_lease"]
+    if lease is None and "worker lease" in unread:
+        lines.append("worker lease: ?")
+    else:
+        lines.append(f"worker lease: {lease['holder'] if lease else 'free (no worker running)'}")
+    queues = status["reply_queues"]
+    if queues is None:
+        lines.append("reply queues: ?")
+    else:
+        lines.append(f"reply queues: {len(queues)}" + ("" if queues else " (all delivered)"))
+        lines += [f"  {session}: {depth}" for session, depth in sorted(queues.items())]
+    inflight = status["in_flight"]
+    if inflight is None and queues is not None:
+        lines.append("in flight: ?")
+    lines += [f"  {s}: {n} in flight" for s, n in sorted((inflight or {}).items()) if n]
+    return lines
+
+
+def _refused_line(unreadable: list[str], account: str | None) -> str:
+    """The last line: which account Redis refused, what, and the account that reads it."""
+    who = f"account {account}" if account else "this Redis account"
+    if account == "relaybot-cli":
+        can = (
+            "relaybot-worker's account reads all of it; relaybot-cli may not read other "
+            "sessions' queues (by design), nor any count under a Redis 6.2 ACL (`python -m "
+            "deploy.acl --redis-6.2` has no read-only selectors)"
+        )
+    elif account == "relaybot-worker":
+        can = "relaybot-worker's ACL line is not the shipped one: regenerate it (deploy/README.md)"
+    else:
+        can = (
+            "run status as relaybot-cli, the terminal's account (REDIS_URL=redis://relaybot-cli:"
+            "PASSWORD@HOST/0), or as relaybot-worker, which reads all of it"
+        )
+    return (
+        f"not shown (? above): {who} may not read {', '.join(unreadable)} "
+        f"-- Redis refused it (NOPERM), it is not down; {can}"
+    )
 
 
 def _count(value: int | None) -> str:

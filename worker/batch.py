@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from contract import access
 from contract.messages import Reply
 from worker.streams import Entry
 from worker.turn import Outcome
@@ -46,6 +47,7 @@ for s = 1, m do
 end
 return acked
 """
+access.name_script("the worker's commit script", COMMIT)
 
 MEMORY_RETRY_START, MEMORY_RETRY_CAP = 0.5, 30.0  # seconds between tries while memory refuses
 

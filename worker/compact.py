@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from contract import access
 from contract.bus import text
 
 # KEYS: the stream, a scratch key. Returns the number of entries copied (0: left as it was).
@@ -83,6 +84,7 @@ end
 redis.call('rename', T, S)
 return copied
 """
+access.name_script("the worker's stream compaction script", _COMPACT)
 
 
 def scratch_key(stream: str) -> str:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import threading
+from typing import Any
 
 import redis
 import structlog
-from rq import Queue, Worker
+from rq import Queue
+from rq import Worker as RqWorker
 from rq.registry import StartedJobRegistry
 
 from contract import access
@@ -32,6 +35,63 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def queue(cfg: Config, r: redis.Redis) -> Queue:
     return Queue(cfg.keys.jobs_queue, connection=r)
 
+
+class Worker(RqWorker):
+    """rq's worker, but Redis refusing its account (:func:`contract.access.refusal`: NOPERM
+    for a command, a login refused on reconnecting) is kept (:attr:`refused`) rather than
+    logged with a traceback: rq's loop logs any error as "unhandled exception" and ends (it was
+    then started again, once a second, for ever), and its pubsub thread died with a raw
+    traceback. A refusal in the pubsub thread ends rq's loop at once (a SIGTERM to this
+    process, as a stop); :func:`run_jobs` then stops with the refusal (exit 2, one line)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused: BaseException | None = None
+        self.full: BaseException | None = None  # the OOM that ended rq's loop (ridden out)
+        self.log = _RefusalLog(self.log, self._note_refusal)  # type: ignore[assignment]
+
+    def _note_refusal(self, exc: BaseException) -> None:
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            self.full = exc
+        elif self.refused is None:
+            self.refused = exc
+
+    def _pubsub_exception_handler(self, exc: Exception, pubsub: Any, pubsub_thread: Any) -> None:
+        if not access.refusal(exc):
+            super()._pubsub_exception_handler(exc, pubsub, pubsub_thread)
+            return
+        pubsub_thread.stop()  # its loop ends; the main loop is told to (it may be waiting)
+        first = self.refused is None
+        self._note_refusal(exc)
+        if first:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _RefusalLog:
+    """rq's logger, less the records (and tracebacks) of a refusal or of a full Redis (handed
+    to ``refused`` instead: :func:`run_jobs` stops on the one, rides the other out)."""
+
+    def __init__(self, inner: Any, refused: Any) -> None:
+        self._inner, self._refused = inner, refused
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = sys.exc_info()[1] if kwargs.get("exc_info") is True else kwargs.get("exc_info")
+        full = isinstance(exc, redis.exceptions.OutOfMemoryError)
+        if isinstance(exc, BaseException) and (full or access.refusal(exc)):
+            self._refused(exc)
+            return
+        self._inner.error(msg, *args, **kwargs)
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        self.error(msg, *args, **{"exc_info": True, **kwargs})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+# a full Redis (maxmemory: OOM) too, as the worker does: it frees memory, or an operator gives it
+# more, and the jobs go on (one process that exits stops every process under honcho)
+_RIDDEN_OUT: tuple[type[Exception], ...] = (*TRANSIENT, redis.exceptions.OutOfMemoryError)
 
 POLL = 5  # seconds an idle rq worker blocks waiting for a job (rq's BLPOP), then looks again
 
@@ -69,6 +129,9 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         while True:
             try:
                 recover_abandoned(queue(cfg, rq_r))
+                # this process's rq worker of before (its loop ended, its teardown failed: a
+                # full or lost Redis) is gone: rq would refuse to start one of the same name
+                rq_r.delete(RqWorker.redis_worker_namespace_prefix + worker_name())
                 worker = Worker(
                     [queue(cfg, rq_r)], connection=rq_r, worker_ttl=POLL + 15, name=worker_name()
                 )
@@ -76,6 +139,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 try:
                     worker.work(burst=burst, with_scheduler=False)
                 except redis.RedisError:
+                    _stop_if_refused(worker)  # rq's teardown failing after the refusal
                     # a SIGTERM in the middle of one of rq's own Redis calls: rq's handler
                     # raises out of it (StopRequested), and a pipeline cut short that way fails
                     # with "Wrong number of response items" (seen in CI, at start-up): asked
@@ -84,17 +148,23 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                         raise
                     log.info("jobs.stopped", detail="the stop came during a Redis call of rq's")
                     return 0
+                _stop_if_refused(worker)
                 if burst or _stop_asked(worker):
                     return 0  # stopped by a signal (or, in a burst, done)
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
                 # that is no reason to stop (under honcho one exit stops every process)
+                full = getattr(worker, "full", None)
+                if full is not None:  # Redis is full (maxmemory): back off, then go on
+                    if not _ride_out(rq_r, outage, full):
+                        return 0
+                    continue
                 log.warning("jobs.rq_loop_ended", detail="no stop was asked: starting it again")
                 # rq logs any error of its loop and ends it: one Redis refused (an ACL changed
                 # under us) is not waited out, it stops the process (exit 2, relaybot/cli.py)
                 access.check(rq_r, cfg.keys, "jobs")
                 if not _ride_out(rq_r, outage, RuntimeError("the rq worker's loop ended")):
                     return 0
-            except TRANSIENT as exc:
+            except _RIDDEN_OUT as exc:
                 if not _ride_out(rq_r, outage, exc):
                     return 0
     finally:
@@ -102,6 +172,14 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         stop_watching.set()
         hb.stop()
         rq_r.close()
+
+
+def _stop_if_refused(worker: Any) -> None:
+    """Redis refused the account inside rq's loop or its pubsub thread: stop with that (exit 2
+    and the one line, relaybot/cli.py), not "cannot reach Redis" nor a start again."""
+    refused = getattr(worker, "refused", None)
+    if refused is not None:
+        raise refused
 
 
 def _stop_asked(worker: Worker) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 import structlog
 
+from contract import access
 from contract.bus import text
 from contract.keys import Keys
 from contract.messages import Reply, WireError
@@ -39,6 +40,7 @@ _POP_IF_HEAD = """
 if redis.call('lindex', KEYS[1], 0) == ARGV[1] then return redis.call('lpop', KEYS[1]) end
 return false
 """
+access.name_script("the worker's reply sweep script", _POP_IF_HEAD)
 
 
 class ReplyKeeper:

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 import structlog
 
+from contract import access
 from contract.bus import text
 from contract.keys import Keys
 from contract.messages import CHANNELS
@@ -174,6 +175,7 @@ end
 return {items, delivered}
 """
 )
+access.name_script("the worker's read script", _READ)
 
 
 @dataclass(frozen=True)

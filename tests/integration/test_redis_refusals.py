@@ -124,6 +124,8 @@ def test_a_permission_or_a_password_taken_away_at_run_time_stops_the_process(
         line = worker.log_text().strip().splitlines()[-1]
         assert line.startswith("relaybot: Redis account relaybot-worker may not do this: ")
         assert "can't run this command" in line
+        # the command and the script, not the script's SHA alone
+        assert "XREADGROUP, run by the worker's read script (EVALSHA " in line
         assert "give relaybot-worker these commands in the Redis ACL file" in line
 
         root.execute_command("ACL", "SETUSER", "relaybot-jobs", "resetpass", ">rotated")
@@ -131,6 +133,38 @@ def test_a_permission_or_a_password_taken_away_at_run_time_stops_the_process(
         assert jobs.wait(30) == 2
         line = jobs.log_text().strip().splitlines()[-1]
         assert "refused the login of account relaybot-jobs" in line
+        # rq's pubsub thread met the refusal too: it printed "Exception in thread Thread-1:
+        # Traceback ... AccessRefused" (now it ends rq's loop, quietly)
+        assert "Traceback" not in jobs.log_text(), jobs.log_text()
+
+
+def test_jobs_without_a_command_rq_runs_stops_at_start_and_at_run_time(
+    tmp_path: Path, acl_port: int
+) -> None:
+    """`ACL SETUSER relaybot-jobs -blmove`: rq's "unhandled exception" and its traceback, then
+    `jobs.rq_loop_ended` and `redis.unreachable retry_in 1.0` once a second, for ever (its
+    start checked no command of rq's). Now exit 2 and the one line, at start or at run time."""
+    root = admin(acl_port)
+    env = relaybot_env(tmp_path / "home", redis_url=url(acl_port, "jobs"))
+    root.execute_command("ACL", "SETUSER", "relaybot-jobs", "-blmove", "-brpop")
+    result = run_relaybot(["jobs"], env, timeout=60)
+    line = one_line(result.stderr + result.stdout)
+    assert result.returncode == 2, result
+    assert line.startswith("relaybot: Redis account relaybot-jobs may not do this: NOPERM")
+    assert "BLMOVE rq:queue:relaybot:jobs" in line
+
+    root.execute_command("ACL", "SETUSER", "relaybot-jobs", "+blmove", "+brpop")
+    with Procs(tmp_path / "logs") as procs:
+        jobs = procs.jobs(env)
+        jobs.wait_for_log("jobs.started")
+        root.execute_command("ACL", "SETUSER", "relaybot-jobs", "-blmove", "-brpop")
+        assert jobs.wait(30) == 2
+        text = jobs.log_text()
+        last = text.strip().splitlines()[-1]
+        assert last.startswith("relaybot: Redis account relaybot-jobs may not do this: ")
+        assert "blmove" in last.lower()
+        assert "Traceback" not in text and "unhandled exception" not in text
+        assert "redis.unreachable" not in text and "jobs.rq_loop_ended" not in text
 
 
 def test_the_shipped_cli_account_runs_status_and_reads_no_one_elses_data(
@@ -241,6 +275,10 @@ def test_a_stock_redis_is_one_line_for_the_chat_and_a_warning_of_the_workers(
         assert line.startswith("relaybot: Redis runs with appendonly no: ")
         assert line.endswith("see deploy/README.md; nothing was sent")
         assert server.client().keys("*") == []  # nothing was sent indeed
+        piped = run_relaybot(["chat"], env, stdin="hello\n", timeout=60)  # no -m, no TTY
+        assert piped.returncode == 2, piped
+        assert "Redis runs with appendonly no: " in piped.stderr
+        assert server.client().keys("*") == []
 
         with Procs(tmp_path / "logs") as procs:
             worker = procs.worker(env, r=server.client(), keys=Keys())
@@ -279,3 +317,63 @@ def test_the_embedded_redis_not_running_says_what_runs_it(tmp_path: Path) -> Non
     assert result.returncode == 1
     assert "No such file or directory" in line
     assert "the embedded Redis is not running: it runs while `honcho start`" in line
+
+
+def test_a_full_redis_and_a_read_only_replica_are_said_as_what_they_are(tmp_path: Path) -> None:
+    """OOM (`CONFIG SET maxmemory 1`) and READONLY (a replica) were `cannot reach Redis`: a full
+    Redis is an operational problem (exit 1, with the fix), a replica in REDIS_URL a
+    configuration error (exit 2)."""
+    server = RedisServer(tmp_path / "full").start()
+    replica = RedisServer(
+        tmp_path / "replica", persistence=(*DURABLE, "--replicaof", "127.0.0.1", "1")
+    ).start()
+    try:
+        server.client().config_set("maxmemory", "1")
+        env = relaybot_env(tmp_path / "home", redis_url=server.url)
+        result = run_relaybot(["chat", "-m", "hello"], env, timeout=60)
+        # (the chat's heartbeat may warn that its beat failed, as it would in the log)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("relaybot: ")]
+        assert "Traceback" not in result.stderr
+        assert result.returncode == 1, result
+        assert "is full and refuses writes (maxmemory reached" in line
+        assert "give it more memory" in line and "cannot reach" not in line
+
+        env = relaybot_env(tmp_path / "home2", redis_url=replica.url)
+        result = run_relaybot(["chat", "-m", "hello"], env, timeout=60)
+        (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("relaybot: ")]
+        assert result.returncode == 2, result
+        assert "is a read-only replica" in line and "to its primary" in line
+    finally:
+        server.stop()
+        replica.stop()
+
+
+def test_jobs_rides_out_a_full_redis_and_goes_on(tmp_path: Path) -> None:
+    """`CONFIG SET maxmemory 1`: jobs exited 1 (stopping everything under honcho); rq's loop
+    logged its traceback. Now it backs off, says why, and runs jobs once Redis takes writes."""
+    from rq import Queue
+
+    from tests.support.procs import wait_until
+
+    server = RedisServer(tmp_path / "full").start()
+    keys = Keys()
+    try:
+        r = server.client()
+        with Procs(tmp_path / "logs") as procs:
+            jobs = procs.jobs(relaybot_env(tmp_path / "home", redis_url=server.url))
+            jobs.wait_for_log("jobs.started")
+            r.config_set("maxmemory", "1")
+            full = jobs.wait_for_log("redis.unreachable", timeout=30)
+            assert "maxmemory" in full["error"]
+            wait_until(lambda: len(jobs.events("redis.unreachable")) >= 2, timeout=30)
+            assert jobs.returncode is None, jobs.log_text()  # still running
+            r.config_set("maxmemory", "0")
+            job = Queue(keys.jobs_queue, connection=r).enqueue("tests.support.jobs.ping_job")
+            wait_until(
+                lambda: job.get_status(refresh=True) == "finished",
+                timeout=60,
+                message=lambda: jobs.log_text()[-3000:],
+            )
+            assert "Traceback" not in jobs.log_text()
+    finally:
+        server.stop()

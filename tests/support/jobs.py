@@ -12,3 +12,8 @@ def ping_job() -> str:
 def failing_job() -> str:
     """A job that fails as a summary job did on an invalid config.toml (issue 26)."""
     raise ValueError("config.toml: [worker] foo: Extra inputs are not permitted")
+
+
+def leaking_job(message: str) -> str:
+    """A job whose exception carries secrets (a URL's password, an api_key=...)."""
+    raise RuntimeError(message)

@@ -144,6 +144,25 @@ def test_an_existing_config_is_kept_unless_forced_and_then_merged(
     assert written.model.api_key is not None and written.model.api_key.get_secret_value() == "key"
 
 
+def test_a_config_that_is_not_toml_is_kept_aside_by_force_and_written_anew(
+    cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The troubleshooting table says `relaybot onboard` rewrites a broken file: it refused,
+    "not valid TOML; fix or remove it", even with --force."""
+    broken = '[owner]\nname = "Ada\n'
+    (home / "config.toml").write_text(broken)
+    assert run_onboarding(cfg, asker=asker(["Ada"], [])) == 1
+    err = capsys.readouterr().err
+    assert "not valid TOML" in err and "--force" in err
+    said: list[str] = []
+    answers = ["Ada", "", "", "", "", "n", "n"]
+    assert run_onboarding(cfg, force=True, asker=asker(answers, said)) == 0
+    assert load_config(home, env={}).owner.name == "Ada"
+    (kept,) = home.glob("config.toml.broken-*")
+    assert kept.read_text() == broken
+    assert any(str(kept) in s for s in said)
+
+
 def test_running_out_of_answers_cancels_and_writes_nothing(
     cfg: Any, home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -185,3 +204,23 @@ def test_without_input_flags_answer_and_a_missing_name_is_named(
     assert written.owner.name == "Ada" and not written.model.configured
     assert not written.matrix.configured and not written.email.configured
     assert (home / "config.toml").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_next_steps_name_relaybot_as_it_can_be_typed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "Start chatting with: relaybot chat" was wrong in a clone whose venv is not activated
+    (relaybot is not on PATH there): the next steps name the program that ran."""
+    from relaybot import onboard
+
+    me = tmp_path / ".venv" / "bin" / "relaybot"
+    me.parent.mkdir(parents=True)
+    me.touch()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(onboard.sys, "argv", [str(me), "onboard"])
+    monkeypatch.setattr(onboard.shutil, "which", lambda _name: None)
+    assert onboard.command_name() == ".venv/bin/relaybot"
+    monkeypatch.setattr(onboard.shutil, "which", lambda _name: str(me))
+    assert onboard.command_name() == "relaybot"
+    monkeypatch.setattr(onboard.sys, "argv", ["/usr/lib/python3/relaybot/__main__.py"])
+    assert onboard.command_name() == "relaybot"

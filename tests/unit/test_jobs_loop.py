@@ -65,3 +65,27 @@ def test_a_stop_during_an_rq_redis_call_is_a_clean_stop(
     CutShortWorker.asked = False  # the same error with no stop asked is not hidden
     with pytest.raises(redis.ResponseError):
         jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis())
+
+
+class FullRedisWorker(FakeWorker):
+    """rq's start-up (its registration, an HSET) refused by a full Redis (maxmemory)."""
+
+    def work(self, *, burst: bool, with_scheduler: bool) -> bool:
+        if len(FakeWorker.made) == 1:
+            raise redis.exceptions.OutOfMemoryError(
+                "command not allowed when used memory > 'maxmemory'."
+            )
+        return super().work(burst=burst, with_scheduler=with_scheduler)
+
+
+def test_a_full_redis_is_ridden_out_not_an_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`CONFIG SET maxmemory 1`: jobs exited 1 (`cannot reach Redis`), which stops every process
+    under honcho; it backs off and goes on, as the worker does."""
+    FakeWorker.made.clear()
+    monkeypatch.setattr(jobs, "Worker", FullRedisWorker)
+    monkeypatch.setattr(jobs, "rq_connection", lambda r, poll=jobs.POLL: r)
+    monkeypatch.setattr(jobs.Outage, "failed", lambda self, exc, **info: 0.01)
+    assert jobs.run_jobs(Config(home=tmp_path), fakeredis.FakeRedis()) == 0
+    assert len(FakeWorker.made) == 2  # started again once Redis took writes

@@ -115,3 +115,76 @@ def test_a_refused_read_never_raises(missing: str) -> None:
 
     status = collect(Refusing(), Keys(), account="relaybot-cli")
     assert status["unreadable"]
+
+
+class GatewayRedis(fakeredis.FakeRedis):
+    """A gateway's account (relaybot-matrix): it may write, but read no count (no XLEN, no
+    HGETALL, no GET of the worker's lease)."""
+
+    def execute_command(self, *args: object, **options: object) -> object:
+        name = str(args[0]).upper()
+        if name in ("XLEN", "HGETALL", "GET", "SCAN", "LLEN", "ZCARD", "PTTL", "XINFO GROUPS"):
+            raise redis.exceptions.NoPermissionError(
+                f"User relaybot-matrix has no permissions to run the '{name.lower()}' command"
+            )
+        return super().execute_command(*args, **options)
+
+
+def test_what_was_not_read_is_a_question_mark_never_zero_free_or_none() -> None:
+    """Under relaybot-matrix, status printed `inbound streams: 0 entries`, `worker lease: free
+    (no worker running)`, `heartbeats: none` while a worker ran and 3 entries were there."""
+    server, keys = fakeredis.FakeServer(), Keys()
+    root = fakeredis.FakeRedis(server=server)
+    for n in range(3):
+        root.xadd(keys.inbound_of("cli"), {"f": str(n)})
+    root.set(keys.lease, "worker@host:1", px=60_000)
+    root.hset(keys.heartbeats, "worker", '{"ts": 1.0, "pid": 1}')
+    status = collect(GatewayRedis(server=server), keys, account="relaybot-matrix")
+    assert status["stream"]["length"] is None
+    assert status["heartbeats"] is None and status["worker_lease"] is None
+    assert "worker lease" in status["unreadable"] and "heartbeats" in status["unreadable"]
+    assert "no permissions to run the 'get' command" in status["refusals"]["worker lease"]
+    text = render(status)
+    lines = text.splitlines()
+    assert lines[0] == "inbound streams (relaybot:inbound*): ? entries"
+    assert "worker lease: ?" in lines and "heartbeats: ?" in lines
+    assert "consumer group: ?" in lines and "dead letters: ?" in lines
+    assert not any(w in text for w in (": 0 entries", "free (no worker", "heartbeats: none"))
+    assert lines[-1].startswith("not shown (? above): account relaybot-matrix may not read ")
+    assert "run status as relaybot-cli, the terminal's account" in lines[-1]
+
+
+def test_a_free_lease_and_no_heartbeat_read_are_still_said_so() -> None:
+    status = collect(fakeredis.FakeRedis(), Keys(), account="relaybot-cli")
+    text = render(status)
+    assert "worker lease: free (no worker running)" in text and "heartbeats: none" in text
+    assert status["heartbeats"] == {} and status["unreadable"] == []
+
+
+def test_a_failed_jobs_reason_is_masked_as_in_the_logs() -> None:
+    """A job raising with a URL's password or an api_key in its message was shown verbatim
+    (text and --json)."""
+    from tests.support.jobs import leaking_job
+
+    r, keys = fakeredis.FakeRedis(), Keys()
+    q = Queue(keys.jobs_queue, connection=r)
+    q.enqueue(leaking_job, "cannot fetch url 'https://bob:PASSW0RD@gw/v1' with api_key=hunter2")
+    SimpleWorker([q], connection=r).work(burst=True)
+    status = collect(r, keys)
+    (failed,) = status["jobs"]["failed_jobs"]
+    assert "PASSW0RD" not in failed["reason"] and "hunter2" not in failed["reason"]
+    assert "https://bob:***@gw/v1" in failed["reason"]
+    text = render(status)
+    assert "PASSW0RD" not in text and "hunter2" not in text
+
+
+def test_slash_status_says_question_marks_for_what_was_not_read(tmp_path: object) -> None:
+    from contract.config import Config
+    from relaybot.chat import short_status
+
+    server, keys = fakeredis.FakeServer(), Keys()
+    fakeredis.FakeRedis(server=server).set(keys.lease, "worker@host:1")
+    status = collect(GatewayRedis(server=server), keys, account="relaybot-matrix")
+    text = short_status(status, Config(home=tmp_path), "s1")  # type: ignore[arg-type]
+    assert "worker:   ?" in text and "alive:    ?" in text and "queue:    ? pending" in text
+    assert "none running" not in text
