@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,9 @@ HELP = """\
 /session NAME   switch to session NAME (what it was sent meanwhile comes first)
 /status         the worker, the queue and the model, in short
 //text          sends "/text" (a line that starts with /)
-Ctrl-D          quits"""
+Ctrl-D          quits (during a turn: once its reply is shown)
+Ctrl-C          leaves now (a reply left behind: shown by --session NAME)
+Ctrl-R          shows again what you typed when a reply came in between"""
 
 
 _SESSION = TypeAdapter(RoutingKey)
@@ -90,13 +92,23 @@ def _stop_on(signum: int, _frame: FrameType | None) -> None:
 
 
 def run_chat(
-    cfg: Config, *, message: str | None, session: str | None, timeout: float | None
+    cfg: Config,
+    *,
+    message: str | None,
+    session: str | None,
+    timeout: float | None,
+    queue_timeout: float | None = None,
+    verbose: bool = False,
 ) -> int:
-    """``timeout`` None: long enough for the model's retries (contract/timeouts.py)."""
-    if timeout is None:
-        from contract.timeouts import reply_wait
+    """``timeout`` None: long enough for the model's retries (contract/timeouts.py); it runs
+    from when the worker takes the message. ``queue_timeout`` bounds the wait before that
+    (``chat -m`` only; None: as long as ``timeout``'s default)."""
+    from contract.timeouts import reply_wait
 
+    if timeout is None:
         timeout = reply_wait(cfg.model)
+    if queue_timeout is None:
+        queue_timeout = reply_wait(cfg.model)
     name = session or new_session_name()
     if (why := bad_session(name)) is not None:
         _err(why)
@@ -107,13 +119,20 @@ def run_chat(
     for sig in (signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, _stop_on)
     view = ReplyView(sys.stdout, cfg.worker.assistant_name)
+    if message is None and _tty(sys.stderr):  # the conversation is no place for log lines
+        _log_to_file(cfg, verbose)
     try:
         with Runtime(cfg) as rt:
             if message is not None:
                 with _attached(cfg, rt, name, view) as term:
                     term.drain()
-                    return _send_and_await(rt, term, message, timeout)
-            return Chat(cfg, rt, view, timeout).run(name)
+                    return _send_and_await(rt, term, message, timeout, queue_timeout=queue_timeout)
+            talk = Chat(cfg, rt, view, timeout)
+            try:
+                return talk.run(name)
+            except KeyboardInterrupt:
+                talk.leaving()
+                return 130
     except RuntimeProblem as exc:
         _err(str(exc))
         return 1
@@ -122,59 +141,169 @@ def run_chat(
         return EXIT_USAGE
 
 
-def _send_and_await(rt: Runtime, term: Terminal, text: str, timeout: float) -> int:
+def _tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _log_to_file(cfg: Config, verbose: bool) -> None:
+    """The interactive chat's log lines to ``logs/chat.log`` (a Redis gone under it would
+    otherwise print ``redis.unreachable`` into the conversation every few seconds)."""
+    from contract import logs
+
+    try:
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        stream = (cfg.log_dir / "chat.log").open("a", encoding="utf-8")
+    except OSError:
+        return  # stderr it stays
+    fmt = None if cfg.logs.format == "auto" else cfg.logs.format
+    logs.configure("chat", level="DEBUG" if verbose else "WARNING", stream=stream, fmt=fmt)
+
+
+GONE = "relaybot's Redis is gone; waiting — Ctrl-D or Ctrl-C to quit"
+BACK = "relaybot's Redis is back"
+
+
+def _send_and_await(
+    rt: Runtime,
+    term: Terminal,
+    text: str,
+    timeout: float,
+    *,
+    queue_timeout: float | None,
+    live: Live | None = None,
+) -> int:
     """Send one line and print its reply. Redis going away meanwhile (a restart) is waited
-    out within ``timeout``: the line is sent once (:meth:`Terminal.publish_once`) and its reply
-    is still printed."""
-    started = time.monotonic()
+    out: the line is sent once (:meth:`Terminal.publish_once`) and its reply is still printed.
+    ``live``: the interactive chat (it waits for a worker; see :func:`_await`)."""
     died = rt.worker_died()
     if died is not None:
         _err(f"{died}; your message was not sent (start the chat again: it starts both)")
         return EXIT_NO_REDIS
+    patience = timeout if queue_timeout is None else queue_timeout
     try:
-        sid = term.send(text, patience=timeout)
+        sid = term.send(text, patience=patience)
     except TRANSIENT as exc:
         _err(
-            f"cannot reach Redis ({exc}) for {timeout:.0f} s; your message may not have been "
+            f"cannot reach Redis ({exc}) for {patience:.0f} s; your message may not have been "
             f"sent (resume with --session {term.session} to see a reply if it was)"
         )
         return EXIT_NO_REDIS
-    return _await(rt, term, sid, timeout - (time.monotonic() - started))
+    return _await(rt, term, sid, timeout, queue_timeout=queue_timeout, live=live)
 
 
-def _await(rt: Runtime, term: Terminal, sid: str, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    started = time.monotonic()
+class Live:
+    """What the interactive chat does while it waits for a reply: say things once (no worker,
+    Redis gone), and notice Ctrl-D typed meanwhile."""
+
+    def __init__(self, say: Callable[[str], None], between: Callable[[], bool]) -> None:
+        self.say, self.between = say, between
+        self.told: set[str] = set()
+
+    def quits(self, sid: str, session: str, *, thinking: bool) -> bool:
+        """Whether Ctrl-D was typed and the chat leaves now: when nothing runs the turn (no
+        worker has taken it, or Redis is gone); during the turn, once its reply is shown."""
+        if not self.between():
+            return False
+        if not thinking or GONE in self.told:
+            self.say(
+                f"Ctrl-D: leaving; your message is queued as {sid} (its reply is shown by "
+                f"`relaybot chat --session {session}`)"
+            )
+            return True
+        self.say(
+            "Ctrl-D: the chat ends once this reply is shown (Ctrl-C to leave now: the reply "
+            f"is then shown by `relaybot chat --session {session}`)"
+        )
+        return False
+
+    def once(self, text: str) -> None:
+        if text not in self.told:
+            self.told.add(text)
+            self.say(text)
+
+
+def _await(
+    rt: Runtime,
+    term: Terminal,
+    sid: str,
+    timeout: float,
+    *,
+    queue_timeout: float | None,
+    live: Live | None = None,
+) -> int:
+    """Wait for the reply to ``sid``: ``timeout`` seconds from when the worker takes it (it
+    shows "thinking…"), ``queue_timeout`` (None: no bound) before that ("waiting for the
+    worker…": other turns go first, or no worker runs). ``chat -m`` ends (exit 4) when no
+    worker runs; the interactive chat (``live``) says so once and keeps waiting."""
+    sent = time.monotonic()
+    taken: float | None = None
     outage = Outage("cli")
-    while time.monotonic() < deadline:
+    while True:
+        now = time.monotonic()
+        if taken is not None and now - taken >= timeout:
+            _err(
+                f"no reply within {timeout:.0f} s of the worker taking it; your message is "
+                f"queued as {sid} (resume with --session {term.session} to receive the reply)"
+            )
+            return EXIT_TIMEOUT
+        if taken is None and queue_timeout is not None and now - sent >= queue_timeout:
+            _err(
+                f"the worker did not take your message within {queue_timeout:.0f} s (other "
+                f"turns went first); your message is queued as {sid} (resume with --session "
+                f"{term.session} to receive the reply)"
+            )
+            return EXIT_TIMEOUT
         try:
-            reply = term.wait_for(sid, min(1.0, deadline - time.monotonic()))
+            if taken is None and term.taken():
+                taken = time.monotonic()
+            if live is not None and live.quits(sid, term.session, thinking=taken is not None):
+                return 0
+            reply = term.wait_for(sid, 0.5)
             if reply is not None:
                 outage.recovered()
                 return EXIT_ERROR_REPLY if reply.kind == ReplyKind.ERROR else 0
             problem = rt.problem()
             outage.recovered()
+            if live is not None and GONE in live.told:
+                live.told.discard(GONE)
+                live.say(BACK)
         except TRANSIENT as exc:  # the message is accepted: wait for Redis, then its reply
-            died = rt.worker_died()
-            if died is not None:  # nothing will bring Redis back: say so now, not at timeout
+            code = _redis_gone(rt, term, sid, outage.failed(exc), live)
+            if code is not None:
+                return code
+            continue
+        if problem and time.monotonic() - sent > GRACE:
+            if live is None:
                 _err(
-                    f"{died}; your message is queued as {sid} and will be answered when "
-                    f"relaybot runs again (resume with --session {term.session})"
+                    f"{problem}; your message is queued as {sid} and will be answered when a "
+                    f"worker runs (resume with --session {term.session})"
                 )
                 return EXIT_NO_WORKER
-            time.sleep(max(0.0, min(outage.failed(exc), deadline - time.monotonic())))
-            continue
-        if problem and time.monotonic() - started > GRACE:
-            _err(
-                f"{problem}; your message is queued as {sid} and will be answered when a "
-                f"worker runs (resume with --session {term.session})"
-            )
-            return EXIT_NO_WORKER
-    _err(
-        f"no reply within {timeout:.0f} s; your message is queued as {sid} "
-        f"(resume with --session {term.session} to receive the reply)"
-    )
-    return EXIT_TIMEOUT
+            live.once(f"{problem}; your message waits for it (Ctrl-C to leave)")
+
+
+def _redis_gone(
+    rt: Runtime, term: Terminal, sid: str, delay: float, live: Live | None
+) -> int | None:
+    """Redis did not answer while a reply is awaited: the exit code, or None after waiting
+    ``delay`` (at most a second in the interactive chat, which notices Ctrl-D between tries)."""
+    died = rt.worker_died()
+    if died is not None:  # nothing will bring Redis back: say so now, not at timeout
+        _err(
+            f"{died}; your message is queued as {sid} and will be answered when "
+            f"relaybot runs again (resume with --session {term.session})"
+        )
+        return EXIT_NO_WORKER
+    if live is not None:
+        live.once(GONE)
+        if live.quits(sid, term.session, thinking=False):
+            return 0
+        delay = min(delay, 1.0)
+    time.sleep(delay)
+    return None
 
 
 def short_status(status: dict[str, Any], cfg: Config, session: str) -> str:
@@ -221,6 +350,9 @@ class Chat:
 
     def __init__(self, cfg: Config, rt: Runtime, view: ReplyView, timeout: float) -> None:
         self.cfg, self.rt, self.view, self.timeout = cfg, rt, view, timeout
+        self.turn: str | None = None  # the session whose reply is awaited
+        self._gone = False  # Redis did not answer the last poll at the prompt
+        self._next_poll = 0.0
 
     def run(self, name: str) -> int:
         from relaybot.chat_input import LineReader
@@ -235,11 +367,54 @@ class Chat:
                     return outcome
                 name = outcome
 
+    def leaving(self) -> None:
+        """Ctrl-C: say at once what happens (a zero-config worker finishes the turn in hand
+        before the chat can stop it)."""
+        sys.stderr.write("\r\x1b[K\n")
+        if self.turn is None:
+            return
+        if self.rt.worker_proc is not None and self.rt.worker_proc.poll() is None:
+            _err(
+                "finishing your turn… (Ctrl-C again to leave now); its reply is shown by "
+                f"`relaybot chat --session {self.turn}`"
+            )
+        else:
+            _err(f"left; the reply is shown by `relaybot chat --session {self.turn}`")
+
+    def _idle(self, term: Terminal, reader: LineReader) -> None:
+        """At the prompt: show replies as they arrive; Redis gone is said once."""
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        try:
+            term.poll()
+        except TRANSIENT:
+            self._next_poll = now + 2.0
+            if not self._gone:
+                self._gone = True
+                reader.interrupt()
+                self.view.note(GONE)
+            return
+        self._next_poll = now + 0.5
+        if self._gone:
+            self._gone = False
+            reader.interrupt()
+            self.view.note(BACK)
+
+    def _live(self, term: Terminal, reader: LineReader) -> Live:
+        def say(text: str) -> None:
+            term.clear()
+            self.view.note(text)
+
+        return Live(say, reader.typed_ahead)
+
     def _session(self, term: Terminal, reader: LineReader) -> int | str:
         """Messages of one session until Ctrl-D (an exit code) or a switch (the next session)."""
+        term.before_show = reader.interrupt
+        live = self._live(term, reader)
         while True:
             try:
-                line, pasted = reader.read("you> ")
+                line, pasted = reader.read("you> ", idle=lambda: self._idle(term, reader))
             except EOFError:
                 sys.stderr.write("\n")
                 return 0
@@ -254,7 +429,9 @@ class Chat:
                 continue
             else:
                 text = line[1:] if line.startswith("//") else line
-            code = _send_and_await(self.rt, term, text, self.timeout)
+            self.turn = term.session  # kept if Ctrl-C ends the wait (see leaving)
+            code = _send_and_await(self.rt, term, text, self.timeout, queue_timeout=None, live=live)
+            self.turn = None
             if code in (EXIT_NO_WORKER, EXIT_NO_REDIS):
                 return code
 

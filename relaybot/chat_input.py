@@ -12,13 +12,20 @@ the terminal's input mapping is set while the chat reads (CR to NL as usual for 
 NL to CR, with CR also ending a line), and the lines are read from the terminal as they came.
 
 Piped or redirected input is read line by line, as before: each line is a message.
+
+On a terminal, while the chat waits at its prompt, ``idle`` (given to :meth:`LineReader.read`)
+runs about every quarter second: a reply that arrives meanwhile is shown at once. Whatever it
+prints first clears the prompt line (:meth:`LineReader.interrupt`); the prompt is written again
+after it. What was typed but not yet sent stays in the terminal's line (Ctrl-R shows it again).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, NamedTuple, TextIO
 
@@ -66,6 +73,10 @@ class LineReader:
         self.stdout = stdout or sys.stdout
         self.bracketed = _tty(self.stdin) and _tty(self.stdout) and os.environ.get("TERM") != "dumb"
         self._saved: list[Any] | None = None
+        self._prompt = ""
+        self._redraw = False  # the prompt line was cleared for something printed
+        self._ahead = bytearray()  # lines typed while the chat was not reading (a turn ran)
+        self.quit_asked = False  # Ctrl-D typed while the chat was not reading
 
     def __enter__(self) -> LineReader:
         if self.bracketed:
@@ -108,7 +119,36 @@ class LineReader:
         except (ImportError, OSError, ValueError):
             self._saved = None
 
-    def read(self, prompt: str) -> Said:
+    @property
+    def live(self) -> bool:
+        """Whether the chat can show what arrives while it waits for a line (a terminal)."""
+        return self._saved is not None
+
+    def interrupt(self) -> None:
+        """Clear the prompt line for something to print; the prompt comes back after it."""
+        if self._prompt and not self._redraw:
+            self.stdout.write("\r\x1b[K")
+            self.stdout.flush()
+            self._redraw = True
+
+    def typed_ahead(self) -> bool:
+        """Read what was typed while the chat did something else, without waiting: a line is
+        kept for the next :meth:`read`; Ctrl-D sets :attr:`quit_asked`. True when Ctrl-D was
+        typed (just now)."""
+        if not self.live or self.quit_asked:
+            return False
+        fd = self.stdin.fileno()
+        while select.select([fd], [], [], 0)[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                self.quit_asked = True
+                return True
+            self._ahead += data
+        return False
+
+    def read(self, prompt: str, idle: Callable[[], None] | None = None) -> Said:
+        if self.quit_asked:
+            raise EOFError
         if self._saved is None:  # lines as input() gives them
             first = line = input(prompt)
             more: list[str] = []
@@ -121,22 +161,39 @@ class LineReader:
             return join_paste("\n".join([first, *more]))
         self.stdout.write(prompt)
         self.stdout.flush()
-        got = self._line()
-        while START in got and END not in got[got.rfind(START) + 1 :]:
-            try:
-                got += self._line()
-            except EOFError:
-                break
+        self._prompt, self._redraw = prompt, False
+        try:
+            got = self._line(idle)
+            while START in got and END not in got[got.rfind(START) + 1 :]:
+                try:
+                    got += self._line(idle)
+                except EOFError:
+                    break
+        finally:
+            self._prompt = ""
         raw = got.translate(_SWAP)  # the line breaks as they came (see _quiet_controls)
         if raw.endswith("\n"):  # a typed NL: its echo (a CR) did not move to the next line
             self.stdout.write("\n")
             self.stdout.flush()
         return join_paste(raw[:-1] if raw.endswith(("\r", "\n")) else raw)
 
-    def _line(self) -> str:
-        """One line from the terminal, with the character that ended it."""
+    def _line(self, idle: Callable[[], None] | None = None) -> str:
+        """One line from the terminal, with the character that ended it; ``idle`` runs while
+        none comes."""
         fd, chunks = self.stdin.fileno(), bytearray()
         while not chunks.endswith((b"\n", b"\r")):
+            if self._ahead:  # one line of it at a time, as the terminal gives them
+                ends = [i for i in (self._ahead.find(b"\n"), self._ahead.find(b"\r")) if i >= 0]
+                cut = min(ends) + 1 if ends else len(self._ahead)
+                chunks += self._ahead[:cut]
+                del self._ahead[:cut]
+                continue
+            while idle is not None and not select.select([fd], [], [], 0.25)[0]:
+                idle()
+                if self._redraw:  # something was printed: the prompt again, below it
+                    self.stdout.write(self._prompt)
+                    self.stdout.flush()
+                    self._redraw = False
             data = os.read(fd, 65536)
             if not data:  # Ctrl-D
                 if not chunks:

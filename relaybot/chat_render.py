@@ -49,13 +49,11 @@ class ReplyView:
             self.out.write(f"{prefix}{safe(reply.text)}\n")
             self.out.flush()
             return
-        from rich.markdown import Markdown
         from rich.text import Text
 
         style = "bold red" if reply.kind == ReplyKind.ERROR else "bold cyan"
         self.console.print(Text(safe(header(reply, self.assistant)), style=style))
-        # links as "text (url)": an OSC 8 hyperlink would hide where it leads behind its text
-        self.console.print(Markdown(safe(reply.text), hyperlinks=False))
+        self.console.print(_markdown(safe(reply.text)))
         self.console.print()
 
     def note(self, text: str) -> None:
@@ -67,3 +65,17 @@ class ReplyView:
             from rich.text import Text
 
             self.console.print(Text(safe(text), style="dim"), soft_wrap=True)
+
+
+def _markdown(text: str) -> object:
+    """``text`` as Markdown with hard line breaks: a reply's single line break is kept (a chat
+    reply is not a paragraph to reflow), lists, code and the rest rendered as Markdown; links as
+    "text (url)": an OSC 8 hyperlink would hide where it leads behind its text."""
+    from rich.markdown import Markdown
+
+    shown = Markdown(text, hyperlinks=False)
+    for token in shown.parsed:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+    return shown

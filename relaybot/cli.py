@@ -82,8 +82,14 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     chat.add_argument(
         "--timeout",
         type=float,
-        help="seconds to wait for a reply (default: the model's retries' worst case + 30, "
-        "at least 120)",
+        help="seconds to wait for a reply once the worker takes the message (default: the "
+        "model's retries' worst case + 30, at least 120)",
+    )
+    chat.add_argument(
+        "--queue-timeout",
+        type=float,
+        help="with -m: seconds to wait for the worker to take the message, behind other turns "
+        "(default: as --timeout's default)",
     )
 
     worker = sub.add_parser("worker", help="run the one ordered worker")
@@ -370,7 +376,14 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     if args.command == "chat":
         from relaybot.chat import run_chat
 
-        return run_chat(cfg, message=args.message, session=args.session, timeout=args.timeout)
+        return run_chat(
+            cfg,
+            message=args.message,
+            session=args.session,
+            timeout=args.timeout,
+            queue_timeout=args.queue_timeout,
+            verbose=args.verbose,
+        )
     if args.command == "worker":
         from contract.bus import wait_for_redis
         from relaybot import zeroconf

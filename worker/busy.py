@@ -5,6 +5,10 @@ Gateways read ``busy:<session>`` to show that the assistant is working (the term
 message, so a background thread marks a turn only once it has lasted ``after`` seconds, and
 refreshes the mark (a key with a short TTL) while the turn lasts. The worker's commit script
 deletes the mark with the reply; the lock below makes sure no late mark lands after that.
+
+The mark's value says which: ``waiting`` while the session's turn waits for a slot (behind other
+turns), ``running`` once it runs (``relaybot chat`` shows "thinking…" and counts its
+``--timeout`` from then; a gateway's typing notice shows for either).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ class BusySignal:
     ) -> None:
         self._r, self._keys, self.after, self.ttl = r, keys, after, ttl
         self._lock = threading.Lock()
-        self._sessions: dict[str, list[float]] = {}  # session -> [busy since, marked at]
+        # session -> [busy since, marked at, running (1.0) or waiting (0.0)]
+        self._sessions: dict[str, list[float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy", daemon=True)
 
@@ -44,7 +49,15 @@ class BusySignal:
     def begin(self, session: str) -> None:
         """The session has a turn running or waiting (again: no change if it had)."""
         with self._lock:
-            self._sessions.setdefault(session, [time.monotonic(), 0.0])
+            self._sessions.setdefault(session, [time.monotonic(), 0.0, 0.0])
+
+    def running(self, session: str, now: bool = True) -> None:
+        """The session's turn runs (``now``) or waits for a slot again; the mark is rewritten
+        at the next beat."""
+        with self._lock:
+            times = self._sessions.setdefault(session, [time.monotonic(), 0.0, 0.0])
+            if times[2] != float(now):
+                times[1], times[2] = 0.0, float(now)
 
     def end(self, session: str) -> None:
         """The session is idle: no mark lands after this returns (the lock waits for a mark
@@ -67,8 +80,9 @@ class BusySignal:
                     continue
                 try:
                     with self._r.pipeline(transaction=False) as pipe:
-                        for session, _ in due:
-                            pipe.set(self._keys.busy(session), "1", px=int(self.ttl * 1000))
+                        for session, times in due:
+                            state = "running" if times[2] else "waiting"
+                            pipe.set(self._keys.busy(session), state, px=int(self.ttl * 1000))
                         pipe.execute()
                     for _, times in due:
                         times[1] = now

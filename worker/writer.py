@@ -302,6 +302,8 @@ class Writer:
             self._idle_session(first.msg.session)
             return
         self.sessions.start(first.msg.session, first.owner)
+        if self.busy is not None:
+            self.busy.running(first.msg.session)
         started.append(Running(job, asked, time.perf_counter()))
 
     def _run_job(self, job: Job) -> TurnResult:
@@ -313,6 +315,8 @@ class Writer:
         run = self.jobs.pop(id(job))
         session = job.msg.session
         self.sessions.done(session)
+        if self.busy is not None:  # another message of it may wait for a slot
+            self.busy.running(session, now=False)
         ms = round((time.perf_counter() - run.started) * 1000, 2)
         try:
             outcome = self.turns.finish(job, result, ms=ms)

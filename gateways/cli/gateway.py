@@ -32,6 +32,11 @@ log = structlog.get_logger(__name__)
 
 CHANNEL = "cli"
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+_LABELS = {
+    "running": "thinking…",
+    "waiting": "waiting behind another turn…",
+    None: "waiting for the worker…",
+}
 LOOK_BACK = 1000  # newest entries searched for a message whose XADD's answer was lost
 
 
@@ -86,6 +91,7 @@ class Terminal:
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False
         self._printed: set[str] = set()  # reply ids shown by this process
+        self.before_show: Callable[[], None] | None = None  # e.g. clear the prompt's line
 
     def send(self, text: str, *, patience: float = 0.0) -> str:
         """XADD one line; its stream id. Redis going away is waited out for ``patience``
@@ -148,6 +154,29 @@ class Terminal:
                 count += 1
         return count
 
+    def poll(self) -> int:
+        """Show the replies that have arrived, without waiting (the chat at its prompt: a turn
+        replayed after a crash, a message sent for this session elsewhere); how many."""
+        shown = 0
+        for _ in range(100):  # a bound: the rest at the next poll
+            if not self.r.exists(self.queue.queue, self.queue.inflight):
+                break
+            if deliver_next(self.queue, self._print, timeout=0, idempotent_sink=True):
+                shown += 1
+        return shown
+
+    def state(self) -> str | None:
+        """The worker's mark of this session (worker/busy.py): ``waiting`` (its turn waits
+        behind other turns), ``running`` (an older worker's ``1`` too), None (no mark)."""
+        raw: Any = self.r.get(self.keys.busy(f"cli:{self.session}"))
+        if raw is None:
+            return None
+        return "waiting" if raw == b"waiting" else "running"
+
+    def taken(self) -> bool:
+        """Whether the worker runs a turn of this session (it shows as "thinking…")."""
+        return self.state() == "running"
+
     def wait_for(self, stream_id: str, timeout: float) -> Reply | None:
         """Deliver this session's replies until the one answering ``stream_id`` arrives.
 
@@ -163,13 +192,15 @@ class Terminal:
                     return reply
             return None
         finally:
-            self._clear()
+            self.clear()
 
     def _print(self, reply: Reply) -> None:
         if reply.reply_id in self._printed:
             return
         self._printed.add(reply.reply_id)
-        self._clear()
+        self.clear()
+        if self.before_show is not None:
+            self.before_show()
         if self.show is not None:
             self.show(reply)
             return
@@ -185,13 +216,12 @@ class Terminal:
     def _tick(self) -> None:
         if not self.err.isatty():
             return
-        thinking = bool(self.r.exists(self.keys.busy(f"cli:{self.session}")))
-        label = "thinking…" if thinking else "waiting for the worker…"
+        label = _LABELS[self.state()]
         self.err.write(f"\r{next(self._spin)} {label}\033[K")
         self.err.flush()
         self._spinning = True
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
         if self._spinning:
             self.err.write("\r\033[K")
             self.err.flush()

@@ -7,6 +7,8 @@ SIGTERM during a turn, heartbeats and rq jobs.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from rq import Queue
 from contract.keys import Keys
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import (
+    REPO,
     Procs,
     chat,
     consumers,
@@ -26,6 +29,7 @@ from tests.support.procs import (
     pending,
     relaybot_env,
     replies,
+    run_relaybot,
     send,
     wait_for_heartbeat,
     wait_for_replies,
@@ -175,6 +179,48 @@ def test_chat_timeout_exits_3_with_a_clear_message(
     assert "no reply within 1 s" in result.stderr
     assert "your message is queued as " in result.stderr
     assert "--session slow" in result.stderr
+
+
+def test_chat_timeout_runs_from_its_own_turn_not_from_the_wait_behind_another(
+    env: dict[str, str], procs: Procs, real_redis: redis.Redis, keys: Keys
+) -> None:
+    """One turn at a time: a quick message sent behind a slow turn waits in the queue
+    ("waiting for the worker…") and its --timeout runs only once its own turn starts (it
+    timed out, exit 3, while still queued); --queue-timeout bounds the wait in the queue."""
+    env = {**env, "RELAYBOT_MODEL_CONCURRENCY": "1"}
+    procs.worker(env, r=real_redis, keys=keys)
+    started: list[subprocess.Popen[bytes]] = []
+
+    def slow_turn(text: str) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "relaybot", "chat", "-m", text, "--session", "ahead"],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))  # fmt: skip
+        return started[-1]
+
+    slow = slow_turn("slow one [[delay:6]]")
+    try:
+        wait_until(
+            lambda: real_redis.exists(keys.busy("cli:ahead")), timeout=30, message="slow turn"
+        )
+        quick = chat(env, "quick one", session="behind", timeout=4, deadline=60)
+        assert quick.returncode == 0, (quick.stdout, quick.stderr)
+        assert "quick one" in quick.stdout
+        assert slow.wait(60) == 0
+        slow2 = slow_turn("slow two [[delay:6]]")
+        wait_until(
+            lambda: real_redis.exists(keys.busy("cli:ahead")), timeout=30, message="slow turn"
+        )
+        bounded = run_relaybot(
+            ["chat", "-m", "not taken", "--session", "bounded", "--queue-timeout", "1"], env
+        )
+        assert bounded.returncode == 3, (bounded.stdout, bounded.stderr)
+        assert "did not take your message within 1 s" in bounded.stderr
+        assert slow2.wait(60) == 0
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
 
 
 # -- 7. SIGTERM ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def waited(monkeypatch: pytest.MonkeyPatch, cfg: Config, argv: list[str]) -> flo
 
         yield Term()
 
-    def send_and_await(_rt: Any, _term: Any, _text: str, timeout: float) -> int:
+    def send_and_await(_rt: Any, _term: Any, _text: str, timeout: float, **_kw: Any) -> int:
         seen.append(timeout)
         return 0
 
@@ -80,6 +80,9 @@ class FakeTerm:
     def __init__(self, kind: ReplyKind) -> None:
         self.kind = kind
 
+    def taken(self) -> bool:
+        return True
+
     def wait_for(self, sid: str, _timeout: float) -> Reply:
         return Reply(
             reply_id="r1", answers=sid, kind=self.kind, channel="cli", session="cli:t",
@@ -96,7 +99,7 @@ class FakeRuntime:
     ("kind", "code"), [(ReplyKind.REPLY, 0), (ReplyKind.ERROR, 5), (ReplyKind.NOTICE, 0)]
 )
 def test_an_error_reply_exits_5(kind: ReplyKind, code: int) -> None:
-    got = chat._await(FakeRuntime(), FakeTerm(kind), "1-0", 5.0)  # type: ignore[arg-type]
+    got = chat._await(FakeRuntime(), FakeTerm(kind), "1-0", 5.0, queue_timeout=None)  # type: ignore[arg-type]
     assert got == code
 
 
@@ -106,3 +109,89 @@ def test_the_exit_codes_do_not_clash() -> None:
         chat.EXIT_ERROR_REPLY,
     )  # fmt: skip
     assert codes == (1, 2, 3, 4, 5)  # as README's table says
+
+
+class Clock:
+    """time for :func:`chat._await`: it moves only when the chat waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class QueuedTerm:
+    """A message the worker takes at ``taken_at`` and answers ``turn`` seconds later."""
+
+    session = "t"
+
+    def __init__(self, clock: Clock, taken_at: float, turn: float) -> None:
+        self.clock, self.taken_at, self.turn = clock, taken_at, turn
+
+    def taken(self) -> bool:
+        return self.clock.now >= self.taken_at
+
+    def wait_for(self, sid: str, timeout: float) -> Reply | None:
+        self.clock.now += timeout
+        if self.clock.now < self.taken_at + self.turn:
+            return None
+        return Reply(
+            reply_id="r1", answers=sid, kind=ReplyKind.REPLY, channel="cli", session="cli:t",
+            conversation="cli:t", text="at last", created=0.0,
+        )  # fmt: skip
+
+
+class Idle:
+    def __init__(self, problem: str | None = None) -> None:
+        self._problem = problem
+
+    def problem(self) -> str | None:
+        return self._problem
+
+    def worker_died(self) -> None:
+        return None
+
+
+def test_the_timeout_runs_from_when_the_worker_takes_the_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Queued 100 s behind a slow turn, then answered 20 s into its own turn: within a 30 s
+    timeout (it timed out, exit 3, counting from the send)."""
+    clock = Clock()
+    monkeypatch.setattr(chat, "time", clock)
+    term = QueuedTerm(clock, taken_at=100.0, turn=20.0)
+    assert chat._await(Idle(), term, "1-0", 30.0, queue_timeout=300.0) == 0  # type: ignore[arg-type]
+
+
+def test_the_wait_in_the_queue_has_its_own_bound(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(chat, "time", clock)
+    term = QueuedTerm(clock, taken_at=1000.0, turn=1.0)
+    assert chat._await(Idle(), term, "1-0", 30.0, queue_timeout=60.0) == chat.EXIT_TIMEOUT  # type: ignore[arg-type]
+    assert 60 <= clock.now < 62
+    assert "did not take your message within 60 s" in capsys.readouterr().err
+    clock.now = 0.0
+    term = QueuedTerm(clock, taken_at=10.0, turn=100.0)
+    assert chat._await(Idle(), term, "1-0", 30.0, queue_timeout=60.0) == chat.EXIT_TIMEOUT  # type: ignore[arg-type]
+    assert "no reply within 30 s of the worker taking it" in capsys.readouterr().err
+
+
+def test_the_interactive_chat_keeps_waiting_for_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No worker runs: ``chat -m`` exits 4; the interactive chat says so once and waits on (it
+    quit the whole chat after 3 s)."""
+    clock = Clock()
+    monkeypatch.setattr(chat, "time", clock)
+    problem = "no worker is running (start one with `relaybot worker` or `honcho start`)"
+    term = QueuedTerm(clock, taken_at=600.0, turn=1.0)
+    assert chat._await(Idle(problem), term, "1-0", 30.0, queue_timeout=None) == 4  # type: ignore[arg-type]
+    said: list[str] = []
+    clock.now = 0.0
+    live = chat.Live(said.append, lambda: False)
+    assert chat._await(Idle(problem), term, "1-0", 30.0, queue_timeout=None, live=live) == 0  # type: ignore[arg-type]
+    assert len(said) == 1 and said[0].startswith(problem)

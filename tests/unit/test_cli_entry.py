@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -431,3 +432,11 @@ def test_the_embedded_sockets_url_names_the_socket_whatever_the_home(
 
     cfg = Config(home=tmp_path / name)
     assert parse_url(redis_url(cfg))["path"] == str(tmp_path / name / "redis" / "redis.sock")
+
+
+def test_a_replys_single_line_breaks_are_kept_on_a_terminal() -> None:
+    out = Tty()
+    chat_render.ReplyView(out, "relaybot").show(reply("line one\n/new\nline three\n\n- a\n- b"))
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in out.getvalue().splitlines()]
+    assert "line one" in lines and "/new" in lines and "line three" in lines
+    assert any(line.endswith(" a") and line.startswith("•") for line in lines)  # still Markdown

@@ -402,6 +402,9 @@ def test_a_session_waiting_for_a_slot_shows_as_busy(make: Callable[..., Rig]) ->
         rig.add(msg("waiting", "cli:b"))  # no slot: it waits
         rig.until(lambda: bool(rig.r.exists(rig.keys.busy("cli:b"))), "cli:b marked busy")
         assert rig.r.exists(rig.keys.busy("cli:a"))
+        # which is which: `relaybot chat` counts its --timeout from "running" (issue 26)
+        assert rig.r.get(rig.keys.busy("cli:a")) == b"running"
+        assert rig.r.get(rig.keys.busy("cli:b")) == b"waiting"
         rig.model.open()
         rig.until(lambda: len(rig.replies("cli:a")) + len(rig.replies("cli:b")) == 2, "replies")
         rig.until(lambda: rig.c.writer.in_hand() == 0, "all acked")
