@@ -61,6 +61,14 @@ def normalize(session: str, text: str, *, sender: str | None = None) -> InboundM
     )
 
 
+class _Debug:
+    """A logger whose every line is a debug line (``relaybot -v chat`` shows them)."""
+
+    def __getattr__(self, _level: str) -> Callable[..., Any]:
+        debug: Callable[..., Any] = log.debug
+        return debug
+
+
 class ChatBeat(Heartbeat):
     """A terminal chat's heartbeat (``gateway:cli:<session>``).
 
@@ -83,7 +91,7 @@ class ChatBeat(Heartbeat):
             try:
                 self.watch.check() if now else self.watch.poll()
             except OSError as exc:
-                log.warning("config.unreadable", process=self.watch.process, error=str(exc))
+                log.debug("config.unreadable", process=self.watch.process, error=str(exc))
             self.config = self.watch.fields()
             return self.watch.latest
 
@@ -118,7 +126,9 @@ class Terminal:
         self.queue = ReplyQueue(
             r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )
-        watch = ConfigWatcher(cfg, process="gateway:cli", uses=("redis",))
+        # its heartbeat, doctor and status say a rejected or changed config.toml: the terminal
+        # is kept for the conversation
+        watch = ConfigWatcher(cfg, process="gateway:cli", uses=("redis",), logger=_Debug())
         self.heartbeat = ChatBeat(r, self.keys, session, watch)
         self.durable = Durable(r)  # "sent" is printed only for a message that is on disk
         self._spin = itertools.cycle(_SPINNER)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+from structlog.testing import capture_logs
 
 from contract.config import config_digest, load_config
 from contract.keys import Keys
@@ -101,3 +102,18 @@ def test_a_chat_opened_before_onboarding_follows_config_toml(home: Path) -> None
     assert term.heartbeat.config["restart_needed"] is False
     status = {"worker_lease": None, "group": None, "dead_letters": 0, "heartbeats": {}}
     assert "model:    llama-test at http://127.0.0.1:9/v1" in short_status(status, cfg, "s")
+
+
+def test_a_chat_says_a_rejected_config_toml_in_its_beat_not_in_its_terminal(home: Path) -> None:
+    """The terminal is the conversation's (its log level is WARNING): the watcher's lines are
+    debug lines there; the beat carries the reason, as doctor and status show it."""
+    term = Terminal(load_config(home), fakeredis.FakeRedis(), "ada")
+    path = home / "config.toml"
+    path.write_text("[model\nbroken = ", encoding="utf-8")
+    path.chmod(0o600)
+    with capture_logs() as logs:
+        for _ in range(2):
+            term.heartbeat.follow(now=True)
+    assert [e["event"] for e in logs] == ["config.rejected"]
+    assert [e["log_level"] for e in logs] == ["debug"]
+    assert term.heartbeat.config["config_error"]
