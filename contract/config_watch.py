@@ -183,7 +183,11 @@ class ConfigWatcher:
         env: Mapping[str, str] | None = None,
         every: float = POLL_EVERY,
         clock: Callable[[], float] = time.monotonic,
+        logger: Any = None,
     ) -> None:
+        """``logger``: where its lines go (a terminal chat's are debug lines: relaybot/chat.py
+        keeps its terminal for the conversation; its heartbeat says the same)."""
+        self._log = log if logger is None else logger
         self.process = process
         self.path = cfg.config_file
         self._home = cfg.home
@@ -256,7 +260,7 @@ class ConfigWatcher:
         if raw is None:  # deleted, or an editor's save between rename and write: keep going
             if self._seen != "none":
                 detail = "config.toml is gone; still running with the last one"
-                log.warning("config.missing", process=self.process, detail=detail)
+                self._log.warning("config.missing", process=self.process, detail=detail)
             self._seen = "none"
             return None
         digest = config_digest(raw)
@@ -268,7 +272,9 @@ class ConfigWatcher:
         except ConfigError as exc:
             self.error = str(exc)
             detail = "the new config.toml is not valid; still running with the old one"
-            log.error("config.rejected", process=self.process, error=self.error, detail=detail)
+            self._log.error(
+                "config.rejected", process=self.process, error=self.error, detail=detail
+            )
             return None
         self.error = ""
         self.latest = new
@@ -280,7 +286,7 @@ class ConfigWatcher:
         self.error = error
         seen = f"unreadable:{error}"
         if self._seen != seen:
-            log.error("config.unreadable", process=self.process, error=error,
+            self._log.error("config.unreadable", process=self.process, error=error,
                       detail="still running with the last good configuration")  # fmt: skip
         self._seen = seen
 
@@ -298,16 +304,16 @@ class ConfigWatcher:
         self._warned = {k: values.get(k) for k in restart}
         self.restart_keys = restart
         if fresh:
-            log.warning("config.restart_needed", process=self.process, keys=list(fresh),
+            self._log.warning("config.restart_needed", process=self.process, keys=list(fresh),
                         detail="these keys changed in config.toml; restart this process to "
                         "apply them")  # fmt: skip
         if not reloaded:
             if not uses:
-                log.info("config.unchanged", process=self.process, digest=digest,
+                self._log.info("config.unchanged", process=self.process, digest=digest,
                          detail="nothing this process uses changed")  # fmt: skip
             return None
         self.config = with_keys(self.config, new, reloaded)
-        log.info("config.reloaded", process=self.process, keys=list(reloaded), digest=digest)
+        self._log.info("config.reloaded", process=self.process, keys=list(reloaded), digest=digest)
         return Reload(self.config, reloaded, restart)
 
 

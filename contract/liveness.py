@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -44,6 +45,47 @@ def beat(r: redis.Redis, keys: Keys, name: str, **info: Any) -> None:
     """Publish liveness: one hash field per process, its value the time and a few facts."""
     payload = {"ts": time.time(), "pid": os.getpid(), "host": socket.gethostname(), **info}
     r.hset(keys.heartbeats, name, json.dumps(payload))
+
+
+# A terminal chat (``relaybot chat``) beats as ``gateway:cli:<session>``. It is not a service: its
+# session has a random name and it never "starts again", so a beat it could not remove (Ctrl-C
+# or a kill while Redis was down) would stay forever. Its beat therefore expires: older than
+# CHAT_ENDED_AFTER seconds (60 beat intervals), the chat has ended. ``relaybot status`` and
+# ``relaybot doctor`` leave such a beat out (never "restart it"), and every chat that starts
+# removes them from the hash (:func:`drop_ended_chats`). Redis's own per-field TTL (HEXPIRE)
+# needs Redis 7.4, and a key of its own per chat would need a SCAN and another ACL pattern.
+CHAT_BEAT = "gateway:cli:"
+CHAT_ENDED_AFTER = 60.0
+
+
+def chat_session(name: str) -> str | None:
+    """The session of a terminal chat's beat name (None for any other process)."""
+    return name[len(CHAT_BEAT) :] if name.startswith(CHAT_BEAT) else None
+
+
+def label(name: str) -> str:
+    """A beat's name as people read it: ``the relaybot chat in session X`` for a chat."""
+    session = chat_session(name)
+    return name if session is None else f"the relaybot chat in session {session}"
+
+
+def chat_ended(name: str, beat: Mapping[str, Any], now: float) -> bool:
+    """A terminal chat's beat older than :data:`CHAT_ENDED_AFTER`: that chat has ended."""
+    try:
+        ts = float(beat.get("ts", 0) or 0)
+    except (TypeError, ValueError):
+        ts = 0.0
+    return chat_session(name) is not None and now - ts > CHAT_ENDED_AFTER
+
+
+def drop_ended_chats(r: redis.Redis, keys: Keys, now: float | None = None) -> list[str]:
+    """Remove the beats of chats that ended (:func:`chat_ended`); their names."""
+    now = time.time() if now is None else now
+    gone = [n for n, b in heartbeats(r, keys).items() if chat_ended(n, b, now)]
+    if gone:
+        r.hdel(keys.heartbeats, *gone)
+        log.info("heartbeat.chats_ended", removed=gone)
+    return gone
 
 
 def heartbeats(r: redis.Redis, keys: Keys) -> dict[str, dict[str, Any]]:
@@ -82,10 +124,14 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def refresh(self) -> None:
+        """Called before each beat, on the beating thread (a chat follows config.toml here)."""
+
     def _run(self) -> None:
         failing = False  # said once per outage, not every second while Redis restarts
         while not self._stop.is_set():
             try:
+                self.refresh()
                 beat(self._r, self._keys, self.name, **{**self.config, **self.info})
                 if failing:
                     log.info("heartbeat.resumed", name=self.name)

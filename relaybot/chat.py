@@ -461,7 +461,8 @@ class Chat:
             except access.REFUSED as exc:  # reached, but refused: the chat goes on
                 self.view.note(access.line(self.cfg, exc, "cli"))
             else:
-                self.view.note(short_status(status, self.cfg, term.session))
+                cfg = term.heartbeat.follow(now=True)  # config.toml now (onboarded meanwhile)
+                self.view.note(short_status(status, cfg, term.session))
         else:
             self.view.note(f"unknown command /{word}: /help lists them; //text sends /text")
         return None

@@ -20,6 +20,7 @@ from typing import Any
 
 from contract import channels as registry
 from contract.config import Config
+from contract.liveness import chat_ended, chat_session, label
 from relaybot.doctor_verdict import Check, ok, warn
 
 STALE_AFTER = 10.0  # seconds, as relaybot status
@@ -56,6 +57,8 @@ def processes(
             )
         )
     for name, beat in sorted(beats.items()):
+        if chat_ended(name, beat, now):  # not a process to restart: it has ended
+            continue
         out.append(_one(name, beat, now, digest if beat.get("host") == host else None))
     return out
 
@@ -74,6 +77,8 @@ def _one(name: str, beat: Mapping[str, Any], now: float, digest: str | None) -> 
     }
     if beat.get("error"):
         return warn(cid, f"unreadable heartbeat: {beat['error']}", "restart that process", **facts)
+    if chat_session(name) is not None:
+        return _chat(name, beat, age, digest, facts)
     if age > STALE_AFTER:
         return warn(
             cid,
@@ -113,6 +118,37 @@ def _one(name: str, beat: Mapping[str, Any], now: float, digest: str | None) -> 
             **facts,
         )
     return ok(cid, said + " (current)", **facts)
+
+
+def _chat(
+    name: str, beat: Mapping[str, Any], age: float, digest: str | None, facts: dict[str, Any]
+) -> Check:
+    """A terminal chat: never a process to restart (its session has a random name, nobody
+    starts it again). Its beat is dropped once older than CHAT_ENDED_AFTER; its config view
+    follows config.toml, and only a changed [redis] waits for a new chat."""
+    cid = f"processes.{name}"
+    who = f"{label(name)} (pid {beat.get('pid')} on {beat.get('host')})"
+    if age > STALE_AFTER:
+        return ok(
+            cid,
+            f"{who}: last heartbeat {age:.0f} s ago: it ended without removing its beat (or "
+            "lost Redis); the beat is dropped a minute after its last one",
+            **facts,
+        )
+    said = f"{who}, alive ({age:.1f} s ago)"
+    if beat.get("restart_needed") is True:
+        keys = ", ".join(beat.get("restart_keys") or [])
+        return warn(
+            cid,
+            said + f": config.toml changed {keys}, which a running chat cannot apply",
+            "quit that chat (Ctrl-D) and start relaybot chat again (--session "
+            f"{chat_session(name)} resumes it)",
+            **facts,
+        )
+    loaded = beat.get("config")
+    if loaded is not None and digest is not None and loaded != digest:
+        said += f", config {loaded} (config.toml is now {digest}: a chat follows it within seconds)"
+    return ok(cid, said, **facts)
 
 
 def unused(cfg: Config, beats: Mapping[str, Mapping[str, Any]] | None, now: float) -> Check:

@@ -18,7 +18,7 @@ from redis.exceptions import NoPermissionError
 
 from contract.bus import text
 from contract.keys import Keys
-from contract.liveness import heartbeats
+from contract.liveness import chat_ended, heartbeats, label
 from contract.logs import mask_text
 from contract.messages import CHANNELS, stream_id_ms
 
@@ -123,6 +123,8 @@ def collect(
     if beats is not None:
         out["heartbeats"] = {}
         for name, beat in sorted(beats.items()):
+            if chat_ended(name, beat, now):  # a chat that ended without removing its beat
+                continue  # (the next chat removes it: contract/liveness.py)
             # a beat written after `now` was read (the process beat meanwhile) is fresh: age 0
             age = max(0.0, round(now - float(beat.get("ts", 0)), 3))
             out["heartbeats"][name] = {**beat, "age_s": age, "stale": age > STALE_AFTER}
@@ -264,7 +266,7 @@ def render(status: dict[str, Any]) -> str:
     lines.append("heartbeats:" + (" ?" if beats is None else "" if beats else " none"))
     for name, beat in (beats or {}).items():
         flag = "  STALE" if beat["stale"] else ""
-        lines.append(f"  {name}: {beat['age_s']:.1f} s ago (pid {beat.get('pid')}){flag}")
+        lines.append(f"  {label(name)}: {beat['age_s']:.1f} s ago (pid {beat.get('pid')}){flag}")
         if beat.get("turns"):  # the worker's turns side by side (issue 12)
             lines.append(f"    turns {beat['turns']}")
         if beat.get("memory"):  # the worker cannot write memory: entries wait (issue 11)

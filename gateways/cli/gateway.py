@@ -11,6 +11,7 @@ import getpass
 import itertools
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -22,7 +23,8 @@ from contract.bus import publish, stream_id, text
 from contract.config import Config
 from contract.config_watch import ConfigWatcher
 from contract.durable import Durable
-from contract.liveness import Heartbeat
+from contract.keys import Keys
+from contract.liveness import CHAT_BEAT, Heartbeat, drop_ended_chats
 from contract.messages import MAX_TEXT_CHARS, InboundMessage, Kind, Privacy, Reply, new_event_id
 from contract.outage import TRANSIENT, Outage
 from contract.terminal import safe
@@ -64,6 +66,51 @@ def normalize(session: str, text: str, *, sender: str | None = None) -> InboundM
     )
 
 
+class _Debug:
+    """A logger whose every line is a debug line (``relaybot -v chat`` shows them)."""
+
+    def __getattr__(self, _level: str) -> Callable[..., Any]:
+        debug: Callable[..., Any] = log.debug
+        return debug
+
+
+class ChatBeat(Heartbeat):
+    """A terminal chat's heartbeat (``gateway:cli:<session>``).
+
+    Its config fields follow config.toml (the chat reloads nothing, but its view of the file is
+    current: doctor never sees it running "an older config" after an onboarding, and ``/status``
+    shows the model the file configures, as the worker uses it); only a changed [redis] waits
+    for a new chat (``restart_needed``). Its first beat removes the beats of chats that ended
+    without removing their own (contract/liveness.py: CHAT_ENDED_AFTER)."""
+
+    def __init__(self, r: redis.Redis, keys: Keys, session: str, watch: ConfigWatcher) -> None:
+        super().__init__(r, keys, f"{CHAT_BEAT}{session}", config=watch.fields())
+        self.watch = watch
+        self._lock = threading.Lock()  # the beating thread and /status both look at the file
+        self._swept = False
+
+    def follow(self, *, now: bool = False) -> Config:
+        """The newest valid config.toml (its config fields updated); ``now``: look at the file
+        now, not at most every couple of seconds."""
+        with self._lock:
+            try:
+                self.watch.check() if now else self.watch.poll()
+            except OSError as exc:
+                log.debug("config.unreadable", process=self.watch.process, error=str(exc))
+            self.config = self.watch.fields()
+            return self.watch.latest
+
+    def refresh(self) -> None:
+        self.follow()
+        if not self._swept:
+            try:
+                drop_ended_chats(self._r, self._keys)
+                self._swept = True
+            except redis.RedisError as exc:  # no HGETALL (a Redis 6.2 ACL), or Redis is down
+                log.info("heartbeat.sweep_skipped", error=str(exc))
+                self._swept = not isinstance(exc, TRANSIENT)
+
+
 class Terminal:
     """One chat session in a terminal."""
 
@@ -84,9 +131,10 @@ class Terminal:
         self.queue = ReplyQueue(
             r, self.keys, f"cli:{session}", max_age=cfg.delivery.max_age, gateway="gateway:cli"
         )
-        self.heartbeat = Heartbeat(r, self.keys, f"gateway:cli:{session}")
-        # the config it runs with (the terminal reloads nothing: a new chat takes a new one)
-        self.heartbeat.config = ConfigWatcher(cfg, process="gateway:cli", uses=("redis",)).fields()
+        # its heartbeat, doctor and status say a rejected or changed config.toml: the terminal
+        # is kept for the conversation
+        watch = ConfigWatcher(cfg, process="gateway:cli", uses=("redis",), logger=_Debug())
+        self.heartbeat = ChatBeat(r, self.keys, session, watch)
         self.durable = Durable(r)  # "sent" is printed only for a message that is on disk
         self._spin = itertools.cycle(_SPINNER)
         self._spinning = False
