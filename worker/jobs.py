@@ -84,7 +84,7 @@ class Worker(RqWorker):
         if first:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    def request_stop(self, signum: int, frame: Any) -> None:
+    def request_stop(self, _signum: int, _frame: Any) -> None:
         """SIGTERM/SIGINT: stop now. rq's own stop waited for the job running to end (and
         for Redis, to say so): honcho gives a process 5 s, then SIGKILLs it and leaves its
         work-horse running, an orphan. The work-horse is killed and reaped here; its job
