@@ -223,6 +223,9 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
         log.info("jobs.stopped")
         return 0
     finally:
+        # stopping: a signal now (rq's pubsub thread's SIGTERM on a refusal the main loop saw
+        # first) would raise out of the clean-up
+        _ignore_signals()
         summarize_job.use_last_good(None)
         stop_watching.set()
         hb.stop()
