@@ -28,6 +28,9 @@ _.OPEN
 # rq runs it by its dotted name, "worker.summarize_job.summarize" (worker/derive.py)
 _.summarize
 
+# rq's worker installs it as its SIGTERM/SIGINT handler (worker/jobs.py Worker overrides it)
+_.request_stop
+
 # the export header's field, written as a dict (memory/export.py), validated on import
 _.exported_at
 

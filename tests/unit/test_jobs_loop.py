@@ -26,6 +26,9 @@ class FakeWorker:
         self._shutdown_requested_date: object = None
         FakeWorker.made.append(self)
 
+    def bury_horse(self) -> None:
+        pass
+
     def work(self, *, burst: bool, with_scheduler: bool) -> bool:
         if len(FakeWorker.made) > 1:  # SIGTERM while idle: rq notes the date, raises, returns
             self._shutdown_requested_date = object()
