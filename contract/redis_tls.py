@@ -67,6 +67,31 @@ def file_problem(cfg: Config) -> str | None:
                 f"[redis] {key} {path} {why}: fix the path ([redis] {key} or "
                 f"RELAYBOT_REDIS__{var}) or its permissions"
             )
+    return _load_problem(cfg)
+
+
+def _load_problem(cfg: Config) -> str | None:
+    """A readable TLS file OpenSSL cannot use (a key given as the CA, a file of junk): one line,
+    not a connection that fails for ever ("NO_CERTIFICATE_OR_CRL_FOUND" is no outage)."""
+    r = cfg.redis
+    context = ssl.create_default_context()
+    try:
+        if r.ca_file is not None:
+            context.load_verify_locations(cafile=str(r.ca_file))
+    except (ssl.SSLError, ValueError) as exc:
+        return (
+            f"[redis] ca_file {r.ca_file} holds no CA certificate OpenSSL can read ({exc}): name "
+            "the PEM file of the CA that signed the server's certificate (RELAYBOT_REDIS__CA_FILE)"
+        )
+    try:
+        if r.cert_file is not None:
+            context.load_cert_chain(str(r.cert_file), str(r.key_file) if r.key_file else None)
+    except (ssl.SSLError, ValueError) as exc:
+        return (
+            f"[redis] cert_file {r.cert_file} and key_file {r.key_file} are not a certificate and "
+            f"its key OpenSSL can read ({exc}): name this client's PEM certificate and its key "
+            "(RELAYBOT_REDIS__CERT_FILE, RELAYBOT_REDIS__KEY_FILE)"
+        )
     return None
 
 

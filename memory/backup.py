@@ -40,7 +40,7 @@ from memory.errors import CuratedError, MemoryFailure, MemoryUnavailable, transl
 from memory.importer import reapply_erasure
 from memory.records import ErasureRecord
 from memory.rows import NOT_ERASED
-from memory.schema import check_version, schema_version
+from memory.schema import LATEST_VERSION, check_version, migrate, schema_version
 from memory.store import MemoryStore
 from memory.tombstones import read_records
 
@@ -111,11 +111,36 @@ def _checked(path: Path) -> Snapshot:
         if version == 0:
             raise sqlite3.DatabaseError(f"{path} is not a memory database")
         check_version(version)
+        if version == LATEST_VERSION and (odd := _foreign_objects(conn)):
+            raise sqlite3.DatabaseError(
+                f"{path} holds schema objects memory does not make ({', '.join(odd[:3])}): "
+                "not a relaybot backup as it was taken"
+            )
         rows = int(conn.execute("SELECT count(*) FROM log").fetchone()[0])
         erasures = int(conn.execute("SELECT count(*) FROM erasure").fetchone()[0])
     finally:
         conn.close()
     return Snapshot(path, version, rows, erasures)
+
+
+def _objects(conn: sqlite3.Connection) -> set[tuple[str, str, str]]:
+    return {
+        (str(kind), str(name), " ".join(str(sql or "").split()))
+        for kind, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master")
+    }
+
+
+def _foreign_objects(conn: sqlite3.Connection) -> list[str]:
+    """The tables, indexes, triggers and views of ``conn`` that memory's own schema (at the
+    latest version) does not have as they are: a crafted copy's extra trigger (one that deletes
+    the log) would otherwise be restored, and every write refused after it."""
+    fresh = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        migrate(fresh)
+        expected = _objects(fresh)
+    finally:
+        fresh.close()
+    return sorted(f"{kind} {name}" for kind, name, _sql in _objects(conn) - expected)
 
 
 def check(path: Path) -> Snapshot:

@@ -95,6 +95,20 @@ def test_a_missing_ca_file_is_a_configuration_error(
     _one_line_exit_2(run_relaybot(["worker"], env, timeout=30), "ca_file", "does not exist")
 
 
+def test_a_ca_file_that_holds_no_certificate_is_a_configuration_error(
+    tls_redis: tuple[int, Pki], tmp_path: Path
+) -> None:
+    """The server's key given as the CA, or junk: the worker waited for Redis for ever
+    ("NO_CERTIFICATE_OR_CRL_FOUND"), status called it an outage (exit 1)."""
+    port, _pki = tls_redis
+    url = f"rediss://relaybot-worker:{PASSWORD}@127.0.0.1:{port}/0"
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk\n")
+    env = _env(tmp_path / "home", url, RELAYBOT_REDIS__CA_FILE=str(junk))
+    for args in (["worker"], ["status"]):
+        _one_line_exit_2(run_relaybot(args, env, timeout=30), "ca_file", "no CA certificate")
+
+
 def test_rediss_against_a_plain_server_says_so(redis_server: RedisServer, tmp_path: Path) -> None:
     url = redis_server.url.replace("redis://", "rediss://")
     env = _env(tmp_path / "home", url)

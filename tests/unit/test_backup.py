@@ -288,3 +288,24 @@ def test_a_killed_backup_leaves_partials_that_the_next_one_removes(tmp_path: Pat
     mine.write_bytes(b"in progress")
     assert sorted(archive.remove_stale_partials(tmp_path)) == sorted([stale, stale_dir])
     assert mine.exists() and not stale.exists() and not stale_dir.exists()
+
+
+def test_a_copy_with_a_schema_object_memory_does_not_make_is_refused(
+    store: MemoryStore, live: Path, tmp_path: Path
+) -> None:
+    """A crafted backup (the manifest rehashed) with one more trigger, one that deletes the log:
+    it was restored, and every write after it was refused for ever."""
+    import sqlite3
+
+    from memory.errors import MemoryFailure
+
+    say(store, "ada keeps this")
+    copy = tmp_path / "copy.sqlite3"
+    backup.snapshot(live, copy)
+    assert backup.check(copy).log_rows == 2  # the honest copy passes (the message, its reply)
+    conn = sqlite3.connect(copy)
+    conn.execute("CREATE TRIGGER evil AFTER INSERT ON log BEGIN DELETE FROM log; END")
+    conn.commit()
+    conn.close()
+    with pytest.raises(MemoryFailure, match="trigger evil"):
+        backup.check(copy)
