@@ -44,7 +44,9 @@ from contract.terminal import safe
 FORMAT_ENV = "RELAYBOT_LOG_FORMAT"
 
 # "token" but not "tokens": max_tokens, prompt_tokens are counts, not secrets
-_SECRET_KEY = re.compile(r"(pass(word)?|secret|token(?!s)|api_?key|authorization|credential)", re.I)
+_SECRET_KEY = re.compile(
+    r"(pass(word)?|pwd|secret|token(?!s)|api[_-]?key|authorization|credential|cookie)", re.I
+)
 # the password runs to the last "@" before the host: one with an unencoded "@" is masked whole
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^/\s]+)(@)", re.I)
 # every value of a URL's query, and of its fragment (a gateway's key rides in "?key=...", a
@@ -70,18 +72,26 @@ PYDANTIC_OPENINGS = (
     "Unexpected positional", "Value error,",
 )  # fmt: skip
 _PYDANTIC = "|".join(re.escape(o) for o in PYDANTIC_OPENINGS) + r"|[A-Z][a-z]+ should have at"
-_HINT = re.compile(r"pass|secret|token|api_?key|authorization|credential|bearer|syt_", re.I)
+_HINT = re.compile(
+    r"pass|pwd|secret|token|api[_-]?key|authorization|credential|cookie|bearer|syt_|sk-|xox|gh[pousr]_",
+    re.I,
+)
 _INLINE_SECRET = re.compile(
-    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|secret|token(?!s)|api_?key|authorization|credential)"""
+    r"""(?P<key>["']?[\w.-]*(?:pass(?:word)?|pwd|secret|token(?!s)|api[_-]?key|authorization"""
+    r"""|credential|cookie)"""
     r"""[\w.-]*["']?\s*[:=][ \t]*)"""
     r"""(?:(?P<q>["'])(?:(?!(?P=q)).)*(?P=q)"""
-    rf"""|(?!["'])(?!(?<=: )(?-i:{_PYDANTIC}))"""
+    rf"""|(?!["'])(?!\*\*\*)(?!(?<=: )(?-i:{_PYDANTIC}))"""
     r"""[^\s,;}\]][^\n]*?"""
     r"""(?=[,;]?[ \t]+[\w.-]+=|,[ \t]*["']?[\w.-]+["']?:[ \t]|;[ \t]|[}\]]|\n|$))""",
     re.I,
 )
 _BEARER = re.compile(r"\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+", re.I)
 _HOMESERVER_TOKEN = re.compile(r"\bsy[a-z]_[A-Za-z0-9_-]{8,}")
+# API keys by their well-known shapes, wherever they stand: OpenAI's sk-, Slack's xox?-, GitHub's
+_KEY_SHAPES = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_-]{16,}|xox[abposr]-[A-Za-z0-9-]{10,}|gh[pousr]_[A-Za-z0-9]{20,})"
+)
 
 
 def _mask_inline(match: re.Match[str]) -> str:
@@ -118,7 +128,7 @@ def mask_text(text: str) -> str:
         return text
     text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)  # before "Authorization: Bearer"
     text = _INLINE_SECRET.sub(_mask_inline, text)
-    return _HOMESERVER_TOKEN.sub("***", text)
+    return _KEY_SHAPES.sub("***", _HOMESERVER_TOKEN.sub("***", text))
 
 
 def redact(value: Any) -> Any:

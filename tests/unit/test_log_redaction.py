@@ -193,3 +193,26 @@ def test_any_passphrase_after_a_secret_key_is_masked(words: list[str], key: str)
 def test_any_url_query_value_is_masked(value: str) -> None:
     text = logs.mask_text(f"calling https://gw.example.org/v1?key={value}&v=2 now")
     assert text == "calling https://gw.example.org/v1?key=***&v=*** now"
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("X-Api-Key: SECRETXAPI", "SECRETXAPI"),
+        ("Cookie: session=v123abc", "v123abc"),
+        ("pwd: hunter2", "hunter2"),
+        ("the key sk-abcdefghijklmnopqrstu leaked", "sk-abcdefghijklmnopqrstu"),
+        ("xoxb-1234567890-abcdef", "xoxb-1234567890-abcdef"),
+        ("ghp_abcdefghijklmnopqrstuvwx12", "ghp_abcdefghijklmnopqrstuvwx12"),
+    ],
+)
+def test_header_names_and_well_known_key_shapes_are_masked(text: str, secret: str) -> None:
+    """The second review: X-Api-Key (a hyphen), Cookie, pwd and bare sk-/xoxb- keys showed in
+    status's failed-job reasons."""
+    assert secret not in logs.mask_text(text)
+
+
+def test_a_masked_query_does_not_swallow_the_words_after_it() -> None:
+    assert logs.mask_text("GET https://x/cb?token=S&x=1 failed") == (
+        "GET https://x/cb?token=***&x=*** failed"
+    )
