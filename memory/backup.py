@@ -127,6 +127,7 @@ def _objects(conn: sqlite3.Connection) -> set[tuple[str, str, str]]:
     return {
         (str(kind), str(name), " ".join(str(sql or "").split()))
         for kind, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master")
+        if not str(name).startswith("sqlite_stat")  # SQLite's own statistics (PRAGMA optimize)
     }
 
 
