@@ -245,6 +245,9 @@ def _run_worker(cfg: Config, rq_r: redis.Redis, *, burst: bool) -> Worker | None
     log.info("jobs.started", queue=cfg.keys.jobs_queue)
     try:
         worker.work(burst=burst, with_scheduler=False)
+    except StopRequested:  # the SIGTERM of rq's pubsub thread on a refusal, or a real stop
+        _stop_if_refused(worker)
+        raise
     except redis.RedisError:
         _stop_if_refused(worker)  # rq's teardown failing after the refusal
         # a SIGTERM in the middle of one of rq's own Redis calls: rq's handler raises out of
