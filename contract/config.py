@@ -322,6 +322,29 @@ class DeriveConfig(_Section):
     check_every: float = Field(default=30.0, gt=0)
 
 
+class ScheduleConfig(_Section):
+    """``[schedule]``: reminders and recurring tasks (worker/schedule*.py, README "Scheduling").
+
+    Who may schedule: the owner anywhere; a contact only when ``contacts`` is true, only in
+    their own direct conversation, with at most ``contact_max_items`` items waiting, at most
+    ``contact_per_hour`` new items an hour and a recurrence no more often than
+    ``contact_min_every`` seconds. Nobody's recurrence is more often than ``min_every`` (60 s:
+    a 5-field cron is at most once a minute). An occurrence more than ``grace`` seconds late
+    is handled by its ``late`` policy (``deliver``: once, saying how late; ``skip``). The
+    worker looks for items that need their rq job every ``check_every`` seconds."""
+
+    enabled: bool = True
+    contacts: bool = False
+    grace: float = Field(default=300.0, ge=0)
+    late: Literal["deliver", "skip"] = "deliver"
+    owner_max_items: int = Field(default=1000, ge=1)
+    contact_max_items: int = Field(default=5, ge=0)
+    contact_per_hour: int = Field(default=10, ge=0)
+    contact_min_every: float = Field(default=3600.0, ge=60)
+    min_every: float = Field(default=60.0, ge=60)
+    check_every: float = Field(default=1.0, gt=0)
+
+
 class WorkerConfig(_Section):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     context_tokens: int = Field(default=6000, ge=256)
@@ -406,6 +429,7 @@ class CoreConfig(_Section):
     logs: LogsConfig = Field(default_factory=LogsConfig)
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
     derive: DeriveConfig = Field(default_factory=DeriveConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
 
     @field_validator("roles", mode="before")
     @classmethod

@@ -64,7 +64,17 @@ REHASH_EVERY = 15  # every so many looks the bytes are hashed even if size and t
 # ``section.key``, or a whole ``section``. Every process uses [redis]. A gateway's are in its
 # channel's spec (contract/channels.py); the worker adds what the channels' specs say it uses of
 # their sections (the owner's addresses).
-CORE_WORKER_USES = ("owner", "model", "worker", "turns", "delivery", "memory", "roles", "redis")
+CORE_WORKER_USES = (
+    "owner",
+    "model",
+    "worker",
+    "turns",
+    "delivery",
+    "memory",
+    "roles",
+    "redis",
+    "schedule",
+)
 CORE_WORKER_RELOADS = (
     "owner",
     "model.base_url",
@@ -81,6 +91,7 @@ CORE_WORKER_RELOADS = (
     "worker.system_prompt",
     "worker.context_tokens",
     "worker.assistant_name",
+    "schedule",
 )
 JOBS_USES = ("redis",)
 
