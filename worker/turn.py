@@ -15,6 +15,7 @@ not durably recorded yet, in worker/ledger.py.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import tzinfo
@@ -22,18 +23,20 @@ from datetime import tzinfo
 import structlog
 
 from contract import timezone
+from contract.clock import ScheduleClock
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Reply, ReplyKind
 from memory.errors import MemoryUnwritable
 from memory.turns import Memory, MemorySettings
 from memory.types import DrewOn, LogRow
 from memory.writer import MemoryStore
-from worker import redactions, withheld
+from worker import occurrence, redactions, withheld
 from worker.admission import admit
 from worker.agent import TurnResult, run_turn
 from worker.commands import WorkerCommand, apply_report, apply_summary, command
 from worker.ledger import ReplyLedger
-from worker.model import ModelPort
+from worker.model import ModelPort, NoModel
+from worker.scheduled import Occurrences
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
 from worker.turn_result import (
@@ -90,9 +93,12 @@ class Turns:
         opener: Callable[[], MemoryStore | None] | None = None,
         clock: Callable[[], float] = time.time,
         commands: Mapping[str, WorkerCommand] | None = None,
+        schedule_clock: Callable[[], float] | None = None,
     ) -> None:
         """``commands``: the owner commands the worker itself applies (not memory), by op
-        (``memory.resummarize``: worker/derive.py)."""
+        (``memory.resummarize``: worker/derive.py). ``schedule_clock``: the clock scheduled
+        occurrences' lateness is measured on (contract/clock.py :class:`ScheduleClock`, by
+        default over ``clock``)."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
@@ -100,6 +106,9 @@ class Turns:
         self.tools = tools
         self.commands: dict[str, WorkerCommand] = dict(commands or {})
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
+        self.occurrences = Occurrences(  # scheduled entries (worker/scheduled.py)
+            self.memory, cfg=lambda: self.cfg, clock=schedule_clock or ScheduleClock(clock)
+        )
 
     def reconfigure(self, cfg: Config) -> None:
         """Run with a reloaded configuration from now on (worker/reload.py calls it on the
@@ -201,6 +210,11 @@ class Turns:
         """Record the reply of a finished turn (in memory's open transaction) and return its
         outcome: the reply, to be queued when the transaction is committed."""
         msg = job.msg
+        if job.fallback is not None and (result.error or isinstance(self.model, NoModel)):
+            # a reminder the model could not word: its text as written, marked
+            why = result.text if result.error else "no model is configured"
+            log.warning("schedule.delivered_as_written", stream_id=job.keys[-1], error=why)
+            result = dataclasses.replace(result, text=job.fallback, error=False)
         kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
         reply = make_reply(msg, job.keys[-1], result.text, kind, created=self.clock())
         log.info(
@@ -249,29 +263,28 @@ class Turns:
                 if ask is not None:
                     asks.append(ask)
                 continue
-            fresh = False
-            with memory.write():
-                first = memory.first_of_event(msg, stream_id)
-                if first == stream_id:
-                    row, is_owner = memory.record_inbound(msg, stream_id)
-                    fresh = memory.first_sight(row)
+            recorded = self._record(stream_id, msg)
+            if isinstance(recorded, Outcome):  # an occurrence done now (worker/scheduled.py)
+                outcomes.append(recorded)
+                continue
+            said, first, row, is_owner, fresh = recorded
             if first != stream_id:
-                done, ask = self._published_again(stream_id, first, msg)
-            elif msg.record_only:
-                self._recorded_only(msg)
+                done, ask = self._published_again(stream_id, first, said)
+            elif said.record_only:
+                self._recorded_only(said)
                 done, ask = Outcome(), None
-            elif not fresh and (recorded := memory.recorded_reply(stream_id)) is not None:
+            elif not fresh and (before := memory.recorded_reply(stream_id)) is not None:
                 # a replay: the reply recorded before, not a second model call; queued unless
                 # Redis holds it already (the reconciliation after a Redis data loss may have
                 # queued it before this entry, which the loss made unread, came again) or an
                 # erasure blanked it (nothing of it is shown again)
-                log.info("turn.replayed", reply_id=recorded.reply_id, erased=recorded.erased)
+                log.info("turn.replayed", reply_id=before.reply_id, erased=before.erased)
                 done, ask = Outcome(), None
-                if not recorded.erased:
-                    reply = self._reply_again(recorded, msg, stream_id)
+                if not before.erased:
+                    reply = self._reply_again(before, said, stream_id)
                     done = Outcome(reply=reply, only_if_missing=True)
             else:
-                done, ask = None, (stream_id, msg, row, is_owner)
+                done, ask = None, (stream_id, said, row, is_owner)
             outcomes.append(done)
             if ask is not None:
                 asks.append(ask)
@@ -282,11 +295,36 @@ class Turns:
             return outcomes, None
         return outcomes, self._job(asks)
 
+    def _record(
+        self, stream_id: str, msg: InboundMessage
+    ) -> Outcome | tuple[InboundMessage, str, LogRow | None, bool, bool]:
+        """Record the entry's message, once: (the message as recorded, the entry it was first
+        recorded under, its row, whether the owner sent it, whether it is recorded just now).
+        An occurrence (worker/scheduled.py) is recorded with its item's advance, or is done now
+        (its outcome)."""
+        memory = self.memory
+        if msg.kind is Kind.SCHEDULED:
+            with memory.write():
+                taken = self.occurrences.take(stream_id, msg)
+            if taken.done is not None or taken.msg is None:
+                return taken.done or Outcome()
+            return taken.msg, taken.first, taken.row, False, taken.fresh
+        row: LogRow | None = None
+        is_owner = fresh = False
+        with memory.write():
+            first = memory.first_of_event(msg, stream_id)
+            if first == stream_id:
+                row, is_owner = memory.record_inbound(msg, stream_id)
+                fresh = memory.first_sight(row)
+        return msg, first, row, is_owner, fresh
+
     def _job(self, asks: list[tuple[str, InboundMessage, LogRow | None, bool]]) -> Job:
         """The turn answering ``asks`` (recorded, in order): its model input, from memory now."""
         memory = self.memory
         key, msg, row, is_owner = asks[-1]
-        scope = memory.scope_of(msg, row)
+        scheduled = msg.kind is Kind.SCHEDULED
+        # an occurrence's turn has the scope of whoever set it there, not the scheduler's
+        scope = self.occurrences.scope(msg) if scheduled else memory.scope_of(msg, row)
         drew = DrewOn()
         current = row or transient_row(msg, key, is_owner)
         if row is not None and withheld.again_of(msg) is not None:
@@ -294,6 +332,11 @@ class Turns:
             # the question, so an erasure of the question takes the re-answer too
             drew.add_rows([row.id])
         messages = memory.context(msg, current, scope, drew)
+        fallback = None
+        if scheduled:  # the model is told what this turn is; down, the text goes as written
+            messages[0] = {**messages[0], "content": messages[0]["content"] +
+                           self.occurrences.note(msg)}  # fmt: skip
+            fallback = self.occurrences.fallback(msg)
         ctx = TurnContext(
             stream_id=key,
             msg=msg,
@@ -305,7 +348,7 @@ class Turns:
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         keys = [a[0] for a in asks]
         specs, erasures = tools.specs(), memory.erasure_mark()
-        return Job(keys, msg, messages, tools, drew, specs, erasures)
+        return Job(keys, msg, messages, tools, drew, specs, erasures, fallback)
 
     def _withheld(self, stream_id: str, msg: InboundMessage) -> Outcome:
         """A gateway withheld a reply (it would have reached people it was not written for):
@@ -378,6 +421,8 @@ class Turns:
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
+            if msg.kind is Kind.SCHEDULED:
+                return self._occurrence_aside(stream_id, msg)
             if msg.kind is not Kind.MESSAGE or redactions.is_redaction(msg):
                 return Outcome()
             with self.memory.write():
@@ -403,11 +448,34 @@ class Turns:
         finally:
             structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
 
+    def _occurrence_aside(self, stream_id: str, msg: InboundMessage) -> Outcome:
+        """An occurrence set aside (workers kept dying while it was in hand): taken as usual
+        (recorded, the item advanced, so it does not come back), and delivered as written,
+        without asking the model; a reply recorded for it before is queued again instead."""
+        with self.memory.write():
+            taken = self.occurrences.take(stream_id, msg)
+            if taken.done is not None or taken.msg is None:
+                return taken.done or Outcome()
+            said = taken.msg
+            recorded = self.memory.recorded_reply(taken.first)
+            if recorded is not None:
+                if recorded.erased:
+                    return Outcome()
+                return Outcome(reply=self._reply_again(recorded, said, taken.first),
+                               only_if_missing=True)  # fmt: skip
+        text = self.occurrences.fallback(said) or SET_ASIDE
+        log.warning("turn.set_aside", reason="an occurrence: delivered as written")
+        reply = make_reply(said, taken.first, text, ReplyKind.REPLY, created=self.clock())
+        held = Held(reply, DrewOn(), [taken.first], self.memory.erasure_mark())
+        return Outcome(reply=self.ledger.record(held, said))
+
     def _reply_again(self, row: LogRow, msg: InboundMessage, stream_id: str) -> Reply:
         """The reply recorded for the entry ``stream_id`` (``msg``), queued again as it was: a
         collected reply is keyed by a later entry than this one, and replies to that entry's
         event, not to this one's."""
         event: str | None = None
+        if msg.kind is Kind.SCHEDULED:  # it answers the message that set the item
+            return reply_from_row(row, msg, in_reply_to=occurrence.reply_to(msg))
         if row.stream_id != stream_id:  # memory failing: this entry's event, as before
             event = self.memory.use(lambda s: event_of(s, row.stream_id))
         return reply_from_row(row, msg, in_reply_to=event or msg.event_id)
