@@ -135,4 +135,3 @@ class ScheduleClock:
         return self.base() + self.shift()
 
     __call__ = now
-

@@ -30,6 +30,7 @@ Lateness is measured on the schedule's clock (contract/clock.py), the one the jo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,12 +41,13 @@ import structlog
 
 from contract import timezone
 from contract.config import Config
-from contract.messages import InboundMessage
+from contract.messages import InboundMessage, Kind
 from memory.errors import MemoryUnwritable
 from memory.turns import Memory
 from memory.types import OWNER, LogRow, ScheduledItem, Scope
 from memory.writer import MemoryStore, schedule
 from worker import occurrence
+from worker.agent import TurnResult
 from worker.occurrence import AUDIENCE, LATE, REPLY_TO, SETTER, SETTER_ENTITY
 from worker.schedule_rules import (
     describe_late,
@@ -53,13 +55,18 @@ from worker.schedule_rules import (
     late_decision,
     next_occurrence,
 )
-from worker.turn_result import Outcome
+from worker.turn_result import Job, Outcome
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
 MODEL_DOWN = "the model is unavailable"
+
+
+# a message recorded (worker/turn.py ``Turns._record``): as recorded, the entry that first recorded
+# it, its row, whether the owner sent it, whether it was recorded just now
+Recorded = tuple[InboundMessage, str, LogRow | None, bool, bool]
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class Occurrences:
     configuration in force (the owner's name and zone); ``clock`` is the schedule's clock."""
 
     def __init__(
-        self, memory: Memory, *, cfg: Callable[[], Config], clock: Callable[[], float]
+        self, memory: Memory, cfg: Callable[[], Config], clock: Callable[[], float]
     ) -> None:
         self.memory, self.cfg, self.clock = memory, cfg, clock
 
@@ -121,16 +128,50 @@ class Occurrences:
                  late_s=None if late is None else round(late))  # fmt: skip
         return Taken(msg=said, first=stream_id, row=row, fresh=self.memory.first_sight(row))
 
+    def record(self, stream_id: str, msg: InboundMessage) -> Outcome | Recorded:
+        """:meth:`take` in memory's write, as the turn records a message (worker/turn.py
+        ``Turns._record``): done now, or :data:`Recorded` (never the owner's)."""
+        with self.memory.write():
+            taken = self.take(stream_id, msg)
+        if taken.done is not None or taken.msg is None:
+            return taken.done or Outcome()
+        return taken.msg, taken.first, taken.row, False, taken.fresh
+
     # -- the turn ---------------------------------------------------------------------------------
 
-    def scope(self, msg: InboundMessage) -> Scope:
-        """The scope of an occurrence's turn: its conversation and privacy, and the entity of
-        whoever set the item (a direct conversation then sees what that person said elsewhere,
-        as their own message would; unknown: the conversation alone)."""
-        entity = msg.extra.get(SETTER_ENTITY)
+    def prepare(self, msg: InboundMessage, messages: list[dict[str, str]]) -> str | None:
+        """An occurrence's model input gets its system note (:meth:`note`); the text to deliver
+        when the model cannot word it (:meth:`fallback`). Nothing for any other message."""
+        if msg.kind is not Kind.SCHEDULED:
+            return None
+        messages[0] = {**messages[0], "content": messages[0]["content"] + self.note(msg)}
+        return self.fallback(msg)
+
+    def worded(self, job: Job, result: TurnResult, *, no_model: bool) -> TurnResult:
+        """The turn's result, or, when the model could not word a reminder (it failed, or none
+        is configured), the reminder's text as written, marked."""
+        if job.fallback is None or not (result.error or no_model):
+            return result
+        why = result.text if result.error else "no model is configured"
+        log.warning("schedule.delivered_as_written", stream_id=job.keys[-1], error=why)
+        return dataclasses.replace(result, text=job.fallback, error=False)
+
+    def scope_of(self, msg: InboundMessage, row: LogRow | None) -> Scope:
+        """The scope of a turn (memory's ``scope_of``), but where its current message is an
+        occurrence — this turn's, or one answered again after its gateway withheld the reply —
+        the person is whoever set the item, never the scheduler: a direct conversation sees
+        what its person said elsewhere, and the scheduler's rows elsewhere are every other
+        conversation's reminders. Unknown: nobody, the conversation alone."""
+        scope = self.memory.scope_of(msg, row)
+        if msg.kind is Kind.SCHEDULED:
+            entity = msg.extra.get(SETTER_ENTITY)
+        elif row is not None and row.kind == Kind.SCHEDULED.value:
+            entity = _extra(row).get(SETTER_ENTITY)
+        else:
+            return scope
         return Scope(
-            conversation=msg.conversation,
-            privacy=msg.privacy,
+            conversation=scope.conversation,
+            privacy=scope.privacy,
             entity=entity if isinstance(entity, str) and entity else None,
         )
 
@@ -199,11 +240,7 @@ class Occurrences:
         row = self.memory.use(lambda s: s.inbound_row(item.created_by))
         if row is None or row.conversation != item.conversation:
             return None, None
-        try:
-            extra = json.loads(row.extra or "{}")
-        except ValueError:
-            extra = {}
-        audience = extra.get("audience") if isinstance(extra, dict) else None
+        audience = _extra(row).get("audience")
         return row.event_id or None, audience if isinstance(audience, list) else None
 
     def _following(self, item: ScheduledItem, occ: int, now: float) -> int | None:
@@ -271,12 +308,17 @@ def refusal(msg: InboundMessage, item: ScheduledItem | None) -> str:
     return ""
 
 
-def as_recorded(msg: InboundMessage, row: LogRow) -> InboundMessage:
-    """An occurrence's entry as memory recorded it (its text and extra: a replay's turn is
-    the first one's)."""
+def _extra(row: LogRow) -> dict[str, Any]:
     try:
         extra = json.loads(row.extra or "{}")
     except ValueError:
-        extra = {}
-    kept = extra if isinstance(extra, dict) and extra.get("type") == occurrence.TYPE else msg.extra
+        return {}
+    return extra if isinstance(extra, dict) else {}
+
+
+def as_recorded(msg: InboundMessage, row: LogRow) -> InboundMessage:
+    """An occurrence's entry as memory recorded it (its text and extra: a replay's turn is
+    the first one's)."""
+    extra = _extra(row)
+    kept = extra if extra.get("type") == occurrence.TYPE else msg.extra
     return msg.model_copy(update={"text": row.text, "extra": kept})

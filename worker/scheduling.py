@@ -33,9 +33,10 @@ from rq.job import Job, JobStatus
 
 from contract.access import REFUSED, refusal
 from contract.config import Config
-from memory.errors import MemoryUnwritable
+from memory.errors import FencedOut, MemoryUnwritable
 from memory.turns import Memory
 from memory.writer import MemoryStore, schedule
+from worker.committer import LeaseLost
 from worker.duties import Duties
 from worker.schedule_job import FAILURE_TTL, FUNCTION, RESULT_TTL, TIMEOUT, job_id
 
@@ -46,6 +47,8 @@ LOOKAHEAD = 600  # seconds ahead those looks reach
 LOST_AFTER = 120.0  # a job "queued" this long but on no queue was lost with a jobs process
 BATCH = 1000  # items taken per round (the rest next round)
 
+# what ends the worker rather than this duty: Redis refusing its account, a lost lease
+STOPS: tuple[type[Exception], ...] = (*REFUSED, FencedOut, LeaseLost)
 # a job that will still run: waiting in the registry or the queue, or running
 _WAITING = {JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.DEFERRED}
 
@@ -83,12 +86,14 @@ class Scheduling:
             if last is None or now - last >= CHECK_EVERY or now < last:
                 self.check_jobs(now)
                 self._checked = now
-        except REFUSED:
+        except STOPS:  # the worker stops (exit 2), or lost its lease
             raise
         except redis.RedisError as exc:
             if refusal(exc):
                 raise
             log.warning("schedule.jobs_failed", error=str(exc), detail="tried again next round")
+        except Exception:  # a job rq cannot read, a bug: said, tried again, the worker goes on
+            log.exception("schedule.jobs_crashed", detail="tried again next round")
 
     # -- the items that need a job --------------------------------------------------------------
 

@@ -15,7 +15,6 @@ not durably recorded yet, in worker/ledger.py.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import tzinfo
@@ -30,13 +29,13 @@ from memory.errors import MemoryUnwritable
 from memory.turns import Memory, MemorySettings
 from memory.types import DrewOn, LogRow
 from memory.writer import MemoryStore
-from worker import occurrence, redactions, withheld
+from worker import redactions, withheld
 from worker.admission import admit
 from worker.agent import TurnResult, run_turn
 from worker.commands import WorkerCommand, apply_report, apply_summary, command
 from worker.ledger import ReplyLedger
 from worker.model import ModelPort, NoModel
-from worker.scheduled import Occurrences
+from worker.scheduled import Occurrences, Recorded
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
 from worker.turn_result import (
@@ -44,6 +43,7 @@ from worker.turn_result import (
     Held,
     Job,
     Outcome,
+    answered,
     event_of,
     make_reply,
     queued_again,
@@ -96,9 +96,7 @@ class Turns:
         schedule_clock: Callable[[], float] | None = None,
     ) -> None:
         """``commands``: the owner commands the worker itself applies (not memory), by op
-        (``memory.resummarize``: worker/derive.py). ``schedule_clock``: the clock scheduled
-        occurrences' lateness is measured on (contract/clock.py :class:`ScheduleClock`, by
-        default over ``clock``)."""
+        (``memory.resummarize``: worker/derive.py). ``schedule_clock``: contract/clock.py's."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
@@ -106,9 +104,8 @@ class Turns:
         self.tools = tools
         self.commands: dict[str, WorkerCommand] = dict(commands or {})
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
-        self.occurrences = Occurrences(  # scheduled entries (worker/scheduled.py)
-            self.memory, cfg=lambda: self.cfg, clock=schedule_clock or ScheduleClock(clock)
-        )
+        late_by = schedule_clock or ScheduleClock(clock)  # how late an occurrence is
+        self.occurrences = Occurrences(self.memory, lambda: self.cfg, late_by)  # scheduled.py
 
     def reconfigure(self, cfg: Config) -> None:
         """Run with a reloaded configuration from now on (worker/reload.py calls it on the
@@ -210,11 +207,7 @@ class Turns:
         """Record the reply of a finished turn (in memory's open transaction) and return its
         outcome: the reply, to be queued when the transaction is committed."""
         msg = job.msg
-        if job.fallback is not None and (result.error or isinstance(self.model, NoModel)):
-            # a reminder the model could not word: its text as written, marked
-            why = result.text if result.error else "no model is configured"
-            log.warning("schedule.delivered_as_written", stream_id=job.keys[-1], error=why)
-            result = dataclasses.replace(result, text=job.fallback, error=False)
+        result = self.occurrences.worded(job, result, no_model=isinstance(self.model, NoModel))
         kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
         reply = make_reply(msg, job.keys[-1], result.text, kind, created=self.clock())
         log.info(
@@ -295,36 +288,23 @@ class Turns:
             return outcomes, None
         return outcomes, self._job(asks)
 
-    def _record(
-        self, stream_id: str, msg: InboundMessage
-    ) -> Outcome | tuple[InboundMessage, str, LogRow | None, bool, bool]:
-        """Record the entry's message, once: (the message as recorded, the entry it was first
-        recorded under, its row, whether the owner sent it, whether it is recorded just now).
-        An occurrence (worker/scheduled.py) is recorded with its item's advance, or is done now
-        (its outcome)."""
-        memory = self.memory
+    def _record(self, stream_id: str, msg: InboundMessage) -> Outcome | Recorded:
+        """Record the message once (an occurrence: with its item's advance, or done now)."""
         if msg.kind is Kind.SCHEDULED:
-            with memory.write():
-                taken = self.occurrences.take(stream_id, msg)
-            if taken.done is not None or taken.msg is None:
-                return taken.done or Outcome()
-            return taken.msg, taken.first, taken.row, False, taken.fresh
-        row: LogRow | None = None
-        is_owner = fresh = False
-        with memory.write():
-            first = memory.first_of_event(msg, stream_id)
+            return self.occurrences.record(stream_id, msg)
+        row, is_owner, fresh = None, False, False
+        with self.memory.write():
+            first = self.memory.first_of_event(msg, stream_id)
             if first == stream_id:
-                row, is_owner = memory.record_inbound(msg, stream_id)
-                fresh = memory.first_sight(row)
+                row, is_owner = self.memory.record_inbound(msg, stream_id)
+                fresh = self.memory.first_sight(row)
         return msg, first, row, is_owner, fresh
 
     def _job(self, asks: list[tuple[str, InboundMessage, LogRow | None, bool]]) -> Job:
         """The turn answering ``asks`` (recorded, in order): its model input, from memory now."""
         memory = self.memory
         key, msg, row, is_owner = asks[-1]
-        scheduled = msg.kind is Kind.SCHEDULED
-        # an occurrence's turn has the scope of whoever set it there, not the scheduler's
-        scope = self.occurrences.scope(msg) if scheduled else memory.scope_of(msg, row)
+        scope = self.occurrences.scope_of(msg, row)  # an occurrence's: whoever set it
         drew = DrewOn()
         current = row or transient_row(msg, key, is_owner)
         if row is not None and withheld.again_of(msg) is not None:
@@ -332,11 +312,7 @@ class Turns:
             # the question, so an erasure of the question takes the re-answer too
             drew.add_rows([row.id])
         messages = memory.context(msg, current, scope, drew)
-        fallback = None
-        if scheduled:  # the model is told what this turn is; down, the text goes as written
-            messages[0] = {**messages[0], "content": messages[0]["content"] +
-                           self.occurrences.note(msg)}  # fmt: skip
-            fallback = self.occurrences.fallback(msg)
+        fallback = self.occurrences.prepare(msg, messages)  # told what it is; down: as written
         ctx = TurnContext(
             stream_id=key,
             msg=msg,
@@ -416,30 +392,31 @@ class Turns:
         did): recorded, and its sender told with an error reply instead of silence. The model
         is not asked (that may be what kills the worker). A reply recorded for it before is
         queued again instead; a record-only message is recorded, unanswered; a command or a
-        derived entry gets nothing."""
+        derived entry gets nothing. A scheduled occurrence is taken as usual (its item advanced:
+        it does not come back) and delivered as written."""
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
-            if msg.kind is Kind.SCHEDULED:
-                return self._occurrence_aside(stream_id, msg)
-            if msg.kind is not Kind.MESSAGE or redactions.is_redaction(msg):
+            scheduled = msg.kind is Kind.SCHEDULED
+            if not (scheduled or msg.kind is Kind.MESSAGE) or redactions.is_redaction(msg):
                 return Outcome()
-            with self.memory.write():
-                first = self.memory.first_of_event(msg, stream_id)
-                if first != stream_id:  # published again: the first entry's answer stands
+            recorded = self._record(stream_id, msg)
+            if isinstance(recorded, Outcome):
+                return recorded
+            msg, first = recorded[0], recorded[1]  # published again: the first one's answer
+            if first != stream_id or msg.record_only:  # stands; an edit... is only recorded
+                return Outcome()
+            before = self.memory.recorded_reply(stream_id)
+            if before is not None:
+                if before.erased:
                     return Outcome()
-                self.memory.record_inbound(msg, stream_id)
-                if msg.record_only:  # recorded, never answered (an edit, a reaction, ...)
-                    return Outcome()
-                recorded = self.memory.recorded_reply(stream_id)
-                if recorded is not None:
-                    if recorded.erased:
-                        return Outcome()
-                    again = self._reply_again(recorded, msg, stream_id)
-                    return Outcome(reply=again, only_if_missing=True)
-            log.warning("turn.set_aside", reason=reason)
-            reply = make_reply(msg, stream_id, SET_ASIDE, ReplyKind.ERROR, created=self.clock())
+                again = self._reply_again(before, msg, stream_id)
+                return Outcome(reply=again, only_if_missing=True)
+            log.warning("turn.set_aside", reason=reason, scheduled=scheduled)
+            text = (self.occurrences.fallback(msg) if scheduled else None) or SET_ASIDE
+            kind = ReplyKind.REPLY if text is not SET_ASIDE else ReplyKind.ERROR
+            reply = make_reply(msg, stream_id, text, kind, created=self.clock())
             held = Held(reply, DrewOn(), [stream_id], self.memory.erasure_mark())
             return Outcome(reply=self.ledger.record(held, msg))
         except MemoryUnwritable:
@@ -448,37 +425,14 @@ class Turns:
         finally:
             structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
 
-    def _occurrence_aside(self, stream_id: str, msg: InboundMessage) -> Outcome:
-        """An occurrence set aside (workers kept dying while it was in hand): taken as usual
-        (recorded, the item advanced, so it does not come back), and delivered as written,
-        without asking the model; a reply recorded for it before is queued again instead."""
-        with self.memory.write():
-            taken = self.occurrences.take(stream_id, msg)
-            if taken.done is not None or taken.msg is None:
-                return taken.done or Outcome()
-            said = taken.msg
-            recorded = self.memory.recorded_reply(taken.first)
-            if recorded is not None:
-                if recorded.erased:
-                    return Outcome()
-                return Outcome(reply=self._reply_again(recorded, said, taken.first),
-                               only_if_missing=True)  # fmt: skip
-        text = self.occurrences.fallback(said) or SET_ASIDE
-        log.warning("turn.set_aside", reason="an occurrence: delivered as written")
-        reply = make_reply(said, taken.first, text, ReplyKind.REPLY, created=self.clock())
-        held = Held(reply, DrewOn(), [taken.first], self.memory.erasure_mark())
-        return Outcome(reply=self.ledger.record(held, said))
-
     def _reply_again(self, row: LogRow, msg: InboundMessage, stream_id: str) -> Reply:
         """The reply recorded for the entry ``stream_id`` (``msg``), queued again as it was: a
         collected reply is keyed by a later entry than this one, and replies to that entry's
         event, not to this one's."""
         event: str | None = None
-        if msg.kind is Kind.SCHEDULED:  # it answers the message that set the item
-            return reply_from_row(row, msg, in_reply_to=occurrence.reply_to(msg))
         if row.stream_id != stream_id:  # memory failing: this entry's event, as before
             event = self.memory.use(lambda s: event_of(s, row.stream_id))
-        return reply_from_row(row, msg, in_reply_to=event or msg.event_id)
+        return reply_from_row(row, msg, in_reply_to=event or answered(msg))
 
     def _recorded_only(self, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail

@@ -343,3 +343,23 @@ def test_an_occurrence_set_aside_is_delivered_as_written_and_advanced(rig: Rig) 
     done = c.turns.set_aside(entry.sid, msg, "delivered too often")
     assert done.reply is not None and done.reply.text.startswith("\u23f0 Reminder: the poison pill")
     assert rig.item(item.id).next_due == T0 + 86_400  # it does not come back
+
+
+def test_an_occurrence_answered_again_keeps_the_scope_of_whoever_set_it(rig: Rig) -> None:
+    """A gateway withheld an occurrence's reply and the worker answers it again (its row is the
+    current message, the report the entry): the person of a direct scope is the setter, never
+    the scheduler (whose rows elsewhere are other conversations' reminders)."""
+    c = rig.consumer()
+    bob = _people(rig)
+    rig.add(text="walk the dog", conversation="matrix:!dm:m.org", privacy="direct",
+            setter="@bob:m.org", setter_entity=bob)  # fmt: skip
+    rig.fire()
+    rig.pump(c)
+    (row,) = scheduled_rows(rig)
+    report = InboundMessage(kind=Kind.DERIVED, channel="matrix", session="matrix:!dm:m.org",
+                            conversation="matrix:!dm:m.org", sender="matrix", text="",
+                            privacy=Privacy.DIRECT, ts=1.0, event_id="report-1",
+                            extra={"type": "reply_status", "status": "withheld"})  # fmt: skip
+    assert c.turns.memory.scope_of(report, row).entity == row.entity  # the scheduler's
+    assert row.entity not in (None, bob)
+    assert c.turns.occurrences.scope_of(report, row).entity == bob
