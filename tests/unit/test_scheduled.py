@@ -123,6 +123,7 @@ def test_an_occurrence_is_delivered_once_in_its_session_and_the_item_is_done(rig
     assert reply.in_reply_to == ""  # no platform knows the occurrence's own event id
     (row,) = scheduled_rows(rig)
     assert row.sender == "scheduler" and row.privacy == "owner"
+    assert not row.is_owner and row.entity != "owner"  # on the terminal too: the scheduler's
     assert row.event_id == f"schedule:{item.id}:{T0}"
     # the header: which reminder, when it was due (in the owner's zone), who set it
     assert row.text.startswith(f"Reminder #{item.id} due 2027-01-15 09:00 +01:00 (set by Ada on ")
