@@ -32,6 +32,8 @@ from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
+from worker.schedule_commands import add_command, cancel_command
+from worker.schedule_tools import Scheduling, offer, schedule_tools
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
@@ -54,26 +56,34 @@ def open_store(cfg: Config) -> MemoryStore | None:
         return None
 
 
-def turn_tools(ctx: TurnContext) -> ToolRegistry:
-    """The tools of one turn: the built-in ones and the memory tools for its privacy scope."""
-    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx)])
+def turn_tools(ctx: TurnContext, scheduling: Scheduling | None = None) -> ToolRegistry:
+    """The tools of one turn: the built-in ones, the memory tools for its privacy scope and,
+    where it is offered, scheduling (worker/schedule_tools.py; ``scheduling``: the worker's
+    ``[schedule]`` and clock, else the defaults)."""
+    scheduling = scheduling or Scheduling()
+    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx),
+                         *schedule_tools(ctx, scheduling)])  # fmt: skip
 
 
-def tool_shape(ctx: TurnContext) -> Hashable:
+def tool_shape(ctx: TurnContext, scheduling: Scheduling | None = None) -> Hashable:
     """What decides which tools :func:`turn_tools` offers and how they are described: whether
-    memory is there and the scope's privacy class (tests/unit/test_turn_tools.py checks that turns
-    of one shape get the same specs)."""
-    return (ctx.memory.store is None, privacy_of(ctx.scope))
+    memory is there, the scope's privacy class and the scheduling offered (whom it serves and its
+    limits: tests/unit/test_turn_tools.py checks that turns of one shape get the same specs)."""
+    scheduling = scheduling or Scheduling()
+    return (ctx.memory.store is None, privacy_of(ctx.scope), offer(ctx, scheduling.config()))
 
 
 class TurnTools:
     """:func:`turn_tools` for the worker: lazily built per turn, specs shared per shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, scheduling: Scheduling | None = None) -> None:
         self._specs: dict[Hashable, list[dict[str, Any]]] = {}
+        self._scheduling = scheduling or Scheduling()
 
     def __call__(self, ctx: TurnContext) -> ToolRegistry:
-        return LazyTools(lambda: turn_tools(ctx), tool_shape(ctx), self._specs)
+        scheduling = self._scheduling
+        shape = tool_shape(ctx, scheduling)
+        return LazyTools(lambda: turn_tools(ctx, scheduling), shape, self._specs)
 
 
 def assemble(
@@ -133,14 +143,20 @@ def build_consumer(
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
     busy = BusySignal(r, cfg.keys)
+    # [schedule] as the worker runs it now (a reload changes turns.cfg between turns)
+    scheduling = Scheduling(config=lambda: turns.cfg.schedule)
     turns = Turns(
         cfg,
         store,
         model,
-        tools or TurnTools(),
+        tools or TurnTools(scheduling),
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
-        commands={"memory.resummarize": partial(resummarize_command, cfg, r)},
+        commands={
+            "memory.resummarize": partial(resummarize_command, cfg, r),
+            "schedule.add": partial(add_command, scheduling),
+            "schedule.cancel": partial(cancel_command, scheduling),
+        },
     )
     has_model = not isinstance(model, NoModel)
 
