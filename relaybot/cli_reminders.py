@@ -108,7 +108,7 @@ def cmd_list(args: argparse.Namespace, cfg: Config) -> int:
     zone = _zone(cfg)
     if args.json:
         echo_json(
-            [record(item, zone, runs.get(item.id) if args.all else None) for item in items],
+            [record(item, zone, runs.get(item.id, []) if args.all else None) for item in items],
             indent=2,
             ensure_ascii=False,
         )
@@ -189,9 +189,8 @@ def line(item: ScheduledItem, zone: tzinfo | None) -> str:
 def cmd_add(args: argparse.Namespace, cfg: Config) -> int:
     from datetime import UTC
 
-    from worker.schedule_rules import ScheduleError, plan
-
     from relaybot.cli_shared import send_command
+    from worker.schedule_rules import ScheduleError, plan
 
     text = " ".join(args.text).strip()
     if not text:

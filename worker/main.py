@@ -33,7 +33,8 @@ from worker.openai_client import make_model
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
 from worker.schedule_commands import add_command, cancel_command
-from worker.schedule_tools import Scheduling, offer, schedule_tools
+from worker.schedule_items import Scheduling
+from worker.schedule_tools import offer, schedule_tools
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns

@@ -2,7 +2,7 @@
 ``schedule.cancel`` (``relaybot reminders add|cancel``, relaybot/cli_reminders.py).
 
 They come from the owner's terminal as owner commands (worker/commands.py checks that) and go
-through the same rules as the model's ``schedule`` tool (worker/schedule_tools.py ``place``),
+through the same rules as the model's ``schedule`` tool (worker/schedule_items.py ``place``),
 with the owner's limits. The item fires in the session named (``--session``): a terminal
 session (``cli:NAME``, or just ``NAME``) is the owner's own; any other session's conversation and
 privacy are those of its newest message in memory (a session memory has never seen is refused:
@@ -28,16 +28,17 @@ from memory.turns import Memory
 from memory.types import OWNER
 from memory.writer import MemoryStore, schedule
 from worker.commands import CommandEntry
-from worker.schedule_rules import ScheduleError, describe_recurrence
-from worker.schedule_tools import (
+from worker.schedule_items import (
     Offer,
     Request,
     Route,
+    ScheduleError,
     Scheduling,
     Setter,
     entry_time,
     place,
 )
+from worker.schedule_rules import describe_recurrence
 
 log = structlog.get_logger(__name__)
 

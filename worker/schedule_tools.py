@@ -4,114 +4,55 @@
 message is the owner's); a contact only when ``[schedule] contacts`` is true, and only in their
 own direct conversation; nobody else (a stranger in a group never: they must not be able to make
 the bot post every minute). A turn that is not offered the tools and calls them anyway (a model
-that invents a name) is refused by the registry; each handler checks again all the same.
+that invents a name) is refused by the registry; each handler checks again all the same (the
+config may have changed since the tools were built).
 
 **What an item is** (memory/schedule.py): a text that comes back as a turn in the conversation
-where it was set, with that conversation's audience, at times worked out by
-worker/schedule_rules.py from ``at`` (ISO 8601, the owner's zone when it has no offset) or ``in``
-(a duration), an optional ``every`` (a 5-field cron expression, in the owner's zone) and
-``until``. The tool only stores the item; the worker's scheduling duty makes its rq job.
+where it was set, with that conversation's audience, at times worked out from ``at`` (ISO 8601,
+the owner's zone when it has no offset) or ``in`` (a duration), an optional ``every`` (a 5-field
+cron expression, in the owner's zone) and ``until``. The tool only stores the item
+(worker/schedule_items.py ``place``: the limits of ``[schedule]``, a replayed turn adding nothing
+twice); the worker's scheduling duty makes its rq job. Every bad argument and every limit is a
+one-line ``error: ...`` that says what to change, never an exception.
 
-**Limits** (``[schedule]``): how many items one sender may have waiting (``owner_max_items``,
-``contact_max_items``), how many a contact may set in an hour (``contact_per_hour``), and how
-often an item may recur (``min_every`` for everyone, ``contact_min_every`` for contacts). Every
-bad argument and every limit is a one-line ``error: ...`` that says what to change, never an
-exception.
-
-**Replays.** Times are counted from when the turn's message arrived (its stream id's time, on the
-scheduler's clock), not from when the tool runs: a turn replayed after a crash computes the same
-times, and memory's ``add`` is idempotent on (the turn's stream id, text, first due time, cron),
-so it adds nothing twice. A cancel recorded with the turn's stream id answers the same again.
-
-The owner's own commands (``relaybot reminders add|cancel``) use the same checks
-(worker/schedule_commands.py).
+``scheduled`` lists this conversation's items, and ``cancel_scheduled`` cancels one of them: a
+contact only those they set. Neither shows what was set while the conversation was narrower than
+it is now (a room made public). A cancel is recorded with the turn's stream id, so a replayed
+turn's cancel answers the same again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
 from contract.config import ScheduleConfig
-from contract.messages import Kind, Privacy, stream_id_ms
-from contract.timezone import stamp
-from memory.errors import ScheduleLimit
+from contract.messages import Kind, Privacy
 from memory.turns import privacy_of
 from memory.types import OWNER
 from memory.writer import MemoryStore, schedule
-from worker.schedule_rules import Plan, ScheduleError, describe_recurrence, plan
+from worker.schedule_items import (
+    Offer,
+    Request,
+    Route,
+    ScheduleError,
+    ScheduleLimit,
+    Scheduling,
+    Setter,
+    clipped,
+    describe,
+    entry_time,
+    place,
+)
+from worker.schedule_rules import LATE_POLICIES
 from worker.tools import Tool
 from worker.turn_context import TurnContext
 
 log = structlog.get_logger(__name__)
-
-HOUR = 3600.0
-LATE_POLICIES = ("deliver", "skip")
-TEXT_SHOWN = 200  # characters of an item's text in a tool's answer
-
-
-def _no_shift() -> float:
-    return 0.0
-
-
-@dataclass(frozen=True)
-class Scheduling:
-    """What the scheduling tools and commands need beyond the turn: ``[schedule]`` as it is now
-    (a function: a config reload changes it between turns) and the scheduler clock's shift from
-    Redis's (0 in production; tests move both processes' clocks with it, contract/clock.py), so
-    an item's times are on the clock that fires it."""
-
-    config: Callable[[], ScheduleConfig] = ScheduleConfig
-    shift: Callable[[], float] = field(default=_no_shift)
-
-
-@dataclass(frozen=True)
-class Offer:
-    """Who a turn's scheduling serves and the limits that follow (hashable: part of the shape of
-    the turn's tools, worker/main.py ``tool_shape``, since the descriptions name them)."""
-
-    who: Literal["owner", "contact"]
-    min_every: float  # the most often an item may recur, seconds
-    max_items: int  # items this sender may have waiting
-    per_hour: int | None  # new items this sender may set in an hour (None: no cap)
-
-
-@dataclass(frozen=True)
-class Request:
-    """A ``schedule`` call's (or ``relaybot reminders add``'s) arguments, as given."""
-
-    text: str
-    at: str | None = None
-    in_: str | None = None
-    every: str | None = None
-    until: str | None = None
-    late: str | None = None
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where an item fires: the conversation it was set in, as that conversation's entries name
-    it, and the conversation's privacy class then."""
-
-    channel: str
-    session: str
-    conversation: str
-    privacy: str
-
-
-@dataclass(frozen=True)
-class Setter:
-    """Who set an item: their handle (``channel:sender``, what the per-sender limits count) and
-    their entity (what erasing a person finds), and the key of the turn or command that set it."""
-
-    handle: str
-    entity: str | None
-    created_by: str
 
 
 def offer(ctx: TurnContext, cfg: ScheduleConfig) -> Offer | None:
@@ -131,111 +72,16 @@ def offer(ctx: TurnContext, cfg: ScheduleConfig) -> Offer | None:
     return Offer("contact", every, cfg.contact_max_items, cfg.contact_per_hour)
 
 
-def entry_time(stream_id: str, shift: float = 0.0) -> float:
-    """When the entry ``stream_id`` arrived, on the scheduler's clock: its stream id's time
-    (Redis's, when it was added) plus the clock's shift. An id that is not a stream id (a test's)
-    is the local time now."""
-    try:
-        return stream_id_ms(stream_id) / 1000 + shift
-    except ValueError:
-        return time.time() + shift
-
-
 def zone_of(ctx: TurnContext) -> tzinfo:
     """The owner's zone, which ``at`` and ``every`` are read in (memory's None is UTC)."""
     return ctx.memory.settings.timezone or UTC
 
 
-# -- the rules, shared with the owner's commands ---------------------------------------------------
-
-
-def place(
-    store: MemoryStore,
-    request: Request,
-    *,
-    route: Route,
-    setter: Setter,
-    rules: Offer,
-    cfg: ScheduleConfig,
-    zone: tzinfo,
-    now: float,
-) -> tuple[schedule.Item, bool]:
-    """Check ``request`` against the rules and store it: (the item, True), or (the item stored
-    before, False) for a replay. :class:`ScheduleError` or :class:`ScheduleLimit` (one line that
-    says what to change) when it cannot be; nothing is stored then. ``now`` is the time the
-    request is counted from (:func:`entry_time`)."""
-    late = request.late or cfg.late
-    if late not in LATE_POLICIES:
-        raise ScheduleError(f"late must be 'deliver' or 'skip', not {late!r}")
-    times = plan(at=request.at, in_=request.in_, every=request.every, until=request.until,
-                 zone=zone, now=now, min_every=rules.min_every)  # fmt: skip
-    text = request.text.strip()
-    conn = store.conn
-    again = _stored_before(store, route.conversation, setter.created_by, text, times)
-    if again is not None:
-        return again, False
-    waiting = schedule.count_active(conn, setter=setter.handle)
-    if waiting >= rules.max_items:
-        raise ScheduleLimit(
-            f"too many reminders: {waiting} set by {setter.handle} are waiting, at most "
-            f"{rules.max_items}; cancel one first (cancel_scheduled, or relaybot reminders cancel)"
-        )
-    if rules.per_hour is not None:
-        recent = schedule.count_created_since(conn, setter=setter.handle, since=now - HOUR)
-        if recent >= rules.per_hour:
-            raise ScheduleLimit(
-                f"too many new reminders: at most {rules.per_hour} an hour, and {recent} were "
-                "set in the last hour; try again later"
-            )
-    return schedule.add(
-        conn, created=now, created_by=setter.created_by, setter_entity=setter.entity,
-        setter=setter.handle, channel=route.channel, session=route.session,
-        conversation=route.conversation, privacy=route.privacy, text=text,
-        first_due=times.first_due, cron=times.cron, until=times.until, late=late,
-        grace=cfg.grace,
-    )  # fmt: skip
-
-
-def _stored_before(
-    store: MemoryStore, conversation: str, created_by: str, text: str, times: Plan
-) -> schedule.Item | None:
-    """The item this same request stored before (a replayed turn or command), so that the
-    limits, which now count it, do not refuse its replay."""
-    for item in schedule.in_conversation(store.conn, conversation, include_ended=True):
-        if (item.created_by, item.first_due, item.cron) == (created_by, times.first_due,
-                                                             times.cron) and (
-            item.text == text or item.status == "erased"
-        ):  # fmt: skip
-            return item
-    return None
-
-
-def describe(item: schedule.Item, zone: tzinfo | None, *, text_chars: int = TEXT_SHOWN) -> str:
-    """One line for the model or the owner: id, when next, how it recurs, the late policy, who
-    set it and its text (cut to ``text_chars``)."""
-    when = _when(item, zone)
-    how = "once" if item.cron is None else describe_recurrence(item.cron)
-    if item.until is not None:
-        how += f" until {stamp(item.until, _stamp_zone(zone))}"
-    text = item.text if len(item.text) <= text_chars else item.text[: text_chars - 1] + "…"
-    return f"#{item.id} {when}, {how}, if late: {item.late}; set by {item.setter}: {text}"
-
-
-def _stamp_zone(zone: tzinfo | None) -> tzinfo | None:
-    return None if zone is UTC else zone
-
-
-def _when(item: schedule.Item, zone: tzinfo | None) -> str:
-    if item.status == "active" and item.next_due is not None:
-        return f"next {stamp(item.next_due, _stamp_zone(zone))}"
-    return item.status
-
-
 def _late_words(late: str, grace: float) -> str:
     minutes = max(1, round(grace / 60))
     if late == "skip":
-        return f"an occurrence more than {minutes} min late is skipped"
-    return f"an occurrence more than {minutes} min late is delivered once, saying how late"
+        return f"An occurrence more than {minutes} min late is skipped"
+    return f"An occurrence more than {minutes} min late is delivered once, saying how late"
 
 
 # -- the tools ------------------------------------------------------------------------------------
@@ -454,7 +300,7 @@ def cancel_tool(ctx: TurnContext, scheduling: Scheduling) -> Tool:
             if done is None:
                 return missing
             log.info("schedule.cancelled", item=item_id)
-            return f"cancelled #{done.id}: {describe(done, zone_of(ctx))}"
+            return f"cancelled #{done.id} (set by {done.setter}): {clipped(done.text)}"
 
         return _memory_call(ctx, run)
 

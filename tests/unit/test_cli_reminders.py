@@ -5,6 +5,7 @@ time, an unknown session or id said in one line with the CLI's exit codes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -12,32 +13,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from memory.store import MemoryStore
 from memory.writer import schedule
 from relaybot import cli, owner_commands
+from tests.support.procs import write_config
 
 
 @pytest.fixture(autouse=True)
-def _umask_and_environ() -> Iterator[None]:
-    """cli.main sets the umask and may read .env into os.environ: both given back."""
+def _put_back() -> Iterator[None]:
+    """cli.main sets the umask, may read .env into os.environ and points the logs at this
+    test's captured stderr (closed after it): all given back for the tests after this one."""
     old = os.umask(0o022)
     os.umask(old)
     before = dict(os.environ)
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     yield
     os.umask(old)
     os.environ.clear()
     os.environ.update(before)
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
 def zoned(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RELAYBOT_DOTENV", "")
-    (home / "config.toml").write_text('[owner]\nname = "Ada"\ntimezone = "Europe/Berlin"\n')
+    write_config(home, '[owner]\nname = "Ada"\ntimezone = "Europe/Berlin"\n')
     return home
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()  # what came before (memory's log lines as a test made its items)
     code = cli.main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err

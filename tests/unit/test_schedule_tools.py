@@ -18,7 +18,8 @@ from memory.privacy import Scope
 from memory.store import MemoryStore
 from memory.writer import schedule
 from worker.main import TurnTools, tool_shape, turn_tools
-from worker.schedule_tools import Scheduling, entry_time, offer
+from worker.schedule_items import Scheduling, entry_time
+from worker.schedule_tools import offer
 from worker.turn import memory_settings
 from worker.turn_context import TurnContext
 
