@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from memory.identity import handles_of
+from memory.schedule_erasure import command_entries
 from memory.sql import chunks, marks
 
 MIN_TEXT_MATCH = 8  # shorter texts ("ok", "yes") are found only as a whole value, not inside one
@@ -111,10 +112,11 @@ def _index(texts: frozenset[str]) -> _TextIndex:
 
 def _more_entries(detail: dict[str, Any]) -> set[str]:
     """The stream entries that hold erased text besides the erased messages' own: those of the
-    kept rows whose quote of it was dropped, and of the owner's commands that wrote erased notes
+    kept rows whose quote of it was dropped, of the owner's commands that wrote erased notes
     (``relaybot memory notes add|supersede``: memory/notes/commands.py keys such a note
-    ``cmd:<stream id>``)."""
-    out: set[str] = set()
+    ``cmd:<stream id>``), and of those that set erased scheduled items (``relaybot reminders
+    add``: memory/schedule_erasure.py)."""
+    out: set[str] = command_entries(detail)
     for key in detail.get("quote_keys", []):
         if isinstance(key, list) and len(key) == 2 and key[0] == "in":
             out.add(str(key[1]))

@@ -26,6 +26,12 @@ Subjects: an erased mail's subject is repeated by the replies in its thread (``R
 rows lose it (memory/subjects.py; the tombstone names them as ``subject_ids``, ``subject_keys``),
 and the replies whose model input held such a row are derived from it (erased, as above).
 
+Scheduled items: a conversation's and a person's items, and those set in a turn that goes, end
+for good (``erased``, their text blanked) and their occurrences' rows go too
+(memory/schedule_erasure.py); the tombstone names them (``scheduled_ids``, ``scheduled_keys``:
+id and the turn or command that set them; ``scheduled``: with their hops), and so does the
+command's answer (``scheduled``).
+
 A replay (same stream id) returns the tombstone already written; a target with nothing left to
 erase is refused without a tombstone. The worker applies it as the owner command ``memory.erase``
 (:data:`COMMANDS`); ``relaybot memory erase`` previews it with :func:`plan_erasure` first.
@@ -42,7 +48,7 @@ from typing import Any
 
 import structlog
 
-from memory import erasure_log, summaries
+from memory import erasure_log, schedule_erasure, summaries
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.copies import MIN_TEXT_MATCH, plain
 from memory.curated_versions import erase_versions, reached
@@ -153,9 +159,12 @@ def remove(
     *,
     quote_ids: Sequence[int] = (),
     subject_ids: Sequence[int] = (),
+    scheduled_ids: Sequence[int] = (),
+    now: float | None = None,
 ) -> None:
     """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
-    and delete the notes; the caller holds the grant."""
+    delete the notes, and end the scheduled items ``scheduled_ids`` (their text blanked, ended
+    at ``now``); the caller holds the grant."""
     marker = json.dumps({"erased": erasure_id}, separators=(",", ":"))
     versions = erase_versions(conn, log_ids)  # MEMORY.md's, read before the rows are blanked
     if versions:
@@ -171,6 +180,9 @@ def remove(
     drop_subjects(conn, erasure_id, subject_ids)
     for chunk in chunks(notes):
         conn.execute(f"DELETE FROM note WHERE id IN ({marks(len(chunk))})", list(chunk))  # noqa: S608
+    if scheduled_ids:
+        schedule_erasure.blank(conn, scheduled_ids, time.time() if now is None else now)
+        log.info("memory.erased_scheduled", erasure=erasure_id, items=len(scheduled_ids))
     # a summary of an erased row (or of a mail that repeated an erased subject) is blanked;
     # its range is derived again from what remains
     summaries.tombstone(conn, erasure_id, [*log_ids, *subject_ids])
@@ -247,6 +259,7 @@ def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]
         "kept": [f"{k.get('kind')}:{k.get('id')}" for k in kept],
         "hop_bound": detail.get("hop_bound", 1),
         "beyond_bound": listed("beyond_bound"),
+        "scheduled": [s for s in listed("scheduled") if isinstance(s, dict)],
         "replayed": replayed,
     }
 
@@ -303,7 +316,9 @@ def erase(
             erasure_id = int(cur.lastrowid or 0)
             erasure_log.journal(conn, store.path, erasure_id)  # durable before the commit
             if texts is not None:
-                texts[erasure_id] = erased_texts(conn, plan.log_ids)
+                texts[erasure_id] = erased_texts(conn, plan.log_ids) + schedule_erasure.texts(
+                    conn, plan.scheduled_ids
+                )
             remove(
                 conn,
                 erasure_id,
@@ -311,6 +326,8 @@ def erase(
                 plan.note_ids,
                 quote_ids=plan.quote_ids,
                 subject_ids=plan.subject_ids,
+                scheduled_ids=plan.scheduled_ids,
+                now=now,
             )
         store.invalidate()  # the caches hold the old text
         store.after_commit(lambda: checkpoint_after_erasure(store))
@@ -322,6 +339,7 @@ def erase(
         log_rows=len(plan.log_ids),
         notes=len(plan.note_ids),
         derived=len(plan.items),
+        scheduled=len(plan.scheduled_ids),
         kept=len(plan.kept),
         beyond_bound=len(plan.beyond),
     )

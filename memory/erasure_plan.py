@@ -24,6 +24,13 @@ the worker applies it, memory/erasure.py).
 A kept mail whose subject repeats an erased mail's (memory/subjects.py) counts as a target row
 for what drew on it (its subject goes, its own words stay).
 
+**Scheduled items** (memory/schedule_erasure.py) go with what they were set from: a
+conversation's items and a person's are the target's own (hop 0); an item set in the turn of a
+target message, or of a derived reply, goes at that turn's hop, as a note written there does. An
+item's occurrences are log rows (its text under a header, the scheduler as the sender): they go
+at the item's hop, and what drew on them (the reply that delivered it, ...) at the hops after.
+Items cannot be kept.
+
 **The bound** is :data:`MAX_HOPS`. In a conversation every reply's history holds the replies
 before it, so an unbounded chain would take every later reply of a busy conversation, for as
 long as it went on; three hops take a quote of a quote of a quote (the model repeating the text
@@ -49,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory import schedule_erasure
 from memory.command_types import CommandError
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
@@ -66,10 +74,11 @@ Rows = dict[int, tuple[str, str]]  # log id -> (direction, stream id)
 
 @dataclass(frozen=True)
 class Item:
-    """A reply or a note that an erasure takes (or keeps, the owner's choice), with its hop and
-    what it drew on (``log #N``, ``note #N``, ``summary #N``, ``conversation C``, ``entity E``)."""
+    """A reply, a note or a scheduled item that an erasure takes (or keeps, the owner's choice:
+    replies and notes only), with its hop and what it drew on (``log #N``, ``note #N``,
+    ``summary #N``, ``conversation C``, ``entity E``)."""
 
-    kind: str  # "reply" or "note"
+    kind: str  # "reply", "note" or "scheduled"
     id: int
     hop: int
     drew_on: str
@@ -104,15 +113,20 @@ class ErasurePlan:
     items: list[Item] = field(default_factory=list)  # the derived replies and notes that go
     kept: list[Item] = field(default_factory=list)  # ... and those the owner keeps
     beyond: list[int] = field(default_factory=list)  # replies one hop past the bound: left
+    scheduled: list[Item] = field(default_factory=list)  # the scheduled items that go, hop 0 too
+    scheduled_ids: list[int] = field(default_factory=list)
+    scheduled_keys: list[tuple[int, str]] = field(default_factory=list)  # (id, created_by)
+    occurrences: dict[int, int] = field(default_factory=dict)  # their log rows -> hop
 
     @property
     def empty(self) -> bool:
-        return not self.log_ids and not self.note_ids
+        return not self.log_ids and not self.note_ids and not self.scheduled_ids
 
     @property
     def own_rows(self) -> int:
         """The target's own rows (hop 0)."""
-        return len(self.log_ids) - sum(1 for i in self.items if i.kind == "reply")
+        later = sum(1 for hop in self.occurrences.values() if hop > 0)
+        return len(self.log_ids) - sum(1 for i in self.items if i.kind == "reply") - later
 
     def detail(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -138,6 +152,10 @@ class ErasurePlan:
             out["subject_keys"] = [list(k) for k in self.subject_keys]
         if self.entities:
             out["entities"] = self.entities
+        if self.scheduled_ids:
+            out["scheduled_ids"] = self.scheduled_ids
+            out["scheduled_keys"] = [list(k) for k in self.scheduled_keys]
+            out["scheduled"] = [i.record() for i in self.scheduled]
         return out
 
 
@@ -188,6 +206,8 @@ class _Hops:
         self.rows: Rows = dict(own)  # every log row that goes
         self.notes: dict[int, str | None] = {}  # every note that goes -> its op key
         self.found: dict[tuple[str, int], Item] = {}  # every derived item, kept ones too
+        self.scheduled: dict[int, Item] = {i.id: i for i in plan.scheduled}  # items that go
+        self.occurrences: dict[int, int] = dict(plan.occurrences)  # their rows -> hop
 
     def run(self, learned: Learned) -> None:
         conn = self.conn
@@ -211,6 +231,7 @@ class _Hops:
                 self._turn_notes(sid, 1, f"log #{in_id}")
         frontier = (self._hop_rows(1), self._hop_notes(1))
         for hop in range(2, MAX_HOPS + 1):
+            self._occurrence_answers(hop)
             rows, notes = self._replies(*frontier, hop=hop)
             frontier = (rows, notes)
             if not rows and not notes:
@@ -232,8 +253,10 @@ class _Hops:
         return self._hop_rows(hop), self._hop_notes(hop)
 
     def _hop_rows(self, hop: int) -> list[int]:
-        return [i.id for k, i in self.found.items() if k[0] == "reply" and i.hop == hop
-                and k not in self.keep]  # fmt: skip
+        """The rows that go at ``hop``: derived replies, and the occurrences of the items."""
+        replies = [i.id for k, i in self.found.items() if k[0] == "reply" and i.hop == hop
+                   and k not in self.keep]  # fmt: skip
+        return replies + [r for r, h in self.occurrences.items() if h == hop]
 
     def _hop_notes(self, hop: int) -> list[int]:
         return [i.id for k, i in self.found.items() if k[0] == "note" and i.hop == hop
@@ -243,14 +266,21 @@ class _Hops:
         """The rows already taken or found (kept replies too): not looked for again."""
         return set(self.rows) | {i.id for k, i in self.found.items() if k[0] == "reply"}
 
-    def _answers(self, in_id: int, sid: str, *, own: bool) -> None:
+    def _occurrence_answers(self, hop: int) -> None:
+        """The replies that answered the occurrences of the items found at ``hop - 1`` (those of
+        the target's own items are target rows: answered at hop 1 as theirs are)."""
+        for row_id, at in sorted(self.occurrences.items()):
+            if at == hop - 1 and at > 0:
+                self._answers(row_id, self.rows[row_id][1], own=False, hop=hop)
+
+    def _answers(self, in_id: int, sid: str, *, own: bool, hop: int = 1) -> None:
         """The reply that answered the inbound entry ``sid`` (``own``: a target message)."""
         raw = self.conn.execute(
             f"SELECT id FROM log WHERE direction = 'out' AND stream_id = ? AND {NOT_ERASED}",  # noqa: S608
             (sid,),
         ).fetchone()
         if raw is not None and int(raw[0]) not in self.rows:
-            self._reply(int(raw[0]), sid, 1, f"log #{in_id}", answers=own)
+            self._reply(int(raw[0]), sid, hop, f"log #{in_id}", answers=own)
 
     def _reply(
         self, reply_id: int, sid: str, hop: int, drew_on: str, answers: bool = False
@@ -263,10 +293,19 @@ class _Hops:
             self.rows[reply_id] = ("out", sid)
 
     def _turn_notes(self, sid: str, hop: int, drew_on: str) -> None:
+        """The notes written, and the items scheduled, in the turn of the entry ``sid``."""
         for note_id, op_key in self.conn.execute(
             "SELECT id, op_key FROM note WHERE stream_id = ? ORDER BY id", (sid,)
         ):
             self._note(int(note_id), op_key, hop, drew_on)
+        for item_id in schedule_erasure.set_in(self.conn, sid):
+            if item_id in self.scheduled:
+                continue
+            self.scheduled[item_id] = Item("scheduled", item_id, hop, drew_on)
+            for row_id, key in schedule_erasure.occurrence_rows(self.conn, [item_id]).items():
+                if row_id not in self.rows:
+                    self.rows[row_id] = key
+                    self.occurrences[row_id] = hop
 
     def _note(self, note_id: int, op_key: str | None, hop: int, drew_on: str) -> None:
         key = ("note", note_id)
@@ -322,11 +361,19 @@ class _Hops:
         plan.log_keys = [self.rows[i] for i in plan.log_ids]
         plan.note_ids = sorted(self.notes)
         plan.note_keys = sorted(k for k in self.notes.values() if k)
+        scheduled = sorted(self.scheduled.values(), key=lambda i: (i.hop, i.id))
+        plan.scheduled = [_with_words(conn, i) for i in scheduled]
+        plan.scheduled_ids = sorted(self.scheduled)
+        plan.scheduled_keys = schedule_erasure.keys(conn, plan.scheduled_ids)
+        plan.occurrences = dict(sorted(self.occurrences.items()))
         return plan
 
 
+_TEXT_OF = {"reply": "log", "note": "note", "scheduled": "scheduled"}
+
+
 def _with_words(conn: sqlite3.Connection, item: Item) -> Item:
-    table = "log" if item.kind == "reply" else "note"
+    table = _TEXT_OF[item.kind]
     raw = conn.execute(f"SELECT text FROM {table} WHERE id = ?", (item.id,)).fetchone()  # noqa: S608
     every = str(raw[0] if raw else "").split()
     words = " ".join(every[:WORDS]) + (" …" if len(every) > WORDS else "")
@@ -352,6 +399,7 @@ def _target(conn: sqlite3.Connection, plan: ErasurePlan) -> tuple[Rows, Learned]
             rows[int(id_)] = (str(d), str(sid))
         learned.append(("source_conversation = ? OR chat = ?", [target, target],
                         f"conversation {target}"))  # fmt: skip
+        _own_items(conn, plan, rows, schedule_erasure.of_conversation(conn, target))
     elif kind == "id":
         for row_id in _ids(target):
             raw = conn.execute(
@@ -371,7 +419,19 @@ def _target(conn: sqlite3.Connection, plan: ErasurePlan) -> tuple[Rows, Learned]
         for chunk in chunks(plan.entities):
             learned.append((f"source_entity IN ({marks(len(chunk))})", list(chunk),
                             f"entity {', '.join(plan.entities)}"))  # fmt: skip
+        handles = {(h.channel, h.address) for e in plan.entities for h in handles_of(conn, e)}
+        set_by = schedule_erasure.of_person(conn, plan.entities, handles)
+        _own_items(conn, plan, rows, set_by)
     return rows, learned
+
+
+def _own_items(conn: sqlite3.Connection, plan: ErasurePlan, rows: Rows, ids: list[int]) -> None:
+    """The target's own scheduled items (hop 0), and their occurrences' rows among its rows."""
+    drew_on = f"{plan.kind} {plan.target}"
+    plan.scheduled = [Item("scheduled", i, 0, drew_on) for i in ids]
+    for row_id, key in schedule_erasure.occurrence_rows(conn, ids).items():
+        rows.setdefault(row_id, key)
+        plan.occurrences[row_id] = 0
 
 
 def _ids(target: str) -> list[int]:

@@ -8,7 +8,8 @@ Two families:
   durable (:class:`MemoryUnwritable`), a database of an unknown schema (:class:`SchemaError`);
 - *memory refused what it was asked* (:class:`MemoryRefused`, a ``ValueError``): a bad command
   (:class:`CommandError`), search (:class:`SearchError`), note (:class:`NoteError`), MEMORY.md
-  write (:class:`CuratedError`) or import file (:class:`FormatError`).
+  write (:class:`CuratedError`), import file (:class:`FormatError`) or scheduled item
+  (:class:`ScheduleLimit`).
 
 An error from SQLite leaves memory's public API as a :class:`MemoryUnavailable` with the same
 message (what the user reads does not change) and the SQLite error as its ``__cause__``
@@ -84,6 +85,11 @@ class CuratedError(MemoryRefused):
 
 class FormatError(MemoryRefused):
     """An import file that is not what it claims to be (the message names the line)."""
+
+
+class ScheduleLimit(MemoryRefused):
+    """A scheduled item memory does not store (its text too long, a bad late policy, ...): one
+    line that says what to change."""
 
 
 def unavailable(exc: sqlite3.Error) -> MemoryUnavailable:

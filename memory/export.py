@@ -14,6 +14,12 @@ the last a footer (a file without one was cut short)::
 Records come in an order in which every reference points backwards (entities before their
 handles, a note after the note it supersedes), so a file can be applied line by line. Log rows
 are read through the store, so a corrupt row is skipped and counted (:class:`ExportStats`).
+
+Scheduled items (memory/schedule.py) are not exported: an item is work this home has still to
+do, not a record of what was said. What they say is in the export already, as log rows (the
+message that set one, and each occurrence's message, erased with them); an import that brought
+the items along would have two homes fire them. ``relaybot backup`` keeps them (it copies the
+whole database), and ``relaybot reminders --json --all`` lists them.
 """
 
 from __future__ import annotations

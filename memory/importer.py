@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from memory import erasure_log
+from memory import erasure_log, schedule_erasure
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.erasure import (
     ErasurePlan,
@@ -564,12 +564,13 @@ class Importer:
             plan_notes(self.conn, plan, where)
         subject_ids = self._kept(rec.detail.get("subject_keys"))
         quote_ids = self._kept(rec.detail.get("quote_keys"))
-        if not log_ids and not plan.note_ids and not subject_ids and not quote_ids:
+        scheduled = schedule_erasure.by_keys(self.conn, rec.detail.get("scheduled_keys"))
+        if not (log_ids or plan.note_ids or subject_ids or quote_ids or scheduled):
             return
         with granted(self.conn, rec.requested_by, rec.reason, time.time()):
             remove(
                 self.conn, erasure_id, sorted(log_ids), plan.note_ids,
-                quote_ids=quote_ids, subject_ids=subject_ids,
+                quote_ids=quote_ids, subject_ids=subject_ids, scheduled_ids=scheduled,
             )  # fmt: skip
         self.log_added = True  # cached rows may hold the text
         self.store.after_commit(lambda: checkpoint_after_erasure(self.store))

@@ -480,6 +480,80 @@ BEGIN
 END;
 """
 
+# Scheduled work (memory/schedule.py): reminders and recurring tasks, stored by the one writer and
+# fired by the jobs' scheduler as ``scheduled`` entries (event id ``schedule:<id>:<occurrence>``).
+# An item changes as it fires (next_due, counts, status), so the table is not append-only; its
+# text is: only an audited erasure (erasure_grant) may change it (it blanks it) or delete a row.
+# ``scheduled_runs`` is the ledger of what each occurrence became, one row per occurrence (its
+# key is what makes recording an occurrence happen once); it holds no text and is never edited.
+_MIGRATION_17 = """
+CREATE TABLE scheduled (
+    id              INTEGER PRIMARY KEY,
+    created         REAL NOT NULL,
+    created_by      TEXT NOT NULL,      -- the stream id of the turn (or cmd:<id> of the command)
+    setter_entity   TEXT,               -- the entity of whoever set it (memory.identity)
+    setter          TEXT NOT NULL,      -- their handle (the per-sender limits count by it)
+    channel         TEXT NOT NULL,
+    session         TEXT NOT NULL,
+    conversation    TEXT NOT NULL,
+    privacy         TEXT NOT NULL CHECK (privacy IN ('owner', 'direct', 'group')),
+    text            TEXT NOT NULL,
+    first_due       INTEGER NOT NULL,
+    cron            TEXT,
+    until           REAL,
+    late            TEXT NOT NULL CHECK (late IN ('deliver', 'skip')),
+    grace           REAL NOT NULL CHECK (grace >= 0),
+    next_due        INTEGER,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'done', 'cancelled', 'erased')),
+    fired           INTEGER NOT NULL DEFAULT 0,
+    skipped         INTEGER NOT NULL DEFAULT 0,
+    last_occurrence INTEGER,
+    last_outcome    TEXT CHECK (last_outcome IN ('delivered', 'late', 'skipped')),
+    enqueued_for    INTEGER,            -- the next_due an rq job was made for
+    ended           REAL,
+    end_reason      TEXT,
+    CHECK ((status = 'active') = (next_due IS NOT NULL))
+);
+CREATE INDEX scheduled_due ON scheduled (status, next_due);
+CREATE INDEX scheduled_conversation ON scheduled (conversation, status);
+CREATE INDEX scheduled_setter ON scheduled (setter, status);
+CREATE INDEX scheduled_setter_entity ON scheduled (setter_entity) WHERE setter_entity IS NOT NULL;
+-- the turn or command that set an item: a replay finds it (memory.schedule.add), an erasure too
+CREATE INDEX scheduled_created_by ON scheduled (created_by);
+-- a replayed turn adds nothing twice; an erased item's blank text is no longer its key
+CREATE UNIQUE INDEX scheduled_once ON scheduled (created_by, text, first_due, coalesce(cron, ''))
+    WHERE status != 'erased';
+
+CREATE TRIGGER scheduled_text_kept BEFORE UPDATE OF text ON scheduled
+WHEN NEW.text IS NOT OLD.text AND NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'a scheduled item keeps its text (erasure only): UPDATE refused');
+END;
+CREATE TRIGGER scheduled_no_delete BEFORE DELETE ON scheduled
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'scheduled items are ended, never deleted: DELETE refused');
+END;
+
+CREATE TABLE scheduled_runs (
+    item        INTEGER NOT NULL,
+    occurrence  INTEGER NOT NULL,
+    outcome     TEXT NOT NULL CHECK (outcome IN ('delivered', 'late', 'skipped')),
+    stream_id   TEXT NOT NULL,
+    at          REAL NOT NULL,
+    PRIMARY KEY (item, occurrence)
+) WITHOUT ROWID;
+CREATE TRIGGER scheduled_runs_no_update BEFORE UPDATE ON scheduled_runs
+BEGIN
+    SELECT RAISE(ABORT, 'scheduled_runs is a ledger: UPDATE refused');
+END;
+CREATE TRIGGER scheduled_runs_no_delete BEFORE DELETE ON scheduled_runs
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'scheduled_runs is a ledger: DELETE refused');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -497,6 +571,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(14, "a person's rows on the time index only", _MIGRATION_14),
     Migration(15, "reply status 'withheld'", _MIGRATION_15),
     Migration(16, "MEMORY.md's versions", _MIGRATION_16),
+    Migration(17, "scheduled work: reminders, recurring tasks, their runs", _MIGRATION_17),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

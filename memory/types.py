@@ -13,6 +13,8 @@ from memory.people import People
 from memory.privacy import Scope
 from memory.provenance import DrewOn
 from memory.rows import LogRow
+from memory.schedule import Item as ScheduledItem
+from memory.schedule import Run as ScheduledRun
 from memory.search import SearchQuery, SearchResult
 from memory.summaries import Proposal, Summary
 
@@ -36,6 +38,8 @@ __all__ = [
     "People",
     "Proposal",
     "RoleBinding",
+    "ScheduledItem",
+    "ScheduledRun",
     "Scope",
     "SearchQuery",
     "SearchResult",

@@ -2,8 +2,8 @@
 
 :class:`MemoryView` opens the database read-only (the worker is its only writer) and answers the
 application's questions through memory's own modules: identity (:attr:`MemoryView.people`),
-search, summaries, notes, MEMORY.md's versions, ``memory status``, the export, and the
-preview of an erasure. It never
+search, summaries, notes, MEMORY.md's versions, ``memory status``, the export, the
+preview of an erasure, and the scheduled items (``relaybot reminders``, status, doctor). It never
 writes; what changes memory goes to the worker as an owner command (relaybot/owner_commands.py).
 Every method raises :class:`memory.errors.MemoryUnavailable` (SQLite's text) when the database
 fails: the application never sees ``sqlite3``.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memory import curated_versions, summaries
+from memory import curated_versions, schedule, summaries
 from memory.curated_versions import CuratedVersion
 from memory.erasure import plan_erasure
 from memory.erasure_plan import ErasurePlan
@@ -97,6 +97,28 @@ class MemoryView:
     def export(self, stats: ExportStats | None = None) -> Iterator[str]:
         """The export, line by line, from one consistent snapshot (memory/export.py)."""
         return translating_iter(export_lines(self._store, stats))
+
+    @translating
+    def scheduled(self, include_ended: bool = False) -> list[schedule.Item]:
+        """The scheduled items, active ones by when they are due (``include_ended``: then the
+        done, cancelled and erased ones, the latest ended first)."""
+        return schedule.listing(self._store.conn, include_ended=include_ended)
+
+    @translating
+    def scheduled_item(self, item_id: int) -> schedule.Item | None:
+        """One scheduled item, whatever its status (None: there is no such item)."""
+        return schedule.get(self._store.conn, item_id)
+
+    @translating
+    def scheduled_runs(self, item_ids: list[int]) -> dict[int, list[schedule.Run]]:
+        """What each occurrence of these items became, oldest first, by item."""
+        return schedule.runs(self._store.conn, item_ids)
+
+    @translating
+    def schedule_health(self, now: float, grace: float) -> dict[str, Any]:
+        """The scheduled items' health at ``now`` (memory.schedule.health: active, next due,
+        overdue, the oldest overdue, beyond the grace window)."""
+        return schedule.health(self._store.conn, now, grace=grace)
 
     @translating
     def erasure_preview(self, kind: str, target: str, keep: list[str]) -> ErasurePlan:

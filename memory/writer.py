@@ -10,13 +10,16 @@ beyond a turn.
   (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
 - erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
   platform's redaction names); applying them goes through the turn facade (memory.turns);
-- :func:`inbound_event`: the platform event id memory recorded for a stream entry.
+- :func:`inbound_event`: the platform event id memory recorded for a stream entry;
+- scheduled work: ``schedule`` (memory/schedule.py: adding, cancelling, listing the items,
+  which need an rq job, which are due, recording what an occurrence became, the health), read by
+  the jobs too (the fire job, on a read-only store).
 
 The worker imports memory through this module, memory.turns, memory.errors and memory.types
 only (an import-linter contract in pyproject.toml).
 """
 
-from memory import summaries
+from memory import schedule, summaries
 from memory.changes import blanked_summaries, log_top, new_rows
 from memory.checkpoint import WalCheckpointer
 from memory.erasure import any_erasure
@@ -48,6 +51,7 @@ __all__ = [
     "new_rows",
     "parse_pause",
     "parse_summary",
+    "schedule",
     "segment",
     "summaries",
     "summary_problem",

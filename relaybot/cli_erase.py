@@ -4,12 +4,13 @@ The preview is planned here, reading memory read-only (memory/erasure_plan.py): 
 log entries (a count), then every reply and note derived from them, one line each — its id as
 ``--keep`` takes it (``reply:N``, ``note:N``), its hop, the erased row (or note) it drew on, and
 its first words — then what ``--keep`` keeps and the replies one hop past the bound, which are
-left. After ``Type 'erase'`` (or ``--yes``) one ``memory.erase`` owner command goes to the
-worker, which plans again from memory as it is then (whatever was derived since the preview goes
-too; a ``--keep`` that no longer names one of its items refuses the erasure) and answers with
-the receipt: what went, with hops, and each place outside memory it cleaned (worker/
-erasures.py). ``--dry-run`` prints the preview and erases nothing. Exit codes: 0 done, 1 failed
-or not confirmed, 2 configuration error.
+left, and the scheduled items that end with it (``scheduled:N``: cancelled for good, their text
+and their occurrences' messages erased; they cannot be kept). After ``Type 'erase'`` (or
+``--yes``) one ``memory.erase`` owner command goes to the worker, which plans again from memory
+as it is then (whatever was derived since the preview goes too; a ``--keep`` that no longer
+names one of its items refuses the erasure) and answers with the receipt: what went, with hops,
+and each place outside memory it cleaned (worker/erasures.py). ``--dry-run`` prints the preview
+and erases nothing. Exit codes: 0 done, 1 failed or not confirmed, 2 configuration error.
 """
 
 from __future__ import annotations
@@ -119,6 +120,10 @@ def render_preview(plan: ErasurePlan) -> str:
     if plan.subject_ids:
         lines.append(f"also: its subject in {len(plan.subject_ids)} later mails of its thread "
                      "(their own text stays)")  # fmt: skip
+    if plan.scheduled:
+        lines.append(f"and {len(plan.scheduled)} scheduled items, cancelled for good with their "
+                     "text and the messages of their occurrences:")  # fmt: skip
+        lines += [_line(i) for i in plan.scheduled]
     lines.append("and every copy Redis holds. It cannot be undone; a tombstone records what, "
                  "when, why (no text).")  # fmt: skip
     if plan.items:
@@ -142,6 +147,7 @@ def _plan_json(plan: ErasurePlan) -> dict[str, Any]:
         "beyond_bound": plan.beyond,
         "quotes": len(plan.quote_ids),
         "subjects": len(plan.subject_ids),
+        "scheduled": [item(i) for i in plan.scheduled],
     }
 
 
@@ -225,6 +231,10 @@ def render_receipt(kind: str, target: str, result: dict[str, Any]) -> str:
         for d in items:
             by_hop.setdefault(int(d.get("hop") or 0), []).append(f"{d.get('kind')}:{d.get('id')}")
         lines += [f"  hop {h}:         {', '.join(refs)}" for h, refs in sorted(by_hop.items())]
+    scheduled = [s for s in result.get("scheduled") or [] if isinstance(s, dict)]
+    if scheduled:
+        refs = ", ".join(f"#{s.get('id')} (hop {s.get('hop')})" for s in scheduled)
+        lines.append(f"  scheduled:     {len(scheduled)} items cancelled, text blanked: {refs}")
     if result.get("kept"):
         lines.append(f"  kept:          {', '.join(str(k) for k in result['kept'])}")
     if result.get("beyond_bound"):
