@@ -7,8 +7,9 @@ the system's), how it recurs, its late policy and its text; ``--all`` adds the i
 
 ``add`` and ``cancel`` are owner commands (``schedule.add``, ``schedule.cancel``): the worker,
 memory's only writer, checks them against ``[schedule]`` and stores them
-(worker/schedule_commands.py); a replay adds nothing twice. ``add``'s times are checked here
-first too (worker/schedule_rules.py), so a mistyped time is said at once, without a worker.
+(worker/schedule_commands.py); a replay adds nothing twice. ``add``'s times, and whether
+``cancel``'s item is there and waiting, are checked here first too, so a mistyped time or id is
+said at once, without a worker (the worker checks again).
 ``--session`` names where it fires: ``NAME`` or ``cli:NAME`` (a terminal chat session, as
 ``relaybot chat --session NAME``), or another channel's session memory has seen (its newest
 message's conversation and privacy); without it, your newest terminal chat session.
@@ -222,9 +223,36 @@ def cmd_add(args: argparse.Namespace, cfg: Config) -> int:
 def cmd_cancel(args: argparse.Namespace, cfg: Config) -> int:
     from relaybot.cli_shared import send_command
 
+    refused = _not_cancellable(cfg, args.id)
+    if refused is not None:
+        return _fail(refused)
+
     def said(result: dict[str, Any]) -> str:
         item = result.get("item") or {}
         text = " ".join(str(item.get("text", "")).split())
         return f"cancelled reminder #{item.get('id')} in {item.get('conversation')}: {text}"
 
     return send_command(cfg, "schedule.cancel", {"id": args.id}, as_json=args.json, describe=said)
+
+
+def _not_cancellable(cfg: Config, item_id: int) -> str | None:
+    """Why item ``item_id`` cannot be cancelled, as memory holds it now (read-only: said at once,
+    without a worker), or None (the worker decides; memory that cannot be read is left to it)."""
+    from memory.errors import MemoryFailure
+    from memory.view import MemoryView
+
+    if not cfg.memory_path.exists():
+        return None
+    try:
+        with MemoryView(cfg.memory_path) as view:
+            item = view.scheduled_item(item_id)
+    except MemoryFailure:
+        return None
+    if item is None:
+        return f"there is no reminder #{item_id} (relaybot reminders lists them)"
+    if item.status != "active":
+        return (
+            f"reminder #{item_id} is {item.status} already: nothing to cancel "
+            "(relaybot reminders --all shows it)"
+        )
+    return None

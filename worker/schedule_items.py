@@ -27,6 +27,7 @@ from contract.config import ScheduleConfig
 from contract.messages import stream_id_ms
 from contract.timezone import stamp
 from memory.errors import ScheduleLimit
+from memory.types import OWNER
 from memory.writer import MemoryStore, schedule
 from worker.schedule_rules import Plan, ScheduleError, describe_recurrence, parse_late, plan
 
@@ -169,14 +170,16 @@ def _stored_before(
 
 
 def describe(item: schedule.Item, zone: tzinfo | None, *, text_chars: int = TEXT_SHOWN) -> str:
-    """One line for the model or the owner: id, when next, how it recurs, the late policy, who
-    set it and its text (cut to ``text_chars``)."""
+    """One line for the model: id, when next, how it recurs, the late policy, who set it (the
+    owner as "the owner": her handles are not this conversation's to learn) and its text (cut to
+    ``text_chars``)."""
     when = _when(item, zone)
     how = "once" if item.cron is None else describe_recurrence(item.cron)
     if item.until is not None:
         how += f" until {stamp(item.until, _stamp_zone(zone))}"
     text = clipped(item.text, text_chars)
-    return f"#{item.id} {when}, {how}, if late: {item.late}; set by {item.setter}: {text}"
+    who = "the owner" if item.setter_entity == OWNER else item.setter
+    return f"#{item.id} {when}, {how}, if late: {item.late}; set by {who}: {text}"
 
 
 def clipped(text: str, chars: int = TEXT_SHOWN) -> str:

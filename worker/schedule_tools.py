@@ -300,7 +300,7 @@ def cancel_tool(ctx: TurnContext, scheduling: Scheduling) -> Tool:
             if done is None:
                 return missing
             log.info("schedule.cancelled", item=item_id)
-            return f"cancelled #{done.id} (set by {done.setter}): {clipped(done.text)}"
+            return f"cancelled #{done.id}: {clipped(done.text)}"
 
         return _memory_call(ctx, run)
 

@@ -43,6 +43,7 @@ def _put_back() -> Iterator[None]:
 @pytest.fixture
 def zoned(home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RELAYBOT_DOTENV", "")
+    os.umask(0o077)  # the memory a test makes is the owner's alone, as the worker's is
     write_config(home, '[owner]\nname = "Ada"\ntimezone = "Europe/Berlin"\n')
     return home
 
@@ -259,3 +260,20 @@ def test_cancel_says_what_it_cancelled(
     code, out, _ = run(["reminders", "cancel", "7"], capsys)
     assert code == 0 and sent.calls == [("schedule.cancel", {"id": 7})]
     assert out == "cancelled reminder #7 in cli:work: call mum\n"
+
+
+def test_cancel_of_an_id_memory_does_not_hold_waiting_is_said_at_once(
+    zoned: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = zoned / "memory.sqlite3"
+    add_item(db)
+    with MemoryStore(db) as store:
+        schedule.cancel(store.conn, 1, conversation=None, now=time.time(), reason="done with it")
+    sent = Sent({"ok": True, "item": {}})
+    monkeypatch.setattr(owner_commands, "run_command", sent)
+    assert run(["reminders", "cancel", "5"], capsys) == (
+        1, "", "relaybot: there is no reminder #5 (relaybot reminders lists them)\n"
+    )  # fmt: skip
+    code, out, err = run(["reminders", "cancel", "1"], capsys)
+    assert (code, out) == (1, "") and err.startswith("relaybot: reminder #1 is cancelled already")
+    assert sent.calls == []

@@ -186,7 +186,7 @@ def test_the_owner_schedules_a_reminder_in_this_conversation(
     ctx = owner_in_group(store, cfg)
     said = call(ctx, cfg, "schedule", text="water the plants", **{"in": "2h"})
     assert said.startswith("scheduled: #1 next "), said
-    assert "once, if late: deliver; set by matrix:@ada:m.org: water the plants" in said
+    assert "once, if late: deliver; set by the owner: water the plants" in said
     assert "delivered in this conversation" in said
     (item,) = items(store)
     assert (item.channel, item.session, item.conversation, item.privacy) == (
@@ -378,6 +378,8 @@ def test_a_contact_cannot_cancel_what_the_owner_set_in_their_dm(
     assert call(owner_there, cfg, "schedule", text="pay bob", **{"in": "1h"}).startswith(
         "scheduled: #1"
     )
+    listed = call(bob_dm(store, cfg), cfg, "scheduled")
+    assert "set by the owner: pay bob" in listed and "ada" not in listed  # not her handle
     said = call(bob_dm(store, cfg), cfg, "cancel_scheduled", id=1)
     assert said.startswith("error: reminder #1 was set by someone else"), said
     assert call(owner_there, cfg, "cancel_scheduled", id=1).startswith("cancelled #1")
