@@ -33,7 +33,7 @@ from worker.openai_client import make_model
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
 from worker.schedule_commands import add_command, cancel_command
-from worker.schedule_items import Scheduling
+from worker.schedule_items import ScheduleSettings
 from worker.schedule_tools import offer, schedule_tools
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
@@ -57,34 +57,34 @@ def open_store(cfg: Config) -> MemoryStore | None:
         return None
 
 
-def turn_tools(ctx: TurnContext, scheduling: Scheduling | None = None) -> ToolRegistry:
+def turn_tools(ctx: TurnContext, settings: ScheduleSettings | None = None) -> ToolRegistry:
     """The tools of one turn: the built-in ones, the memory tools for its privacy scope and,
-    where it is offered, scheduling (worker/schedule_tools.py; ``scheduling``: the worker's
-    ``[schedule]`` and clock, else the defaults)."""
-    scheduling = scheduling or Scheduling()
+    where it is offered, scheduling (worker/schedule_tools.py; ``settings``: the worker's
+    ``[schedule]`` and schedule clock, else the defaults)."""
+    settings = settings or ScheduleSettings()
     return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx),
-                         *schedule_tools(ctx, scheduling)])  # fmt: skip
+                         *schedule_tools(ctx, settings)])  # fmt: skip
 
 
-def tool_shape(ctx: TurnContext, scheduling: Scheduling | None = None) -> Hashable:
+def tool_shape(ctx: TurnContext, settings: ScheduleSettings | None = None) -> Hashable:
     """What decides which tools :func:`turn_tools` offers and how they are described: whether
     memory is there, the scope's privacy class and the scheduling offered (whom it serves and its
     limits: tests/unit/test_turn_tools.py checks that turns of one shape get the same specs)."""
-    scheduling = scheduling or Scheduling()
-    return (ctx.memory.store is None, privacy_of(ctx.scope), offer(ctx, scheduling.config()))
+    settings = settings or ScheduleSettings()
+    return (ctx.memory.store is None, privacy_of(ctx.scope), offer(ctx, settings.config()))
 
 
 class TurnTools:
     """:func:`turn_tools` for the worker: lazily built per turn, specs shared per shape."""
 
-    def __init__(self, scheduling: Scheduling | None = None) -> None:
+    def __init__(self, settings: ScheduleSettings | None = None) -> None:
         self._specs: dict[Hashable, list[dict[str, Any]]] = {}
-        self._scheduling = scheduling or Scheduling()
+        self._settings = settings or ScheduleSettings()
 
     def __call__(self, ctx: TurnContext) -> ToolRegistry:
-        scheduling = self._scheduling
-        shape = tool_shape(ctx, scheduling)
-        return LazyTools(lambda: turn_tools(ctx, scheduling), shape, self._specs)
+        settings = self._settings
+        shape = tool_shape(ctx, settings)
+        return LazyTools(lambda: turn_tools(ctx, settings), shape, self._specs)
 
 
 def assemble(
@@ -145,18 +145,18 @@ def build_consumer(
         )
     busy = BusySignal(r, cfg.keys)
     # [schedule] as the worker runs it now (a reload changes turns.cfg between turns)
-    scheduling = Scheduling(config=lambda: turns.cfg.schedule)
+    schedule_settings = ScheduleSettings(config=lambda: turns.cfg.schedule)
     turns = Turns(
         cfg,
         store,
         model,
-        tools or TurnTools(scheduling),
+        tools or TurnTools(schedule_settings),
         opener=lambda: open_store(cfg),
         clock=RedisClock(r).now,
         commands={
             "memory.resummarize": partial(resummarize_command, cfg, r),
-            "schedule.add": partial(add_command, scheduling),
-            "schedule.cancel": partial(cancel_command, scheduling),
+            "schedule.add": partial(add_command, schedule_settings),
+            "schedule.cancel": partial(cancel_command, schedule_settings),
         },
     )
     has_model = not isinstance(model, NoModel)

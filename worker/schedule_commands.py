@@ -33,7 +33,7 @@ from worker.schedule_items import (
     Request,
     Route,
     ScheduleError,
-    Scheduling,
+    ScheduleSettings,
     Setter,
     entry_time,
     place,
@@ -90,7 +90,7 @@ def route_of(store: MemoryStore, session: str | None) -> Route:
 
 
 def add_command(
-    scheduling: Scheduling, memory: Memory, args: dict[str, Any], entry: CommandEntry
+    scheduling: ScheduleSettings, memory: Memory, args: dict[str, Any], entry: CommandEntry
 ) -> dict[str, object]:
     """``schedule.add``: ``{text, at | in, every?, until?, late?, session?}`` → the item set
     (``created`` False for a replay)."""
@@ -129,7 +129,7 @@ def add_command(
 
 
 def cancel_command(
-    scheduling: Scheduling, memory: Memory, args: dict[str, Any], entry: CommandEntry
+    scheduling: ScheduleSettings, memory: Memory, args: dict[str, Any], entry: CommandEntry
 ) -> dict[str, object]:
     """``schedule.cancel``: ``{id}`` → the item cancelled."""
     item_id = args.get("id")

@@ -31,8 +31,8 @@ from memory.types import OWNER
 from memory.writer import MemoryStore, schedule
 from worker.schedule_rules import Plan, ScheduleError, describe_recurrence, parse_late, plan
 
-__all__ = ["Offer", "Request", "Route", "ScheduleError", "ScheduleLimit", "Scheduling", "Setter",
-           "clipped", "describe", "entry_time", "place"]  # fmt: skip
+__all__ = ["Offer", "Request", "Route", "ScheduleError", "ScheduleLimit", "ScheduleSettings",
+           "Setter", "clipped", "describe", "entry_time", "place"]  # fmt: skip
 
 HOUR = 3600.0
 TEXT_SHOWN = 200  # characters of an item's text in a tool's answer
@@ -43,11 +43,11 @@ def _no_shift() -> float:
 
 
 @dataclass(frozen=True)
-class Scheduling:
+class ScheduleSettings:
     """What the scheduling tools and commands need beyond the turn: ``[schedule]`` as it is now
-    (a function: a config reload changes it between turns) and the scheduler clock's shift from
-    Redis's (0 in production; tests move both processes' clocks with it, contract/clock.py), so
-    an item's times are on the clock that fires it."""
+    (a function: a config reload changes it between turns) and the schedule clock's shift from
+    Redis's time (contract/clock.py ``ScheduleClock.shift``: 0 but in tests, which move the
+    worker's and the jobs' clocks with it), so an item's times are on the clock that fires it."""
 
     config: Callable[[], ScheduleConfig] = ScheduleConfig
     shift: Callable[[], float] = field(default=_no_shift)

@@ -41,7 +41,7 @@ from worker.schedule_items import (
     Route,
     ScheduleError,
     ScheduleLimit,
-    Scheduling,
+    ScheduleSettings,
     Setter,
     clipped,
     describe,
@@ -87,7 +87,7 @@ def _late_words(late: str, grace: float) -> str:
 # -- the tools ------------------------------------------------------------------------------------
 
 
-def schedule_tools(ctx: TurnContext, scheduling: Scheduling) -> list[Tool]:
+def schedule_tools(ctx: TurnContext, scheduling: ScheduleSettings) -> list[Tool]:
     """``schedule``, ``scheduled`` and ``cancel_scheduled`` for this turn (none when it is not
     offered scheduling)."""
     rules = offer(ctx, scheduling.config())
@@ -141,7 +141,7 @@ def _memory_call(ctx: TurnContext, run: Callable[[MemoryStore], str]) -> str:
     return said
 
 
-def schedule_tool(ctx: TurnContext, scheduling: Scheduling, rules: Offer) -> Tool:
+def schedule_tool(ctx: TurnContext, scheduling: ScheduleSettings, rules: Offer) -> Tool:
     def handler(args: dict[str, Any]) -> str:
         cfg = scheduling.config()
         now_rules = offer(ctx, cfg)  # checked again: the config may have changed
@@ -235,7 +235,7 @@ def schedule_tool(ctx: TurnContext, scheduling: Scheduling, rules: Offer) -> Too
     )
 
 
-def scheduled_tool(ctx: TurnContext, scheduling: Scheduling) -> Tool:
+def scheduled_tool(ctx: TurnContext, scheduling: ScheduleSettings) -> Tool:
     def handler(args: dict[str, Any]) -> str:
         if offer(ctx, scheduling.config()) is None:
             return "error: scheduling is not available in this conversation"
@@ -268,7 +268,7 @@ def scheduled_tool(ctx: TurnContext, scheduling: Scheduling) -> Tool:
     )
 
 
-def cancel_tool(ctx: TurnContext, scheduling: Scheduling) -> Tool:
+def cancel_tool(ctx: TurnContext, scheduling: ScheduleSettings) -> Tool:
     def handler(args: dict[str, Any]) -> str:
         rules = offer(ctx, scheduling.config())
         if rules is None:

@@ -18,7 +18,7 @@ from memory.privacy import Scope
 from memory.store import MemoryStore
 from memory.writer import schedule
 from worker.main import TurnTools, tool_shape, turn_tools
-from worker.schedule_items import Scheduling, entry_time
+from worker.schedule_items import ScheduleSettings, entry_time
 from worker.schedule_tools import offer
 from worker.turn import memory_settings
 from worker.turn_context import TurnContext
@@ -88,7 +88,7 @@ def stranger_in_group(store: MemoryStore, cfg: Config, **kw: Any) -> TurnContext
 
 
 def tools_of(ctx: TurnContext, cfg: Config) -> Any:
-    return turn_tools(ctx, Scheduling(config=lambda: cfg.schedule))
+    return turn_tools(ctx, ScheduleSettings(config=lambda: cfg.schedule))
 
 
 def call(ctx: TurnContext, cfg: Config, name: str, **args: Any) -> str:
@@ -148,7 +148,7 @@ def test_a_tool_not_offered_is_refused_by_the_handler_too(
     cfg = config(tmp_path, contacts=True)
     current = {"cfg": cfg}
     ctx = bob_dm(store, cfg)
-    tools = turn_tools(ctx, Scheduling(config=lambda: current["cfg"].schedule))
+    tools = turn_tools(ctx, ScheduleSettings(config=lambda: current["cfg"].schedule))
     current["cfg"] = config(tmp_path)
     for name, args in (("schedule", {"text": "x", "in": "1h"}), ("scheduled", {}),
                        ("cancel_scheduled", {"id": 1})):  # fmt: skip
@@ -160,7 +160,7 @@ def test_the_shape_of_the_tools_says_whether_and_for_whom_scheduling_is_offered(
     store: MemoryStore, tmp_path: Path
 ) -> None:
     on = config(tmp_path, contacts=True)
-    scheduling = Scheduling(config=lambda: on.schedule)
+    scheduling = ScheduleSettings(config=lambda: on.schedule)
     contexts = [owner_dm(store, on), owner_in_group(store, on), bob_dm(store, on),
                 stranger_in_group(store, on), owner_dm(None, on)]  # fmt: skip
     shapes = {tool_shape(ctx, scheduling) for ctx in contexts}
