@@ -125,10 +125,17 @@ def place(
     before, False) for a replay. :class:`ScheduleError` or :class:`ScheduleLimit` (one line that
     says what to change) when it cannot be; nothing is stored then. ``now`` is the time the
     request is counted from (:func:`entry_time`)."""
+    text = request.text.strip()
+    if not text:
+        raise ScheduleError("a reminder needs a text: say what to remind of")
+    if len(text) > schedule.MAX_TEXT:
+        raise ScheduleError(
+            f"a reminder's text is at most {schedule.MAX_TEXT} characters (this one has "
+            f"{len(text)}): shorten it"
+        )
     late = parse_late(request.late, cfg.late)
     times = plan(at=request.at, in_=request.in_, every=request.every, until=request.until,
                  zone=zone, now=now, min_every=rules.min_every)  # fmt: skip
-    text = request.text.strip()
     conn = store.conn
     again = _stored_before(store, route.conversation, setter.created_by, text, times)
     if again is not None:
@@ -160,11 +167,10 @@ def _stored_before(
 ) -> schedule.Item | None:
     """The item this same request stored before (a replayed turn or command), so that the
     limits, which now count it, do not refuse its replay."""
+    key = (created_by, times.first_due, times.cron)
     for item in schedule.in_conversation(store.conn, conversation, include_ended=True):
-        if (item.created_by, item.first_due, item.cron) == (created_by, times.first_due,
-                                                             times.cron) and (
-            item.text == text or item.status == "erased"
-        ):  # fmt: skip
+        same = (item.created_by, item.first_due, item.cron) == key
+        if same and (item.text == text or item.status == "erased"):  # as memory's own add
             return item
     return None
 

@@ -284,6 +284,9 @@ def test_a_contact_may_have_only_so_many_waiting(store: MemoryStore, tmp_path: P
     assert said.startswith("error: too many reminders: 2 set by matrix:@bob:m.org are waiting, "
                            "at most 2"), said  # fmt: skip
     assert len(items(store)) == 2
+    # what is wrong with the call itself is said first
+    said = call(bob_dm(store, cfg), cfg, "schedule", text=" ", **{"in": "1h"})
+    assert said == "error: a reminder needs a text: say what to remind of"
     # cancelling one makes room
     assert call(bob_dm(store, cfg), cfg, "cancel_scheduled", id=1).startswith("cancelled #1")
     assert call(bob_dm(store, cfg), cfg, "schedule", text="r3", **{"in": "1h"}).startswith(
