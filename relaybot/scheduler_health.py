@@ -70,7 +70,8 @@ def from_redis(
             continue
         who = beat.get("process") or f"{name} (pid {beat.get('pid')} on {beat.get('host')})"
         (leaders if role == "leader" else standby).append(str(who))
-    holder = leaders[0] if leaders else (_lock_value(r, keys) if held else None)
+    # the lock's value names the holder exactly; an account that may not read it has the beats
+    holder = (_lock_value(r, keys) if held else None) or (leaders[0] if leaders else None)
     return {
         "lock": {"key": lock_key(keys), "held": held, "ttl_ms": ttl if held else None},
         "holder": holder,
@@ -81,8 +82,8 @@ def from_redis(
 
 
 def _lock_value(r: redis.Redis, keys: Keys) -> str | None:
-    """The lock's value (the scheduler's name), when this account may read it: only a help in
-    naming the holder, so a refusal is no finding (the heartbeats name it as well)."""
+    """The lock's value (the scheduler's name, its jobs process), when this account may read it:
+    only a help in naming the holder, so a refusal is no finding (the heartbeats name it too)."""
     try:
         raw = r.get(lock_key(keys))
     except redis.exceptions.NoPermissionError:

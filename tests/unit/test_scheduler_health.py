@@ -63,11 +63,11 @@ def test_status_shows_items_the_next_due_time_and_who_holds_the_lock(tmp_path: P
     assert s["memory"]["active"] == 2 and s["memory"]["overdue"] == 1
     assert s["memory"]["next_due"] == int(now) - 600
     assert s["lock"]["held"] is True and 0 < s["lock"]["ttl_ms"] <= 15_000
-    assert s["holder"] == "jobs (pid 42 on host)" and s["scheduled_jobs"] == 1
+    assert s["holder"] == "jobs@host:42" and s["scheduled_jobs"] == 1
     assert s["failed_jobs"] == []
     text = render(status)
     assert "scheduler: 2 waiting, next due " in text and ", 1 overdue (oldest due " in text
-    assert "  lock: held by jobs (pid 42 on host) (ttl " in text
+    assert "  lock: held by jobs@host:42 (ttl " in text
     assert "  fire jobs: 1 scheduled, 0 failed" in text
     assert "secret words" not in json.dumps(status) + text  # counts, never an item's text
 
@@ -117,6 +117,10 @@ def test_under_the_terminals_account_what_it_may_not_read_is_a_question_mark() -
     assert s["failed_jobs"] is None and "scheduler's failed jobs" in status["unreadable"]
     text = render(status)
     assert "  lock: held by a scheduler (ttl " in text and ", ? failed" in text
+    beat_leader(fakeredis.FakeRedis(server=server), keys, time.time())  # the beat names it
+    assert collect(CliRedis(server=server), keys)["scheduler"]["holder"] == (
+        "jobs (pid 42 on host)"
+    )
 
 
 # -- doctor -------------------------------------------------------------------------------------
@@ -175,9 +179,7 @@ def test_doctors_group_reads_memory_and_the_lock(
     beat_leader(r, cfg.keys, time.time())
     found.clear()
     doctor_schedule.scheduler_group(cfg, 1.0, found.append)
-    assert found[0].verdict is Verdict.WARN and "although jobs (pid 42 on host) runs" in (
-        found[0].summary
-    )
+    assert found[0].verdict is Verdict.WARN and "although jobs@host:42 runs" in found[0].summary
 
 
 def test_the_times_are_shown_in_the_owners_zone(tmp_path: Path) -> None:
