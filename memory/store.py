@@ -397,6 +397,16 @@ class MemoryStore:
         ).fetchone()
         return None if raw is None else self._reader.convert(raw)
 
+    def newest_in_session(self, session: str) -> LogRow | None:
+        """The newest row of the session ``session`` (a reply too): its conversation and privacy
+        are where a message to that session goes now (``relaybot reminders add --session``).
+        Read newest first, so a session in use is found at once; an unknown one reads the log."""
+        raw = self._conn.execute(
+            f"SELECT {LOG_COLUMNS} FROM log WHERE session = ? ORDER BY id DESC LIMIT 1",  # noqa: S608
+            (session,),
+        ).fetchone()
+        return None if raw is None else self._reader.convert(raw)
+
     def add_covers(self, answered_by: str, stream_ids: Sequence[str]) -> None:
         """Record that the reply keyed by ``answered_by`` also answers ``stream_ids`` (a
         collected turn); a replay adds nothing twice."""

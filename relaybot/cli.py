@@ -66,8 +66,8 @@ class _Version(argparse._VersionAction):
 
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """relaybot's parser. Every command is listed (``--help``), but the arguments of the memory,
-    entities, onboard, doctor and gateway commands, whose modules take time to import, are added
-    only to ``command``'s parser (the one the command line names)."""
+    reminders, entities, onboard, doctor and gateway commands, whose modules take time to import,
+    are added only to ``command``'s parser (the one the command line names)."""
     p = _Parser(
         prog="relaybot",
         description="A self-hosted personal assistant: every channel, one memory.",
@@ -121,6 +121,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         cli_notes.add_parsers(msub)
         cli_summaries.add_parsers(msub)
         cli_curated.add_parsers(msub)
+    _reminders_parser(sub, command)
     entities = sub.add_parser("entities", help="people and their handles, links between them")
     if command == "entities":
         from relaybot import cli_entities
@@ -149,6 +150,15 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
         cli_backup.add_arguments(backup, restore)
     return p
+
+
+def _reminders_parser(sub: Any, command: str | None) -> None:
+    """``relaybot reminders``: its arguments only when it is the command named."""
+    reminders = sub.add_parser("reminders", help="reminders and recurring tasks: list, add, cancel")
+    if command == "reminders":
+        from relaybot import cli_reminders
+
+        cli_reminders.add_arguments(reminders)
 
 
 def _gateway_parsers(gateway: argparse.ArgumentParser) -> None:
@@ -371,7 +381,7 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
 
         embedded.redis_binary()  # none: EmbeddedRedisError, said now rather than waited for
     func = getattr(args, "func", None)
-    if func is not None:  # the memory / entities / onboard subcommands
+    if func is not None:  # the memory / reminders / entities / onboard subcommands
         return int(func(args, cfg))
     if args.command == "chat":
         from relaybot.chat import run_chat
@@ -406,9 +416,13 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
     if args.command == "status":
         from contract import access
         from contract.bus import connect
+        from contract.timezone import owner_zone
         from relaybot.status import collect, render
 
-        status = collect(connect(cfg), cfg.keys, account=access.account(cfg))
+        status = collect(
+            connect(cfg), cfg.keys, account=access.account(cfg), memory_path=cfg.memory_path,
+            grace=cfg.schedule.grace, zone=owner_zone(cfg.owner.timezone),
+        )  # fmt: skip
         if args.json:
             echo_json(status, indent=2)
         else:

@@ -1,10 +1,10 @@
 """``relaybot doctor``: every check at once, each with a verdict and a fix hint.
 
-The groups (config, disk, redis, processes, model, and each channel's) run side by side, each on a
-daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead host costs
-its group a few seconds and never holds up the others, and a group that is still stuck when its
-budget runs out is reported as failed where it stood. A group that crashes is one failed check,
-never the end of doctor. Exit code 1 when any check failed (warnings alone: 0); ``--json``
+The groups (config, disk, redis, processes, model, scheduler, and each channel's) run side by
+side, each on a daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead
+host costs its group a few seconds and never holds up the others, and a group that is still stuck
+when its budget runs out is reported as failed where it stood. A group that crashes is one failed
+check, never the end of doctor. Exit code 1 when any check failed (warnings alone: 0); ``--json``
 prints the checks as JSON.
 
 The local checks (config, disk) come first and need no network; the configuration is loaded
@@ -65,6 +65,7 @@ BUDGET = {
     "redis": 6,
     "processes": 2,
     "model": 16,
+    "scheduler": 2,
     **{ch.name: ch.doctor_budget for ch in registry.channels() if ch.doctor},
 }
 MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
@@ -252,7 +253,7 @@ def diagnose(
         report.checks += [skipped(g, because) for g in BUDGET if g not in ("disk", "processes")]
         report.checks += _processes_without_config(home, env, timeout, digest)
         return report
-    from relaybot import doctor_model, doctor_redis
+    from relaybot import doctor_model, doctor_redis, doctor_schedule
 
     def processes(c: Config, t: float, add: Add) -> None:
         doctor_redis.processes_group(c, t, add, runs_digest(digest))
@@ -262,6 +263,7 @@ def diagnose(
         "redis": doctor_redis.redis_group,
         "processes": processes,
         "model": doctor_model.model_group,
+        "scheduler": doctor_schedule.scheduler_group,
         **{ch.name: _channel_group(ch.doctor) for ch in registry.channels() if ch.doctor},
     }
     found: dict[str, list[Check]] = {name: [] for name in groups}

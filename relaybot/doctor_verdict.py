@@ -128,6 +128,66 @@ def acl(user: str, refused: Mapping[str, list[str]]) -> Check:
     )
 
 
+# -- the scheduler -----------------------------------------------------------------------------
+
+START_JOBS = (
+    "start the jobs process, which runs the scheduler: relaybot jobs (honcho start, or the "
+    "relaybot-jobs systemd unit); it fires what is overdue once, by each item's late policy"
+)
+
+
+def scheduler(health: Mapping[str, Any], now: float) -> list[Check]:
+    """The scheduler's health (relaybot/scheduler_health.py: ``memory``, ``lock``, ``holder``,
+    ``failed_jobs``): a failure when items are due or overdue and no scheduler holds rq's lock
+    (nothing will fire them), a warning when items wait with no scheduler, or are overdue
+    although one runs (the worker applies each occurrence)."""
+    mem = health.get("memory") or {}
+    lock = health.get("lock") or {}
+    held, holder = lock.get("held"), health.get("holder") or "a scheduler"
+    facts = {"memory": dict(mem), "lock": dict(lock), "holder": health.get("holder"),
+             "refused": health.get("refused")}  # fmt: skip
+    out: list[Check] = []
+    cid = "scheduler.health"
+    if mem.get("error"):
+        out.append(warn(cid, f"cannot read the scheduled items: {mem['error']}",
+                        "see the memory checks; relaybot memory status", **facts))  # fmt: skip
+    elif not mem.get("active"):
+        said = "no reminders waiting" if mem.get("exists", True) else "no memory database yet"
+        runs = {True: f"; {holder} runs", False: "; no scheduler runs", None: ""}[held]
+        out.append(ok(cid, said + runs, **facts))
+    else:
+        active, overdue = int(mem["active"]), int(mem.get("overdue") or 0)
+        next_due = mem.get("next_due")
+        due_now = overdue > 0 or (next_due is not None and next_due <= now)
+        waiting = f"{active} reminder(s) waiting, next due {mem.get('next_due_at') or next_due}"
+        if overdue:
+            waiting += f", {overdue} overdue (the oldest due {mem.get('oldest_overdue_at')})"
+        if held is None:
+            out.append(warn(cid, waiting + "; whether a scheduler runs could not be read (rq's "
+                            "scheduler lock)", "run doctor as an account that may read "
+                            f"{lock.get('key')} (PTTL), e.g. relaybot-cli", **facts))  # fmt: skip
+        elif not held:
+            nobody = f"; no scheduler runs (nobody holds {lock.get('key')}): "
+            if due_now:
+                out.append(fail(cid, waiting + nobody + "they do not fire", START_JOBS, **facts))
+            else:
+                out.append(warn(cid, waiting + nobody + "they will not fire until one does",
+                                START_JOBS, **facts))  # fmt: skip
+        elif overdue:
+            out.append(warn(cid, waiting + f", although {holder} runs",
+                            "the worker applies each occurrence: check that it runs (relaybot "
+                            "status) and the jobs process's log", **facts))  # fmt: skip
+        else:
+            out.append(ok(cid, waiting + f"; {holder} runs", **facts))
+    failed = health.get("failed_jobs")
+    if failed:
+        out.append(warn("scheduler.failed", f"{len(failed)} fire job(s) failed: "
+                        + ", ".join(failed[:5]), "relaybot status shows why each failed (the "
+                        "jobs process's log too); the worker makes a missing job again",
+                        failed=list(failed)))  # fmt: skip
+    return out
+
+
 # -- the model ---------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""``relaybot status``: stream, group, pending, dead letters, reply queues and heartbeats.
+"""``relaybot status``: stream, group, pending, dead letters, reply queues, heartbeats, jobs and
+the scheduler (relaybot/scheduler_health.py).
 
 It only reads (rq's registries are counted without rq's clean-up, which writes), and it runs
 under the terminal's account (``relaybot-cli``), which may count what status shows but not read
@@ -11,6 +12,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from datetime import tzinfo
+from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
@@ -21,6 +24,7 @@ from contract.keys import Keys
 from contract.liveness import chat_ended, heartbeats, label
 from contract.logs import mask_text
 from contract.messages import CHANNELS, stream_id_ms
+from relaybot import scheduler_health
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is shown as stale
 FAILED_SHOWN = 10  # the newest failed jobs whose reasons status shows
@@ -93,11 +97,20 @@ def _together(streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def collect(
-    r: redis.Redis, keys: Keys, *, now: float | None = None, account: str | None = None
+    r: redis.Redis,
+    keys: Keys,
+    *,
+    now: float | None = None,
+    account: str | None = None,
+    memory_path: Path | None = None,
+    grace: float = 300.0,
+    zone: tzinfo | None = None,
 ) -> dict[str, Any]:
     """What ``relaybot status`` shows. ``stream`` and ``group`` are the inbound streams taken
     together (one per channel, and the one without a channel: ``streams`` has each).
-    ``unreadable`` names what ``account`` (the Redis user) may not read."""
+    ``unreadable`` names what ``account`` (the Redis user) may not read. ``scheduler`` is the
+    scheduler's health (relaybot/scheduler_health.py): its memory side only with
+    ``memory_path`` (read-only; ``grace``: ``[schedule] grace``, ``zone``: the owner's)."""
     now = now or time.time()
     reads = _Reads()
     keys_of = [keys.inbound, *(keys.inbound_of(c) for c in CHANNELS)]
@@ -133,6 +146,11 @@ def collect(
         ttl = reads("worker lease", lambda: int(r.pttl(keys.lease)), None)
         out["worker_lease"] = {"holder": text(holder), "ttl_ms": ttl}
     out["jobs"] = jobs_queue(r, keys, now, reads)
+    out["scheduler"] = scheduler_health.from_redis(r, keys, reads, beats, now)
+    if memory_path is not None:
+        out["scheduler"]["memory"] = scheduler_health.from_memory(
+            memory_path, now, grace=grace, zone=zone
+        )
     out["account"] = account
     out["unreadable"] = reads.refused
     out["refusals"] = reads.refusals  # what -> Redis's words (NOPERM ...)
@@ -262,6 +280,8 @@ def render(status: dict[str, Any]) -> str:
     j = status.get("jobs")
     if j is not None:
         lines += _jobs_lines(j)
+    if status.get("scheduler") is not None:
+        lines += scheduler_health.render(status["scheduler"])
     beats = status["heartbeats"]
     lines.append("heartbeats:" + (" ?" if beats is None else "" if beats else " none"))
     for name, beat in (beats or {}).items():

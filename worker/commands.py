@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -20,8 +21,18 @@ from worker.turn_result import Outcome, make_reply
 
 log = structlog.get_logger(__name__)
 
-# an owner command the worker applies itself: (memory, args) -> the command's answer
-WorkerCommand = Callable[[Memory, dict[str, Any]], dict[str, object]]
+
+@dataclass(frozen=True)
+class CommandEntry:
+    """The entry an owner command came in: a handler that writes is idempotent on its stream
+    id (a command is replayed after a crash before its ack); ``msg`` names the terminal's user."""
+
+    stream_id: str
+    msg: InboundMessage
+
+
+# an owner command the worker applies itself: (memory, args, its entry) -> the command's answer
+WorkerCommand = Callable[[Memory, dict[str, Any], CommandEntry], dict[str, object]]
 
 
 def command(
@@ -50,7 +61,8 @@ def command(
         result = {"ok": False, "error": "memory is unavailable (see the worker log)"}
     elif isinstance(op := msg.extra.get("op"), str) and op in commands:
         args = msg.extra.get("args", {})
-        result = commands[op](memory, args if isinstance(args, dict) else {})
+        entry = CommandEntry(stream_id, msg)
+        result = commands[op](memory, args if isinstance(args, dict) else {}, entry)
     else:
         op, args = msg.extra.get("op"), msg.extra.get("args", {})
         result = memory.apply_command(stream_id, op, args) or {

@@ -203,11 +203,12 @@ class Deriver:
 
 
 def resummarize_command(
-    cfg: Config, r: redis.Redis, memory: Memory, args: dict[str, Any]
+    cfg: Config, r: redis.Redis, memory: Memory, args: dict[str, Any], _entry: object = None
 ) -> dict[str, object]:
     """The owner command ``memory.resummarize`` (``relaybot memory resummarize``): the
     worker enqueues the jobs, so the terminal's Redis account needs no access to rq's keys
-    (a worker command: worker/turn.py ``Turns(commands=...)``)."""
+    (a worker command: worker/turn.py ``Turns(commands=...)``; its entry is not needed: the
+    jobs' keys make a replay enqueue nothing twice)."""
     conversation = args.get("conversation")
     if not isinstance(conversation, str) or not conversation.strip():
         return {"ok": False, "error": "memory.resummarize takes {conversation} as a string"}

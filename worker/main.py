@@ -32,6 +32,9 @@ from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
+from worker.schedule_commands import add_command, cancel_command
+from worker.schedule_items import ScheduleSettings
+from worker.schedule_tools import offer, schedule_tools
 from worker.scheduling import Scheduling
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
@@ -57,26 +60,34 @@ def open_store(cfg: Config) -> MemoryStore | None:
         return None
 
 
-def turn_tools(ctx: TurnContext) -> ToolRegistry:
-    """The tools of one turn: the built-in ones and the memory tools for its privacy scope."""
-    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx)])
+def turn_tools(ctx: TurnContext, settings: ScheduleSettings | None = None) -> ToolRegistry:
+    """The tools of one turn: the built-in ones, the memory tools for its privacy scope and,
+    where it is offered, scheduling (worker/schedule_tools.py; ``settings``: the worker's
+    ``[schedule]`` and schedule clock, else the defaults)."""
+    settings = settings or ScheduleSettings()
+    return ToolRegistry([*default_tools(ctx.memory.settings.timezone), *memory_tools(ctx),
+                         *schedule_tools(ctx, settings)])  # fmt: skip
 
 
-def tool_shape(ctx: TurnContext) -> Hashable:
+def tool_shape(ctx: TurnContext, settings: ScheduleSettings | None = None) -> Hashable:
     """What decides which tools :func:`turn_tools` offers and how they are described: whether
-    memory is there and the scope's privacy class (tests/unit/test_turn_tools.py checks that turns
-    of one shape get the same specs)."""
-    return (ctx.memory.store is None, privacy_of(ctx.scope))
+    memory is there, the scope's privacy class and the scheduling offered (whom it serves and its
+    limits: tests/unit/test_turn_tools.py checks that turns of one shape get the same specs)."""
+    settings = settings or ScheduleSettings()
+    return (ctx.memory.store is None, privacy_of(ctx.scope), offer(ctx, settings.config()))
 
 
 class TurnTools:
     """:func:`turn_tools` for the worker: lazily built per turn, specs shared per shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ScheduleSettings | None = None) -> None:
         self._specs: dict[Hashable, list[dict[str, Any]]] = {}
+        self._settings = settings or ScheduleSettings()
 
     def __call__(self, ctx: TurnContext) -> ToolRegistry:
-        return LazyTools(lambda: turn_tools(ctx), tool_shape(ctx), self._specs)
+        settings = self._settings
+        shape = tool_shape(ctx, settings)
+        return LazyTools(lambda: turn_tools(ctx, settings), shape, self._specs)
 
 
 def assemble(
@@ -143,14 +154,23 @@ def build_consumer(
     busy = BusySignal(r, cfg.keys)
     clock = RedisClock(r)
     schedule_clock = ScheduleClock(clock.now)  # the jobs' scheduler runs on the same one
+    # [schedule] as the worker runs it now (a reload changes turns.cfg between turns), on the
+    # clock that fires the items
+    schedule_settings = ScheduleSettings(
+        config=lambda: turns.cfg.schedule, shift=schedule_clock.shift
+    )
     turns = Turns(
         cfg,
         store,
         model,
-        tools or TurnTools(),
+        tools or TurnTools(schedule_settings),
         opener=lambda: open_store(cfg),
         clock=clock.now,
-        commands={"memory.resummarize": partial(resummarize_command, cfg, r)},
+        commands={
+            "memory.resummarize": partial(resummarize_command, cfg, r),
+            "schedule.add": partial(add_command, schedule_settings),
+            "schedule.cancel": partial(cancel_command, schedule_settings),
+        },
         schedule_clock=schedule_clock,
     )
     has_model = not isinstance(model, NoModel)

@@ -6,7 +6,9 @@ user may read the worker's lease (``relaybot chat`` says when the worker is not 
 ``relaybot status`` and ``/status`` run under this account too: a read-only selector (Redis >= 7,
 ``%R~``) lets it count what status shows -- the length, group and pending counts of every
 inbound stream (XLEN, XINFO GROUPS, XPENDING: ids and counts, never an entry's text), the dead
-letters, the heartbeats, the lease's TTL and the jobs queue's counts -- and nothing more: no
+letters, the heartbeats, the lease's TTL, the jobs queue's counts, and the scheduler's: the
+TTL of rq's scheduler lock (whether a jobs process runs it) and the number of scheduled fire
+jobs (relaybot/scheduler_health.py) -- and nothing more: no
 XRANGE of another channel's stream, no SCAN of other sessions' keys (their names say who talks
 to the assistant), no read of a reply queue or a job. ``python -m deploy.acl --redis-6.2``
 leaves the selector out (6.2 refuses the file); status then says what it could not read.
@@ -25,6 +27,7 @@ ACL = (
     # relaybot status: counts only, read-only keys (Redis >= 7 selector)
     "(%R~{prefix}inbound* %R~{prefix}dead %R~{prefix}heartbeats %R~{prefix}worker:lease "
     "%R~rq:queue:{prefix}jobs %R~rq:wip:{prefix}jobs %R~rq:failed:{prefix}jobs "
+    "%R~rq:scheduled:{prefix}jobs %R~rq:scheduler-lock:{prefix}jobs "
     "+xlen +xinfo|groups +xpending +hgetall +pttl +llen +zcard)"
 )
 

@@ -46,6 +46,7 @@ HEAVY = (
     "memory",
     "deploy",
     "relaybot.cli_memory",
+    "relaybot.cli_reminders",
     "relaybot.doctor",
     "relaybot.onboard_ask",
 )
@@ -77,6 +78,8 @@ def test_a_commands_own_help_still_has_its_arguments() -> None:
     for argv, wanted in (
         (["memory", "--help"], "search"),
         (["entities", "--help"], "link"),
+        (["reminders", "--help"], "cancel"),
+        (["reminders", "add", "--help"], "--every"),
         (["doctor", "--help"], "--timeout"),
         (["onboard", "--help"], "--matrix-homeserver"),
         (["gateway", "--help"], "matrix"),
@@ -100,6 +103,7 @@ def test_the_command_word_chooses_which_arguments_are_added() -> None:
     assert (args.command, args.memory_command, args.limit) == ("memory", "search", 3)
     assert cli.parse_args(["doctor", "--json"]).json is True
     assert cli.parse_args(["gateway", "email"]).gateway == "email"
+    assert cli.parse_args(["reminders", "cancel", "3"]).id == 3
 
 
 def test_structlog_and_httpx_are_imported_without_their_optional_extras() -> None:
