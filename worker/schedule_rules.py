@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, timezone, tzinfo
-from itertools import islice, pairwise
+from itertools import islice
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
@@ -329,13 +329,6 @@ def next_due(cron: str | None, zone: tzinfo, after: float, until: float | None) 
     if following is None or (until is not None and following > until):
         return None
     return following
-
-
-def min_interval(cron: str, zone: tzinfo, start: float, samples: int = 50) -> float:
-    """The smallest gap, in seconds, between consecutive occurrences among the first ``samples``
-    after ``start`` (real time: a DST night shows here); infinity when fewer than two come."""
-    times = _first(cron, zone, start, max(samples, 2))
-    return float(min((b - a for a, b in pairwise(times)), default=math.inf))
 
 
 def _given(value: str | None) -> str | None:

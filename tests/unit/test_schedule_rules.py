@@ -13,6 +13,7 @@ midnight, a negative DST, a skipped day).
 from __future__ import annotations
 
 import ast
+import math
 from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from functools import cache
 from itertools import pairwise
@@ -33,7 +34,6 @@ from worker.schedule_rules import (
     describe_late,
     describe_recurrence,
     late_decision,
-    min_interval,
     next_due,
     next_occurrence,
     parse_at,
@@ -390,6 +390,14 @@ def test_cron_is_normalized() -> None:
     assert check_cron("  0   9 * *  MON-FRI ", min_every=60) == "0 9 * * mon-fri"
     assert check_cron("@daily", min_every=60) == "0 0 * * *"
     assert check_cron("@HOURLY", min_every=3600) == "0 * * * *"
+
+
+def min_interval(cron: str, zone: tzinfo, start: float, samples: int = 50) -> float:
+    """The smallest gap, in seconds, between consecutive occurrences among the first
+    ``samples`` after ``start`` (real time: a DST night shows here); infinity when fewer than
+    two come."""
+    times = rules._first(cron, zone, start, max(samples, 2))
+    return float(min((b - a for a, b in pairwise(times)), default=math.inf))
 
 
 def test_min_interval_is_real_time_in_the_zone() -> None:
