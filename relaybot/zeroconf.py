@@ -17,6 +17,9 @@ read, when it can tell it will need one). That worker
    and if a chat registered meanwhile (it opened while this worker was finishing) it works again;
 4. then shuts down the Redis it started (SHUTDOWN: the append-only file flushed).
 
+While it works, it starts ``relaybot jobs`` when rq has work for the jobs (a reminder's fire job,
+a summary) and no jobs process runs (relaybot/zeroconf_jobs.py), and stops it when it stops.
+
 A chat that ends normally asks the worker to stop at once when no other chat uses it
 (relaybot/runtime.py); this module is what makes the other endings safe.
 """
@@ -39,6 +42,7 @@ from contract.config import Config
 from contract.outage import TRANSIENT
 from deploy import embedded
 from relaybot.prestart import ZEROCONF, start_time, token
+from relaybot.zeroconf_jobs import JobsCompanion
 
 log = structlog.get_logger(__name__)
 
@@ -189,23 +193,28 @@ def run(cfg: Config, work: Callable[[redis.Redis], int]) -> int:
         r.sadd(workers_key(cfg), me)
         if own is not None:
             r.delete(closing_key(cfg))  # a flag left by a worker that is gone
-        while True:
-            follower = _Follower(r, cfg, starter)
-            follower.start()
-            try:
-                code = work(r)
-            finally:
-                follower.stop()
-            if follower.fired.is_set():
-                if not _still_used(r, cfg):
-                    return code
-                log.info("worker.chat_back", detail="a chat opened while it stopped: working on")
-                starter = ""  # its starter is gone: the registered chats are what counts now
-            elif code != LEASE_LOST or not _in_use(r, cfg):
-                return code  # a stop asked from outside is honoured as it is
-            else:  # stalled past its lease, another worker of the home took over: chats still
-                # use this Redis, so this worker stays, as the standby
-                log.warning("worker.lease_lost_standing_by", detail="chats use its Redis")
+        # the jobs process, started when rq has work for it (a reminder), stopped with this
+        # worker: relaybot/zeroconf_jobs.py
+        with JobsCompanion(r, cfg):
+            while True:
+                follower = _Follower(r, cfg, starter)
+                follower.start()
+                try:
+                    code = work(r)
+                finally:
+                    follower.stop()
+                if follower.fired.is_set():
+                    if not _still_used(r, cfg):
+                        return code
+                    log.info(
+                        "worker.chat_back", detail="a chat opened while it stopped: working on"
+                    )
+                    starter = ""  # its starter is gone: the registered chats are what counts now
+                elif code != LEASE_LOST or not _in_use(r, cfg):
+                    return code  # a stop asked from outside is honoured as it is
+                else:  # stalled past its lease, another worker of the home took over: chats still
+                    # use this Redis, so this worker stays, as the standby
+                    log.warning("worker.lease_lost_standing_by", detail="chats use its Redis")
     finally:
         if r is not None:
             _leave(r, cfg, me, wait_for_others=own is not None)

@@ -6,8 +6,13 @@ redis-server on a unix socket under RELAYBOT_HOME.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -225,3 +230,74 @@ def test_a_zero_config_chat_starts_its_worker_as_soon_as_it_can(tmp: Path) -> No
     (started,) = [r for r in json_lines(done.stderr) if r.get("event") == "runtime.worker_started"]
     assert started.get("early") is True, started
     assert processes_mentioning(str(tmp / "home")) == []  # and it stopped with the chat
+
+
+def test_a_reminder_set_in_a_zero_config_chat_fires_in_it(tmp: Path) -> None:
+    """Zero-config runs no jobs process until rq has work for one: a reminder set while a chat is
+    open is fired by the jobs process its worker then starts (relaybot/zeroconf_jobs.py), shown
+    in the chat, and that jobs process stops with the worker (real seconds: nothing shifted)."""
+    home = tmp / "home"
+    env = relaybot_env(home)  # no model: the text is delivered as written, marked
+    chat_proc = subprocess.Popen(
+        [sys.executable, "-m", "relaybot", "chat", "--session", "zr"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=tmp,
+    )  # fmt: skip
+    try:
+        assert chat_proc.stdin is not None and chat_proc.stdout is not None
+        chat_proc.stdin.write("hi\n")
+        chat_proc.stdin.flush()
+        _read_until(chat_proc.stdout, "No model is configured", 30)
+        assert not (home / "logs" / "jobs.log").exists()  # no work yet: no jobs process
+        added = run_relaybot(
+            ["reminders", "add", "--in", "2s", "--session", "zr", "stretch your legs"], env
+        )
+        assert added.returncode == 0, added.stderr
+        assert "reminder #1 set" in added.stdout
+        deadline = time.monotonic() + 30
+        while not _fired(home) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _fired(home)
+        # a chat on a pipe shows what came meanwhile when it next reads a line (on a terminal,
+        # at once: tests/integration/test_chat_live.py)
+        chat_proc.stdin.write("ok\n")
+        chat_proc.stdin.flush()
+        shown = _read_until(chat_proc.stdout, "(delivered as written", 30)
+        assert "⏰ Reminder: stretch your legs" in shown
+        chat_proc.stdin.close()
+        assert chat_proc.wait(30) == 0
+    finally:
+        if chat_proc.poll() is None:
+            chat_proc.kill()
+            chat_proc.wait()
+    worker_log = json_lines((home / "logs" / "worker.log").read_text())
+    assert _event(worker_log, "jobs.started_for_zero_config")
+    deadline = time.monotonic() + 15
+    while processes_mentioning(str(home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_mentioning(str(home)) == []  # the jobs process stopped with the worker
+
+
+def _fired(home: Path) -> bool:
+    path = home / "logs" / "jobs.log"
+    return path.exists() and any(
+        r.get("event") == "schedule.fired" for r in json_lines(path.read_text())
+    )
+
+
+def _read_until(stream: IO[str], needle: str, seconds: float) -> str:
+    """What ``stream`` says until a line holds ``needle`` (a reader thread: no blocking read
+    past the deadline)."""
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in stream:
+            seen.append(line)
+            if needle in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(seconds), f"{needle!r} not seen in {''.join(seen)!r}"
+    return "".join(seen)
