@@ -566,3 +566,55 @@ def test_a_matrix_redaction_erases_the_event_everywhere_and_is_never_answered(
     assert SECRET.encode() not in redis_values(admin), "Redis still holds the text"
     assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
     assert worker.events("redaction.nothing", outcome="other_room")
+
+
+def test_an_erasure_takes_a_contact_s_reminders_and_their_text_everywhere(
+    tmp_path: Path, acl_redis: AclRedis, model_server: FakeModelServer, procs: Procs
+) -> None:
+    """Issue 27: bob (a contact, ``[schedule] contacts = true``) sets a reminder in his DM that
+    fires (a real jobs process, real seconds; its reply echoes the text) and a recurring one that
+    waits; erasing bob cancels both and leaves their text in no store: memory, the rq jobs, every
+    Redis key, the AOF/RDB, the logs."""
+    at = setup(tmp_path, acl_redis, model_server)
+    home, keys, admin = at.home, at.keys, at.admin
+    worker_env = {**at.worker_env, "RELAYBOT_SCHEDULE__CONTACTS": "true"}
+    jobs_env = {**worker_env, "RELAYBOT_REDIS__URL": acl_redis.url("jobs")}
+    worker = procs.worker(worker_env, r=admin, keys=keys)
+    jobs = procs.jobs(jobs_env)
+    matrix = acl_redis.client("matrix")
+
+    now = json.dumps({"text": f"call the vet about {SECRET}", "in": "2s"})
+    later = json.dumps({"text": f"feed {SECRET} the cat", "every": "0 9 * * *"})
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob",
+                                  f"[[tool:schedule:{now}]] remind me"))  # fmt: skip
+    publish(matrix, keys, message("matrix", "@bob:m.org", "matrix:dm-bob",
+                                  f"[[tool:schedule:{later}]] and daily"))  # fmt: skip
+    # two replies to the settings, then the reminder's own, which echoes its text
+    wait_for_replies(admin, keys, "matrix:dm-bob", 3, timeout=60)
+    said = [r.text for r in replies(admin, keys, "matrix:dm-bob")]
+    assert all("error" not in s for s in said[:2]), said
+    assert any(f"call the vet about {SECRET}" in s and "Reminder #" in s for s in said), said
+    listed = run_relaybot(["reminders", "--json", "--all"], at.cli_env)
+    assert listed.returncode == 0, listed.stderr
+    assert SECRET in listed.stdout and len(json.loads(listed.stdout)) == 2
+    assert SECRET.encode() in redis_values(admin) and SECRET.encode() in acl_redis.files()
+
+    erased = run_relaybot(
+        ["memory", "erase", "--entity", "matrix:@bob:m.org", "--reason", "bob asked", "--yes",
+         "--json"],
+        at.cli_env, timeout=180,
+    )  # fmt: skip
+    assert erased.returncode == 0, erased.stdout + erased.stderr
+    result = json.loads(erased.stdout)
+    assert result["ok"] and len(result["scheduled"]) == 2, result
+
+    after = run_relaybot(["reminders", "--json", "--all"], at.cli_env)
+    assert after.returncode == 0, after.stderr
+    items = json.loads(after.stdout)
+    assert {i["status"] for i in items} == {"erased"} and SECRET not in after.stdout
+    logs = [worker.log_path, worker.out_path, jobs.log_path, jobs.out_path]
+    db = [home / "memory.sqlite3", home / "memory.sqlite3-wal"]
+    wait_until(lambda: not grep(db), timeout=30, message="the WAL to be truncated")
+    assert SECRET.encode() not in redis_values(admin)
+    assert SECRET.encode() not in acl_redis.files(), "the AOF/RDB still holds the text"
+    assert not grep(logs + sorted(home.rglob("*.log"))), "a log holds the text"
