@@ -74,6 +74,11 @@ RESULTS: dict[str, tuple[str, ...]] = {
         r"^\| 0\.20 \| 2 \| 2 \| .* \| ok \|$",  # owner priority
     ),
     "summary_context": (rf"^1,000\s+direct\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",),
+    "schedule": (  # every item and message answered once (0 missing, 0 doubled), checked
+        rf"^scheduled\s+100\s+100\s+0\s+0\s+{NUM}\s+{NUM}\s+{NUM}\s.*\sok$",
+        rf"^plain XADD\s+100\s+100\s+0\s+0\s+{NUM}\s+{NUM}\s+{NUM}\s.*\sok$",
+        r'^\{"bench": "schedule", .*"ok": true\}$',  # the figures, last
+    ),
 }
 
 
