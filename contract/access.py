@@ -155,7 +155,12 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
     jobs process's, or a registered channel's gateway's (:class:`UnknownChannel` otherwise)."""
     beat = ("HSET", keys.heartbeats, "doctor", "1")
     if role == "jobs":
-        return [beat, ("XADD", keys.inbound, "*", "f", "v"), *_rq_worker_probes(keys)]
+        return [
+            beat,
+            ("XADD", keys.inbound, "*", "f", "v"),
+            *_rq_worker_probes(keys),
+            *_rq_scheduler_probes(keys),
+        ]
     if role == "worker":
         streams = [keys.inbound, *(keys.inbound_of(c) for c in registry.names())]
         return [
@@ -166,6 +171,7 @@ def role_probes(keys: Keys, role: str) -> list[tuple[str, ...]]:
             ("SET", keys.lease, "x", "NX", "PX", "1"),
             ("XADD", keys.dead, "*", "f", "v"),
             ("LPUSH", f"rq:queue:{keys.jobs_queue}", "x"),
+            *_rq_enqueue_at_probes(keys),
         ]
     spec = registry.channel(role)
     ch = spec.name
@@ -232,6 +238,44 @@ def _rq_worker_probes(keys: Keys) -> list[tuple[str, ...]]:
     ]
 
 
+def _rq_scheduler_probes(keys: Keys) -> list[tuple[str, ...]]:
+    """What rq's scheduler runs on the jobs process's thread (worker/schedule_loop.py; rq 3:
+    scheduler.py, scripts.py, registry.py, queue.py): its lock (a script, and a GET to see
+    whether a holder of this host is gone), the scheduled registry, and moving a job to the
+    queue (INFO: rq notes the server's version on a job it enqueues)."""
+    q = keys.jobs_queue
+    lock, scheduled = f"rq:scheduler-lock:{q}", f"rq:scheduled:{q}"
+    return [
+        ("EVAL", "return 1", "1", lock),
+        ("EVALSHA", "0" * 40, "1", lock),
+        ("GET", lock),
+        ("ZRANGEBYSCORE", scheduled, "0", "1", "LIMIT", "0", "1"),
+        ("ZREM", scheduled, "x"),
+        ("RPUSH", f"rq:queue:{q}", "x"),
+        ("SADD", "rq:queues", f"rq:queue:{q}"),
+        ("INFO", "server"),
+    ]
+
+
+def _rq_enqueue_at_probes(keys: Keys) -> list[tuple[str, ...]]:
+    """What the worker runs to make a scheduled item's fire job (worker/scheduling.py:
+    ``Queue.enqueue_at``, ``Queue.enqueue``, ``Job.fetch``, ``Job.delete``) and to see that rq
+    still has it."""
+    q = keys.jobs_queue
+    job, scheduled = "rq:job:doctor-probe", f"rq:scheduled:{q}"
+    return [
+        ("ZADD", scheduled, "1", "x"),
+        ("ZSCORE", scheduled, "x"),
+        ("ZREM", scheduled, "x"),
+        ("SADD", "rq:queues", f"rq:queue:{q}"),
+        ("HSET", job, "f", "v"),
+        ("HGETALL", job),
+        ("DEL", job),
+        ("LPOS", f"rq:queue:{q}", "x"),
+        ("RPUSH", f"rq:queue:{q}", "x"),
+    ]
+
+
 def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
     """The probes Redis refuses (NOPERM), queued in a MULTI that is discarded: Redis checks a
     command's ACL (command and keys) when it queues it, and none is ever executed."""
@@ -249,7 +293,8 @@ def refused(r: redis.Redis, probes: list[tuple[str, ...]]) -> list[str]:
             try:
                 conn.read_response()
             except NoPermissionError:
-                out.append(" ".join(probe[:2]) if probe[0] != "EVAL" else "EVAL (scripts)")
+                scripts = probe[0] in ("EVAL", "EVALSHA")
+                out.append(f"{probe[0]} (scripts)" if scripts else " ".join(probe[:2]))
             except redis.ResponseError:
                 pass  # a wrong-type or syntax complaint: the ACL let it through
         conn.send_command("DISCARD")

@@ -14,9 +14,12 @@ offset is kept (logged); before the first answer, the Redis error is raised.
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import redis
 import structlog
@@ -74,3 +77,61 @@ class RedisClock:
             if self.offset is None or abs(offset - self.offset) > 1.0:
                 log.info("clock.offset", offset=round(offset, 3), detail="Redis time - local time")
             self.offset, self._synced_at, self._local_at = offset, self.monotonic(), after
+
+
+# -- the schedule's clock ------------------------------------------------------------------------
+
+SHIFT_ENV = "RELAYBOT_CLOCK_SHIFT_FILE"
+
+
+class ScheduleClock:
+    """The one clock scheduled work runs on: when an occurrence is due (the jobs process's
+    scheduler thread, worker/schedule_loop.py) and how late it came (the worker,
+    worker/scheduled.py). Both processes must agree, so it is Redis's time (``base``, a
+    :class:`RedisClock`'s ``now``), plus a shift read from the file that
+    ``RELAYBOT_CLOCK_SHIFT_FILE`` names (seconds, a float; no variable or no file: 0).
+
+    The shift exists for the tests only: they time-travel a real worker and a real jobs process
+    by writing one number into one file, instead of sleeping until a reminder is due. The file
+    is read again when it changes (its inode, mtime and size are looked at on every call: a
+    stat, no read; the tests replace it, a new inode), and a shift other than 0 is logged once
+    per value, so a shift left in a production environment is seen in the log."""
+
+    def __init__(self, base: Callable[[], float], env: Mapping[str, str] | None = None) -> None:
+        self.base = base
+        source = (os.environ if env is None else env).get(SHIFT_ENV, "")
+        self.path = Path(source) if source else None
+        self._seen: tuple[int, int, int] | None = None
+        self._shift = 0.0
+        self._lock = threading.Lock()
+
+    def shift(self) -> float:
+        """The test-only shift now (0 without a shift file)."""
+        if self.path is None:
+            return 0.0
+        try:
+            st = self.path.stat()
+        except OSError:
+            return self._set(0.0, None)
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
+            return self._shift
+        try:
+            value = float(self.path.read_text(encoding="utf-8").strip() or 0)
+        except (OSError, ValueError):
+            value = 0.0
+        return self._set(value if math.isfinite(value) else 0.0, seen)
+
+    def _set(self, value: float, seen: tuple[int, int, int] | None) -> float:
+        with self._lock:
+            if value not in (self._shift, 0.0):
+                detail = f"{SHIFT_ENV} is for tests: scheduled work runs shifted"
+                log.warning("clock.shifted", shift=value, file=str(self.path), detail=detail)
+            self._shift, self._seen = value, seen
+        return value
+
+    def now(self) -> float:
+        """The schedule's time now (unix seconds)."""
+        return self.base() + self.shift()
+
+    __call__ = now

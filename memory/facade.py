@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import structlog
 
-from contract.messages import InboundMessage, Privacy, Reply
+from contract.messages import InboundMessage, Kind, Privacy, Reply
 from memory import commands, curated_versions, notes, summaries, summary_view
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
@@ -252,6 +252,9 @@ class Memory:
     # -- recording -----------------------------------------------------------------------------
 
     def is_owner(self, msg: InboundMessage) -> bool:
+        # a scheduled occurrence is the scheduler's (on the terminal, any sender is the owner)
+        if msg.kind is Kind.SCHEDULED:
+            return False
         return self.owners().is_owner(msg.channel, msg.sender)
 
     def record_inbound(self, msg: InboundMessage, stream_id: str) -> tuple[LogRow | None, bool]:

@@ -83,6 +83,8 @@ def label(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str
     """``[channel / owner]``, ``[channel / <assistant_name>]`` or ``[channel / <sender>]``."""
     if row.direction == "out":
         who = assistant_name
+    elif row.kind == "scheduled":  # a reminder's occurrence: the scheduler's, never the owner's
+        who = row.sender.translate(_LABEL_UNSAFE).strip() or "scheduler"
     elif row.is_owner or (owners is not None and owners.is_owner(row.channel, row.sender)):
         who = "owner"
     else:

@@ -28,6 +28,9 @@ _.OPEN
 # rq runs it by its dotted name, "worker.summarize_job.summarize" (worker/derive.py)
 _.summarize
 
+# rq runs it by its dotted name, "worker.schedule_job.fire" (worker/scheduling.py)
+_.fire
+
 # rq's worker installs it as its SIGTERM/SIGINT handler (worker/jobs.py Worker overrides it)
 _.request_stop
 

@@ -3,9 +3,10 @@
 A gateway speaks only for its own channel (its stream's entries name that channel, session and
 conversation; owner commands come from the terminal only; a gateway's derived entries are only
 reports on its own replies), only the owner's own words are the owner's, the audience and class
-an entry claims hang together (worker/claims.py), and a summary comes only from the jobs. The
-owner's words from a channel not in ``[owner] trusted_channels`` are a group's. An entry that
-cannot be what it says is dead-lettered with the reason.
+an entry claims hang together (worker/claims.py), and a summary or a scheduled occurrence comes
+only from the jobs (:func:`scheduled_refusal`). The owner's words from a channel not in
+``[owner] trusted_channels`` are a group's. An entry that cannot be what it says is
+dead-lettered with the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Privacy, WireError, decode_lenient
 from memory.turns import Memory
+from worker import occurrence
 from worker.claims import audience_refusal
 from worker.turn_result import Outcome
 
@@ -40,7 +42,7 @@ def admit(
         msg = InboundMessage.from_fields(raw)
     except WireError as exc:
         return Outcome(dead_reason=f"invalid entry: {exc}", fields=decode_lenient(raw))
-    refused = refusal(memory, msg, channel)
+    refused = scheduled_refusal(msg, channel) or refusal(memory, msg, channel)
     if refused:
         log.warning("entry.refused", stream_id=stream_id, reason=refused)
         return Outcome(dead_reason=refused, fields=decode_lenient(raw))
@@ -65,6 +67,20 @@ def admit(
     return msg
 
 
+def scheduled_refusal(msg: InboundMessage, channel: str | None) -> str:
+    """Scheduling never trusts an entry: an occurrence comes only from the jobs, on the stream
+    without a channel, as the fire job makes it (worker/occurrence.py), and no gateway may use
+    an occurrence's event id (a message recorded under one would take that occurrence's place in
+    the worker's dedupe, and it would never be delivered). "" when neither is the case."""
+    if msg.kind is Kind.SCHEDULED:
+        if channel is not None:
+            return "a scheduled entry comes only from the jobs (the stream without a channel)"
+        return occurrence.malformed(msg)
+    if channel is not None and occurrence.is_occurrence_event(msg.event_id):
+        return f"an entry on the {channel} stream uses a scheduled occurrence's event id"
+    return ""
+
+
 def refusal(memory: Memory, msg: InboundMessage, channel: str | None) -> str:
     """Why an entry cannot be what it says (a gateway speaks only for its own channel, and
     only the owner's own are the owner's), or "" when it can."""
@@ -81,7 +97,8 @@ def refusal(memory: Memory, msg: InboundMessage, channel: str | None) -> str:
             f"a derived entry of type {kind!r} on the {channel} stream: a gateway only "
             "reports on its replies"
         )
-    owner_claimed = msg.privacy is Privacy.OWNER and msg.kind is not Kind.DERIVED
+    # derived entries and occurrences claim no sender: an occurrence's privacy is its item's
+    owner_claimed = msg.privacy is Privacy.OWNER and msg.kind in (Kind.MESSAGE, Kind.COMMAND)
     if owner_claimed and not memory.is_owner(msg):
         return f"privacy owner claimed for {msg.sender!r}, who is not the owner"
     return audience_refusal(msg, memory.owners().is_owner)

@@ -1,8 +1,11 @@
 """The rq side: the ``jobs`` process, for slow derived work (DESIGN.md: summaries, profiles,
-capability gaps, reminders; today the conversation summaries: worker/summarize_job.py).
+capability gaps, reminders; today the conversation summaries, worker/summarize_job.py, and the
+scheduled items' occurrences, worker/schedule_job.py).
 
-Jobs never write memory: they XADD their result (kind ``derived``) for the worker to apply, so
-the worker stays the only writer. Jobs receive ids, not serialized models.
+Jobs never write memory: they XADD their result (kind ``derived``, or ``scheduled``) for the
+worker to apply, so the worker stays the only writer. Jobs receive ids, not serialized models.
+The process also runs rq's scheduler, on a thread of its own (worker/schedule_loop.py), which
+moves each fire job to the queue when its second comes.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from rq.registry import StartedJobRegistry
 from rq.utils import now
 
 from contract import access
+from contract.clock import RedisClock, ScheduleClock
 from contract.config import Config
 from contract.config_watch import JOBS_USES, ConfigWatcher, watch_in_thread
 from contract.liveness import Heartbeat
 from contract.outage import TRANSIENT, Outage, wait_until_reachable
 from worker import summarize_job
+from worker.schedule_loop import SchedulerLoop
 
 log = structlog.get_logger(__name__)
 
@@ -194,6 +199,11 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
     outage = Outage("jobs")
     rq_r = rq_connection(r)
     previous = {sig: signal.signal(sig, _stop_now) for sig in _SIGNALS}
+    # rq's scheduler, on a thread of this process (worker/schedule_loop.py): a burst runs none
+    scheduler = None if burst else SchedulerLoop(
+        cfg.keys.jobs_queue, r, name=worker_name(), clock=ScheduleClock(RedisClock(r).now),
+        heartbeat=hb,
+    ).start()  # fmt: skip
     try:
         while True:
             try:
@@ -201,6 +211,7 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 if worker is None:
                     return 0
                 _stop_if_refused(worker)
+                _stop_if_refused(scheduler)
                 if burst or _stop_asked(worker):
                     return 0  # stopped by a signal (or, in a burst, done)
                 # rq's loop also ends on a Redis timeout or an error of its own ("quitting..."):
@@ -220,12 +231,15 @@ def run_jobs(cfg: Config, r: redis.Redis, *, burst: bool = False) -> int:
                 if not _ride_out(rq_r, outage, exc):
                     return 0
     except StopRequested:  # a signal: in rq's loop (Worker.request_stop), or around it
+        _stop_if_refused(scheduler)  # the scheduler's thread's SIGTERM on a refusal
         log.info("jobs.stopped")
         return 0
     finally:
         # stopping: a signal now (rq's pubsub thread's SIGTERM on a refusal the main loop saw
         # first) would raise out of the clean-up
         _ignore_signals()
+        if scheduler is not None:
+            scheduler.stop()  # its lock given up: another jobs process takes over at once
         summarize_job.use_last_good(None)
         stop_watching.set()
         hb.stop()

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 import structlog
 
-from contract.clock import RedisClock
+from contract.clock import RedisClock, ScheduleClock
 from contract.config import Config
 from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
 from contract.durable import NotDurable, probe
@@ -32,6 +32,7 @@ from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
+from worker.scheduling import Scheduling
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
@@ -40,6 +41,8 @@ from worker.writer import Writer
 
 # layer 1 (worker/derive.py), built once the writer can say whether a conversation is busy
 MakeDeriver = Callable[[Callable[[str], bool], Duties], Deriver]
+# scheduled work's duty (worker/scheduling.py), given the writer's way to write between rounds
+MakeScheduling = Callable[[Callable[[Callable[[], object]], object], Duties], Scheduling]
 
 log = structlog.get_logger(__name__)
 
@@ -88,13 +91,16 @@ def assemble(
     make_model: MakeModel | None = None,
     deriver: MakeDeriver | None = None,
     duties: Duties | None = None,
+    scheduling: MakeScheduling | None = None,
 ) -> Consumer:
     """The worker's parts, each given what it needs, one way (worker/consumer.py): the
     committer, the writer, the reader, the layers' duties (``deriver``: layer 1's summaries,
     given the writer's view of a busy conversation and the duties), the reloader, the process.
     ``name``: the consumer's name in its group (default: this process's identity). ``duties``:
     the registry the loop runs, with what others registered in it already (a layer built
-    before the worker's parts adds its periodic duty there: worker/duties.py)."""
+    before the worker's parts adds its periodic duty there: worker/duties.py).
+    ``scheduling``: scheduled work's duty (the rq jobs of the items due), given the writer's
+    way to write memory between rounds."""
     name = name or process_identity("worker")
     control, health = Control(cfg), Health(r, cfg.keys, name)
     duties = duties if duties is not None else Duties()
@@ -107,6 +113,8 @@ def assemble(
                     flush_after=flush_after)  # fmt: skip
     reader = Reader(control, r, writer, committer, name=name, duties=duties)
     layer = deriver(writer.conversation_busy, duties) if deriver is not None else None
+    if scheduling is not None:
+        scheduling(writer.write_between_rounds, duties)
     reloader = Reloader(control, turns, writer, duties=duties, health=health, watch=watch,
                         make_model=make_model, deriver=layer)  # fmt: skip
     return Consumer(control, r, turns, name=name, reader=reader, writer=writer,
@@ -133,24 +141,33 @@ def build_consumer(
             "RELAYBOT_MODEL; replies will say that no model is configured",
         )
     busy = BusySignal(r, cfg.keys)
+    clock = RedisClock(r)
+    schedule_clock = ScheduleClock(clock.now)  # the jobs' scheduler runs on the same one
     turns = Turns(
         cfg,
         store,
         model,
         tools or TurnTools(),
         opener=lambda: open_store(cfg),
-        clock=RedisClock(r).now,
+        clock=clock.now,
         commands={"memory.resummarize": partial(resummarize_command, cfg, r)},
+        schedule_clock=schedule_clock,
     )
     has_model = not isinstance(model, NoModel)
 
     def summaries(busy_now: Callable[[str], bool], duties: Duties) -> Deriver:
         return Deriver(cfg, r, turns.memory, has_model=has_model, busy=busy_now, duties=duties)
 
+    def jobs_of_items(
+        write: Callable[[Callable[[], object]], object], duties: Duties
+    ) -> Scheduling:
+        return Scheduling(lambda: turns.cfg, r, turns.memory, clock=schedule_clock,
+                          write=write, duties=duties)  # fmt: skip
+
     watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS)
     return assemble(cfg, r, turns, busy=busy, watch=watch,
                     make_model=make_model if own_model else None,
-                    deriver=summaries)  # fmt: skip
+                    deriver=summaries, scheduling=jobs_of_items)  # fmt: skip
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

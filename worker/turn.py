@@ -22,6 +22,7 @@ from datetime import tzinfo
 import structlog
 
 from contract import timezone
+from contract.clock import ScheduleClock
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Reply, ReplyKind
 from memory.errors import MemoryUnwritable
@@ -33,7 +34,8 @@ from worker.admission import admit
 from worker.agent import TurnResult, run_turn
 from worker.commands import WorkerCommand, apply_report, apply_summary, command
 from worker.ledger import ReplyLedger
-from worker.model import ModelPort
+from worker.model import ModelPort, NoModel
+from worker.scheduled import Occurrences, Recorded
 from worker.tools import ToolRegistry
 from worker.turn_context import TurnContext
 from worker.turn_result import (
@@ -41,6 +43,7 @@ from worker.turn_result import (
     Held,
     Job,
     Outcome,
+    answered,
     event_of,
     make_reply,
     queued_again,
@@ -90,9 +93,10 @@ class Turns:
         opener: Callable[[], MemoryStore | None] | None = None,
         clock: Callable[[], float] = time.time,
         commands: Mapping[str, WorkerCommand] | None = None,
+        schedule_clock: Callable[[], float] | None = None,
     ) -> None:
         """``commands``: the owner commands the worker itself applies (not memory), by op
-        (``memory.resummarize``: worker/derive.py)."""
+        (``memory.resummarize``: worker/derive.py). ``schedule_clock``: contract/clock.py's."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
@@ -100,6 +104,8 @@ class Turns:
         self.tools = tools
         self.commands: dict[str, WorkerCommand] = dict(commands or {})
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
+        late_by = schedule_clock or ScheduleClock(clock)  # how late an occurrence is
+        self.occurrences = Occurrences(self.memory, lambda: self.cfg, late_by)  # scheduled.py
 
     def reconfigure(self, cfg: Config) -> None:
         """Run with a reloaded configuration from now on (worker/reload.py calls it on the
@@ -201,6 +207,7 @@ class Turns:
         """Record the reply of a finished turn (in memory's open transaction) and return its
         outcome: the reply, to be queued when the transaction is committed."""
         msg = job.msg
+        result = self.occurrences.worded(job, result, no_model=isinstance(self.model, NoModel))
         kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
         reply = make_reply(msg, job.keys[-1], result.text, kind, created=self.clock())
         log.info(
@@ -249,29 +256,28 @@ class Turns:
                 if ask is not None:
                     asks.append(ask)
                 continue
-            fresh = False
-            with memory.write():
-                first = memory.first_of_event(msg, stream_id)
-                if first == stream_id:
-                    row, is_owner = memory.record_inbound(msg, stream_id)
-                    fresh = memory.first_sight(row)
+            recorded = self._record(stream_id, msg)
+            if isinstance(recorded, Outcome):  # an occurrence done now (worker/scheduled.py)
+                outcomes.append(recorded)
+                continue
+            said, first, row, is_owner, fresh = recorded
             if first != stream_id:
-                done, ask = self._published_again(stream_id, first, msg)
-            elif msg.record_only:
-                self._recorded_only(msg)
+                done, ask = self._published_again(stream_id, first, said)
+            elif said.record_only:
+                self._recorded_only(said)
                 done, ask = Outcome(), None
-            elif not fresh and (recorded := memory.recorded_reply(stream_id)) is not None:
+            elif not fresh and (before := memory.recorded_reply(stream_id)) is not None:
                 # a replay: the reply recorded before, not a second model call; queued unless
                 # Redis holds it already (the reconciliation after a Redis data loss may have
                 # queued it before this entry, which the loss made unread, came again) or an
                 # erasure blanked it (nothing of it is shown again)
-                log.info("turn.replayed", reply_id=recorded.reply_id, erased=recorded.erased)
+                log.info("turn.replayed", reply_id=before.reply_id, erased=before.erased)
                 done, ask = Outcome(), None
-                if not recorded.erased:
-                    reply = self._reply_again(recorded, msg, stream_id)
+                if not before.erased:
+                    reply = self._reply_again(before, said, stream_id)
                     done = Outcome(reply=reply, only_if_missing=True)
             else:
-                done, ask = None, (stream_id, msg, row, is_owner)
+                done, ask = None, (stream_id, said, row, is_owner)
             outcomes.append(done)
             if ask is not None:
                 asks.append(ask)
@@ -282,11 +288,23 @@ class Turns:
             return outcomes, None
         return outcomes, self._job(asks)
 
+    def _record(self, stream_id: str, msg: InboundMessage) -> Outcome | Recorded:
+        """Record the message once (an occurrence: with its item's advance, or done now)."""
+        if msg.kind is Kind.SCHEDULED:
+            return self.occurrences.record(stream_id, msg)
+        row, is_owner, fresh = None, False, False
+        with self.memory.write():
+            first = self.memory.first_of_event(msg, stream_id)
+            if first == stream_id:
+                row, is_owner = self.memory.record_inbound(msg, stream_id)
+                fresh = self.memory.first_sight(row)
+        return msg, first, row, is_owner, fresh
+
     def _job(self, asks: list[tuple[str, InboundMessage, LogRow | None, bool]]) -> Job:
         """The turn answering ``asks`` (recorded, in order): its model input, from memory now."""
         memory = self.memory
         key, msg, row, is_owner = asks[-1]
-        scope = memory.scope_of(msg, row)
+        scope = self.occurrences.scope_of(msg, row)  # an occurrence's: whoever set it
         drew = DrewOn()
         current = row or transient_row(msg, key, is_owner)
         if row is not None and withheld.again_of(msg) is not None:
@@ -294,6 +312,7 @@ class Turns:
             # the question, so an erasure of the question takes the re-answer too
             drew.add_rows([row.id])
         messages = memory.context(msg, current, scope, drew)
+        fallback = self.occurrences.prepare(msg, messages)  # told what it is; down: as written
         ctx = TurnContext(
             stream_id=key,
             msg=msg,
@@ -305,7 +324,7 @@ class Turns:
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         keys = [a[0] for a in asks]
         specs, erasures = tools.specs(), memory.erasure_mark()
-        return Job(keys, msg, messages, tools, drew, specs, erasures)
+        return Job(keys, msg, messages, tools, drew, specs, erasures, fallback)
 
     def _withheld(self, stream_id: str, msg: InboundMessage) -> Outcome:
         """A gateway withheld a reply (it would have reached people it was not written for):
@@ -373,28 +392,31 @@ class Turns:
         did): recorded, and its sender told with an error reply instead of silence. The model
         is not asked (that may be what kills the worker). A reply recorded for it before is
         queued again instead; a record-only message is recorded, unanswered; a command or a
-        derived entry gets nothing."""
+        derived entry gets nothing. A scheduled occurrence is taken as usual (its item advanced:
+        it does not come back) and delivered as written."""
         structlog.contextvars.bind_contextvars(
             channel=msg.channel, session=msg.session, stream_id=stream_id
         )
         try:
-            if msg.kind is not Kind.MESSAGE or redactions.is_redaction(msg):
+            scheduled = msg.kind is Kind.SCHEDULED
+            if not (scheduled or msg.kind is Kind.MESSAGE) or redactions.is_redaction(msg):
                 return Outcome()
-            with self.memory.write():
-                first = self.memory.first_of_event(msg, stream_id)
-                if first != stream_id:  # published again: the first entry's answer stands
+            recorded = self._record(stream_id, msg)
+            if isinstance(recorded, Outcome):
+                return recorded
+            msg, first = recorded[0], recorded[1]  # published again: the first one's answer
+            if first != stream_id or msg.record_only:  # stands; an edit... is only recorded
+                return Outcome()
+            before = self.memory.recorded_reply(stream_id)
+            if before is not None:
+                if before.erased:
                     return Outcome()
-                self.memory.record_inbound(msg, stream_id)
-                if msg.record_only:  # recorded, never answered (an edit, a reaction, ...)
-                    return Outcome()
-                recorded = self.memory.recorded_reply(stream_id)
-                if recorded is not None:
-                    if recorded.erased:
-                        return Outcome()
-                    again = self._reply_again(recorded, msg, stream_id)
-                    return Outcome(reply=again, only_if_missing=True)
-            log.warning("turn.set_aside", reason=reason)
-            reply = make_reply(msg, stream_id, SET_ASIDE, ReplyKind.ERROR, created=self.clock())
+                again = self._reply_again(before, msg, stream_id)
+                return Outcome(reply=again, only_if_missing=True)
+            log.warning("turn.set_aside", reason=reason, scheduled=scheduled)
+            text = (self.occurrences.fallback(msg) if scheduled else None) or SET_ASIDE
+            kind = ReplyKind.REPLY if text is not SET_ASIDE else ReplyKind.ERROR
+            reply = make_reply(msg, stream_id, text, kind, created=self.clock())
             held = Held(reply, DrewOn(), [stream_id], self.memory.erasure_mark())
             return Outcome(reply=self.ledger.record(held, msg))
         except MemoryUnwritable:
@@ -410,7 +432,7 @@ class Turns:
         event: str | None = None
         if row.stream_id != stream_id:  # memory failing: this entry's event, as before
             event = self.memory.use(lambda s: event_of(s, row.stream_id))
-        return reply_from_row(row, msg, in_reply_to=event or msg.event_id)
+        return reply_from_row(row, msg, in_reply_to=event or answered(msg))
 
     def _recorded_only(self, msg: InboundMessage) -> None:
         """Recorded in memory, not answered: a gateway said so (``extra.no_reply``: e.g. mail

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.messages import InboundMessage, Reply, ReplyKind, new_reply_id
+from contract.messages import InboundMessage, Kind, Reply, ReplyKind, new_reply_id
 from memory.types import DrewOn, LogRow
 from memory.writer import MemoryStore, inbound_event
-from worker import withheld
+from worker import occurrence, withheld
 from worker.tools import ToolRegistry
 
 
@@ -46,6 +46,7 @@ class Job:
     drew: DrewOn
     specs: list[dict[str, Any]]  # the tools' specs, taken on the writer
     erasures: int  # memory's erasure mark when it started
+    fallback: str | None = None  # a reminder's text as written, when the model cannot word it
 
 
 # the error reply to a message set aside (Turns.set_aside): whoever wrote may be anyone
@@ -84,20 +85,29 @@ def make_reply(
         channel=msg.channel,
         session=msg.session,
         conversation=msg.conversation,
-        in_reply_to=msg.event_id if in_reply_to is None else in_reply_to,
+        in_reply_to=answered(msg) if in_reply_to is None else in_reply_to,
         text=text,
         created=created if created is not None else time.time(),
         extra=written_for(msg),
     )
 
 
+def answered(msg: InboundMessage) -> str:
+    """The platform event a reply to ``msg`` answers: the message's own, or for a scheduled
+    occurrence the message that set its item (worker/occurrence.py)."""
+    return occurrence.reply_to(msg) if msg.kind is Kind.SCHEDULED else msg.event_id
+
+
 def written_for(msg: InboundMessage) -> dict[str, Any]:
     """The audience a reply to ``msg`` is written for, which its gateway checks again right
     before posting it (each channel's recheck, e.g. gateways/matrix/recheck.py): the
-    message's privacy class, its sender and its audience as the gateway saw it. A re-answer's
-    reply (worker/withheld.py) also names what it answers again."""
-    out: dict[str, Any] = {"privacy": msg.privacy.value, "sender": msg.sender}
-    audience = msg.extra.get("audience")
+    message's privacy class, its sender and its audience as the gateway saw it (for a
+    scheduled occurrence, those of the message that set its item). A re-answer's reply
+    (worker/withheld.py) also names what it answers again."""
+    sender, audience = msg.sender, msg.extra.get("audience")
+    if msg.kind is Kind.SCHEDULED:
+        sender, audience = occurrence.reply_audience(msg)
+    out: dict[str, Any] = {"privacy": msg.privacy.value, "sender": sender}
     if isinstance(audience, list):
         out["audience"] = audience
     again = withheld.again_of(msg)

@@ -330,6 +330,23 @@ class Writer:
         self.committer.done(run.items[-1], outcome)
         self._idle_session(session)
 
+    def write_between_rounds(self, op: Callable[[], T]) -> T | None:
+        """A duty's write to memory (worker/scheduling.py), run between rounds: it joins the
+        open transaction, which is committed at once (what turns wrote before it too: only
+        sooner durable). Memory refusing it gives back what no commit made durable, as a refused
+        commit does (:meth:`refused`), and the result is None; nothing is written while memory
+        is in its backoff."""
+        if self.committer.waiting(time.monotonic()):
+            return None
+        try:
+            with self.turns.memory.write():
+                out = op()
+            self.committer.settle()
+        except MemoryUnwritable as exc:
+            self.refused(exc, [])
+            return None
+        return out
+
     def conversation_busy(self, conversation: str) -> bool:
         """A turn of this conversation runs, or one of its messages waits for its turn."""
         if any(run.job.msg.conversation == conversation for run in self.jobs.values()):

@@ -1,0 +1,193 @@
+"""The worker's side of scheduled work: every active item has an rq job for its next
+occurrence, and one that Redis lost is made again.
+
+A periodic duty on the writer (``[schedule] check_every`` seconds, worker/duties.py), so however
+an item came to be (the model's tool, an owner command, an import, the advance after an
+occurrence) it gets its job here, from memory:
+
+- the items memory says have no job for their ``next_due`` (``schedule.needs_job``) get their
+  second's fire job (worker/schedule_job.py: one job per due second), put in rq's
+  ScheduledJobRegistry with ``Queue.enqueue_at`` — or straight onto the queue when the second
+  has already come, so an overdue item fires now even if no scheduler runs — and memory notes
+  that the job was made (``schedule.mark_enqueued``, committed at once);
+- every :data:`CHECK_EVERY` seconds of the schedule's clock (and at start), the jobs of the
+  seconds due within :data:`LOOKAHEAD` seconds, or overdue, are looked for in rq: Redis may have
+  lost its last second (a crash with ``appendfsync everysec``), or everything. A job that is
+  gone, failed, or said to be queued or scheduled where rq no longer has it, is made again.
+
+Making a job twice is harmless (its id is its second; the worker records each occurrence once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import redis
+import structlog
+from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+
+from contract.access import REFUSED, refusal
+from contract.config import Config
+from memory.errors import FencedOut, MemoryUnwritable
+from memory.turns import Memory
+from memory.writer import MemoryStore, schedule
+from worker.committer import LeaseLost
+from worker.duties import Duties
+from worker.schedule_job import FAILURE_TTL, FUNCTION, RESULT_TTL, TIMEOUT, job_id
+
+log = structlog.get_logger(__name__)
+
+CHECK_EVERY = 60.0  # seconds (the schedule's clock) between two looks for lost jobs
+LOOKAHEAD = 600  # seconds ahead those looks reach
+LOST_AFTER = 120.0  # a job "queued" this long but on no queue was lost with a jobs process
+BATCH = 1000  # items taken per round (the rest next round)
+
+# what ends the worker rather than this duty: Redis refusing its account, a lost lease
+STOPS: tuple[type[Exception], ...] = (*REFUSED, FencedOut, LeaseLost)
+# a job that will still run: waiting in the registry or the queue, or running
+_WAITING = {JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.DEFERRED}
+
+
+class Scheduling:
+    """The duty (see the module docstring). ``write`` runs a memory write between rounds and
+    commits it (the writer's ``write_between_rounds``: memory refusing gives back what was not
+    durable, as a refused commit does); ``clock`` is the schedule's clock."""
+
+    def __init__(
+        self,
+        cfg: Callable[[], Config],
+        r: redis.Redis,
+        memory: Memory,
+        *,
+        clock: Callable[[], float],
+        write: Callable[[Callable[[], object]], object],
+        duties: Duties | None = None,
+    ) -> None:
+        self.cfg, self.r, self.memory, self.clock, self.write = cfg, r, memory, clock, write
+        self._checked: float | None = None  # when the jobs were last looked for (schedule clock)
+        if duties is not None:
+            duties.every(lambda: self.cfg().schedule.check_every, self.run,
+                         name="schedule.jobs")  # fmt: skip
+
+    def run(self) -> None:
+        """The periodic duty: make the jobs that are missing; Redis away is tried again next
+        round, Redis refusing the account stops the worker (exit 2)."""
+        if not self.cfg().schedule.enabled:
+            return
+        try:
+            now = self.clock()
+            self.make_jobs(now)
+            last = self._checked
+            if last is None or now - last >= CHECK_EVERY or now < last:
+                self.check_jobs(now)
+                self._checked = now
+        except STOPS:  # the worker stops (exit 2), or lost its lease
+            raise
+        except redis.RedisError as exc:
+            if refusal(exc):
+                raise
+            log.warning("schedule.jobs_failed", error=str(exc), detail="tried again next round")
+        except Exception:  # a job rq cannot read, a bug: said, tried again, the worker goes on
+            log.exception("schedule.jobs_crashed", detail="tried again next round")
+
+    # -- the items that need a job --------------------------------------------------------------
+
+    def make_jobs(self, now: float) -> int:
+        """Make the jobs memory says are missing, and note them; how many jobs were made."""
+        pairs = self.memory.use(lambda s: schedule.needs_job(s.conn, limit=BATCH))
+        if not pairs:
+            return 0
+        made, ready = 0, set()
+        for due in sorted({d for _, d in pairs}):
+            state = self._state(due)
+            if state == "running":
+                continue  # it may have read memory before the item: looked at again next round
+            if state != "waiting":
+                self._make(due, now)
+                made += 1
+            ready.add(due)
+        noted = [(item, due) for item, due in pairs if due in ready]
+        if noted:
+            self.write(lambda: self._mark(noted))
+        return made
+
+    def _mark(self, pairs: list[tuple[int, int]]) -> None:
+        if self.memory.use(lambda s: _marked(s, pairs)) is None:
+            raise MemoryUnwritable("noting the scheduled items' jobs failed")
+
+    # -- the jobs Redis may have lost -----------------------------------------------------------
+
+    def check_jobs(self, now: float) -> int:
+        """Make again the jobs of the seconds due within :data:`LOOKAHEAD` (or overdue) that rq
+        does not have; how many."""
+        dues = self.memory.use(lambda s: schedule.due_times(s.conn, int(now) + LOOKAHEAD))
+        remade = 0
+        for due in dues or []:
+            state = self._state(due)
+            if state in ("waiting", "running", "finished"):
+                continue
+            log.warning("schedule.job_lost", due=due, state=state, overdue=due <= now,
+                        detail="made again (Redis lost it, or it failed)")  # fmt: skip
+            self._make(due, now)
+            remade += 1
+        return remade
+
+    # -- rq ---------------------------------------------------------------------------------------
+
+    def _state(self, due: int) -> str:
+        """What rq has of the second's job: ``waiting`` (it will run), ``running``,
+        ``finished`` (it ran: its entries are on the stream), ``failed`` or ``missing`` (no
+        job, or one rq says is waiting where it no longer is)."""
+        ident = job_id(self.cfg().keys.prefix, due)
+        try:
+            job = Job.fetch(ident, connection=self.r)
+        except NoSuchJobError:
+            return "missing"
+        status = job.get_status(refresh=False)
+        if status == JobStatus.STARTED:
+            return "running"
+        if status == JobStatus.FINISHED:
+            return "finished"
+        if status not in _WAITING:
+            return "failed"
+        q = self._queue()
+        if status == JobStatus.SCHEDULED:
+            registry = q.scheduled_job_registry
+            return "waiting" if self.r.zscore(registry.key, ident) is not None else "missing"
+        if status == JobStatus.QUEUED and job.enqueued_at is not None:
+            age = time.time() - job.enqueued_at.timestamp()
+            if age >= LOST_AFTER and self.r.lpos(q.key, ident) is None:
+                return "missing"  # a jobs process took it off the queue and died
+        return "waiting"
+
+    def _make(self, due: int, now: float) -> None:
+        """Make the second's job: in rq's registry until its second, or on the queue now."""
+        cfg, q = self.cfg(), self._queue()
+        ident = job_id(cfg.keys.prefix, due)
+        with contextlib.suppress(NoSuchJobError):  # what is left of it, from its registries too
+            Job.fetch(ident, connection=self.r).delete()
+        options = {
+            "job_id": ident,
+            "result_ttl": RESULT_TTL,
+            "failure_ttl": FAILURE_TTL,
+            "job_timeout": TIMEOUT,
+            "description": f"fire the items due at {due}",
+        }
+        if due <= now:
+            q.enqueue(FUNCTION, due, **options)
+        else:
+            q.enqueue_at(datetime.fromtimestamp(due, UTC), FUNCTION, due, **options)
+        log.info("schedule.job_made", due=due, at_once=due <= now, job=ident)
+
+    def _queue(self) -> Queue:
+        return Queue(self.cfg().keys.jobs_queue, connection=self.r)
+
+
+def _marked(store: MemoryStore, pairs: list[tuple[int, int]]) -> bool:
+    schedule.mark_enqueued(store.conn, pairs)
+    return True
