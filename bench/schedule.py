@@ -42,9 +42,9 @@ item); no dead letters, nothing pending; memory has every item ``done`` with one
 it), not failed. Also: the worker's and the jobs process's RSS and Redis's ``used_memory`` before
 the first due time and after the last reply, and the CPU time of each process.
 
-    .venv/bin/python -m bench.schedule            # 10,000 items over 60 s (~4 min)
-    .venv/bin/python -m bench.schedule --quick    # 2,000 items over 20 s (~1.5 min)
-    .venv/bin/python -m bench.schedule --smoke    # 100 items over 5 s (the test suite)
+    .venv/bin/python -m bench.schedule            # 10,000 items over 60 s (~2.5 min)
+    .venv/bin/python -m bench.schedule --quick    # 2,000 items over 20 s (~1 min)
+    .venv/bin/python -m bench.schedule --smoke    # 100 items over 5 s (~17 s: the test suite)
 """
 
 from __future__ import annotations
@@ -357,12 +357,14 @@ class Side:
     missing: int = 0
     doubled: int = 0
     fired_twice: int = 0  # entries XADDed for an occurrence beyond its first (deduped)
+    log_counts: dict[str, int] = field(default_factory=dict)  # the processes' log events
     problems: list[str] = field(default_factory=list)
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     start_secs: float = math.nan  # processes started -> ready
     write_secs: float = math.nan  # items written into memory
-    jobs_ready: float = math.nan  # seconds before the first due time every item had its job
+    jobs_made: float = math.nan  # ready -> every due second's rq job in rq's registry, s
+    jobs_noted: float = math.nan  # ready -> memory noted every item's job (enqueued_for), s
     jobs: list[dict[str, float]] = field(default_factory=list)  # per due second (scheduled)
     elapsed: float = math.nan  # first due -> last reply queued
 
@@ -415,6 +417,25 @@ def unenqueued(db: Path) -> int:
 
     with MemoryStore(db, readonly=True) as store:
         return len(schedule.needs_job(store.conn, limit=1_000_000))
+
+
+def secs(value: float) -> str:
+    """How long something took before the first due time, in words."""
+    return "not before the first due time" if math.isnan(value) else f"in {value:.2f} s"
+
+
+def wait_jobs(stack: Stack, side: Side, seconds: int, first: int, ready: float) -> None:
+    """Until rq's registry holds the job of every due second and memory has noted every item's
+    job, or the first due time comes (what is not done by then stays nan)."""
+    registry = f"rq:scheduled:{QUEUE}"
+    while redis_now(stack.r) < first:
+        if math.isnan(side.jobs_made) and int(stack.r.zcard(registry)) >= seconds:
+            side.jobs_made = time.monotonic() - ready
+        if math.isnan(side.jobs_noted) and not unenqueued(stack.db):
+            side.jobs_noted = time.monotonic() - ready
+        if not math.isnan(side.jobs_made + side.jobs_noted):
+            return
+        time.sleep(0.05)
 
 
 def baseline_fields(i: int, size: Size, due: int) -> dict[str, str]:
@@ -569,10 +590,42 @@ def check_memory(db: Path, side: Side, ids: dict[int, int]) -> None:
         side.problems.append(f"memory: {len(ids) - done} items not done after one firing")
 
 
+def log_events(path: Path, event: str) -> list[dict[str, Any]]:
+    """The JSON log lines of one event (the processes log JSON to a file)."""
+    found = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if f'"{event}"' not in line:
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(data, dict) and data.get("event") == event:
+                found.append(data)
+    return found
+
+
+def log_counts(stack: Stack) -> dict[str, int]:
+    """What the firing path said it did: fire jobs the worker made (and said lost), fire job
+    runs and the entries they XADDed, occurrences the worker took in again (deduped)."""
+    worker, jobs = stack.log("worker"), stack.log("jobs")
+    fired = log_events(jobs, "schedule.fired")
+    return {
+        "jobs_made": len(log_events(worker, "schedule.job_made")),
+        "jobs_said_lost": len(log_events(worker, "schedule.job_lost")),
+        "fire_runs": len(fired),
+        "fired_entries": sum(int(e.get("items", 0)) for e in fired),
+        "known_again": len(log_events(worker, "schedule.known")),
+        "stale": len(log_events(worker, "schedule.stale")),
+    }
+
+
 def rq_times(r: redis.Redis, dues: Sequence[int]) -> list[dict[str, float]]:
     """Per due second, the fire job's times in rq, against its second."""
     from rq.exceptions import NoSuchJobError
     from rq.job import Job
+
     from worker.schedule_job import job_id
 
     out: list[dict[str, float]] = []
@@ -611,16 +664,12 @@ def run_scheduled(server: BenchRedis, model: DelayModel, size: Size, log_level: 
             flush=True,
         )
         side.start_secs = stack.start()
-        while (left := unenqueued(stack.db)) and redis_now(stack.r) < first:
-            time.sleep(0.1)
-        side.jobs_ready = first - redis_now(stack.r) if not left else math.nan
+        ready = time.monotonic()
+        wait_jobs(stack, side, len(set(side.due)), first, ready)
         print(
-            f"  worker and jobs ready in {side.start_secs:.2f} s; "
-            + (
-                f"every item's rq job made {side.jobs_ready:.1f} s before the first due time"
-                if not left
-                else f"{left:,} items still without their rq job at the first due time"
-            ),
+            f"  worker and jobs ready in {side.start_secs:.2f} s; after that the rq jobs of "
+            f"every due second made {secs(side.jobs_made)}, memory noted every item's job "
+            f"(enqueued_for) {secs(side.jobs_noted)}",
             flush=True,
         )
         side.before = stack.sample()
@@ -631,6 +680,7 @@ def run_scheduled(server: BenchRedis, model: DelayModel, size: Size, log_level: 
         collect(stack, side, size, stream=KEYS.inbound, index_of=index_of, heard=heard,
                 offset=offset)  # fmt: skip
         side.jobs = rq_times(stack.r, sorted(set(side.due)))
+        side.log_counts = log_counts(stack)
         check_memory(stack.db, side, ids)
     finally:
         stack.stop()
@@ -704,7 +754,8 @@ def figures(side: Side, items: int) -> dict[str, Any]:
     return out
 
 
-LATENESS = ("path", "messages", "replies", "missing", "doubled", "XADD p50 ms", "XADD p99 ms",
+LATENESS = ("path", "messages", "replies", "missing", "doubled", "fired twice", "XADD p50 ms",
+            "XADD p99 ms",
             "queued p50 ms", "queued p90 ms", "queued p99 ms", "queued max ms", "made p99 ms",
             "check")  # fmt: skip
 MEMORY = ("path", "worker RSS MiB", "after", "peak", "jobs RSS MiB", "after", "Redis used MiB",
@@ -713,7 +764,8 @@ MEMORY = ("path", "worker RSS MiB", "after", "peak", "jobs RSS MiB", "after", "R
 
 
 def lateness_row(s: Side, n: int) -> list[object]:
-    return [s.name, n, s.replies, s.missing, s.doubled, ms(s.xadd, 50), ms(s.xadd, 99),
+    return [s.name, n, s.replies, s.missing, s.doubled, s.fired_twice, ms(s.xadd, 50),
+            ms(s.xadd, 99),
             *(ms(s.queued, p) for p in PCTS), ms(s.made, 99), s.status]  # fmt: skip
 
 
@@ -763,10 +815,20 @@ def report(sides: list[Side], size: Size) -> dict[str, Any]:
         print()
         title = (
             f"The scheduler's part, from rq's times of the fire jobs ({len(sched.jobs)} due "
-            f"seconds; the {n:,} items written into memory in {sched.write_secs:.2f} s, every "
-            f"item's rq job made {sched.jobs_ready:.1f} s before the first due time)"
+            f"seconds; the {n:,} items written into memory in {sched.write_secs:.2f} s; from "
+            f"the worker's start, every second's rq job made {secs(sched.jobs_made)}, memory "
+            f"noted every item's job {secs(sched.jobs_noted)})"
         )
         rows = [[k, len(v), ms(v, 50), ms(v, 90), ms(v, 100)] for k, v in stages.items()]
+        said = sched.log_counts
+        if said:
+            title += (
+                f"\nby the logs: the worker made {said['jobs_made']} fire jobs for "
+                f"{len(sched.jobs)} due seconds (saying {said['jobs_said_lost']} were lost), "
+                f"{said['fire_runs']} fire runs XADDed {said['fired_entries']:,} entries, the "
+                f"worker took {said['known_again']:,} in again as known and {said['stale']:,} "
+                "as stale (rq's times below are those of each second's last job)"
+            )
         print(table(["fire job", "jobs", "p50 ms", "p90 ms", "max ms"], rows, title=title))
         short = ("moved", "started", "ended", "ran")
         result["fire_jobs"] = {"jobs": len(sched.jobs)} | {
@@ -775,7 +837,9 @@ def report(sides: list[Side], size: Size) -> dict[str, Any]:
             for label, p in (("p50", 50), ("max", 100))
         }
         result["items_write_s"] = round(sched.write_secs, 2)
-        result["jobs_ready_before_due_s"] = round(sched.jobs_ready, 1)
+        result["fire_log"] = sched.log_counts
+        result["jobs_made_s"] = round(sched.jobs_made, 2)
+        result["jobs_noted_s"] = round(sched.jobs_noted, 2)
     for s in sides:
         result[s.name.replace(" ", "_")] = figures(s, n)
     if sched is not None and base is not None:  # the firing path's share of the lateness

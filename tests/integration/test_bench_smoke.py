@@ -12,7 +12,7 @@ clone anywhere) runs them on a small sample in LoCoMo's format that the test wri
 (``$RELAYBOT_BENCH_DATA``): the smoke run checks that the benchmark works, not its figures, so it
 runs wherever the suite does and is never skipped.
 
-About 50 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
+About 65 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
 """
 
 from __future__ import annotations
