@@ -12,7 +12,7 @@ clone anywhere) runs them on a small sample in LoCoMo's format that the test wri
 (``$RELAYBOT_BENCH_DATA``): the smoke run checks that the benchmark works, not its figures, so it
 runs wherever the suite does and is never skipped.
 
-About 50 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
+About 65 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ RESULTS: dict[str, tuple[str, ...]] = {
         r"^\| 0\.20 \| 2 \| 2 \| .* \| ok \|$",  # owner priority
     ),
     "summary_context": (rf"^1,000\s+direct\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$",),
+    "schedule": (  # every item and message answered once (0 missing, 0 doubled), checked
+        rf"^scheduled\s+100\s+100\s+0\s+0\s+{NUM}\s+{NUM}\s+{NUM}\s.*\sok$",
+        rf"^plain XADD\s+100\s+100\s+0\s+0\s+{NUM}\s+{NUM}\s+{NUM}\s.*\sok$",
+        r'^\{"bench": "schedule", .*"ok": true\}$',  # the figures, last
+    ),
 }
 
 
