@@ -423,11 +423,12 @@ def due(conn: sqlite3.Connection, upto: int) -> list[Item]:
 
 
 def due_times(conn: sqlite3.Connection, upto: int) -> list[int]:
-    """The distinct ``next_due`` of the active items due at or before ``upto`` (one rq job
-    fires every item due in the same second)."""
+    """The distinct ``next_due`` of the active items due at or before ``upto`` whose rq job
+    was made (one rq job fires every item due in the same second; an item still waiting for
+    its job is :func:`needs_job`'s, not lost)."""
     sql = (
         "SELECT DISTINCT next_due FROM scheduled WHERE status = 'active' AND next_due <= ? "
-        "ORDER BY next_due"
+        "AND enqueued_for = next_due ORDER BY next_due"
     )
     return [int(d) for (d,) in conn.execute(sql, (upto,))]
 

@@ -40,7 +40,8 @@ from contract.liveness import Heartbeat
 log = structlog.get_logger(__name__)
 
 LOCK_TTL = 15  # seconds rq's scheduler lock lives unless refreshed (every tick)
-TICK = 1.0  # seconds between two looks at the registry
+TICK = 1.0  # seconds between two looks at the registry (just after each whole second)
+TICK_AFTER = 0.005  # seconds after the whole second a tick comes (the clock's own jitter)
 LEADER, STANDBY = "leader", "standby"
 
 
@@ -208,7 +209,17 @@ class SchedulerLoop:
                 self._say(STANDBY)
             except Exception:  # a bug must not end the scheduler: said, tried again
                 log.exception("schedule.tick_crashed")
-            self._stop.wait(self.every)
+            self._stop.wait(self._until_next())
+
+    def _until_next(self) -> float:
+        """Seconds to the next tick: just after the next whole second of the schedule's clock
+        (a job due at a second is moved within milliseconds of it, where a tick every second
+        from whenever the process started moved it up to a second late)."""
+        try:
+            now = self.scheduler.clock()
+        except Exception:  # the clock asks Redis: away, the tick says so
+            return self.every
+        return self.every - (now % self.every) + TICK_AFTER
 
     def _refused(self, exc: BaseException) -> None:
         """Redis refused the account: the jobs process stops with the one line (exit 2), as it

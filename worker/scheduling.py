@@ -45,7 +45,7 @@ log = structlog.get_logger(__name__)
 CHECK_EVERY = 60.0  # seconds (the schedule's clock) between two looks for lost jobs
 LOOKAHEAD = 600  # seconds ahead those looks reach
 LOST_AFTER = 120.0  # a job "queued" this long but on no queue was lost with a jobs process
-BATCH = 1000  # items taken per round (the rest next round)
+BATCH = 5000  # items taken per round (the rest next round; a due second is never split)
 
 # what ends the worker rather than this duty: Redis refusing its account, a lost lease
 STOPS: tuple[type[Exception], ...] = (*REFUSED, FencedOut, LeaseLost)
@@ -99,9 +99,14 @@ class Scheduling:
 
     def make_jobs(self, now: float) -> int:
         """Make the jobs memory says are missing, and note them; how many jobs were made."""
-        pairs = self.memory.use(lambda s: schedule.needs_job(s.conn, limit=BATCH))
+        pairs = self.memory.use(lambda s: schedule.needs_job(s.conn, limit=BATCH + 1))
         if not pairs:
             return 0
+        if len(pairs) > BATCH:
+            # more than a round takes: never part of a second (its job, once run, would be
+            # made again for the rest, and fire again what is still on its way)
+            last = pairs[-1][1]
+            pairs = [p for p in pairs if p[1] != last] or self._all_of(last)
         made, ready = 0, set()
         for due in sorted({d for _, d in pairs}):
             state = self._state(due)
@@ -115,6 +120,11 @@ class Scheduling:
         if noted:
             self.write(lambda: self._mark(noted))
         return made
+
+    def _all_of(self, due: int) -> list[tuple[int, int]]:
+        """Every item waiting for the job of the second ``due`` (more than a round's worth)."""
+        pairs = self.memory.use(lambda s: schedule.needs_job(s.conn, limit=1 << 40)) or []
+        return [p for p in pairs if p[1] == due]
 
     def _mark(self, pairs: list[tuple[int, int]]) -> None:
         if self.memory.use(lambda s: _marked(s, pairs)) is None:

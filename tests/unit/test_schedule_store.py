@@ -191,6 +191,10 @@ def test_due_and_due_times(store: MemoryStore) -> None:
     add(store, first_due=T0 + 30)
     assert [i.id for i in schedule.due(store.conn, T0 + 20)] == [a.id, b.id, c.id]
     assert schedule.due(store.conn, T0 + 9) == []
+    # only the seconds whose job was made: an item still waiting for one is not "lost"
+    assert schedule.due_times(store.conn, T0 + 25) == []
+    with store.transaction():
+        schedule.mark_enqueued(store.conn, [(a.id, T0 + 10), (c.id, T0 + 20)])
     assert schedule.due_times(store.conn, T0 + 25) == [T0 + 10, T0 + 20]
 
 
