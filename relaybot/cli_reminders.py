@@ -37,6 +37,21 @@ EXIT_FAILED = 1
 TEXT_SHOWN = 120  # characters of an item's text in the list (--json has all of it)
 
 
+MAX_TEXT = 2000  # characters of a reminder's text (memory/schedule.py MAX_TEXT: the worker's check)
+MAX_ID = (1 << 63) - 1  # SQLite's largest integer
+
+
+def _item_id(text: str) -> int:
+    """A reminder's number: a whole number SQLite can hold (argparse says the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a reminder's number") from None
+    if not 1 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a reminder's number (none is)")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``relaybot reminders``'s arguments and subcommands (its parser is relaybot/cli.py's)."""
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -71,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add.set_defaults(func=cmd_add)
 
     cancel = sub.add_parser("cancel", help="cancel a reminder by its id (through the worker)")
-    cancel.add_argument("id", type=int, help="the reminder's number (relaybot reminders)")
+    cancel.add_argument("id", type=_item_id, help="the reminder's number (relaybot reminders)")
     cancel.add_argument("--json", action="store_true", help="print the worker's JSON result")
     cancel.set_defaults(func=cmd_cancel)
 
@@ -196,6 +211,11 @@ def cmd_add(args: argparse.Namespace, cfg: Config) -> int:
     text = " ".join(args.text).strip()
     if not text:
         return _fail("a reminder needs a text: say what to remind of")
+    if len(text) > MAX_TEXT:  # said here: a long one would not even fit in the command's entry
+        return _fail(
+            f"a reminder's text is at most {MAX_TEXT} characters (this one has {len(text)}): "
+            "shorten it"
+        )
     try:  # said at once; the worker checks again (its clock, its limits)
         plan(at=args.at, in_=args.in_, every=args.every, until=args.until,
              zone=_zone(cfg) or UTC, now=time.time(), min_every=cfg.schedule.min_every)  # fmt: skip

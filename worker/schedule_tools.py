@@ -274,7 +274,7 @@ def cancel_tool(ctx: TurnContext, scheduling: ScheduleSettings) -> Tool:
         if rules is None:
             return "error: scheduling is not available in this conversation"
         item_id = args.get("id")
-        if not isinstance(item_id, int) or isinstance(item_id, bool) or item_id < 1:
+        if not isinstance(item_id, int) or isinstance(item_id, bool) or not 1 <= item_id < 1 << 63:
             return "error: id must be a reminder's number, as `scheduled` lists it"
         setter = _setter(ctx, ctx.stream_id)
         now = time.time() + scheduling.shift()

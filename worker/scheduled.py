@@ -7,9 +7,10 @@ inside memory's write (worker/turn.py ``Turns.begin``), an occurrence is:
 1. *known* — memory has its inbound row (this entry again after a crash, or the same occurrence
    fired twice): the turn's usual replay path takes it (the reply recorded before is queued
    again only if Redis lost it; an unanswered one is answered once);
-2. *refused* — its item is unknown, or the entry's channel, session, conversation or privacy are
-   not the item's: dead-lettered with the reason (the jobs copy them from the item; anything else
-   was not made by them);
+2. *refused* — its item is unknown, the entry's channel, session, conversation or privacy are
+   not the item's, or its second has not come (more than :data:`EARLY` seconds ahead of the
+   schedule's clock): dead-lettered with the reason (the jobs copy the routing from the item and
+   fire a second once it has come; anything else was not made by them);
 3. *stale* — the item is no longer active or waits for another occurrence (cancelled, erased, or
    already advanced): acked, with a log line, nothing delivered;
 4. *skipped* — later than its grace window under ``late = "skip"``: the skip is recorded and
@@ -62,6 +63,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 MODEL_DOWN = "the model is unavailable"
+EARLY = 5.0  # seconds an occurrence may come before its second (one clock, Redis's: jitter only)
 
 
 # a message recorded (worker/turn.py ``Turns._record``): as recorded, the entry that first recorded
@@ -112,6 +114,13 @@ class Occurrences:
                      next_due=item.next_due, recorded=ran)  # fmt: skip
             return Taken(done=Outcome())
         now = self.clock()
+        if occ > now + EARLY:  # its second has not come: not made by the jobs (case 2)
+            reason = (
+                f"a scheduled entry for item #{item_id} at {occ} came {occ - now:.0f} s before "
+                "its time (the jobs fire an occurrence only once its second has come)"
+            )
+            log.warning("schedule.refused", item=item_id, occurrence=occ, reason=reason)
+            return Taken(done=Outcome(dead_reason=reason, fields=msg.to_fields()))
         decision, seconds = late_decision(occ, now, grace=item.grace, late=item.late)
         following = self._following(item, occ, now)
         if decision == "skip":  # case 4

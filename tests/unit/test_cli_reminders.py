@@ -100,6 +100,9 @@ def test_the_arguments() -> None:
         ["reminders", "add", "--in", "1h"],  # no text
         ["reminders", "add", "--late", "maybe", "--in", "1h", "x"],
         ["reminders", "cancel", "twelve"],
+        ["reminders", "cancel", "99999999999999999999999999"],  # was a traceback (SQLite's int)
+        ["reminders", "cancel", "9223372036854775808"],
+        ["reminders", "cancel", "0"],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -277,3 +280,14 @@ def test_cancel_of_an_id_memory_does_not_hold_waiting_is_said_at_once(
     code, out, err = run(["reminders", "cancel", "1"], capsys)
     assert (code, out) == (1, "") and err.startswith("relaybot: reminder #1 is cancelled already")
     assert sent.calls == []
+
+
+def test_a_text_too_long_is_said_at_once_with_the_limit(
+    zoned: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 100,000-character text was refused as "too large for one entry; send it in parts"."""
+    sent = Sent(ADDED)
+    monkeypatch.setattr(owner_commands, "run_command", sent)
+    code, out, err = run(["reminders", "add", "--in", "5h", "x" * 100_000], capsys)
+    assert code == 1 and out == "" and sent.calls == []
+    assert "at most 2000 characters (this one has 100000)" in err and err.count("\n") == 1, err

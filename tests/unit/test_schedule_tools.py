@@ -287,6 +287,10 @@ def test_a_contact_may_have_only_so_many_waiting(store: MemoryStore, tmp_path: P
     # what is wrong with the call itself is said first
     said = call(bob_dm(store, cfg), cfg, "schedule", text=" ", **{"in": "1h"})
     assert said == "error: a reminder needs a text: say what to remind of"
+    # an id no reminder can have is an error for the model, not SQLite's OverflowError
+    for bad in (10**30, 1 << 63, 0, -1):
+        said = call(bob_dm(store, cfg), cfg, "cancel_scheduled", id=bad)
+        assert said == "error: id must be a reminder's number, as `scheduled` lists it", said
     # cancelling one makes room
     assert call(bob_dm(store, cfg), cfg, "cancel_scheduled", id=1).startswith("cancelled #1")
     assert call(bob_dm(store, cfg), cfg, "schedule", text="r3", **{"in": "1h"}).startswith(

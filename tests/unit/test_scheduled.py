@@ -241,6 +241,28 @@ def test_an_entry_whose_routing_is_not_its_items_is_dead_lettered(rig: Rig) -> N
     assert rig.item(item.id).status == "active"  # the real occurrence still fires
 
 
+def test_an_occurrence_before_its_second_is_dead_lettered_and_the_real_one_fires(
+    rig: Rig,
+) -> None:
+    """An entry for the item's next occurrence written to the stream without a channel hours
+    before it (an insider: only the worker's and jobs' accounts may write there) was delivered
+    at once and recorded as on time."""
+    c = rig.consumer()
+    item = rig.add(text="not yet", first_due=T0 + 5 * 3600)
+    early = occurrence.entry(item=item.id, occurrence=T0 + 5 * 3600, channel="cli",
+                             session="cli:t", conversation="cli:t", privacy="owner")  # fmt: skip
+    rig.xadd(early)
+    rig.pump(c)
+    assert rig.replies() == []
+    (dead,) = rig.dead()
+    assert b"before its time" in dead[b"reason"]
+    assert rig.item(item.id).status == "active" and rig.item(item.id).fired == 0
+    rig.now = float(T0 + 5 * 3600)  # its second comes: the jobs' entry is delivered
+    assert rig.fire(T0 + 5 * 3600) == "fired 1"
+    rig.pump(c)
+    assert len(rig.replies()) == 1 and rig.item(item.id).status == "done"
+
+
 def test_scheduled_entries_come_only_from_the_jobs(rig: Rig) -> None:
     c = rig.consumer()
     item = rig.add(text="on the cli stream")
