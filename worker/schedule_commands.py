@@ -160,10 +160,13 @@ def cancel_command(
 
 def shown(item: schedule.Item, zone: tzinfo | None) -> dict[str, object]:
     """The answer's fields: the item as stored, and its next time and recurrence in words."""
+    how = describe_recurrence(item.cron) if item.cron is not None else "once"
+    if item.until is not None:  # as `relaybot reminders` shows it
+        how += f" until {stamp(item.until, zone)}"
     return {
         "item": item.record(),
         "next": stamp(item.next_due, zone) if item.next_due is not None else None,
-        "recurrence": describe_recurrence(item.cron) if item.cron is not None else "once",
+        "recurrence": how,
     }
 
 

@@ -77,8 +77,7 @@ class Scheduling:
     def run(self) -> None:
         """The periodic duty: make the jobs that are missing; Redis away is tried again next
         round, Redis refusing the account stops the worker (exit 2)."""
-        if not self.cfg().schedule.enabled:
-            return
+        # (``[schedule] enabled = false`` stops new items, not those already set: they go on)
         try:
             now = self.clock()
             self.make_jobs(now)

@@ -133,7 +133,12 @@ def test_a_finished_second_is_made_again_for_an_item_added_to_it_later(rig: Rig)
     assert rig.scheduled() == {rig.ident(T0): T0}
 
 
-def test_the_duty_registers_at_check_every_and_is_off_when_scheduling_is(rig: Rig) -> None:
+def test_the_duty_registers_at_check_every_and_items_set_go_on_when_scheduling_is_off(
+    rig: Rig,
+) -> None:
+    """``[schedule] enabled = false`` stops new items (no tools, the command refused); the items
+    already set go on firing: a recurring one whose next job was no longer made stayed active,
+    overdue for ever (the docs review)."""
     duties = Duties()
     rig.cfg = rig.cfg.model_copy(update={"schedule": ScheduleConfig(enabled=False)})
     Scheduling(lambda: rig.cfg, rig.r, rig.memory, clock=lambda: rig.now, write=rig.write,
@@ -141,7 +146,7 @@ def test_the_duty_registers_at_check_every_and_is_off_when_scheduling_is(rig: Ri
     assert duties.names() == ["schedule.jobs"]
     add_item(rig.store, text="x", first_due=T0)
     duties.run_due()
-    assert rig.scheduled() == {}
+    assert rig.scheduled() == {rig.ident(T0): T0}
 
 
 # -- rq's scheduler on the jobs process's thread --------------------------------------------------
