@@ -120,8 +120,9 @@ def test_a_session_of_another_channel_fires_in_its_newest_conversation(
     )
     assert item["cron"] == "0 9 * * 1-5" and done["recurrence"] != "once"
     assert " until " not in done["recurrence"]
-    until = command(turns, "schedule.add", {"text": "sprint standup", "every": "0 9 * * 1-5",
-                                            "until": "30d", "session": "matrix:!room:m.org"})  # fmt: skip
+    asked = {"text": "sprint standup", "every": "0 9 * * 1-5", "until": "30d",
+             "session": "matrix:!room:m.org"}  # fmt: skip
+    until = command(turns, "schedule.add", asked)
     assert until["ok"] and " until 20" in until["recurrence"], until  # as `reminders` shows it
 
 
