@@ -403,6 +403,7 @@ def write_items(db: Path, size: Size, first: int, side: Side) -> dict[int, int]:
                     until=None,
                     late="deliver",
                     grace=300.0,
+                    zone="UTC",
                 )
                 ids[item.id] = i
     finally:

@@ -129,6 +129,16 @@ def owner_zone(configured: str | None, env: Mapping[str, str] | None = None) -> 
     return None if info is UTC else info
 
 
+def zone_key(info: tzinfo | None) -> str:
+    """The IANA name of a zone as memory records it (a scheduled item's ``zone``): ``UTC`` for
+    UTC (and None, as memory and :func:`stamp` take it), the name a ``ZoneInfo`` was made from,
+    else the zone's own string (a fixed offset)."""
+    if info is None or info is UTC:
+        return "UTC"
+    key = getattr(info, "key", None)
+    return key if isinstance(key, str) and key else str(info)
+
+
 def stamp(ts: float, zone: tzinfo | None = None) -> str:
     """``ts`` to the minute in ``zone``: ``2026-11-22 11:04 +01:00`` (the offset, never a
     bare local time the model could take for UTC); in UTC (None) ``2026-11-22 10:04 UTC``."""

@@ -1,5 +1,5 @@
 """Scheduled work: reminders and recurring tasks, as memory stores them (tables ``scheduled`` and
-``scheduled_runs``, migration 17).
+``scheduled_runs``, migrations 17 and 18).
 
 An **item** is set in a conversation by a turn (the model's ``schedule`` tool) or by an owner
 command, and written here by the one writer (the worker). It keeps where it fires (channel,
@@ -15,6 +15,14 @@ the item's advance to its next occurrence (:func:`record_run`): the row's key (i
 is what makes recording an occurrence happen once, whatever replays. The occurrence's message (the
 item's text under a header) goes into the log like any message of its conversation, so its
 audience in search and context is that conversation's.
+
+**Zones.** An item records the zone its times were computed in (``zone``, an IANA name; the
+owner's zone when it was set or last advanced). A cron expression is read in the owner's zone,
+so when ``[owner] timezone`` changes, the worker's scheduling duty (worker/scheduling.py) finds
+the active cron items computed in another zone (:func:`in_other_zone`) and moves their
+``next_due`` to the cron's next wall time in the new zone (:func:`rezone`). A one-off's time
+(``at``, ``in``) is an instant and stays one: an ``at`` without an offset was the owner's wall
+time when it was set, and a calendar keeps a meeting's instant when its owner travels.
 
 What changes: ``next_due``, the counts and the status as it fires or ends (``done`` after its last
 occurrence, ``cancelled``, ``erased``) and ``enqueued_for`` (which ``next_due`` an rq job exists
@@ -59,24 +67,28 @@ __all__ = [
     "get",
     "health",
     "in_conversation",
+    "in_other_zone",
     "listing",
     "mark_enqueued",
     "needs_job",
     "parse_event_id",
     "record_run",
+    "rezone",
     "run_of",
     "runs",
+    "skipped_since",
 ]
 
 MAX_TEXT = 2000  # characters of an item's text
 OVERDUE_AFTER = 60  # seconds past its due time an active item counts as overdue (health)
+SKIPPED_WINDOW = 86400.0  # seconds back the health's count of skipped occurrences reaches
 LATE_POLICIES = ("deliver", "skip")
 OUTCOMES = ("delivered", "late", "skipped")
 
 COLUMNS = (
     "id, created, created_by, setter_entity, setter, channel, session, conversation, privacy, "
     "text, first_due, cron, until, late, grace, next_due, status, fired, skipped, "
-    "last_occurrence, last_outcome, enqueued_for, ended, end_reason"
+    "last_occurrence, last_outcome, enqueued_for, ended, end_reason, zone"
 )
 _SELECT = f"SELECT {COLUMNS} FROM scheduled"  # noqa: S608 (constants)
 # active items first, by when they are due; then the ended ones, the latest ended first
@@ -112,6 +124,7 @@ class Item:
     enqueued_for: int | None
     ended: float | None
     end_reason: str | None
+    zone: str | None = None  # the IANA zone its times were computed in (None: before migration 18)
 
     @property
     def active(self) -> bool:
@@ -153,7 +166,7 @@ def _opt_str(value: object) -> str | None:
 def _item(raw: Sequence[Any]) -> Item:
     (id_, created, created_by, setter_entity, setter, channel, session, conversation, privacy,
      text, first_due, cron, until, late, grace, next_due, status, fired, skipped, last_occ,
-     last_outcome, enqueued_for, ended, end_reason) = raw  # fmt: skip
+     last_outcome, enqueued_for, ended, end_reason, zone) = raw  # fmt: skip
     return Item(
         id=int(id_),
         created=float(created),
@@ -179,6 +192,7 @@ def _item(raw: Sequence[Any]) -> Item:
         enqueued_for=_opt_int(enqueued_for),
         ended=_opt_float(ended),
         end_reason=_opt_str(end_reason),
+        zone=_opt_str(zone),
     )
 
 
@@ -256,8 +270,10 @@ def add(
     until: float | None,
     late: str,
     grace: float,
+    zone: str | None,
 ) -> tuple[Item, bool]:
-    """Store a new active item due first at ``first_due``; (the item, True). Idempotent on
+    """Store a new active item due first at ``first_due``, its times computed in ``zone`` (the
+    owner's, an IANA name: see the module docstring); (the item, True). Idempotent on
     (created_by, text, first due, cron): a replay returns (the item stored before, False).
     :class:`ScheduleLimit` for what memory does not store (an empty or too long text, a bad
     late policy, an ``until`` before the first occurrence). The caller has checked the times
@@ -275,9 +291,10 @@ def add(
         cur = conn.execute(
             "INSERT INTO scheduled (created, created_by, setter_entity, setter, channel, "
             "session, conversation, privacy, text, first_due, cron, until, late, grace, "
-            "next_due, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+            "next_due, status, zone) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?)",
             (created, created_by, setter_entity, setter, channel, session, conversation,
-             privacy, text, first_due, cron, until, late, grace, first_due),
+             privacy, text, first_due, cron, until, late, grace, first_due, zone),
         )  # fmt: skip
         item = get(conn, int(cur.lastrowid or 0))
     if item is None:  # pragma: no cover (just inserted)
@@ -309,6 +326,40 @@ def cancel(
     return get(conn, item_id)
 
 
+def rezone(
+    conn: sqlite3.Connection,
+    item_id: int,
+    *,
+    was: int,
+    next_due: int | None,
+    zone: str,
+    now: float,
+) -> bool:
+    """A recurring item computed in another zone, moved to ``next_due`` in ``zone`` (the
+    owner's now; worker/scheduling.py computes it): only while it is active and still waits for
+    ``was`` (the due time it was computed from), so an item that fired in between is left as it
+    is. ``None``, or a ``next_due`` past its ``until``, ends it (``done``: no occurrence is left).
+    Whether it changed."""
+    item = get(conn, item_id)
+    if item is None or not item.active or item.next_due != was or not item.recurring:
+        return False
+    if next_due is not None and item.until is not None and next_due > item.until:
+        next_due = None
+    if next_due is None:
+        sql = (
+            "UPDATE scheduled SET next_due = NULL, status = 'done', ended = ?, "
+            "end_reason = ?, zone = ? WHERE id = ? AND status = 'active' AND next_due = ?"
+        )
+        params: tuple[Any, ...] = (now, f"no occurrence left in {zone}", zone, item_id, was)
+    else:
+        sql = (
+            "UPDATE scheduled SET next_due = ?, zone = ? "
+            "WHERE id = ? AND status = 'active' AND next_due = ?"
+        )
+        params = (next_due, zone, item_id, was)
+    return conn.execute(sql, params).rowcount == 1
+
+
 def mark_enqueued(conn: sqlite3.Connection, pairs: Sequence[tuple[int, int]]) -> None:
     """Record that an rq job exists for each (item id, next_due); an item that moved on since
     (its next_due is another) is left as it is, so it is enqueued again."""
@@ -327,9 +378,11 @@ def record_run(
     stream_id: str,
     at: float,
     next_due: int | None,
+    zone: str | None = None,
 ) -> bool:
     """Record what ``occurrence`` became and advance the item to ``next_due`` (None: that was
-    its last, it is ``done``; a ``next_due`` past the item's ``until`` ends it too). False, and
+    its last, it is ``done``; a ``next_due`` past the item's ``until`` ends it too), computed in
+    ``zone`` (recorded with it; None keeps the item's). False, and
     nothing changed, when that occurrence was recorded already (a replay). ValueError when the
     item is not active, ``occurrence`` is not the one it waits for (a stale occurrence), or
     ``next_due`` is not a later occurrence of a recurring item."""
@@ -358,9 +411,10 @@ def record_run(
         ended = (at, "last occurrence") if next_due is None else (None, None)
         conn.execute(
             "UPDATE scheduled SET fired = fired + ?, skipped = skipped + ?, last_occurrence = ?, "
-            "last_outcome = ?, next_due = ?, status = ?, ended = ?, end_reason = ? WHERE id = ?",
+            "last_outcome = ?, next_due = ?, status = ?, ended = ?, end_reason = ?, "
+            "zone = coalesce(?, zone) WHERE id = ?",
             (0 if skipped else 1, 1 if skipped else 0, occurrence, outcome, next_due,
-             "done" if next_due is None else "active", *ended, item_id),
+             "done" if next_due is None else "active", *ended, zone, item_id),
         )  # fmt: skip
     return True
 
@@ -416,6 +470,16 @@ def needs_job(conn: sqlite3.Connection, limit: int = 1000) -> list[tuple[int, in
     return [(int(i), int(d)) for i, d in conn.execute(sql, (limit,))]
 
 
+def in_other_zone(conn: sqlite3.Connection, zone: str, limit: int = 1000) -> list[Item]:
+    """The active recurring items whose times were computed in a zone other than ``zone`` (or
+    in an unrecorded one), the soonest first."""
+    sql = (
+        f"{_SELECT} WHERE status = 'active' AND cron IS NOT NULL "
+        "AND (zone IS NULL OR zone != ?) ORDER BY next_due, id LIMIT ?"
+    )
+    return [_item(r) for r in conn.execute(sql, (zone, limit))]
+
+
 def due(conn: sqlite3.Connection, upto: int) -> list[Item]:
     """The active items due at or before ``upto``, the soonest first."""
     sql = f"{_SELECT} WHERE status = 'active' AND next_due <= ? ORDER BY next_due, id"
@@ -461,7 +525,9 @@ def health(conn: sqlite3.Connection, now: float, *, grace: float) -> dict[str, A
     """The scheduler's health as memory sees it: ``active`` items, the soonest ``next_due``,
     ``overdue`` (active, due more than :data:`OVERDUE_AFTER` seconds ago: no occurrence fired
     for them) and the ``oldest_overdue`` due time, and ``beyond_grace``: how many of those are
-    later than ``grace`` (their occurrence will be late, or skipped)."""
+    later than ``grace`` (their occurrence will be late, or skipped); ``skipped_24h``: the
+    occurrences skipped (``late = "skip"``) in the last :data:`SKIPPED_WINDOW` seconds, which
+    nothing said in their conversations."""
     overdue_before = now - OVERDUE_AFTER
     raw = conn.execute(
         "SELECT count(*), min(next_due), sum(next_due < ?), min(CASE WHEN next_due < ? "
@@ -474,4 +540,13 @@ def health(conn: sqlite3.Connection, now: float, *, grace: float) -> dict[str, A
         "overdue": int(raw[2] or 0),
         "oldest_overdue": _opt_int(raw[3]),
         "beyond_grace": int(raw[4] or 0),
+        "skipped_24h": skipped_since(conn, now - SKIPPED_WINDOW),
     }
+
+
+def skipped_since(conn: sqlite3.Connection, since: float) -> int:
+    """How many occurrences were skipped (recorded) since ``since``."""
+    raw = conn.execute(
+        "SELECT count(*) FROM scheduled_runs WHERE outcome = 'skipped' AND at >= ?", (since,)
+    ).fetchone()
+    return int(raw[0])

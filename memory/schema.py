@@ -554,6 +554,17 @@ BEGIN
 END;
 """
 
+# The zone an item's times were computed in (memory/schedule.py ``Item.zone``): a cron item's
+# occurrences are wall times in the owner's zone, so when ``[owner] timezone`` changes the worker
+# recomputes the ``next_due`` of the items computed in another zone (worker/scheduling.py). NULL:
+# an item stored before this column, taken to be in the zone in force when the worker first sees
+# it. The index on the ledger's outcome and time answers "how many were skipped in the last day"
+# (``schedule.health``) without reading every run.
+_MIGRATION_18 = """
+ALTER TABLE scheduled ADD COLUMN zone TEXT;
+CREATE INDEX scheduled_runs_outcome ON scheduled_runs (outcome, at);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -572,6 +583,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(15, "reply status 'withheld'", _MIGRATION_15),
     Migration(16, "MEMORY.md's versions", _MIGRATION_16),
     Migration(17, "scheduled work: reminders, recurring tasks, their runs", _MIGRATION_17),
+    Migration(18, "scheduled work: the zone an item's times are in; skips by time", _MIGRATION_18),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -140,7 +140,9 @@ def scheduler(health: Mapping[str, Any], now: float) -> list[Check]:
     """The scheduler's health (relaybot/scheduler_health.py: ``memory``, ``lock``, ``holder``,
     ``failed_jobs``): a failure when items are due or overdue and no scheduler holds rq's lock
     (nothing will fire them), a warning when items wait with no scheduler, or are overdue
-    although one runs (the worker applies each occurrence)."""
+    although one runs (the worker applies each occurrence); a warning too when occurrences were
+    skipped in the last day (``late = "skip"`` says nothing in the conversation: this is where
+    the owner learns of it)."""
     mem = health.get("memory") or {}
     lock = health.get("lock") or {}
     held, holder = lock.get("held"), health.get("holder") or "a scheduler"
@@ -179,6 +181,13 @@ def scheduler(health: Mapping[str, Any], now: float) -> list[Check]:
                             "status) and the jobs process's log", **facts))  # fmt: skip
         else:
             out.append(ok(cid, waiting + f"; {holder} runs", **facts))
+    skipped = int(mem.get("skipped_24h") or 0)
+    if skipped:
+        out.append(warn("scheduler.skipped", f"{skipped} reminder occurrence(s) skipped in the "
+                        "last 24 h (late = \"skip\": late, so not delivered, and nothing said)",
+                        "relaybot reminders --all shows them (each item's runs); to deliver a "
+                        "late one instead, set it again with late = deliver, and keep relaybot "
+                        "jobs and the worker running", skipped_24h=skipped))  # fmt: skip
     failed = health.get("failed_jobs")
     if failed:
         out.append(warn("scheduler.failed", f"{len(failed)} fire job(s) failed: "

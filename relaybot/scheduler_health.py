@@ -2,13 +2,15 @@
 scheduled items, and whether a scheduler runs to fire them.
 
 From memory, read-only (memory/view.py ``MemoryView.schedule_health``): how many items wait, the
-next due time (shown in the owner's zone), how many are overdue (due more than a minute ago and
-not fired). From Redis, reading only: whether a jobs process holds rq's scheduler lock for the
-jobs queue (``rq:scheduler-lock:<queue>``, its PTTL: the scheduler thread of ``relaybot jobs``
-renews it while it runs, worker/schedule_loop.py) and which one (the jobs heartbeats'
-``scheduler`` field: ``leader`` or ``standby``), how many fire jobs wait in rq's scheduled
-registry (``rq:scheduled:<queue>``, ZCARD), and the fire jobs in rq's failed registry (ids
-``relaybot-schedule-…``).
+next due time (shown in the owner's zone), how many are overdue (due more than a minute ago and not
+fired), how many occurrences were skipped in the last day (``skipped_24h``: ``late = "skip"`` drops
+a late occurrence without a word in its conversation, so the owner sees it here, in doctor and in
+``relaybot reminders --all``). From Redis, reading only: whether a jobs process holds rq's
+scheduler lock for the jobs queue (``rq:scheduler-lock:<queue>``, its PTTL: the scheduler thread of
+``relaybot jobs`` renews it while it runs, worker/schedule_loop.py) and which one (the jobs
+heartbeats' ``scheduler`` field: ``leader`` or ``standby``), how many fire jobs wait in rq's
+scheduled registry (``rq:scheduled:<queue>``, ZCARD), and the fire jobs in rq's failed registry
+(ids ``relaybot-schedule-…``).
 
 Everything is counts and names: no item's text. What the account may not read is ``None`` and
 named through ``reads`` (relaybot/status.py), never taken for "nothing there".
@@ -102,14 +104,14 @@ def from_memory(
     memory_path: Path, now: float, *, grace: float, zone: tzinfo | None
 ) -> dict[str, Any]:
     """The memory side: ``active``, ``next_due``, ``overdue``, ``oldest_overdue`` (with the times
-    in the owner's zone), or ``error`` when memory cannot be read (``exists`` False: no database
-    yet)."""
+    in the owner's zone), ``skipped_24h``, or ``error`` when memory cannot be read (``exists``
+    False: no database yet)."""
     from memory.errors import MemoryFailure
     from memory.view import MemoryView
 
     if not memory_path.exists():
         return {"exists": False, "active": 0, "next_due": None, "overdue": 0,
-                "oldest_overdue": None}  # fmt: skip
+                "oldest_overdue": None, "skipped_24h": 0}  # fmt: skip
     try:
         with MemoryView(memory_path) as view:
             found = dict(view.schedule_health(now, grace))
@@ -136,6 +138,10 @@ def render(s: Mapping[str, Any]) -> list[str]:
         head += f", {mem.get('overdue', 0)} overdue"
         if mem.get("oldest_overdue_at"):
             head += f" (oldest due {mem['oldest_overdue_at']})"
+        skipped = mem.get("skipped_24h")
+        head += f", {'?' if skipped is None else skipped} skipped in 24 h"
+        if skipped:
+            head += " (late = skip: relaybot reminders --all)"
     out = [head]
     held = lock.get("held")
     if held is None:

@@ -25,7 +25,7 @@ from typing import Literal
 
 from contract.config import ScheduleConfig
 from contract.messages import stream_id_ms
-from contract.timezone import stamp
+from contract.timezone import stamp, zone_key
 from memory.errors import ScheduleLimit
 from memory.types import OWNER
 from memory.writer import MemoryStore, schedule
@@ -158,7 +158,7 @@ def place(
         setter=setter.handle, channel=route.channel, session=route.session,
         conversation=route.conversation, privacy=route.privacy, text=text,
         first_due=times.first_due, cron=times.cron, until=times.until, late=late,
-        grace=cfg.grace,
+        grace=cfg.grace, zone=zone_key(zone),
     )  # fmt: skip
 
 

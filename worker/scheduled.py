@@ -14,7 +14,9 @@ inside memory's write (worker/turn.py ``Turns.begin``), an occurrence is:
 3. *stale* — the item is no longer active or waits for another occurrence (cancelled, erased, or
    already advanced): acked, with a log line, nothing delivered;
 4. *skipped* — later than its grace window under ``late = "skip"``: the skip is recorded and
-   the item advanced, no turn;
+   the item advanced, no turn. Nothing is said in the conversation (that is what skip means),
+   but it is not silent to the owner: ``schedule.skipped`` is logged as a warning, and
+   ``relaybot status`` and doctor count the skips of the last day (memory's ``health``);
 5. *delivered* — recorded in the log as the item's text under a header (``Reminder #12 due …``,
    how late when late), sent by the scheduler, in the item's conversation with its privacy, so it
    is private to that conversation's audience in search and context like any message; and in the
@@ -125,8 +127,9 @@ class Occurrences:
         following = self._following(item, occ, now)
         if decision == "skip":  # case 4
             self._record(item, occ, "skipped", stream_id, now=now, following=following)
-            log.info("schedule.skipped", item=item_id, occurrence=occ, late_s=round(seconds),
-                     next_due=following)  # fmt: skip
+            log.warning("schedule.skipped", item=item_id, occurrence=occ,
+                        late_s=round(seconds), next_due=following,
+                        detail="late = skip: not delivered (relaybot reminders --all)")  # fmt: skip
             return Taken(done=Outcome())
         late = seconds if decision == "late" else None  # case 5
         said = self._message(msg, item, occ, late)
@@ -253,8 +256,8 @@ class Occurrences:
         return row.event_id or None, audience if isinstance(audience, list) else None
 
     def _following(self, item: ScheduledItem, occ: int, now: float) -> int | None:
-        """The item's next occurrence: strictly after both now and this one (None: this was
-        its last; memory ends it at its ``until`` too)."""
+        """The item's next occurrence: strictly after both now and this one, in the owner's zone
+        now (None: this was its last; memory ends it at its ``until`` too)."""
         if item.cron is None:
             return None
         try:
@@ -277,7 +280,8 @@ class Occurrences:
         ``record_run``), in the transaction of its row."""
         self._read(lambda s: schedule.record_run(s.conn, item.id, occ, outcome=outcome,
                                                   stream_id=stream_id, at=now,
-                                                  next_due=following))  # fmt: skip
+                                                  next_due=following,
+                                                  zone=self._zone_key()))  # fmt: skip
 
     def _read(self, op: Callable[[MemoryStore], T]) -> T:
         """A read or write of the occurrence's transaction: memory failing raises (the entry
@@ -289,6 +293,10 @@ class Occurrences:
 
     def _zone(self) -> tzinfo:
         return timezone.resolve(self.cfg().owner.timezone).info
+
+    def _zone_key(self) -> str:
+        """The zone :meth:`_following` computes in, as memory records it with the advance."""
+        return timezone.zone_key(self._zone())
 
     def _who(self, setter: object, entity: object) -> str:
         if entity == OWNER:

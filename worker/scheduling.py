@@ -10,6 +10,21 @@ occurrence) it gets its job here, from memory:
   ScheduledJobRegistry with ``Queue.enqueue_at`` — or straight onto the queue when the second
   has already come, so an overdue item fires now even if no scheduler runs — and memory notes
   that the job was made (``schedule.mark_enqueued``, committed at once);
+- the recurring items whose times were computed in another zone than the owner's now (``[owner]
+  timezone`` changed: a config reload, or a restart with another zone) are moved first
+  (:meth:`Scheduling.rezone`): a cron expression is read in the owner's zone, so "0 9 * * *"
+  set under Europe/Berlin fires at 09:00 New York time once the zone is America/New_York, not
+  at 03:00 once and then at 09:00. Its ``next_due`` becomes the cron's next wall time strictly
+  after now in the new zone (ended when none is left before its ``until``), and the round's
+  jobs then make the new second's job (its ``enqueued_for`` is the old second's). The old
+  second's job fires nothing for it (the fire job takes only items due at or before its second,
+  and the worker acks an occurrence its item no longer waits for as stale). Left as they are,
+  with the new zone recorded: an item already due (it fires as it is: the advance after it is
+  computed in the new zone), a recurring item's first time when it was an ``at`` or ``in``
+  (not an occurrence of its cron in the old zone: an instant, kept as a one-off's is), and an
+  item stored before zones were recorded (taken to be in the zone in force now). A one-off
+  (``at``, ``in``) keeps its instant: an ``at`` without an offset was the owner's wall time when
+  it was set, and a calendar keeps a meeting's instant when its owner travels;
 - every :data:`CHECK_EVERY` seconds of the schedule's clock (and at start), the jobs of the
   seconds due within :data:`LOOKAHEAD` seconds, or overdue, are looked for in rq: Redis may have
   lost its last second (a crash with ``appendfsync everysec``), or everything. A job that is
@@ -23,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 import redis
 import structlog
@@ -31,6 +46,7 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 
+from contract import timezone
 from contract.access import REFUSED, refusal
 from contract.config import Config
 from memory.errors import FencedOut, MemoryUnwritable
@@ -39,6 +55,7 @@ from memory.writer import MemoryStore, schedule
 from worker.committer import LeaseLost
 from worker.duties import Duties
 from worker.schedule_job import FAILURE_TTL, FUNCTION, RESULT_TTL, TIMEOUT, job_id
+from worker.schedule_rules import next_occurrence
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +97,7 @@ class Scheduling:
         # (``[schedule] enabled = false`` stops new items, not those already set: they go on)
         try:
             now = self.clock()
+            self.rezone(now)
             self.make_jobs(now)
             last = self._checked
             if last is None or now - last >= CHECK_EVERY or now < last:
@@ -93,6 +111,53 @@ class Scheduling:
             log.warning("schedule.jobs_failed", error=str(exc), detail="tried again next round")
         except Exception:  # a job rq cannot read, a bug: said, tried again, the worker goes on
             log.exception("schedule.jobs_crashed", detail="tried again next round")
+
+    # -- the owner's zone changed -----------------------------------------------------------------
+
+    def rezone(self, now: float) -> int:
+        """Move the recurring items computed in another zone than the owner's now to their
+        cron's next occurrence in it (see the module docstring); how many moved."""
+        zone = timezone.resolve(self.cfg().owner.timezone)
+        key = timezone.zone_key(zone.info)
+        items = self.memory.use(lambda s: schedule.in_other_zone(s.conn, key, limit=BATCH))
+        if not items:
+            return 0
+        moves = [(item, self._moved(item, zone.info, now)) for item in items]
+        moved = [(item, due) for item, due in moves if due != item.next_due]
+        self.write(lambda: self._rezoned(moves, key, now))
+        for item, due in moved:
+            log.info("schedule.rezoned", item=item.id, was=item.next_due, next_due=due,
+                     old_zone=item.zone, zone=key)  # fmt: skip
+        return len(moved)
+
+    def _moved(self, item: schedule.Item, zone: tzinfo, now: float) -> int | None:
+        """The item's ``next_due`` in ``zone`` (None: no occurrence is left): the cron's next
+        occurrence strictly after now, or the one it has when it keeps it."""
+        was, cron = item.next_due, item.cron
+        if was is None or cron is None or item.zone is None or was <= now:
+            return was  # not recorded (adopted), or due already: it fires as it is
+        try:
+            old = timezone.zone_info(item.zone)
+        except timezone.UnknownZone:
+            old = None  # a zone this system no longer knows: its grid cannot be checked
+        try:
+            if old is not None and next_occurrence(cron, old, was - 1) != was:
+                return was  # an ``at``/``in`` first time, not the cron's: an instant
+            return next_occurrence(cron, zone, now)
+        except ValueError as exc:  # not a cron memory should hold: left as it is
+            log.error("schedule.bad_cron", item=item.id, cron=cron, error=str(exc))
+            return was
+
+    def _rezoned(self, moves: list[tuple[schedule.Item, int | None]], key: str, now: float) -> None:
+        def apply(store: MemoryStore) -> bool:
+            for item, due in moves:
+                if item.next_due is not None:
+                    schedule.rezone(store.conn, item.id, was=item.next_due, next_due=due,
+                                    zone=key, now=now)  # fmt: skip
+            return True
+
+        if self.memory.use(apply) is None:
+            raise MemoryUnwritable("moving the scheduled items to the owner's zone failed")
 
     # -- the items that need a job --------------------------------------------------------------
 

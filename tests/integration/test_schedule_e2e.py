@@ -14,6 +14,7 @@ the last two tests cross both daylight saving changes."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -316,3 +317,49 @@ def test_daily_0130_and_0230_cross_the_autumn_change_once_a_day(rig: ScheduleRig
     assert [o for o, _ in rig.runs(one.id)] == expected_one
     assert [o for o, _ in rig.runs(two.id)] == expected_two
     assert len(rig.replies("cli:autumn1")) == 3 and len(rig.replies("cli:autumn2")) == 3
+
+
+def test_a_reload_to_another_zone_moves_a_waiting_daily_item_to_its_wall_time(
+    rig: ScheduleRig,
+) -> None:
+    """``[owner] timezone`` changed in config.toml while a daily 09:00 waits: the running worker
+    moves it to 09:00 in the new zone (not 03:00 once, then 09:00)."""
+    new_york = ZoneInfo("America/New_York")
+    day = (datetime.fromtimestamp(rig.now(), BERLIN) + timedelta(days=3)).date()
+    old_due = _berlin(datetime(day.year, day.month, day.day), 9, 0)
+    new_due = int(datetime(day.year, day.month, day.day, 9, 0, tzinfo=new_york).timestamp())
+    config = rig.home / "config.toml"
+    rig.stop_worker()
+    (item,) = [rig.add(text="stand-up notes", first_due=old_due, cron="0 9 * * *",
+                       conversation="cli:zone", zone="Europe/Berlin")]  # fmt: skip
+    rig.at(old_due - 6 * 3600)  # 03:00 in Berlin: 21:00 the day before in New York
+    config.write_text('[owner]\ntimezone = "Europe/Berlin"\n', encoding="utf-8")
+    env = rig.env()
+    env.pop("RELAYBOT_TIMEZONE")  # the zone from config.toml, which a reload may change
+    rig.worker = worker = rig.procs.worker(env, r=rig.r, keys=rig.keys, timeout=20)
+    try:
+        rig.wait_enqueued(item)
+        assert rig.item(item.id).next_due == old_due
+        before = config.stat().st_mtime_ns
+        config.write_text('[owner]\ntimezone = "America/New_York"\n', encoding="utf-8")
+        os.utime(config, ns=(before + 10**9, before + 10**9))
+        worker.wait_for_log("config.reloaded", timeout=20)
+        wait_until(lambda: rig.item(item.id).next_due == new_due, timeout=15,
+                   message=lambda: f"the item moved to {new_due}: {rig.item(item.id)}")  # fmt: skip
+        assert rig.item(item.id).zone == "America/New_York"
+        rig.wait_job(new_due)
+        rig.at(old_due)  # the old second comes: its job fires nothing for the item
+        rig.wait_fired(old_due)
+        assert rig.replies("cli:zone") == [] and rig.runs(item.id) == []
+        rig.at(new_due)
+        (reply,) = rig.wait_replies("cli:zone", 1)
+        rig.settled(item.id, new_due)
+        local = datetime.fromtimestamp(new_due, new_york)
+        offset = local.strftime("%z")  # -0500
+        assert f"due {local:%Y-%m-%d} 09:00 {offset[:3]}:{offset[3:]}" in reply.text
+        assert rig.runs(item.id) == [(new_due, "delivered")]
+        assert rig.item(item.id).next_due == new_due + 86_400  # the next day's 09:00 there
+    finally:
+        rig.stop_worker()
+        config.unlink()
+        rig.start_worker()

@@ -46,15 +46,18 @@ def add_item(
     setter_entity: str | None = "owner",
     created_by: str | None = None,
     created: float | None = None,
+    zone: str | None = None,
 ) -> Item:
-    """One active item, added in a transaction of its own (or the caller's open one)."""
+    """One active item, added in a transaction of its own (or the caller's open one); ``zone``
+    None: the zone in force when the worker first sees it (as an item from before it was
+    recorded)."""
     created = time.time() if created is None else created
     fields = dict(
         created=created, created_by=created_by or f"set-{first_due}-{text[:20]}",
         setter_entity=setter_entity, setter=setter,
         channel=channel or conversation.split(":", 1)[0], session=session or conversation,
         conversation=conversation, privacy=privacy, text=text, first_due=first_due, cron=cron,
-        until=until, late=late, grace=grace,
+        until=until, late=late, grace=grace, zone=zone,
     )  # fmt: skip
     if store.in_batch:
         item, _ = schedule.add(store.conn, **fields)  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ def add_item(db: Path, **over: Any) -> schedule.Item:
         "created": time.time(), "created_by": f"cmd:{time.time_ns()}-0", "setter_entity": "owner",
         "setter": "cli:ada", "channel": "cli", "session": "cli:work", "conversation": "cli:work",
         "privacy": "owner", "text": "call mum", "first_due": 1_800_000_000, "cron": None,
-        "until": None, "late": "deliver", "grace": 300.0,
+        "until": None, "late": "deliver", "grace": 300.0, "zone": "UTC",
     }  # fmt: skip
     fields.update(over)
     with MemoryStore(db) as store:

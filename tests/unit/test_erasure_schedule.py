@@ -100,7 +100,7 @@ class World:
             "setter_entity": turn.entity, "setter": turn.sender, "channel": turn.channel,
             "session": turn.session, "conversation": turn.conversation,
             "privacy": turn.privacy, "text": text, "first_due": T0 + next(_n), "cron": None,
-            "until": None, "late": "deliver", "grace": 900.0, **over,
+            "until": None, "late": "deliver", "grace": 900.0, "zone": "UTC", **over,
         }  # fmt: skip
         with self.store.transaction():
             item, added = schedule.add(self.store.conn, **fields)
@@ -243,7 +243,7 @@ def test_a_replayed_turn_does_not_bring_an_erased_item_back(world: World) -> Non
             world.store.conn, created=T0, created_by=said.stream_id, setter_entity=said.entity,
             setter=said.sender, channel="matrix", session="matrix:dm-bob",
             conversation="matrix:dm-bob", privacy="direct", text=f"the {SECRET} thing",
-            first_due=T0 + 5, cron=None, until=None, late="deliver", grace=60.0,
+            first_due=T0 + 5, cron=None, until=None, late="deliver", grace=60.0, zone="UTC",
         )  # fmt: skip
     assert (again.id, added, again.status) == (item.id, False, "erased")
     assert world.everywhere(SECRET) == []

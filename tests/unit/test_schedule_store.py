@@ -17,7 +17,7 @@ from memory import schedule
 from memory.backup import check, snapshot
 from memory.errors import MemoryRefused, ScheduleLimit
 from memory.schedule import Item
-from memory.schema import LATEST_VERSION, MIGRATIONS, schema_version, statements
+from memory.schema import LATEST_VERSION, MIGRATIONS, migrate, schema_version, statements
 from memory.store import MemoryStore
 from memory.view import MemoryView
 
@@ -47,6 +47,7 @@ def add(store: MemoryStore, **over: Any) -> tuple[Item, bool]:
         "until": None,
         "late": "deliver",
         "grace": 900.0,
+        "zone": "UTC",
         **over,
     }
     with store.transaction():
@@ -290,7 +291,7 @@ def test_counts_by_setter(store: MemoryStore) -> None:
 def test_health(store: MemoryStore) -> None:
     empty = schedule.health(store.conn, T0, grace=900)
     assert empty == {"active": 0, "next_due": None, "overdue": 0, "oldest_overdue": None,
-                     "beyond_grace": 0}  # fmt: skip
+                     "beyond_grace": 0, "skipped_24h": 0}  # fmt: skip
     add(store, first_due=T0 - 3600)  # overdue, beyond the grace window
     add(store, first_due=T0 - 120)  # overdue, within it
     add(store, first_due=T0 - 30)  # due, not overdue yet
@@ -304,7 +305,30 @@ def test_health(store: MemoryStore) -> None:
         "overdue": 2,
         "oldest_overdue": T0 - 3600,
         "beyond_grace": 1,
+        "skipped_24h": 0,
     }
+
+
+def test_health_counts_the_occurrences_skipped_in_the_last_day(store: MemoryStore) -> None:
+    # late = "skip" says nothing in the conversation: the owner learns of it from the health
+    daily, _ = add(store, first_due=T0 - 3 * 86400, cron="0 9 * * *", late="skip")
+    once, _ = add(store, first_due=T0 - 600, late="skip")
+    fired, _ = add(store, first_due=T0 - 300)
+    with store.transaction():
+        conn = store.conn
+        # two days ago (outside the window), an hour ago, and a one-off now
+        schedule.record_run(conn, daily.id, T0 - 3 * 86400, outcome="skipped", stream_id="1-0",
+                            at=T0 - 2 * 86400, next_due=T0 - 2 * 86400 + 60)  # fmt: skip
+        schedule.record_run(conn, daily.id, T0 - 2 * 86400 + 60, outcome="skipped",
+                            stream_id="2-0", at=T0 - 3600, next_due=T0 + 86400)  # fmt: skip
+        schedule.record_run(conn, once.id, T0 - 600, outcome="skipped", stream_id="3-0",
+                            at=T0 - 10, next_due=None)  # fmt: skip
+        schedule.record_run(conn, fired.id, T0 - 300, outcome="late", stream_id="4-0",
+                            at=T0 - 5, next_due=None)  # fmt: skip
+    health = schedule.health(store.conn, T0, grace=900)
+    assert health["skipped_24h"] == 2
+    assert health["active"] == 1  # the skipped one-off is done: it still counts as skipped
+    assert schedule.health(store.conn, T0 + 86400, grace=900)["skipped_24h"] == 0
 
 
 def test_listing_order(store: MemoryStore) -> None:
@@ -382,3 +406,47 @@ def test_a_backup_with_items_passes_the_restore_check(store: MemoryStore, tmp_pa
     old = tmp_path / "old.sqlite3"
     _database_at(old, 16)
     assert check(old).schema_version == 16
+
+
+def test_an_item_records_its_zone_and_rezone_moves_only_what_still_waits(
+    store: MemoryStore,
+) -> None:
+    daily, _ = add(store, first_due=T0, cron="0 9 * * *", zone="Europe/Berlin")
+    once, _ = add(store, first_due=T0 + 60, conversation="cli:other")
+    assert daily.zone == "Europe/Berlin"
+    assert [i.id for i in schedule.in_other_zone(store.conn, "America/New_York")] == [daily.id]
+    assert schedule.in_other_zone(store.conn, "Europe/Berlin") == []  # a one-off is never in it
+    with store.transaction():
+        # it fired meanwhile (waits for another time now): left as it is
+        assert not schedule.rezone(store.conn, daily.id, was=T0 - 5, next_due=T0 + 7,
+                                   zone="America/New_York", now=T0)  # fmt: skip
+        assert not schedule.rezone(store.conn, once.id, was=T0 + 60, next_due=T0 + 7,
+                                   zone="America/New_York", now=T0)  # fmt: skip
+        assert schedule.rezone(store.conn, daily.id, was=T0, next_due=T0 + 6 * 3600,
+                               zone="America/New_York", now=T0)  # fmt: skip
+    moved = schedule.get(store.conn, daily.id)
+    assert moved is not None and (moved.next_due, moved.zone) == (T0 + 6 * 3600, "America/New_York")
+    assert schedule.in_other_zone(store.conn, "America/New_York") == []
+    with store.transaction():  # the advance records the zone it computed in
+        schedule.record_run(store.conn, daily.id, T0 + 6 * 3600, outcome="delivered",
+                            stream_id="1-0", at=T0 + 6 * 3600, next_due=T0 + 30 * 3600,
+                            zone="Asia/Tokyo")  # fmt: skip
+    assert schedule.get(store.conn, daily.id).zone == "Asia/Tokyo"  # type: ignore[union-attr]
+
+
+def test_migration_18_adds_the_zone_to_items_stored_before(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    for migration in MIGRATIONS[:17]:
+        for stmt in statements(migration.sql):
+            conn.execute(stmt)
+    conn.execute(
+        "INSERT INTO scheduled (created, created_by, setter, channel, session, conversation, "
+        "privacy, text, first_due, cron, late, grace, next_due, status) VALUES "
+        f"(1, 'x', 'ada', 'cli', 'cli:t', 'cli:t', 'owner', 'old', {T0}, '0 9 * * *', "
+        f"'deliver', 60, {T0}, 'active')"
+    )
+    conn.execute("PRAGMA user_version = 17")
+    assert migrate(conn) == 18
+    (item,) = schedule.listing(conn)
+    assert item.zone is None and item.next_due == T0
+    conn.close()

@@ -12,6 +12,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+from structlog.testing import capture_logs
 
 from contract.config import Config, OwnerConfig, RedisConfig, TurnsConfig
 from contract.keys import Keys
@@ -195,6 +196,34 @@ def test_late_deliver_says_how_late_and_skip_records_the_skip(rig: Rig) -> None:
     assert (s.skipped, s.fired, s.last_outcome, s.status) == (1, 0, "skipped", "active")
     assert s.next_due == T0 + 4 * 3600  # the next hour after now, not each missed one
     assert len(scheduled_rows(rig)) == 1  # a skip records no message
+
+
+def test_a_skip_is_silent_in_the_conversation_but_a_warning_in_the_log(rig: Rig) -> None:
+    c = rig.consumer()
+    item = rig.add(text="stand up", late="skip", grace=60)
+    rig.fire()
+    rig.now = T0 + 3600
+    with capture_logs() as logs:
+        rig.pump(c)
+    assert rig.replies() == [] and rig.item(item.id).last_outcome == "skipped"
+    (said,) = [e for e in logs if e["event"] == "schedule.skipped"]
+    assert said["log_level"] == "warning" and said["item"] == item.id
+    assert "relaybot reminders --all" in said["detail"]
+
+
+def test_the_advance_records_the_zone_it_was_computed_in(rig: Rig) -> None:
+    c = rig.consumer()
+    item = rig.add(text="water the plants", cron="0 9 * * *", zone="Europe/Berlin")
+    rig.fire()
+    rig.cfg = rig.cfg.model_copy(
+        update={"owner": OwnerConfig(name="Ada", timezone="America/New_York")}
+    )
+    for consumer in rig.consumers:
+        consumer.turns.reconfigure(rig.cfg)
+    rig.pump(c)
+    it = rig.item(item.id)
+    # T0 is 09:00 in Berlin; the next 09:00 is New York's, the zone in force when it advanced
+    assert (it.zone, it.next_due) == ("America/New_York", T0 + 6 * 3600)
 
 
 def test_a_recurring_item_that_missed_a_day_fires_once_and_moves_past_now(rig: Rig) -> None:

@@ -33,7 +33,7 @@ def add_item(db: Path, first_due: int, **over: Any) -> schedule.Item:
         "created": time.time(), "created_by": f"cmd:{time.time_ns()}-0", "setter_entity": "owner",
         "setter": "cli:ada", "channel": "cli", "session": "cli:w", "conversation": "cli:w",
         "privacy": "owner", "text": "secret words", "first_due": first_due, "cron": None,
-        "until": None, "late": "deliver", "grace": 300.0,
+        "until": None, "late": "deliver", "grace": 300.0, "zone": "UTC",
     }  # fmt: skip
     fields.update(over)
     with MemoryStore(db) as store:
@@ -80,7 +80,7 @@ def test_a_free_lock_is_said_and_the_holder_found_from_the_lock_without_a_beat(
     s = status["scheduler"]
     assert s["lock"] == {"key": "rq:scheduler-lock:relaybot:jobs", "held": False, "ttl_ms": None}
     assert s["memory"] == {"exists": False, "active": 0, "next_due": None, "overdue": 0,
-                           "oldest_overdue": None}  # fmt: skip
+                           "oldest_overdue": None, "skipped_24h": 0}  # fmt: skip
     assert "  lock: free -- no scheduler runs (start relaybot jobs)" in render(status)
     hold_lock(r, keys)
     assert collect(r, keys)["scheduler"]["holder"] == "jobs@host:42"
@@ -200,3 +200,50 @@ def test_rq_names_its_keys_as_we_read_them() -> None:
     q = Queue(keys.jobs_queue, connection=fakeredis.FakeRedis())
     assert ScheduledJobRegistry(queue=q).key == scheduled_key(keys)
     assert SCHEDULER_LOCKING_KEY_TEMPLATE % keys.jobs_queue == lock_key(keys)
+
+
+def skip_once(db: Path, at: float) -> None:
+    """An item whose occurrence was late under ``late = "skip"``: recorded, nothing said."""
+    item = add_item(db, int(at) - 3600, late="skip")
+    with MemoryStore(db) as store, store.transaction():
+        schedule.record_run(store.conn, item.id, item.first_due, outcome="skipped",
+                            stream_id="1-0", at=at, next_due=None)  # fmt: skip
+
+
+def test_status_counts_the_occurrences_skipped_in_the_last_day(tmp_path: Path) -> None:
+    r, keys, now = fakeredis.FakeRedis(), Keys(), time.time()
+    db = tmp_path / "memory.sqlite3"
+    add_item(db, int(now) + 600)
+    status = collect(r, keys, now=now, memory_path=db, zone=BERLIN)
+    assert status["scheduler"]["memory"]["skipped_24h"] == 0
+    assert ", 0 overdue, 0 skipped in 24 h" in render(status)
+    skip_once(db, now - 2 * 86400)  # too long ago to count
+    skip_once(db, now - 60)
+    status = collect(r, keys, now=now, memory_path=db, zone=BERLIN)
+    assert json.loads(json.dumps(status))["scheduler"]["memory"]["skipped_24h"] == 1  # --json
+    text = render(status)
+    assert "1 skipped in 24 h (late = skip: relaybot reminders --all)" in text
+
+
+def test_skipped_occurrences_are_a_doctor_warning(tmp_path: Path) -> None:
+    checks = scheduler(health(held=True, active=0, skipped_24h=3), now=5000.0)
+    assert [c.id for c in checks] == ["scheduler.health", "scheduler.skipped"]
+    assert checks[0].verdict is Verdict.OK
+    warned = checks[1]
+    assert warned.verdict is Verdict.WARN and "3 reminder occurrence(s) skipped" in warned.summary
+    assert "relaybot reminders --all" in warned.hint
+    assert [c.id for c in scheduler(health(held=True, active=0, skipped_24h=0), now=5000.0)] == [
+        "scheduler.health"
+    ]
+
+
+def test_doctors_group_warns_of_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = fakeredis.FakeRedis()
+    monkeypatch.setattr(doctor_schedule, "probe_client", lambda cfg, timeout: r)
+    cfg = Config(home=tmp_path, redis={"url": "redis://127.0.0.1:1/0"})
+    skip_once(cfg.memory_path, time.time() - 600)
+    found: list[Any] = []
+    doctor_schedule.scheduler_group(cfg, 1.0, found.append)
+    assert [(c.id, c.verdict) for c in found] == [
+        ("scheduler.health", Verdict.OK), ("scheduler.skipped", Verdict.WARN),
+    ]  # fmt: skip

@@ -16,14 +16,14 @@ from rq.job import Job, JobStatus
 
 from contract.access import role_probes
 from contract.clock import SHIFT_ENV, ScheduleClock
-from contract.config import Config, RedisConfig, ScheduleConfig
+from contract.config import Config, OwnerConfig, RedisConfig, ScheduleConfig
 from contract.liveness import Heartbeat
 from memory.facade import Memory
 from memory.store import MemoryStore
 from memory.writer import schedule
 from tests.support.schedule import Shift, add_item
 from worker.duties import Duties
-from worker.schedule_job import job_id
+from worker.schedule_job import fire_due, job_id
 from worker.schedule_loop import LEADER, STANDBY, SchedulerLoop
 from worker.scheduling import CHECK_EVERY, Scheduling
 from worker.turn import memory_settings
@@ -262,3 +262,68 @@ def test_the_scheduler_ticks_just_after_each_whole_second(tmp_path: Path) -> Non
     assert loop._until_next() == pytest.approx(0.755, abs=1e-6)
     now[0] = T0 + 0.999
     assert loop._until_next() == pytest.approx(0.006, abs=1e-6)
+
+
+# -- the owner's zone changes ---------------------------------------------------------------------
+# T0 is 2027-01-15 08:00 UTC: 09:00 in Berlin (+01:00), 03:00 in New York (-05:00).
+NY_NINE = T0 + 6 * 3600  # 09:00 in New York that day
+
+
+def zoned(rig: Rig, name: str) -> None:
+    """``[owner] timezone`` changed: a reload (the duty reads the configuration in force)."""
+    rig.cfg = rig.cfg.model_copy(update={"owner": OwnerConfig(timezone=name)})
+
+
+def test_a_zone_change_moves_a_waiting_cron_item_to_the_new_zones_wall_time(rig: Rig) -> None:
+    zoned(rig, "Europe/Berlin")
+    daily = add_item(rig.store, text="standup", first_due=T0, cron="0 9 * * *",
+                     zone="Europe/Berlin")  # fmt: skip
+    rig.duty.run()
+    assert rig.scheduled() == {rig.ident(T0): T0}
+    zoned(rig, "America/New_York")
+    rig.now = T0 - 1800  # 02:30 in New York: the old second (03:00) has not come
+    rig.duty.run()
+    moved = schedule.get(rig.store.conn, daily.id)
+    assert moved is not None
+    assert (moved.next_due, moved.zone, moved.enqueued_for) == (
+        NY_NINE, "America/New_York", NY_NINE,
+    )  # fmt: skip
+    assert rig.scheduled()[rig.ident(NY_NINE)] == NY_NINE  # the new second's job
+    assert fire_due(rig.cfg, rig.r, T0) == "fired 0"  # the old second's fires nothing for it
+    assert rig.r.xlen(rig.cfg.keys.inbound) == 0
+    assert fire_due(rig.cfg, rig.r, NY_NINE) == "fired 1"
+    rig.duty.run()  # moved once: nothing more
+    assert schedule.get(rig.store.conn, daily.id) == moved
+
+
+def test_what_a_zone_change_leaves_as_it_is(rig: Rig) -> None:
+    zoned(rig, "Europe/Berlin")
+    once = add_item(rig.store, text="once", first_due=T0 + 60, zone="Europe/Berlin")
+    # an `at` first time off the cron's grid (09:30), then daily at 09:00: the first is an instant
+    at_first = add_item(rig.store, text="at", first_due=T0 + 1800, cron="0 9 * * *",
+                        zone="Europe/Berlin", conversation="cli:a")  # fmt: skip
+    overdue = add_item(rig.store, text="overdue", first_due=T0 - 3600, cron="0 8 * * *",
+                       zone="Europe/Berlin", conversation="cli:b")  # fmt: skip
+    unrecorded = add_item(rig.store, text="old", first_due=T0, cron="0 9 * * *",
+                          conversation="cli:c")  # fmt: skip
+    zoned(rig, "America/New_York")
+    rig.now = T0 - 1800
+    assert rig.duty.rezone(rig.now) == 0
+    got = {i.id: schedule.get(rig.store.conn, i.id) for i in (once, at_first, overdue, unrecorded)}
+    assert got[once.id].next_due == T0 + 60 and got[once.id].zone == "Europe/Berlin"  # type: ignore[union-attr]
+    for item in (at_first, overdue, unrecorded):  # kept, the zone now recorded
+        now = got[item.id]
+        assert now is not None and (now.next_due, now.zone) == (item.next_due, "America/New_York")
+
+
+def test_a_zone_change_with_no_occurrence_left_before_until_ends_the_item(rig: Rig) -> None:
+    zoned(rig, "Europe/Berlin")
+    item = add_item(rig.store, text="last", first_due=T0, cron="0 9 * * *", until=T0 + 60,
+                    zone="Europe/Berlin")  # fmt: skip
+    zoned(rig, "America/New_York")
+    rig.now = T0 - 1800
+    rig.duty.run()
+    ended = schedule.get(rig.store.conn, item.id)
+    assert ended is not None and (ended.status, ended.next_due) == ("done", None)
+    assert ended.end_reason == "no occurrence left in America/New_York"
+    assert rig.scheduled() == {}
