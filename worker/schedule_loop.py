@@ -237,6 +237,8 @@ class SchedulerLoop:
                 self.scheduler.release_locks()  # type: ignore[no-untyped-call]
                 log.info("schedule.lock_released", queue=self.scheduler.queue_name)
             except redis.RedisError as exc:
-                log.warning("schedule.lock_not_released", error=str(exc),
-                            detail=f"it expires within {self.scheduler.lock_ttl} s")  # fmt: skip
+                # stopping because Redis went away or refused the account (said already, by
+                # the process's own line): the lock expires by itself, nothing to warn of
+                log.info("schedule.lock_left", error=str(exc),
+                         detail=f"it expires within {self.scheduler.lock_ttl} s")  # fmt: skip
         self.role = STANDBY
