@@ -50,5 +50,5 @@ def scheduler_group(cfg: Config, timeout: float, add: Add) -> None:
         cfg.memory_path, now, grace=cfg.schedule.grace, zone=owner_zone(cfg.owner.timezone)
     )
     health["refused"] = {"account": account(cfg), "reads": refused} if refused else None
-    for check in scheduler(health, now):
+    for check in scheduler(health, now, zero_config=cfg.embedded_redis):
         add(check)

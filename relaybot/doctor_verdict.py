@@ -136,7 +136,31 @@ START_JOBS = (
 )
 
 
-def scheduler(health: Mapping[str, Any], now: float) -> list[Check]:
+ZERO_CONFIG = (
+    "a zero-config home runs only while a relaybot chat is open: its worker starts the jobs "
+    "process, and the next chat fires what is due, by each item's late policy; for reminders on "
+    "time whether a chat is open or not, run honcho start"
+)
+STUCK = (
+    "the worker applies each occurrence: check that it runs and takes its entries (relaybot "
+    "status: pending); a fire job held by a jobs process that died is made again within a "
+    "minute; an occurrence refused is a dead letter, with the reason (relaybot redis-cli XRANGE "
+    "relaybot:dead - +); the jobs process's log says what each fire job did"
+)
+
+
+def _no_scheduler(said: str, *, due_now: bool, zero_config: bool, **facts: Any) -> Check:
+    """Items wait and nobody holds rq's scheduler lock: a failure when they are due, but in a
+    zero-config home, where nothing runs between chats by design."""
+    cid = "scheduler.health"
+    if zero_config:
+        return warn(cid, said + "they fire when a chat opens", ZERO_CONFIG, **facts)
+    if due_now:
+        return fail(cid, said + "they do not fire", START_JOBS, **facts)
+    return warn(cid, said + "they will not fire until one does", START_JOBS, **facts)
+
+
+def scheduler(health: Mapping[str, Any], now: float, *, zero_config: bool = False) -> list[Check]:
     """The scheduler's health (relaybot/scheduler_health.py: ``memory``, ``lock``, ``holder``,
     ``failed_jobs``): a failure when items are due or overdue and no scheduler holds rq's lock
     (nothing will fire them), a warning when items wait with no scheduler, or are overdue
@@ -169,16 +193,11 @@ def scheduler(health: Mapping[str, Any], now: float) -> list[Check]:
                             "scheduler lock)", "run doctor as an account that may read "
                             f"{lock.get('key')} (PTTL), e.g. relaybot-cli", **facts))  # fmt: skip
         elif not held:
-            nobody = f"; no scheduler runs (nobody holds {lock.get('key')}): "
-            if due_now:
-                out.append(fail(cid, waiting + nobody + "they do not fire", START_JOBS, **facts))
-            else:
-                out.append(warn(cid, waiting + nobody + "they will not fire until one does",
-                                START_JOBS, **facts))  # fmt: skip
+            nobody = f"{waiting}; no scheduler runs (nobody holds {lock.get('key')}): "
+            out.append(_no_scheduler(nobody, due_now=due_now, zero_config=zero_config, **facts))
         elif overdue:
-            out.append(warn(cid, waiting + f", although {holder} runs",
-                            "the worker applies each occurrence: check that it runs (relaybot "
-                            "status) and the jobs process's log", **facts))  # fmt: skip
+            out.append(warn(cid, waiting + f", although {holder} runs", STUCK,
+                            **facts))  # fmt: skip
         else:
             out.append(ok(cid, waiting + f"; {holder} runs", **facts))
     skipped = int(mem.get("skipped_24h") or 0)

@@ -35,7 +35,7 @@ from worker.reload import MakeModel, Reloader
 from worker.schedule_commands import add_command, cancel_command
 from worker.schedule_items import ScheduleSettings
 from worker.schedule_tools import offer, schedule_tools
-from worker.scheduling import Scheduling
+from worker.scheduling import Scheduling, fired_by_jobs
 from worker.sessions import Sessions
 from worker.tools import LazyTools, ToolRegistry, default_tools
 from worker.turn import Turns
@@ -172,6 +172,7 @@ def build_consumer(
             "schedule.cancel": partial(cancel_command, schedule_settings),
         },
         schedule_clock=schedule_clock,
+        schedule_fired=fired_by_jobs(lambda: turns.cfg, r),
     )
     has_model = not isinstance(model, NoModel)
 

@@ -9,8 +9,9 @@ inside memory's write (worker/turn.py ``Turns.begin``), an occurrence is:
    again only if Redis lost it; an unanswered one is answered once);
 2. *refused* — its item is unknown, the entry's channel, session, conversation or privacy are
    not the item's, or its second has not come (more than :data:`EARLY` seconds ahead of the
-   schedule's clock): dead-lettered with the reason (the jobs copy the routing from the item and
-   fire a second once it has come; anything else was not made by them);
+   schedule's clock) and rq ran no fire job for it: dead-lettered with the reason (the jobs copy
+   the routing from the item and fire a second once it has come; anything else was not made by
+   them; a clock that stepped back after their fire does not make theirs a forgery);
 3. *stale* — the item is no longer active or waits for another occurrence (cancelled, erased, or
    already advanced): acked, with a log line, nothing delivered;
 4. *skipped* — later than its grace window under ``late = "skip"``: the skip is recorded and
@@ -91,9 +92,18 @@ class Occurrences:
     configuration in force (the owner's name and zone); ``clock`` is the schedule's clock."""
 
     def __init__(
-        self, memory: Memory, cfg: Callable[[], Config], clock: Callable[[], float]
+        self,
+        memory: Memory,
+        cfg: Callable[[], Config],
+        clock: Callable[[], float],
+        *,
+        fired: Callable[[int], bool] | None = None,
     ) -> None:
+        """``fired``: whether the jobs ran the fire job of a second (rq knows): an entry whose
+        second the schedule's clock has not reached is theirs all the same when they did (the
+        clock stepped back since: an NTP correction of Redis's host), a forgery when not."""
         self.memory, self.cfg, self.clock = memory, cfg, clock
+        self.fired = fired or (lambda _due: False)
 
     def take(self, stream_id: str, msg: InboundMessage) -> Taken:
         """Take a ``scheduled`` entry in: inside ``memory.write()``, so the occurrence's row,
@@ -116,7 +126,7 @@ class Occurrences:
                      next_due=item.next_due, recorded=ran)  # fmt: skip
             return Taken(done=Outcome())
         now = self.clock()
-        if occ > now + EARLY:  # its second has not come: not made by the jobs (case 2)
+        if occ > now + EARLY and not self._fired(occ):  # not made by the jobs (case 2)
             reason = (
                 f"a scheduled entry for item #{item_id} at {occ} came {occ - now:.0f} s before "
                 "its time (the jobs fire an occurrence only once its second has come)"
@@ -139,6 +149,13 @@ class Occurrences:
         log.info("schedule.delivering", item=item_id, occurrence=occ, next_due=following,
                  late_s=None if late is None else round(late))  # fmt: skip
         return Taken(msg=said, first=stream_id, row=row, fresh=self.memory.first_sight(row))
+
+    def _fired(self, due: int) -> bool:
+        try:
+            return bool(self.fired(due))
+        except Exception as exc:  # Redis away: not known to be theirs
+            log.warning("schedule.fired_unknown", due=due, error=str(exc))
+            return False
 
     def record(self, stream_id: str, msg: InboundMessage) -> Outcome | Recorded:
         """:meth:`take` in memory's write, as the turn records a message (worker/turn.py

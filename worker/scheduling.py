@@ -36,6 +36,8 @@ Making a job twice is harmless (its id is its second; the worker records each oc
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
@@ -59,9 +61,11 @@ from worker.schedule_rules import next_occurrence
 
 log = structlog.get_logger(__name__)
 
-CHECK_EVERY = 60.0  # seconds (the schedule's clock) between two looks for lost jobs
+CHECK_EVERY = 15.0  # seconds (the schedule's clock) between two looks for lost jobs
 LOOKAHEAD = 600  # seconds ahead those looks reach
-LOST_AFTER = 120.0  # a job "queued" this long but on no queue was lost with a jobs process
+# a job "queued" this long but on no queue was lost with a jobs process (taken off the queue,
+# never started: a fire job starts within milliseconds of that)
+LOST_AFTER = 20.0
 BATCH = 5000  # items taken per round (the rest next round; a due second is never split)
 
 # what ends the worker rather than this duty: Redis refusing its account, a lost lease
@@ -224,7 +228,9 @@ class Scheduling:
             return "missing"
         status = job.get_status(refresh=False)
         if status == JobStatus.STARTED:
-            return "running"
+            # by a jobs process of this host that is gone (kill -9 while a standby runs on:
+            # only a jobs start put it back, and rq's own cleanup comes minutes later)
+            return "missing" if _gone(job.worker_name) else "running"
         if status == JobStatus.FINISHED:
             return "finished"
         if status not in _WAITING:
@@ -243,7 +249,9 @@ class Scheduling:
         """Make the second's job: in rq's registry until its second, or on the queue now."""
         cfg, q = self.cfg(), self._queue()
         ident = job_id(cfg.keys.prefix, due)
-        with contextlib.suppress(NoSuchJobError):  # what is left of it, from its registries too
+        # what is left of it, from its registries too (rq 3 raises ValueError for an execution
+        # a dead process left half-written: the job is made over it all the same)
+        with contextlib.suppress(NoSuchJobError, ValueError):
             Job.fetch(ident, connection=self.r).delete()
         options = {
             "job_id": ident,
@@ -260,6 +268,36 @@ class Scheduling:
 
     def _queue(self) -> Queue:
         return Queue(self.cfg().keys.jobs_queue, connection=self.r)
+
+
+def fired_by_jobs(cfg: Callable[[], Config], r: redis.Redis) -> Callable[[int], bool]:
+    """Whether rq ran (or runs) the fire job of a due second: the worker asks it of an
+    occurrence whose second its clock has not reached (worker/scheduled.py)."""
+
+    def fired(due: int) -> bool:
+        try:
+            job = Job.fetch(job_id(cfg().keys.prefix, due), connection=r)
+        except NoSuchJobError:
+            return False
+        return job.get_status(refresh=False) in (JobStatus.STARTED, JobStatus.FINISHED)
+
+    return fired
+
+
+def _gone(worker_name: str | None) -> bool:
+    """A jobs process of this host (``relaybot-jobs@<host>:<pid>``) that no longer runs."""
+    host, _, pid = (worker_name or "").removeprefix("relaybot-jobs@").rpartition(":")
+    if not worker_name or not worker_name.startswith("relaybot-jobs@"):
+        return False
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _marked(store: MemoryStore, pairs: list[tuple[int, int]]) -> bool:

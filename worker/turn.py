@@ -9,9 +9,8 @@ the degraded-mode rule: memory failing never fails the turn.
 worker/admission.py), ``apply`` (commands, reports, summaries, redactions, no model call:
 worker/commands.py, worker/redactions.py), ``begin`` (record the messages, assemble the model's
 input from memory), ``run`` (the model call and its tools, on a pool thread), ``finish`` (record
-the reply) and ``settle`` (commit). What a turn produces is in worker/turn_result.py; the replies
-not durably recorded yet, in worker/ledger.py.
-"""
+the reply) and ``settle`` (commit). What a turn produces: worker/turn_result.py; replies not
+durably recorded yet: worker/ledger.py."""
 
 from __future__ import annotations
 
@@ -94,9 +93,10 @@ class Turns:
         clock: Callable[[], float] = time.time,
         commands: Mapping[str, WorkerCommand] | None = None,
         schedule_clock: Callable[[], float] | None = None,
+        schedule_fired: Callable[[int], bool] | None = None,
     ) -> None:
-        """``commands``: the owner commands the worker itself applies (not memory), by op
-        (``memory.resummarize``: worker/derive.py). ``schedule_clock``: contract/clock.py's."""
+        """``commands``: the owner commands the worker applies (worker/derive.py, ...), by op;
+        ``schedule_clock``, ``schedule_fired``: worker/scheduled.py ``Occurrences``."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
@@ -104,8 +104,8 @@ class Turns:
         self.tools = tools
         self.commands: dict[str, WorkerCommand] = dict(commands or {})
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
-        late_by = schedule_clock or ScheduleClock(clock)  # how late an occurrence is
-        self.occurrences = Occurrences(self.memory, lambda: self.cfg, late_by)  # scheduled.py
+        self.occurrences = Occurrences(self.memory, lambda: self.cfg, schedule_clock
+                                       or ScheduleClock(clock), fired=schedule_fired)  # fmt: skip
 
     def reconfigure(self, cfg: Config) -> None:
         """Run with a reloaded configuration from now on (worker/reload.py calls it on the

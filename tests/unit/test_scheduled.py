@@ -292,6 +292,33 @@ def test_an_occurrence_before_its_second_is_dead_lettered_and_the_real_one_fires
     assert len(rig.replies()) == 1 and rig.item(item.id).status == "done"
 
 
+def test_an_occurrence_the_jobs_fired_is_theirs_after_the_clock_stepped_back(
+    tmp_path: Path,
+) -> None:
+    """Round 2: the jobs fired a second, then Redis's clock stepped back a minute (NTP) before
+    the worker took the entry: it was dead-lettered as "before its time" and nothing fired it
+    again for ten minutes. rq knows the fire job ran: the occurrence is delivered, once."""
+    rig = Rig(tmp_path, fakeredis.FakeRedis())
+    fired: list[int] = []
+    try:
+        turns = Turns(rig.cfg, rig.store, rig.model, default_tools(),
+                      schedule_clock=lambda: rig.now,
+                      schedule_fired=lambda due: due in fired)  # fmt: skip
+        c = assemble(rig.cfg, rig.r, turns, name=f"{WORKER}-back")
+        rig.consumers.append(c)
+        assert c.acquire(wait=False)
+        c.reader.ensure_group()
+        item = rig.add(text="stepped back", first_due=T0)
+        assert rig.fire(T0) == "fired 1"
+        fired.append(T0)
+        rig.now = float(T0 - 60)  # the clock stepped back after the fire
+        rig.pump(c)
+        assert rig.dead() == [] and len(rig.replies()) == 1
+        assert rig.item(item.id).status == "done"
+    finally:
+        rig.close()
+
+
 def test_scheduled_entries_come_only_from_the_jobs(rig: Rig) -> None:
     c = rig.consumer()
     item = rig.add(text="on the cli stream")

@@ -157,6 +157,20 @@ def test_the_verdicts(mem: dict[str, Any], verdict: Verdict, says: str) -> None:
         assert "relaybot jobs" in check.hint
 
 
+def test_a_zero_config_home_between_chats_is_a_warning_that_says_so() -> None:
+    """Round 2: with no chat open, doctor FAILed and said to start relaybot jobs, which alone
+    cannot help (no Redis, no worker runs between chats); the next chat fires what is due."""
+    due = health(active=1, next_due=1000, overdue=1, held=False)
+    (check,) = scheduler(due, now=5000.0, zero_config=True)
+    assert check.verdict is Verdict.WARN and "they fire when a chat opens" in check.summary
+    assert "while a relaybot chat is open" in check.hint and "honcho start" in check.hint
+
+
+def test_overdue_with_a_scheduler_names_what_may_hold_them() -> None:
+    (check,) = scheduler(health(active=2, next_due=1000, overdue=2, held=True), now=5000.0)
+    assert "dead letter" in check.hint and "jobs process that died" in check.hint
+
+
 def test_failed_fire_jobs_are_a_warning() -> None:
     checks = scheduler({**health(active=0, held=True), "failed_jobs": ["relaybot-schedule-x-1"]},
                        now=5000.0)  # fmt: skip

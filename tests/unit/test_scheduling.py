@@ -5,6 +5,8 @@ process's thread (worker/schedule_loop.py), and the schedule's clock (contract/c
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -327,3 +329,50 @@ def test_a_zone_change_with_no_occurrence_left_before_until_ends_the_item(rig: R
     assert ended is not None and (ended.status, ended.next_due) == ("done", None)
     assert ended.end_reason == "no occurrence left in America/New_York"
     assert rig.scheduled() == {}
+
+
+def test_a_fire_job_started_by_a_jobs_process_that_is_gone_is_made_again(rig: Rig) -> None:
+    """Round 2: the leader killed -9 while its work-horse ran the fire job, a standby running
+    on: the job stayed "started" (only a jobs start put it back) and its items waited."""
+    add_item(rig.store, text="x", first_due=T0)
+    rig.duty.run()
+    job = Job.fetch(rig.ident(T0), connection=rig.r)
+    job.set_status(JobStatus.STARTED)
+    job.worker_name = f"relaybot-jobs@{socket.gethostname()}:{dead_pid()}"
+    job.save()
+    rig.now = float(T0 + 1)
+    assert rig.duty._state(T0) == "missing"
+    assert rig.duty.check_jobs(rig.now) == 1
+    # one of another host, or of a process that runs, is left to run
+    job = Job.fetch(rig.ident(T0), connection=rig.r)
+    job.set_status(JobStatus.STARTED)
+    job.worker_name = f"relaybot-jobs@{socket.gethostname()}:{os.getpid()}"
+    job.save()
+    assert rig.duty._state(T0) == "running"
+    job.worker_name = f"relaybot-jobs@elsewhere:{dead_pid()}"
+    job.save()
+    assert rig.duty._state(T0) == "running"
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_rq_failing_to_delete_a_half_written_job_does_not_stop_it_being_made(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2: rq 3's ``Job.delete`` raised ValueError ("Execution ... not found") for a job a
+    killed jobs process left, once a round, with a traceback, and the job was not made."""
+    add_item(rig.store, text="x", first_due=T0)
+    rig.duty.run()
+
+    def broken(self: Job, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("Execution ff7c not found in Redis")
+
+    monkeypatch.setattr(Job, "delete", broken)
+    rig.r.zrem(rig.queue.scheduled_job_registry.key, rig.ident(T0))  # lost from the registry
+    rig.now = float(T0 - 10)
+    assert rig.duty.check_jobs(rig.now) == 1
+    assert rig.scheduled() == {rig.ident(T0): T0}
