@@ -145,8 +145,8 @@ def test_jobs_killed_while_the_fire_job_runs(rig: ScheduleRig) -> None:
     finally:
         os.close(hold)
     config.unlink()
-    second = rig.start_jobs()
-    second.wait_for_log("jobs.requeued_abandoned")
+    rig.start_jobs()  # it puts the job back (jobs.requeued_abandoned), or the worker's look
+    # made it again first (a job started by a jobs process of this host that is gone)
     for n, item in enumerate(items):
         one_reply(rig, f"cli:k4-{n}", item.id, due)
 
