@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Callable
 
@@ -35,7 +34,7 @@ from rq.scheduler import RQScheduler
 from rq.scripts import acquire_or_refresh_lock, release_lock
 
 from contract import access
-from contract.liveness import Heartbeat
+from contract.liveness import Heartbeat, gone_from_this_host
 
 log = structlog.get_logger(__name__)
 
@@ -89,11 +88,9 @@ class Scheduler(RQScheduler):
         expires."""
         raw = self.connection.get(self.lock_key)
         holder = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw or "")
-        mine = f"relaybot-jobs@{socket.gethostname()}:"
-        if not holder.startswith(mine) or holder == self.name:
+        if not holder.startswith("relaybot-jobs@") or holder == self.name:
             return False
-        pid = holder.removeprefix(mine)
-        if not pid.isdigit() or _alive(int(pid)):
+        if not gone_from_this_host(holder):
             return False
         if release_lock(self.connection, self.lock_key, holder):
             log.warning("schedule.lock_taken_over", holder=holder,
@@ -130,16 +127,6 @@ class Scheduler(RQScheduler):
                         pipe.execute()
                     moved += 1
         return moved
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SchedulerLoop:

@@ -36,8 +36,6 @@ Making a job twice is harmless (its id is its second; the worker records each oc
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
@@ -51,6 +49,7 @@ from rq.job import Job, JobStatus
 from contract import timezone
 from contract.access import REFUSED, refusal
 from contract.config import Config
+from contract.liveness import gone_from_this_host
 from memory.errors import FencedOut, MemoryUnwritable
 from memory.turns import Memory
 from memory.writer import MemoryStore, schedule
@@ -286,18 +285,8 @@ def fired_by_jobs(cfg: Callable[[], Config], r: redis.Redis) -> Callable[[int], 
 
 def _gone(worker_name: str | None) -> bool:
     """A jobs process of this host (``relaybot-jobs@<host>:<pid>``) that no longer runs."""
-    host, _, pid = (worker_name or "").removeprefix("relaybot-jobs@").rpartition(":")
-    if not worker_name or not worker_name.startswith("relaybot-jobs@"):
-        return False
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    name = worker_name or ""
+    return name.startswith("relaybot-jobs@") and gone_from_this_host(name)
 
 
 def _marked(store: MemoryStore, pairs: list[tuple[int, int]]) -> bool:
