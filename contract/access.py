@@ -243,16 +243,15 @@ def _rq_scheduler_probes(keys: Keys) -> list[tuple[str, ...]]:
     scheduler.py, scripts.py, registry.py, queue.py): its lock (a script, and a GET to see
     whether a holder of this host is gone), the scheduled registry, and moving a job to the
     queue (INFO: rq notes the server's version on a job it enqueues)."""
-    q = keys.jobs_queue
-    lock, scheduled = f"rq:scheduler-lock:{q}", f"rq:scheduled:{q}"
+    lock, scheduled = keys.rq_scheduler_lock, keys.rq_scheduled
     return [
         ("EVAL", "return 1", "1", lock),
         ("EVALSHA", "0" * 40, "1", lock),
         ("GET", lock),
         ("ZRANGEBYSCORE", scheduled, "0", "1", "LIMIT", "0", "1"),
         ("ZREM", scheduled, "x"),
-        ("RPUSH", f"rq:queue:{q}", "x"),
-        ("SADD", "rq:queues", f"rq:queue:{q}"),
+        ("RPUSH", keys.rq_queue, "x"),
+        ("SADD", "rq:queues", keys.rq_queue),
         ("INFO", "server"),
     ]
 
@@ -261,18 +260,17 @@ def _rq_enqueue_at_probes(keys: Keys) -> list[tuple[str, ...]]:
     """What the worker runs to make a scheduled item's fire job (worker/scheduling.py:
     ``Queue.enqueue_at``, ``Queue.enqueue``, ``Job.fetch``, ``Job.delete``) and to see that rq
     still has it."""
-    q = keys.jobs_queue
-    job, scheduled = "rq:job:doctor-probe", f"rq:scheduled:{q}"
+    job, scheduled = "rq:job:doctor-probe", keys.rq_scheduled
     return [
         ("ZADD", scheduled, "1", "x"),
         ("ZSCORE", scheduled, "x"),
         ("ZREM", scheduled, "x"),
-        ("SADD", "rq:queues", f"rq:queue:{q}"),
+        ("SADD", "rq:queues", keys.rq_queue),
         ("HSET", job, "f", "v"),
         ("HGETALL", job),
         ("DEL", job),
-        ("LPOS", f"rq:queue:{q}", "x"),
-        ("RPUSH", f"rq:queue:{q}", "x"),
+        ("LPOS", keys.rq_queue, "x"),
+        ("RPUSH", keys.rq_queue, "x"),
     ]
 
 

@@ -12,7 +12,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``<channel>:!room:example.org``.
 | ``worker:lease`` | string | worker | the one worker's lease token |
 | ``lease:gateway:<channel>:<digest>`` | string | gateways | one gateway per account |
 | ``heartbeats`` | hash | every process | liveness, one field per process |
-| ``jobs`` | rq queue | worker | background jobs |
+| ``jobs`` | rq queue | worker | background jobs (rq's keys of it: ``Keys.rq_*``) |
 | ``derive:judged`` | hash | jobs | per conversation, the last log id the model judged not paused |
 | ``reply:<session>`` | list | worker | replies waiting for their gateway |
 | ``inflight:<session>`` | list | gateways | a reply being delivered |
@@ -43,6 +43,28 @@ class Keys:
         self.heartbeats = f"{prefix}heartbeats"
         self.jobs_queue = f"{prefix}jobs"
         self.derive_judged = f"{prefix}derive:judged"
+
+    # -- rq's keys of the jobs queue, as rq names them (not under the prefix: rq's own) ------
+
+    @property
+    def rq_queue(self) -> str:
+        """rq's list of the jobs waiting on the jobs queue."""
+        return f"rq:queue:{self.jobs_queue}"
+
+    @property
+    def rq_scheduled(self) -> str:
+        """rq's ScheduledJobRegistry of the jobs queue: the fire jobs waiting for their second."""
+        return f"rq:scheduled:{self.jobs_queue}"
+
+    @property
+    def rq_scheduler_lock(self) -> str:
+        """rq's scheduler lock of the jobs queue: held by the jobs process that moves due jobs."""
+        return f"rq:scheduler-lock:{self.jobs_queue}"
+
+    @property
+    def rq_failed(self) -> str:
+        """rq's failed-job registry of the jobs queue."""
+        return f"rq:failed:{self.jobs_queue}"
 
     def inbound_of(self, channel: str) -> str:
         """The inbound stream of one channel: only its gateway may write it (the ACL file)."""

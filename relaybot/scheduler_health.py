@@ -44,12 +44,12 @@ class Reads(Protocol):
 
 def lock_key(keys: Keys) -> str:
     """rq's scheduler lock for the jobs queue (rq.scheduler ``SCHEDULER_LOCKING_KEY_TEMPLATE``)."""
-    return f"rq:scheduler-lock:{keys.jobs_queue}"
+    return keys.rq_scheduler_lock
 
 
 def scheduled_key(keys: Keys) -> str:
     """rq's scheduled-job registry of the jobs queue (``ScheduledJobRegistry.key``)."""
-    return f"rq:scheduled:{keys.jobs_queue}"
+    return keys.rq_scheduled
 
 
 def from_redis(
@@ -96,7 +96,7 @@ def _lock_value(r: redis.Redis, keys: Keys) -> str | None:
 def _failed_fire_jobs(r: redis.Redis, keys: Keys) -> list[str]:
     """The ids of the fire jobs in rq's failed registry (read without rq's clean-up, which
     writes), newest first."""
-    raw: Any = r.zrange(f"rq:failed:{keys.jobs_queue}", 0, FAILED_IDS - 1, desc=True)
+    raw: Any = r.zrange(keys.rq_failed, 0, FAILED_IDS - 1, desc=True)
     return [i for i in (text(x) for x in raw) if i.startswith(FIRE_JOB_PREFIX)]
 
 

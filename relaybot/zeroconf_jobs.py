@@ -41,8 +41,8 @@ STOP_WAIT = 10.0  # seconds the jobs process is given to stop on SIGTERM, then k
 
 def has_work(r: redis.Redis, cfg: Config) -> bool:
     """Whether rq holds a job for the jobs queue: scheduled (a reminder's fire job) or queued."""
-    q = cfg.keys.jobs_queue
-    return bool(r.zcard(f"rq:scheduled:{q}")) or bool(r.llen(f"rq:queue:{q}"))
+    keys = cfg.keys
+    return bool(r.zcard(keys.rq_scheduled)) or bool(r.llen(keys.rq_queue))
 
 
 def jobs_running(r: redis.Redis, cfg: Config, now: float | None = None) -> bool:

@@ -235,7 +235,7 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
         status = job.get_status(refresh=False)
         ended = job.ended_at.timestamp() if job.ended_at is not None else 0.0
         age = time.time() - ended
-        if status in _LIVE and not _lost(job, status):
+        if status in _LIVE and not lost_from_queue(job, status):
             return False
         # failed (a bug), or finished saying the model is down: tried again after a backoff
         again = status == JobStatus.FAILED or (
@@ -271,15 +271,16 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
 LOST_AFTER = 120.0  # a job "queued" this long but in no queue was lost by a dying jobs process
 
 
-def _lost(job: Job, status: JobStatus) -> bool:
-    """A job rq says is queued, that is in no queue: a jobs process took it off the queue and
-    died before it started it (rq's own maintenance finds it only much later)."""
+def lost_from_queue(job: Job, status: JobStatus, after: float | None = None) -> bool:
+    """A job rq says is queued, that is in no queue after ``after`` seconds: a jobs process took
+    it off the queue and died before it started it (rq's own maintenance finds it only much
+    later). The fire jobs of scheduled work ask it too (worker/scheduling.py)."""
     if status != JobStatus.QUEUED or job.enqueued_at is None:
         return False
-    if time.time() - job.enqueued_at.timestamp() < LOST_AFTER:
+    if time.time() - job.enqueued_at.timestamp() < (LOST_AFTER if after is None else after):
         return False
     q = Queue(job.origin, connection=job.connection)
-    return job.id not in q.get_job_ids()
+    return job.connection.lpos(q.key, job.id) is None
 
 
 def _uncovered(store: MemoryStore, *, conversation: str, limit: int) -> tuple[list[LogRow], bool]:

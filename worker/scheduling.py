@@ -36,7 +36,6 @@ Making a job twice is harmless (its id is its second; the worker records each oc
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 
@@ -54,6 +53,7 @@ from memory.errors import FencedOut, MemoryUnwritable
 from memory.turns import Memory
 from memory.writer import MemoryStore, schedule
 from worker.committer import LeaseLost
+from worker.derive import lost_from_queue
 from worker.duties import Duties
 from worker.schedule_job import FAILURE_TTL, FUNCTION, RESULT_TTL, TIMEOUT, job_id
 from worker.schedule_rules import next_occurrence
@@ -238,10 +238,8 @@ class Scheduling:
         if status == JobStatus.SCHEDULED:
             registry = q.scheduled_job_registry
             return "waiting" if self.r.zscore(registry.key, ident) is not None else "missing"
-        if status == JobStatus.QUEUED and job.enqueued_at is not None:
-            age = time.time() - job.enqueued_at.timestamp()
-            if age >= LOST_AFTER and self.r.lpos(q.key, ident) is None:
-                return "missing"  # a jobs process took it off the queue and died
+        if lost_from_queue(job, status, after=LOST_AFTER):
+            return "missing"  # a jobs process took it off the queue and died
         return "waiting"
 
     def _make(self, due: int, now: float) -> None:

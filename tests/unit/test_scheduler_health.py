@@ -207,13 +207,14 @@ def test_the_times_are_shown_in_the_owners_zone(tmp_path: Path) -> None:
 
 def test_rq_names_its_keys_as_we_read_them() -> None:
     """The keys read here are rq's own: the scheduled registry's and the scheduler lock's."""
-    from rq.registry import ScheduledJobRegistry
+    from rq.registry import FailedJobRegistry, ScheduledJobRegistry
     from rq.scheduler import SCHEDULER_LOCKING_KEY_TEMPLATE
 
     keys = Keys()
     q = Queue(keys.jobs_queue, connection=fakeredis.FakeRedis())
     assert ScheduledJobRegistry(queue=q).key == scheduled_key(keys)
     assert SCHEDULER_LOCKING_KEY_TEMPLATE % keys.jobs_queue == lock_key(keys)
+    assert q.key == keys.rq_queue and FailedJobRegistry(queue=q).key == keys.rq_failed
 
 
 def skip_once(db: Path, at: float) -> None:
