@@ -82,3 +82,9 @@ _.mtime
 _.gid
 _.gname
 _.uname
+
+# layer 2 groundwork (memory/profiles.py, branch i28-store, issue 28): a fact's last_seen and the
+# conflict shown beside a contradicted fact are read by the profile section, tool and CLI that the
+# next session wires; remove these two once they are
+_.last_seen
+_.conflict_of

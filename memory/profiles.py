@@ -1,0 +1,348 @@
+"""Layer 2: entity profiles, facts with a confidence and evidence (DESIGN.md, issue 28).
+
+A fact is about one entity (the owner or a contact: :mod:`memory.identity`), of a kind
+(:data:`KINDS`), with a confidence in 0..1 and its evidence: the log ids it rests on, at least one,
+every one inside the range its job was given (a conversation, first..last log id, as layer 1's
+summaries) and not erased. Its ``source_privacy`` is the most private class among its evidence, read
+from the log, never taken from the proposal.
+
+Facts are derived by the jobs and applied here by the worker, the only writer (:func:`apply`),
+after checking the proposal again against memory as it is now; applying is idempotent on the job's
+key (a job run twice, or its entry replayed after a crash, adds one fact). A fact is never edited:
+
+- a new version *supersedes* the old one (``supersedes`` on the new row, ``superseded_by`` set
+  once on the old: at most one successor each, a unique index, so one current version even when
+  two jobs race). The new version inherits the old one's evidence (its text was written knowing
+  the old one), so it is never shown where the old one could not be;
+- a *contradiction* (``contradicts``) also makes the newer fact current and keeps the older in the
+  history, but it names it in ``conflicts_with`` (the conflict stays visible: :func:`conflict_of`)
+  and does not inherit its evidence (it does not rest on it).
+
+Privacy: a fact is shown only where *every* piece of its evidence may be shown
+(:func:`visible`, :func:`shown`), by memory/privacy.py's row rule, not a rule of its own. A fact
+whose evidence is missing or erased is shown nowhere (the erasure cascade blanks it).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from contract.messages import Privacy
+from memory.identity import OWNER, get_entity, person_of
+from memory.privacy import Scope, direct_person, log_row_visible, log_visibility_sql
+from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
+from memory.sql import chunks, marks, savepoint
+
+Kind = Literal["identity", "preference", "need", "expectation", "relationship", "event"]
+KINDS: frozenset[str] = frozenset(
+    {"identity", "preference", "need", "expectation", "relationship", "event"}
+)
+Method = Literal["model", "fallback", "replay"]
+METHODS: frozenset[str] = frozenset({"model", "fallback", "replay"})
+
+MAX_TEXT = 500  # a fact is a sentence or two, not a summary
+MAX_EVIDENCE = 200
+
+COLUMNS = (
+    "id, entity, kind, text, confidence, source_privacy, conversation, first_id, last_id, "
+    "first_seen, last_seen, method, supersedes, superseded_by, conflicts_with, job_key, created, "
+    "erased"
+)
+CURRENT = "superseded_by IS NULL AND erased IS NULL"
+
+_WIDTH = {p.value: p.width for p in Privacy}
+
+
+@dataclass(frozen=True)
+class Fact:
+    id: int
+    entity: str
+    kind: str
+    text: str
+    confidence: float
+    source_privacy: str
+    conversation: str
+    first_id: int
+    last_id: int
+    first_seen: float
+    last_seen: float
+    method: str
+    supersedes: int | None
+    superseded_by: int | None
+    conflicts_with: int | None
+    job_key: str
+    created: float
+    erased: int | None
+    evidence: tuple[int, ...]
+
+    @property
+    def current(self) -> bool:
+        return self.superseded_by is None and self.erased is None
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A fact a job proposes from the range ``conversation`` ``first_id``..``last_id`` (checked
+    again by :func:`apply`). ``supersedes``: a new version of that current fact; ``contradicts``:
+    that current fact is contradicted (at most one of the two)."""
+
+    entity: str
+    kind: str
+    text: str
+    confidence: float
+    evidence: tuple[int, ...]
+    conversation: str
+    first_id: int
+    last_id: int
+    job_key: str
+    method: Method = "model"
+    supersedes: int | None = None
+    contradicts: int | None = None
+
+
+def job_key(conversation: str, first_id: int, last_id: int, index: int, version: int = 1) -> str:
+    """The idempotency key of the ``index``-th fact a job proposes from this exact range
+    (``version`` > 1: the range derived again)."""
+    return f"profile:{conversation}@{first_id}-{last_id}#v{version}/{index}"
+
+
+def _fact(raw: Sequence[Any], evidence: tuple[int, ...]) -> Fact:
+    (id_, entity, kind, text, conf, privacy, conv, first, last, fs, ls, method, sup, sup_by,
+     conflict, key, created, erased) = raw  # fmt: skip
+    return Fact(
+        int(id_), str(entity), str(kind), str(text), float(conf), str(privacy), str(conv),
+        int(first), int(last), float(fs), float(ls), str(method),
+        None if sup is None else int(sup), None if sup_by is None else int(sup_by),
+        None if conflict is None else int(conflict), str(key), float(created),
+        None if erased is None else int(erased), evidence,
+    )  # fmt: skip
+
+
+def evidence_of(conn: sqlite3.Connection, fact_id: int) -> tuple[int, ...]:
+    rows = conn.execute(
+        "SELECT log_id FROM profile_evidence WHERE fact = ? ORDER BY log_id", (fact_id,)
+    )
+    return tuple(int(r[0]) for r in rows)
+
+
+def _select(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[Fact]:
+    sql = f"SELECT {COLUMNS} FROM profile_facts AS f WHERE {where} ORDER BY f.id"  # noqa: S608
+    raws = conn.execute(sql, list(params)).fetchall()
+    return [_fact(r, evidence_of(conn, int(r[0]))) for r in raws]
+
+
+def by_id(conn: sqlite3.Connection, fact_id: int) -> Fact | None:
+    found = _select(conn, "f.id = ?", (fact_id,))
+    return found[0] if found else None
+
+
+def by_key(conn: sqlite3.Connection, key: str) -> Fact | None:
+    found = _select(conn, "f.job_key = ?", (key,))
+    return found[0] if found else None
+
+
+def current(conn: sqlite3.Connection, entity: str) -> list[Fact]:
+    """The entity's current facts (not superseded, not erased), oldest first. Shown to nobody as
+    such: a turn reads :func:`visible`."""
+    return _select(conn, f"f.entity = ? AND {CURRENT}", (entity,))
+
+
+def history(conn: sqlite3.Connection, entity: str) -> list[Fact]:
+    """Every fact of the entity, superseded and erased (blanked) ones too, oldest first."""
+    return _select(conn, "f.entity = ?", (entity,))
+
+
+def _persons(conn: sqlite3.Connection, scope: Scope, persons: Collection[str] | None) -> Any:
+    if persons is not None:
+        return persons
+    who = direct_person(scope)  # memory.privacy.persons_for, on a connection
+    return frozenset() if who is None else person_of(conn, who)
+
+
+def visible(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    entity: str,
+    *,
+    persons: Collection[str] | None = None,
+) -> list[Fact]:
+    """The entity's current facts ``scope`` may be shown: those with evidence, every piece of which
+    is a log row, not erased, that memory/privacy.py lets the scope see (``persons``: what
+    :func:`memory.privacy.persons_for` gives for the scope, read here when not given)."""
+    where, params = log_visibility_sql(scope, persons=_persons(conn, scope, persons), table="l")
+    hidden = (
+        "SELECT 1 FROM profile_evidence AS e LEFT JOIN log AS l ON l.id = e.log_id "  # noqa: S608
+        f"WHERE e.fact = f.id AND (l.id IS NULL OR NOT (l.{NOT_ERASED}) "
+        f"OR NOT COALESCE(({where}), 0))"
+    )
+    clause = (
+        f"f.entity = ? AND f.{CURRENT.replace(' AND ', ' AND f.')} "  # noqa: S608
+        "AND EXISTS (SELECT 1 FROM profile_evidence AS e WHERE e.fact = f.id) "
+        f"AND NOT EXISTS ({hidden})"
+    )
+    return _select(conn, clause, [entity, *params])
+
+
+def shown(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    fact: Fact,
+    *,
+    persons: Collection[str] | None = None,
+) -> bool:
+    """:func:`visible`'s rule for one fact, current or not, in Python (tested to agree)."""
+    if fact.erased is not None or not fact.evidence:
+        return False
+    people = _persons(conn, scope, persons)
+    rows = {r.id: r for r in _rows(conn, fact.evidence)}
+    return all(
+        (row := rows.get(i)) is not None
+        and not row.erased
+        and log_row_visible(scope, row, persons=people)
+        for i in fact.evidence
+    )
+
+
+def conflict_of(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    fact: Fact,
+    *,
+    persons: Collection[str] | None = None,
+) -> Fact | None:
+    """The older fact ``fact`` contradicts, when ``scope`` may be shown it (else None)."""
+    if fact.conflicts_with is None:
+        return None
+    old = by_id(conn, fact.conflicts_with)
+    if old is None or not shown(conn, scope, old, persons=persons):
+        return None
+    return old
+
+
+def _rows(conn: sqlite3.Connection, ids: Iterable[int]) -> list[LogRow]:
+    out: list[LogRow] = []
+    for chunk in chunks(sorted(set(ids))):
+        sql = f"SELECT {LOG_COLUMNS} FROM log WHERE id IN ({marks(len(chunk))})"  # noqa: S608
+        out.extend(build(tuple(r)) for r in conn.execute(sql, list(chunk)))
+    return out
+
+
+def _most_private(privacies: Iterable[str]) -> str:
+    return min(privacies, key=lambda p: _WIDTH[p])
+
+
+class Refused(ValueError):
+    """A proposal memory does not take (the reason is the message)."""
+
+
+def _check_fields(conn: sqlite3.Connection, p: Proposal) -> None:
+    """What a proposal says of itself: an entity memory knows, a kind, a text, a confidence."""
+    if not isinstance(p.entity, str) or not p.entity:
+        raise Refused("no entity")
+    if p.entity != OWNER and get_entity(conn, p.entity) is None:
+        raise Refused(f"no entity {p.entity!r}")
+    if p.kind not in KINDS:
+        raise Refused(f"not a kind of fact: {p.kind!r}")
+    if p.method not in METHODS:
+        raise Refused(f"not a method: {p.method!r}")
+    if not isinstance(p.text, str) or not p.text.strip():
+        raise Refused("an empty fact")
+    if len(p.text) > MAX_TEXT:
+        raise Refused(f"a fact of {len(p.text)} characters (at most {MAX_TEXT})")
+    conf = p.confidence
+    if isinstance(conf, bool) or not isinstance(conf, int | float) or not math.isfinite(conf):
+        raise Refused(f"not a confidence: {conf!r}")
+    if not 0.0 <= float(conf) <= 1.0:
+        raise Refused(f"a confidence outside 0..1: {conf}")
+    if not p.job_key:
+        raise Refused("no job key")
+
+
+def _check_evidence(conn: sqlite3.Connection, p: Proposal) -> dict[int, LogRow]:
+    """The proposal's evidence rows: at least one, inside its range, of its conversation, kept."""
+    if p.first_id > p.last_id:
+        raise Refused(f"an empty range ({p.first_id} > {p.last_id})")
+    ids = set(p.evidence)
+    if not ids:
+        raise Refused("a fact without evidence")
+    if len(ids) > MAX_EVIDENCE:
+        raise Refused(f"{len(ids)} pieces of evidence (at most {MAX_EVIDENCE})")
+    outside = sorted(i for i in ids if not p.first_id <= i <= p.last_id)
+    if outside:
+        raise Refused(f"evidence {outside[0]} is outside the range {p.first_id}..{p.last_id}")
+    rows = {r.id: r for r in _rows(conn, ids)}
+    for i in sorted(ids):
+        row = rows.get(i)
+        if row is None or row.conversation != p.conversation:
+            raise Refused(f"evidence {i} is not a message of {p.conversation!r}")
+        if row.erased:
+            raise Refused(f"evidence {i} was erased")
+        if row.privacy not in _WIDTH:
+            raise Refused(f"evidence {i} has no privacy class")
+    return rows
+
+
+def check(conn: sqlite3.Connection, p: Proposal) -> tuple[list[LogRow], Fact | None]:
+    """The evidence rows (the old fact's included, for a new version) and the fact it supersedes
+    or contradicts, if memory takes the proposal now; :class:`Refused` with why not."""
+    _check_fields(conn, p)
+    rows = _check_evidence(conn, p)
+    ids = set(rows)
+    if p.supersedes is not None and p.contradicts is not None:
+        raise Refused("a proposal supersedes or contradicts a fact, not both")
+    old_id = p.supersedes if p.supersedes is not None else p.contradicts
+    old = None if old_id is None else by_id(conn, old_id)
+    if old_id is not None and (old is None or old.entity != p.entity or not old.current):
+        raise Refused(f"fact {old_id} is not a current fact of {p.entity!r}")
+    evidence = list(rows.values())
+    if old is not None and p.supersedes is not None:
+        inherited = _rows(conn, set(old.evidence) - ids)
+        if len(inherited) != len(set(old.evidence) - ids) or any(r.erased for r in inherited):
+            raise Refused(f"fact {old.id}'s evidence was erased")
+        evidence += inherited
+    return sorted(evidence, key=lambda r: r.id), old
+
+
+def apply(conn: sqlite3.Connection, p: Proposal, now: float | None = None) -> Fact | str:
+    """Insert the proposal (in the caller's write transaction, atomically) and return the fact;
+    the fact recorded before under the same job key, unchanged, if there is one; or the reason
+    memory refuses it (nothing is written then)."""
+    existing = by_key(conn, p.job_key)
+    if existing is not None:
+        return existing
+    try:
+        evidence, old = check(conn, p)
+    except Refused as refused:
+        return str(refused)
+    seen = [r.ts for r in evidence]
+    values = (
+        p.entity, p.kind, p.text.strip(), float(p.confidence),
+        _most_private(r.privacy for r in evidence), p.conversation, p.first_id, p.last_id,
+        min(seen), max(seen), p.method, None if old is None else old.id,
+        p.contradicts, p.job_key, time.time() if now is None else now,
+    )  # fmt: skip
+    with savepoint(conn, "profile_apply"):
+        cursor = conn.execute(
+            "INSERT INTO profile_facts (entity, kind, text, confidence, source_privacy, "
+            "conversation, first_id, last_id, first_seen, last_seen, method, supersedes, "
+            "conflicts_with, job_key, created) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            values,
+        )
+        new_id = int(cursor.lastrowid or 0)
+        conn.executemany(
+            "INSERT INTO profile_evidence (fact, log_id) VALUES (?, ?)",
+            [(new_id, r.id) for r in evidence],
+        )
+        if old is not None:
+            conn.execute(
+                "UPDATE profile_facts SET superseded_by = ? WHERE id = ?", (new_id, old.id)
+            )
+    made = by_id(conn, new_id)
+    assert made is not None
+    return made
