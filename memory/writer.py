@@ -10,6 +10,11 @@ beyond a turn.
   (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
 - erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
   platform's redaction names); applying them goes through the turn facade (memory.turns);
+- layer 2, the entity profiles and capability gaps (issue 28): ``profiles`` (memory/profiles.py:
+  the facts a range's audience may see), ``gaps`` (memory/gaps.py), ``profile_apply`` (a job's
+  result, the pending ranges, the run key) and ``profile_rules`` (the prompts, the answers
+  checked, the fallbacks: what the profile job asks and how); :func:`get_entity`, an entity's
+  name (the owner's TODO.md);
 - :func:`inbound_event`: the platform event id memory recorded for a stream entry;
 - scheduled work: ``schedule`` (memory/schedule.py: adding, cancelling, listing the items,
   which need an rq job, which are due, recording what an occurrence became, the health), read by
@@ -19,10 +24,11 @@ The worker imports memory through this module, memory.turns, memory.errors and m
 only (an import-linter contract in pyproject.toml).
 """
 
-from memory import schedule, summaries
+from memory import gaps, profile_apply, profile_rules, profiles, schedule, summaries
 from memory.changes import blanked_summaries, log_top, new_rows
 from memory.checkpoint import WalCheckpointer
 from memory.erasure import any_erasure
+from memory.identity import get_entity
 from memory.redactions import in_room
 from memory.replies import inbound_event
 from memory.segments import (
@@ -45,12 +51,17 @@ __all__ = [
     "any_erasure",
     "blanked_summaries",
     "fallback_summary",
+    "gaps",
+    "get_entity",
     "in_room",
     "inbound_event",
     "log_top",
     "new_rows",
     "parse_pause",
     "parse_summary",
+    "profile_apply",
+    "profile_rules",
+    "profiles",
     "schedule",
     "segment",
     "summaries",
