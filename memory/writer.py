@@ -8,13 +8,15 @@ beyond a turn.
   applying a proposal) and the segments a job summarizes (:func:`segment`, the prompts, the
   transcript, the fallback); the conversations that changed since the deriver last looked
   (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
+- layer 2, profiles and capability gaps: ``profiles`` (memory/profiles.py: the facts, a range's
+  scope, what a range's job may be shown, :func:`memory.profiles.normalized`), ``gaps``
+  (memory/gaps.py) and ``profile_apply`` (memory/profile_apply.py: a range's result, its run key,
+  the ranges still to derive);
 - erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
   platform's redaction names); applying them goes through the turn facade (memory.turns);
-- layer 2, the entity profiles and capability gaps (issue 28): ``profiles`` (memory/profiles.py:
-  the facts a range's audience may see), ``gaps`` (memory/gaps.py), ``profile_apply`` (a job's
-  result, the pending ranges, the run key) and ``profile_rules`` (the prompts, the answers
-  checked, the fallbacks: what the profile job asks and how); :func:`get_entity`, an entity's
-  name (the owner's TODO.md);
+- layer 2's judgements: ``profile_rules`` (memory/profile_rules.py: the prompts of the profile
+  job, its answers checked, the fallbacks); :func:`get_entity`, an entity's name (the owner's
+  TODO.md);
 - :func:`inbound_event`: the platform event id memory recorded for a stream entry;
 - scheduled work: ``schedule`` (memory/schedule.py: adding, cancelling, listing the items,
   which need an rq job, which are due, recording what an occurrence became, the health), read by
