@@ -5,10 +5,11 @@ Two periodic duties on the writer (worker/duties.py), every ``[profiles] check_e
 
 - ``profile.plan``: the ranges layer 1 summarised and layer 2 has not derived yet (memory's
   ``pending_profiles``: a current summary with no run of its own; oldest first, at most
-  ``[profiles] batch`` a round), one rq job each (worker/profile_job.py), under an id made of the
-  range's run key, with layer 1's rules (worker/derive.py ``submit``: not twice while queued,
-  running or just finished; a failed job or one that found the model down again after a backoff,
-  so a range waits for the model, never gets dropped). With no model, or ``[profiles] enabled =
+  ``[profiles] batch`` new jobs a round, passing over those already queued or backing off), one
+  rq job each (worker/profile_job.py), under an id made of the range's run key, with layer 1's
+  rules (worker/derive.py ``submit``: not twice while queued, running or just finished; a failed
+  job or one that found the model down again after a backoff, so a range waits for the model,
+  never gets dropped). With no model, or ``[profiles] enabled =
   false``, nothing is planned: profiles wait (said once in the log; ``relaybot status`` says it).
   Before planning, at start and whenever the worker's tool names change (a reload), the open
   gaps whose ``needs`` names one of its tools are closed ("covered by the tool NAME").
@@ -40,6 +41,7 @@ log = structlog.get_logger(__name__)
 JOB = "worker.profile_job.profile"
 CALLS = 16  # model calls a profile job may make (four questions, twice, a few people)
 TODO_FILE = "TODO.md"
+WINDOW = 10  # pending ranges looked at per round: this many batches
 
 # a write to memory between rounds (worker/writer.py ``write_between_rounds``)
 Write = Callable[[Callable[[], object]], object]
@@ -88,11 +90,15 @@ class Profiler:
             self._waiting = True
             return []
         self._waiting = False
-        pending = self.memory.pending_profiles(cfg.profiles.batch) or []
+        # a window past the batch: ranges whose jobs are queued, running or backing off are
+        # passed over, so one that keeps failing never holds the others back
+        pending = self.memory.pending_profiles(cfg.profiles.batch * WINDOW) or []
         tools = sorted(self._tools or ())
-        done = []
+        done: list[profile_apply.PendingRange] = []
         try:
             for p in pending:
+                if len(done) >= cfg.profiles.batch:
+                    break
                 key = profile_apply.run_key(p.conversation, p.first_id, p.last_id, p.summary)
                 made = submit(cfg, self.r, job_id(cfg.keys.prefix, key), JOB,
                               args=(p.conversation, p.first_id, p.last_id, p.summary),

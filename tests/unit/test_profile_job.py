@@ -104,8 +104,9 @@ class World:
 
     def summary(self, rows: list[LogRow], text: str = "they talked") -> profile_apply.PendingRange:
         conv, first, last = rows[0].conversation, rows[0].id, rows[-1].id
+        key = summaries.job_key(conv, first, last)
         p = summaries.Proposal(conversation=conv, first_id=first, last_id=last, text=text,
-                               method="model", job_key=summaries.job_key(conv, first, last))  # fmt: skip
+                               method="model", job_key=key)  # fmt: skip
         with self.store.transaction():
             made = summaries.apply(self.conn, p)
         return profile_apply.PendingRange(conv, first, last, made.id)
@@ -363,8 +364,8 @@ def test_a_range_that_changed_is_stale(world: World) -> None:
 
 
 def test_a_result_too_big_for_one_entry_is_cut_least_confident_first() -> None:
-    many = [{"entity": "e", "kind": "event", "text": "x" * 500, "confidence": i / 200,
-             "evidence": [1], "same_as": None, "contradicts": None} for i in range(200)]  # fmt: skip
+    one = {"entity": "e", "kind": "event", "text": "x" * 500, "evidence": [1], "same_as": None}
+    many = [{**one, "confidence": i / 200, "contradicts": None} for i in range(200)]
     result: dict[str, object] = {"note": "", "facts": many, "gaps": []}
     cut = fit(result)
     kept = cut["facts"]

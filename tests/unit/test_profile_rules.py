@@ -298,7 +298,7 @@ def test_the_detector_finds_an_assistant_that_says_it_cannot() -> None:
         row(22, "ok thanks"),
         row(23, "You're welcome! I can't wait for your trip.", out=True),  # not a refusal
         row(24, "book me a table at Luigi's", owner=True, name="Ada"),
-        row(25, "I’m unable to make reservations.", out=True),  # a typographic apostrophe
+        row(25, "I\u2019m unable to make reservations.", out=True),  # a typographic apostrophe
         row(26, "What's the weather in  Paris tomorrow"),
         row(27, "I am not able to check the weather.", out=True),
         row(28, "hello"),
