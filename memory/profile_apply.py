@@ -206,7 +206,8 @@ def apply_result(
     log.info(
         "profile.applied", run=out.run, key=result.run_key, method=result.method, added=out.added,
         superseded=out.superseded, contradicted=out.contradicted, retired=out.retired,
-        gaps_new=out.gaps_new, gaps_merged=out.gaps_merged, refused=len(out.refused),
+        gaps_new=out.gaps_new, gaps_merged=out.gaps_merged, unchanged=out.unchanged,
+        refused=len(out.refused),
     )  # fmt: skip
     for why in out.refused:
         log.info("profile.refused", key=result.run_key, reason=why)
