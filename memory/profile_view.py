@@ -45,7 +45,7 @@ CONFLICT_TEXT = 160  # characters of a contradicted fact's text in a line
 NAME_MAX = 60
 KINDS: tuple[str, ...] = tuple(sorted(profiles.KINDS))  # the kinds a tool may ask for
 # whether memory holds a current fact at all: a turn with none skips the section's reads
-ANY_CURRENT = "SELECT 1 FROM profile_facts WHERE superseded_by IS NULL AND erased IS NULL LIMIT 1"
+ANY_CURRENT = f"SELECT 1 FROM profile_facts WHERE {profiles.CURRENT} LIMIT 1"  # noqa: S608
 
 
 @dataclass(frozen=True)

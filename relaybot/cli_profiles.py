@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from contract.config import Config
     from memory.view import MemoryView
 
+# a fact (memory/profiles.py Fact) and a gap (memory/gaps.py Gap), as MemoryView gives them
+_Fact = Any
+_Gap = Any
+
 EXIT_FAILED = 1
 MAX_ID = (1 << 63) - 1  # SQLite's largest integer
 MAX_WHY = 300
@@ -114,18 +118,18 @@ def name_of(view: MemoryView, entity: str, owner_name: str, names: dict[str, str
 # -- profiles ------------------------------------------------------------------------------------
 
 
-def state_of(fact: Any) -> str:
+def state_of(fact: _Fact) -> str:
     """current, superseded, retired or erased."""
     if fact.erased is not None:
         return "erased"
     if fact.superseded_by is not None:
         return "superseded"
-    if getattr(fact, "retired", None) is not None:
+    if fact.retired is not None:
         return "retired"
     return "current"
 
 
-def fact_line(fact: Any) -> list[str]:
+def fact_line(fact: _Fact) -> list[str]:
     """A fact as the list shows it: its line, and its text (blank once erased) below."""
     from memory.view import stamp
 
@@ -139,7 +143,7 @@ def fact_line(fact: Any) -> list[str]:
     if fact.superseded_by is not None:
         chain += f", superseded by #{fact.superseded_by}"
     if state == "retired":
-        chain += f", retired: {getattr(fact, 'retired_why', None) or 'no longer relevant'}"
+        chain += f", retired: {fact.retired_why or 'no longer relevant'}"
     head = (
         f"  #{fact.id} {fact.kind} {fact.confidence:.2f}, {fact.source_privacy}, log {evidence} "
         f"({fact.conversation}, {stamp(fact.first_seen)} to {stamp(fact.last_seen)}) "
@@ -149,14 +153,16 @@ def fact_line(fact: Any) -> list[str]:
     return [head, "      " + (text or "[erased]")]
 
 
-def _read_facts(view: MemoryView, args: argparse.Namespace, owner_name: str) -> list[Any] | None:
-    """The facts asked for (None: ``ENTITY`` names nobody)."""
+def _read_facts(view: MemoryView, args: argparse.Namespace, owner_name: str) -> list[_Fact] | None:
+    """The facts asked for, each once (None: ``ENTITY`` names nobody). An entity's facts come
+    with those of every entity joined to it by a verified link (one person)."""
     if not args.entity:
         return view.profile_facts(None, include_all=args.all)
     entities = resolve(view, args.entity, owner_name)
     if not entities:
         return None
-    return [f for e in entities for f in view.profile_facts(e, include_all=args.all)]
+    found = {f.id: f for e in entities for f in view.profile_facts(e, include_all=args.all)}
+    return sorted(found.values(), key=lambda f: (f.entity, f.id))
 
 
 def cmd_profiles(args: argparse.Namespace, cfg: Config) -> int:
@@ -188,7 +194,7 @@ def cmd_profiles(args: argparse.Namespace, cfg: Config) -> int:
         more = "" if args.all else " (--all shows superseded, retired and erased ones)"
         echo(f"no current profile facts{whom}{more}")
         return 0
-    by_entity: dict[str, list[Any]] = {}
+    by_entity: dict[str, list[_Fact]] = {}
     for f in facts:
         by_entity.setdefault(f.entity, []).append(f)
     for entity, group in by_entity.items():
@@ -209,11 +215,11 @@ def _nothing(args: argparse.Namespace, message: str) -> int:
 # -- gaps ----------------------------------------------------------------------------------------
 
 
-def gap_line(gap: Any, name: str) -> list[str]:
+def gap_line(gap: _Gap, name: str) -> list[str]:
     from memory.view import stamp
 
     evidence = ", ".join(str(i) for i in gap.evidence) or "-"
-    needs = f", needs {gap.needs}" if getattr(gap, "needs", None) else ""
+    needs = f", needs {gap.needs}" if gap.needs else ""
     status = gap.status
     if gap.status == "closed":
         status += f" ({gap.closed_reason})"

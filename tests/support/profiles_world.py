@@ -84,10 +84,11 @@ class World:
         assert entity is not None
         conv = evidence[0].conversation
         first, last = min(r.id for r in evidence), max(r.id for r in evidence)
+        run_key = f"profile:{conv}@{first}-{last}/s-"
         p = profiles.Proposal(
             entity=entity, kind=kind, text=text, confidence=confidence,
             evidence=tuple(r.id for r in evidence), conversation=conv, first_id=first,
-            last_id=last, job_key=profiles.job_key(conv, first, last, next(self.keys)),
+            last_id=last, job_key=profiles.job_key(run_key, next(self.keys)),
             supersedes=supersedes, contradicts=contradicts,
         )  # fmt: skip
         with self.store.transaction():

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +39,6 @@ def _put_back() -> Iterator[None]:
     structlog.configure(**config)
     root.handlers[:] = handlers
     root.setLevel(level)
-
-
-@pytest.fixture(autouse=True)
-def _view_of_the_design(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``MemoryView.profile_facts`` as the design gives it, where memory does not have it yet."""
-    if hasattr(MemoryView, "profile_facts"):
-        return
-    from memory import profiles
-
-    def profile_facts(self: MemoryView, entity: str | None, *, include_all: bool) -> list[Any]:
-        conn = self._store.conn
-        ids = [entity] if entity else [r[0] for r in conn.execute(
-            "SELECT DISTINCT entity FROM profile_facts ORDER BY entity")]  # fmt: skip
-        read = profiles.history if include_all else profiles.current
-        return [f for e in ids for f in read(conn, e)]
-
-    monkeypatch.setattr(MemoryView, "profile_facts", profile_facts, raising=False)
 
 
 @pytest.fixture
@@ -204,62 +186,51 @@ def test_a_name_with_terminal_controls_is_shown_inert(
 # -- gaps ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FakeGap:
-    """memory/gaps.py's Gap, as the design gives it (the view is H1's, tested there)."""
+def add_gaps(world: World) -> tuple[str, list[Any]]:
+    """Bob's open gap (seen twice, reopened once) and the owner's closed one, as the writer
+    keeps them (memory/gaps.py)."""
+    from memory import gaps
 
-    id: int
-    entity: str
-    description: str
-    needs: str | None
-    source_privacy: str
-    count: int
-    first_seen: float
-    last_seen: float
-    status: str
-    closed_reason: str | None
-    reopened: int
-    job_key: str
-    created: float
-    erased: int | None
-    evidence: tuple[int, ...]
-
-
-def _gaps(entity: str) -> list[FakeGap]:
-    return [
-        FakeGap(3, entity, "look up the train times", "web_search", "direct", 2, 1.795e9,
-                1.796e9, "open", None, 1, "k3", 1.795e9, None, (12, 40)),
-        FakeGap(4, "owner", "send an email", "send_email", "owner", 1, 1.795e9, 1.795e9,
-                "closed", "covered by the tool send_email", 0, "k4", 1.795e9, None, (50,)),
-    ]  # fmt: skip
+    a = world.say("can you look up the train times?", name="Bob")
+    b = world.say("the train times, please")
+    me = world.say("send an email to Carol", "cli:home", Privacy.OWNER, sender="ada")
+    conn = world.conn
+    with world.store.transaction():
+        bobs = gaps.add(conn, entity=str(a.entity), description="look up the train times",
+                        needs="web_search", evidence=[a], key="k3", now=1.795e9)  # fmt: skip
+        mine = gaps.add(conn, entity="owner", description="send an email", needs="send_email",
+                        evidence=[me], key="k4", now=1.795e9)  # fmt: skip
+        gaps.close(conn, bobs.id, "tried", 1.795e9)
+        gaps.close(conn, mine.id, "covered by the tool send_email", 1.795e9)
+        closed = gaps.by_id(conn, bobs.id)
+        assert closed is not None
+        gaps.merge(conn, closed, [b], "web_search")  # it came back: open again
+    return str(a.entity), [gaps.by_id(conn, bobs.id), gaps.by_id(conn, mine.id), a, b, me]
 
 
 def test_gaps_lists_the_open_ones_all_adds_the_closed(
-    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bob = world.say("hi", name="Bob")
-    asked: list[bool] = []
-
-    def gaps(_self: MemoryView, *, include_closed: bool) -> list[FakeGap]:
-        asked.append(include_closed)
-        found = _gaps(str(bob.entity))
-        return found if include_closed else found[:1]
-
-    monkeypatch.setattr(MemoryView, "gaps", gaps, raising=False)
+    bob, (bobs, mine, a, b, _me) = add_gaps(world)
+    assert bobs.status == "open" and bobs.reopened == 1 and bobs.count == 2
     code, out, _ = run(["memory", "gaps"], capsys)
     assert code == 0
-    assert out.splitlines() == [
-        "#3 open (reopened 1 times), 2 times from 2026-11-18 11:06 UTC to 2026-11-30 00:53 UTC, "
-        f"Bob ({bob.entity}, matrix:@bob:m.org), direct, needs web_search, log 12, 40",
-        "    look up the train times",
-    ]
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"#{bobs.id} open (reopened 1 times), 2 times from ")
+    assert lines[0].endswith(
+        f", Bob ({bob}, matrix:@bob:m.org), direct, needs web_search, log {a.id}, {b.id}"
+    )
+    assert lines[1] == "    look up the train times"
     code, out, _ = run(["memory", "gaps", "--all", "--json"], capsys)
     records = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and asked == [False, True]
-    assert [(r["id"], r["status"], r["entity_name"]) for r in records] == [
-        (3, "open", f"Bob ({bob.entity}, matrix:@bob:m.org)"),
-        (4, "closed", "Ada (owner)"),
+    assert code == 0
+    assert sorted((r["id"], r["status"], r["entity_name"]) for r in records) == [
+        (bobs.id, "open", f"Bob ({bob}, matrix:@bob:m.org)"),
+        (mine.id, "closed", "Ada (owner)"),
     ]
+    code, out, _ = run(["memory", "gaps", "--all"], capsys)
+    assert f"#{mine.id} closed (covered by the tool send_email)" in out
 
 
 class Sent:
@@ -319,8 +290,10 @@ def test_the_status_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     )
     w = World(tmp_path)
     w.store.close()
+    empty = profiles_health(w.cfg.memory_path, has_model=True)
+    assert profiles_line(empty) == "profiles: 0 facts about 0 entities, 0 open gaps"
     counts = {"facts": 12, "entities": 4, "open_gaps": 2, "runs": 9, "pending": 3}
-    monkeypatch.setattr(MemoryView, "profile_counts", lambda _self: counts, raising=False)
+    monkeypatch.setattr(MemoryView, "profile_counts", lambda _self: counts)
     found = profiles_health(w.cfg.memory_path, has_model=True)
     assert found == {"has_model": True, "exists": True, **counts}
     assert profiles_line(found) == (
@@ -334,3 +307,24 @@ def test_the_status_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert profiles_line({"exists": True, "has_model": True}) == (
         "profiles: ? facts about ? entities, ? open gaps"
     )
+
+
+def test_all_shows_retired_with_why_and_erased_as_blank(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memory import profiles
+    from memory.erasure import erase
+
+    made = facts(world)
+    with world.store.transaction():
+        profiles.retire(world.conn, made["carol"].id, "she stopped singing")
+    erase(world.store, kind="id", target=str(made["mine"].evidence[0]), reason="asked",
+          requested_by="ada", stream_id="cli/1795999999997-0")  # fmt: skip
+    code, out, _ = run(["memory", "profiles"], capsys)
+    assert code == 0 and "Carol sings" not in out and "vegetarian" not in out
+    code, out, _ = run(["memory", "profiles", "--all"], capsys)
+    assert code == 0
+    assert f"#{made['carol'].id} identity 0.80" in out
+    assert "retired: she stopped singing" in out and "Carol sings" in out
+    assert f"#{made['mine'].id} identity" in out and ", erased" in out
+    assert "vegetarian" not in out and "      [erased]" in out

@@ -311,10 +311,11 @@ class Run:
             sources += self.sources[old[0].id]
         text = self.world.new_word(Origin("a profile fact", sources=sources))
         first, last = evidence[0][0], evidence[-1][0]
+        run = f"profile:{conversation}@{first}-{last}"
         p = profiles.Proposal(
             entity=entity, kind="preference", text=f"likes {text}", confidence=0.5,
             evidence=tuple(r[0] for r in evidence), conversation=conversation, first_id=first,
-            last_id=last, job_key=profiles.job_key(conversation, first, last, next(self.sid)),
+            last_id=last, job_key=profiles.job_key(f"{run}/s-", next(self.sid)),
             supersedes=old[0].id if old and how == "supersedes" else None,
             contradicts=old[0].id if old and how == "contradicts" else None,
         )  # fmt: skip

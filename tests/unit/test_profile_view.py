@@ -235,3 +235,39 @@ def test_a_name_cannot_close_the_label(world: World) -> None:
     assert "]" not in profile_view.name_of(world.conn, str(a.entity))
     assert profile_view.name_of(world.conn, OWNER, "Ada") == "Ada"
     assert profile_view.name_of(world.conn, "e-000000000000") == "e-000000000000"
+
+
+def test_erasing_the_narrow_evidence_of_a_new_version_brings_back_the_wider_one(
+    world: World,
+) -> None:
+    """The erasure cascade (memory/profile_erasure.py) under the section: the DM version is
+    blanked, the group version current again, and the DM's text is shown nowhere."""
+    team = world.say("I run on sundays", TEAM, Privacy.GROUP, name="Bob")
+    old = world.fact(team.entity, [team], "Bob runs on sundays", kind="event")
+    secret = world.say("I run to forget my divorce")
+    world.fact(secret.entity, [secret], "Bob runs since his divorce", kind="event",
+               supersedes=old.id)  # fmt: skip
+    assert "divorce" in section(world.context("hi"))
+    assert "sundays" not in section(world.context("hi all", TEAM, Privacy.GROUP, CAROL))
+    receipt = erase(world.store, kind="id", target=str(secret.id), reason="asked",
+                    requested_by="ada", stream_id="cli/1795999999998-0")  # fmt: skip
+    assert receipt
+    assert "Bob runs on sundays" in section(world.context("hi all", TEAM, Privacy.GROUP, CAROL))
+    for text in (
+        world.context("hi again"),
+        world.context("and you?", TEAM, Privacy.GROUP, CAROL),
+        world.tool(Scope(HOME, Privacy.OWNER), entity="Bob"),
+    ):
+        assert "divorce" not in text
+
+
+def test_a_retired_fact_is_shown_nowhere(world: World) -> None:
+    from memory import profiles
+
+    a = world.say("I am training for Berlin", name="Bob")
+    f = world.fact(a.entity, [a], "Bob trains for the Berlin marathon", kind="event")
+    assert "Berlin" in section(world.context("hi"))
+    with world.store.transaction():
+        assert not isinstance(profiles.retire(world.conn, f.id, "the race was in 2025"), str)
+    assert "Berlin" not in section(world.context("hi again"))
+    assert "Berlin" not in world.tool(Scope(HOME, Privacy.OWNER), entity="Bob")

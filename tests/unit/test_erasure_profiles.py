@@ -1,0 +1,201 @@
+"""Layer 2 under an erasure (memory/profile_erasure.py, memory/erasure.py): a fact resting on an
+erased row is blanked (its text gone from the database file too), its predecessor current again
+when its own evidence survives, gaps blanked, runs marked, the receipt and the preview name them,
+the range derived again from its new summary; and a fact is shown only where all of its evidence
+may be."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract.messages import Privacy
+from memory import gaps, profiles
+from memory.erasure import erase, plan_erasure
+from memory.identity import OWNER
+from memory.privacy import Scope
+from memory.profile_apply import pending
+from memory.profile_erasure import cascade
+from tests.unit.test_profile_apply import BOB_DM, CAROL, CAROL_DM, OWNER_DM, TEAM, World, fact
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.store.close()
+
+
+def database_bytes(world: World) -> bytes:
+    path = world.store.path
+    wal = path.with_name(path.name + "-wal")
+    return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
+def test_an_erased_row_takes_its_facts_and_gaps_to_the_bytes(world: World) -> None:
+    a = world.say("call me at the zebra-quokka hotel")
+    b = world.say("I like tea")
+    bob = str(a.entity)
+    s = world.summarize([a, b])
+    world.apply(world.result(
+        [a, b], summary=s.id,
+        facts=[fact(bob, "stays at the Zebra-Quokka hotel", [a.id], kind="event"),
+               fact(bob, "likes tea", [b.id])],
+        gaps=[{"entity": bob, "description": "book the zebra-quokka suite", "evidence": [a.id],
+               "needs": "booking"}],
+    ))  # fmt: skip
+    hotel, tea = profiles.current(world.conn, bob)
+    (gap,) = gaps.listing(world.conn)
+    world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert database_bytes(world).lower().count(b"quokka") >= 3  # the row, the fact, the gap
+    preview = plan_erasure(world.conn, "id", str(a.id))
+    assert (preview.fact_ids, preview.gap_ids) == ([hotel.id], [gap.id])
+    receipt = erase(world.store, kind="id", target=str(a.id), reason="asked",
+                    requested_by="owner", stream_id="77-1")  # fmt: skip
+    assert (receipt["facts"], receipt["gaps"]) == ([hotel.id], [gap.id])
+    replay = erase(world.store, kind="id", target=str(a.id), reason="asked",
+                   requested_by="owner", stream_id="77-1")  # fmt: skip
+    assert replay["replayed"] and (replay["facts"], replay["gaps"]) == ([hotel.id], [gap.id])
+    blank = profiles.by_id(world.conn, hotel.id)
+    assert blank is not None and blank.text == "" and blank.erased == receipt["erasure"]
+    assert [f.id for f in profiles.current(world.conn, bob)] == [tea.id]  # the rest stays
+    gone = gaps.by_id(world.conn, gap.id)
+    assert gone is not None and (gone.description, gone.needs, gone.erased) == (
+        "", None, receipt["erasure"])  # fmt: skip
+    assert gaps.listing(world.conn, include_closed=True) == []
+    (erased_run,) = world.conn.execute("SELECT erased, note FROM profile_runs")
+    assert tuple(erased_run) == (receipt["erasure"], "")
+    detail = world.conn.execute("SELECT detail FROM erasure").fetchone()[0]
+    assert f'"facts":[{hotel.id}]' in detail and f'"gaps":[{gap.id}]' in detail
+    # secure_delete in the grant, the WAL checkpointed after the commit: not a byte left
+    assert database_bytes(world).lower().count(b"quokka") == 0
+
+
+def test_the_predecessor_is_current_again_when_its_evidence_survives(world: World) -> None:
+    a = world.say("I like tea")
+    b = world.say("green tea, my doctor says")
+    c = world.say("still tea")
+    bob = str(a.entity)
+    world.apply(world.result([a], facts=[fact(bob, "likes tea", [a.id])]))
+    v1 = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([b], facts=[fact(bob, "tea", [b.id], same_as=v1.id)]))
+    v2 = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([c], facts=[fact(bob, "tea", [c.id], same_as=v2.id)]))
+    v3 = profiles.current(world.conn, bob)[0]
+    receipt = world.erase_rows(b)
+    assert receipt["facts"] == [v2.id, v3.id]  # v3 inherited b
+    back = profiles.current(world.conn, bob)
+    assert [f.id for f in back] == [v1.id] and back[0].superseded_by is None
+    assert profiles.by_id(world.conn, v2.id).supersedes is None  # type: ignore[union-attr]
+    # its chain goes on from v1 (the one-successor index was freed)
+    d = world.say("tea, once more")
+    done = world.apply(world.result([d], facts=[fact(bob, "tea", [d.id], same_as=v1.id)]))
+    assert done.superseded == 1
+    assert profiles.current(world.conn, bob)[0].evidence == (a.id, d.id)
+
+
+def test_an_erased_contradiction_gives_the_older_fact_back(world: World) -> None:
+    a = world.say("I live in Lyon")
+    b = world.say("I moved to Oslo")
+    bob = str(a.entity)
+    world.apply(world.result([a], facts=[fact(bob, "lives in Lyon", [a.id])]))
+    lyon = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([b], facts=[fact(bob, "lives in Oslo", [b.id], contradicts=lyon.id)]))
+    oslo = profiles.current(world.conn, bob)[0]
+    world.erase_rows(b)
+    assert [f.text for f in profiles.current(world.conn, bob)] == ["lives in Lyon"]
+    erased = profiles.by_id(world.conn, oslo.id)
+    assert erased is not None and (erased.supersedes, erased.conflicts_with) == (None, None)
+
+
+def test_a_contradiction_stays_when_what_it_contradicts_is_erased(world: World) -> None:
+    a = world.say("I live in Lyon")
+    b = world.say("I moved to Oslo")
+    bob = str(a.entity)
+    world.apply(world.result([a], facts=[fact(bob, "lives in Lyon", [a.id])]))
+    lyon = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([b], facts=[fact(bob, "lives in Oslo", [b.id], contradicts=lyon.id)]))
+    oslo = profiles.current(world.conn, bob)[0]
+    world.erase_rows(a)
+    assert profiles.current(world.conn, bob) == [oslo]
+    scope = Scope(BOB_DM, Privacy.DIRECT, bob)
+    assert profiles.conflict_of(world.conn, scope, oslo) is None  # a blank is never shown
+
+
+def test_a_kept_contradiction_above_an_erased_version_stays_the_current_one(world: World) -> None:
+    a, b, c = world.say("tea"), world.say("green tea"), world.say("no, coffee now")
+    bob = str(a.entity)
+    world.apply(world.result([a], facts=[fact(bob, "likes tea", [a.id])]))
+    v1 = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([b], facts=[fact(bob, "tea", [b.id], same_as=v1.id)]))
+    v2 = profiles.current(world.conn, bob)[0]
+    world.apply(world.result([c], facts=[fact(bob, "likes coffee", [c.id], contradicts=v2.id)]))
+    v3 = profiles.current(world.conn, bob)[0]
+    world.erase_rows(b)  # v2 goes; v3 rests on c alone and stays: v1 is not current again
+    assert [f.id for f in profiles.history(world.conn, bob) if f.current] == [v3.id]
+
+
+def test_the_range_is_derived_again_from_its_new_summary(world: World) -> None:
+    a, b, c = world.say("one"), world.say("two, a secret"), world.say("three")
+    bob = str(a.entity)
+    s = world.summarize([a, b, c])
+    world.apply(world.result([a, b, c], summary=s.id, facts=[fact(bob, "counts", [a.id, b.id])]))
+    assert pending(world.conn, 10) == []
+    world.erase_rows(b)
+    assert pending(world.conn, 10) == []  # layer 1 has to summarise what remains first
+    again = world.summarize([a, c], version=2)
+    (todo,) = pending(world.conn, 10)
+    assert (todo.summary, todo.first_id, todo.last_id) == (again.id, a.id, c.id)
+    done = world.apply(world.result([a, c], summary=again.id, facts=[fact(bob, "counts", [a.id])]))
+    assert done.added == 1 and pending(world.conn, 10) == []
+
+
+def test_the_database_refuses_changes_outside_an_erasure(world: World) -> None:
+    a = world.say("tea")
+    bob = str(a.entity)
+    world.apply(world.result([a], facts=[fact(bob, "likes tea", [a.id])]))
+    with pytest.raises(sqlite3.IntegrityError):  # outside an erasure's grant: refused
+        cascade(world.conn, 1, [a.id])
+    for sql in (
+        "UPDATE profile_runs SET erased = 1",
+        "UPDATE profile_runs SET facts = 0",
+        "DELETE FROM profile_runs",
+        "UPDATE profile_facts SET text = ''",
+        "DELETE FROM profile_facts",
+    ):
+        with pytest.raises(sqlite3.IntegrityError):
+            world.conn.execute(sql)
+
+
+@pytest.mark.parametrize(
+    ("scope", "shown"),
+    [
+        ("bob dm", True),
+        ("owner", True),
+        ("bob by mail", True),  # what Bob himself said, elsewhere to Bob
+        ("team", False),
+        ("carol dm", False),
+    ],
+)
+def test_a_fact_from_bobs_dm_is_shown_only_where_all_its_evidence_may_be(
+    world: World, scope: str, shown: bool
+) -> None:
+    a = world.say("my vault code is QX-5531")
+    c = world.say("hi", conversation=CAROL_DM, sender=CAROL)
+    bob, carol = str(a.entity), str(c.entity)
+    world.apply(world.result([a], facts=[fact(bob, "keeps a vault code", [a.id])]))
+    scopes: dict[str, Any] = {
+        "bob dm": Scope(BOB_DM, Privacy.DIRECT, bob),
+        "owner": Scope(OWNER_DM, Privacy.OWNER, OWNER),
+        "bob by mail": Scope("email:bob-thread", Privacy.DIRECT, bob),
+        "team": Scope(TEAM, Privacy.GROUP),
+        "carol dm": Scope(CAROL_DM, Privacy.DIRECT, carol),
+    }
+    seen = profiles.visible(world.conn, scopes[scope], bob)
+    assert bool(seen) is shown
+    (f,) = profiles.current(world.conn, bob)
+    assert profiles.shown(world.conn, scopes[scope], f) is shown
