@@ -72,7 +72,7 @@ def test_an_erased_row_takes_its_facts_and_gaps_to_the_bytes(world: World) -> No
     detail = world.conn.execute("SELECT detail FROM erasure").fetchone()[0]
     assert f'"facts":[{hotel.id}]' in detail and f'"gaps":[{gap.id}]' in detail
     # secure_delete in the grant, the WAL checkpointed after the commit: not a byte left
-    assert b"quokka" not in database_bytes(world).lower()
+    assert database_bytes(world).lower().count(b"quokka") == 0
 
 
 def test_the_predecessor_is_current_again_when_its_evidence_survives(world: World) -> None:

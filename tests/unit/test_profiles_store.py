@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from contract.messages import InboundMessage, Privacy, Reply
-from memory import profiles
+from memory import profiles, summaries
 from memory.identity import OWNER, OwnerResolver
 from memory.identity_writer import Identity
 from memory.privacy import Scope
@@ -275,3 +275,69 @@ def test_a_version_from_a_dm_does_not_reach_the_group_its_old_version_came_from(
     assert [
         f.id for f in profiles.visible(world.conn, Scope(BOB_DM, Privacy.DIRECT, bob), bob)
     ] == [v2.id]
+
+
+# -- through the facade (the worker) and the read-only view (the application) -------------------
+
+
+class _Role:
+    role = None
+    project = None
+    teams = ()
+
+
+def test_the_facade_and_the_view_of_layer_2(tmp_path: Path) -> None:
+    from memory.facade import Memory, MemorySettings
+    from memory.profile_apply import result_of, run_key
+    from memory.view import MemoryView
+
+    world = World(tmp_path)
+    a = world.say("look up the train times, and I love jazz")
+    bob = str(a.entity)
+    settings = MemorySettings(
+        owner_name="Ada", owner_aliases=[], workspace=tmp_path, assistant_name="relaybot",
+        system_prompt="", context_tokens=4000, roles=lambda _c, _s: _Role(),
+    )  # fmt: skip
+    memory = Memory(world.store, settings)
+    s = summaries.apply(world.conn, summaries.Proposal(
+        conversation=BOB_DM, first_id=a.id, last_id=a.id, text="Bob asked for trains",
+        method="model", job_key="k1", rows=1))  # fmt: skip
+    (todo,) = memory.pending_profiles(5) or []
+    assert todo.summary == s.id
+    before = memory.gaps_signature()
+    result = result_of({
+        "type": "profile", "run_key": run_key(BOB_DM, a.id, a.id, s.id), "conversation": BOB_DM,
+        "first_id": a.id, "last_id": a.id, "summary": s.id, "method": "model",
+        "facts": [{"entity": bob, "kind": "preference", "text": "loves jazz", "confidence": 0.8,
+                   "evidence": [a.id]}],
+        "gaps": [{"entity": bob, "description": "train times", "needs": "web_search",
+                  "evidence": [a.id]}],
+    })  # fmt: skip
+    with memory.write():
+        done = memory.apply_profile(result)
+    memory.settle()
+    assert not isinstance(done, str) and (done.added, done.gaps_new) == (1, 1)
+    assert memory.pending_profiles(5) == []
+    assert memory.gaps_signature() != before
+    (gap,) = memory.open_gaps() or []
+    with MemoryView(world.store.path) as view:
+        assert [f.text for f in view.profile_facts(None)] == ["loves jazz"]
+        assert [f.text for f in view.profile_facts("matrix:@bob:m.org")] == ["loves jazz"]
+        assert view.profile_facts(OWNER) == []
+        with pytest.raises(LookupError):
+            view.profile_facts("matrix:@nobody:m.org")
+        assert [g.id for g in view.gaps()] == [gap.id]
+        assert view.profile_counts() == {"facts": 1, "entities": 1, "open_gaps": 1, "runs": 1,
+                                         "pending": 0}  # fmt: skip
+    with memory.write():
+        assert memory.close_gaps_covered(["web_search"]) == [gap.id]
+    memory.settle()
+    assert memory.open_gaps() == []
+    with MemoryView(world.store.path) as view:
+        assert [g.status for g in view.gaps(include_closed=True)] == ["closed"]
+    # a stale result (its summary erased meanwhile) is refused whole, with why
+    other = {"run_key": run_key(BOB_DM, a.id, a.id, s.id + 1), "summary": s.id + 1}
+    with memory.write():
+        assert "no longer current" in str(memory.apply_profile(result.model_copy(update=other)))
+    memory.settle()
+    world.store.close()
