@@ -31,7 +31,7 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Kind, Privacy, Reply
-from memory import commands, curated_versions, notes, summaries, summary_view
+from memory import commands, curated_versions, notes, profile_view, summaries, summary_view
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -45,6 +45,7 @@ from memory.identity import OwnerResolver, OwnerView, ScopedAlias, owner_handles
 from memory.identity_writer import Identity
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
+from memory.profile_view import ProfilesSection
 from memory.provenance import DrewOn
 from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
@@ -78,6 +79,10 @@ class MemorySettings:
     trusted_channels: frozenset[str] | None = None
     # the owner's time zone: the times in the context are shown in it (None: UTC)
     timezone: tzinfo | None = None
+    # layer 2 in the context ([profiles] context_share, max_context_facts): its share of the
+    # room and the most facts it offers (0: no profiles section)
+    profiles_share: float = profile_view.PROFILES_SHARE
+    profile_facts: int = profile_view.MAX_FACTS
 
 
 def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
@@ -521,6 +526,11 @@ class Memory:
             )
             if drew is not None:  # offered (the budget may cut the oldest): an erasure reaches
                 drew.add_summaries(s.id for s in shown)  # every reply they may have shaped
+        profiled = self._profiles(msg, scope, current_id)
+        if profiled.lines:
+            sections.append(ProfilesSection(profiled.lines, self.settings.profiles_share))
+            if drew is not None:  # the facts' evidence: an erasure of it reaches the reply
+                drew.add_rows(profiled.evidence)
         found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
@@ -554,6 +564,46 @@ class Memory:
                 return False
             seen = self._summaries_seen = (store, found is not None)
         return seen[1]
+
+    # -- layer 2: profile facts (memory/profile_view.py) ------------------------------------------
+
+    def _profiles(self, msg: InboundMessage, scope: Scope, current_id: int) -> profile_view.Shown:
+        """The profile facts of the turn's section; none if memory fails (degraded)."""
+        store, limit = self.store, self.settings.profile_facts
+        if store is None or limit <= 0 or privacy_of(scope) is None:
+            return profile_view.Shown([], [])
+        try:
+            if store.conn.execute(profile_view.ANY_CURRENT).fetchone() is None:
+                return profile_view.Shown([], [])
+            return profile_view.section_facts(
+                store.conn, scope, conversation=msg.conversation, before_id=current_id or 2**62,
+                limit=limit, persons=persons_for(store, scope),
+                owner_name=self.settings.owner_name,
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return profile_view.Shown([], [])
+
+    def profile(
+        self, scope: Scope, entity_name: str | None, kind: str | None, drew: DrewOn | None = None
+    ) -> str:
+        """The ``profile`` tool's answer (memory/profile_view.py :func:`tool_text`): the facts of
+        ``entity_name`` (None: the people of the scope's conversation) that ``scope`` may see;
+        ``drew`` is told their evidence. An error line when memory fails (degraded)."""
+
+        def read(store: MemoryStore) -> str:
+            text, shown = profile_view.tool_text(
+                store.conn, scope, entity=entity_name, kind=kind, conversation=scope.conversation,
+                persons=persons_for(store, scope), owner_name=self.settings.owner_name,
+            )  # fmt: skip
+            if drew is not None:
+                drew.add_rows(shown.evidence)
+            return text
+
+        found = self.use(read)
+        return (
+            "error: profiles cannot be read right now (memory failed)" if found is None else found
+        )
 
     def _notes(self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None) -> list[str]:
         """The notes relevant to the message that this conversation may see (none if memory
