@@ -48,7 +48,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,23 +69,21 @@ from bench.locomo import (
 )
 from bench.locomo import SAMPLES as LOCOMO_SAMPLES
 from contract import logs
-from contract.config import DEFAULT_SYSTEM_PROMPT
-from contract.messages import Privacy
-from memory import profiles
-from memory.bulk import first_sender_entity
-from memory.context import build_context
+from contract.config import Config, OwnerConfig
+from contract.messages import InboundMessage, Privacy
+from memory import profile_view, profiles
+from memory.bulk import first_sender_entity, log_top
+from memory.facade import Memory
 from memory.privacy import Scope, persons_for
 from memory.rows import LogRow
 from memory.search import SearchQuery, search
 from memory.store import MemoryStore
-from memory.window import HistoryWindows
 from worker.model import Completion
+from worker.turn import memory_settings
 
 DATA = SHARED_DATA / DATA_SET  # ../shared/data/locomo-dev, relative to the repository
 SAMPLES = LOCOMO_SAMPLES
 CALL = 10  # search_history's default limit (memory.search.DEFAULT_LIMIT)
-BUDGET = 6000  # the worker's default context_tokens
-HISTORY_ROWS = 400  # memory.facade.HISTORY_ROWS
 CONFIDENCE = 0.8  # the dataset gives none: every replayed fact gets the same
 OWNER_NAME = "Olive"
 JSON_KEYS = (
@@ -109,8 +107,11 @@ NEW_FACT = re.compile(r"^\s*N(\d+)\b", re.MULTILINE)
 _KIND_WORDS = (
     ("preference", r"\b(likes?|loves?|enjoys?|prefers?|favou?rite|fan of|passion)"),
     ("need", r"\b(needs?|wants?|hopes?|plans?|planning|wish(es)?|goal|looking for)"),
-    ("relationship", r"\b(friends?|husband|wife|partner|kids?|children|son|daughter|mother|"
-                     r"father|mom|dad|sister|brother|family|married|dating)\b"),  # fmt: skip
+    (
+        "relationship",
+        r"\b(friends?|husband|wife|partner|kids?|children|son|daughter|mother|"
+        r"father|mom|dad|sister|brother|family|married|dating)\b",
+    ),
     ("identity", r"\b(is an?|works? as|identif|grew up|lives? in|from)\b"),
 )
 
@@ -310,7 +311,7 @@ def stored(store: MemoryStore) -> tuple[int, int]:
         "WHERE erased IS NULL"
     ).fetchall()
     current = store.conn.execute(
-        f"SELECT COUNT(*) FROM profile_facts WHERE {profiles.CURRENT}"  # noqa: S608
+        f"SELECT COUNT(*) FROM profile_facts WHERE {profiles.CURRENT}"
     ).fetchone()[0]
     outside = 0
     for fid, conv, first, last, supersedes in facts:
@@ -364,7 +365,7 @@ def leaked_lines(store: MemoryStore, audience: Audience, text: str) -> int:
     leaks = 0
     for ids in shown_ids(text):
         rows = store.conn.execute(
-            f"SELECT conversation, direction, entity FROM log "  # noqa: S608
+            f"SELECT conversation, direction, entity FROM log "
             f"WHERE id IN ({','.join('?' * len(ids))})",
             ids,
         ).fetchall()
@@ -372,44 +373,43 @@ def leaked_lines(store: MemoryStore, audience: Audience, text: str) -> int:
     return leaks
 
 
-def _line(store: MemoryStore, fact: profiles.Fact) -> str:
-    name = OWNER_NAME if fact.entity == profiles.OWNER else fact.entity
-    ev = ", ".join(str(i) for i in fact.evidence)
-    return f"[{name} · {fact.kind} · {fact.confidence:.2f} · log {ev}] {fact.text}"
-
-
-def section_text(store: MemoryStore, scope: Scope, entities: Sequence[str]) -> str:
-    """Groundwork stand-in for the profile section: visible facts, best first."""
-    persons = persons_for(store, scope)
-    lines = []
-    for entity in entities:
-        facts = profiles.visible(store.conn, scope, entity, persons=persons)
-        facts.sort(key=lambda f: (-f.confidence, -f.last_seen, -f.id))
-        lines += [_line(store, f) for f in facts[:10]]
-    return "\n".join(lines[:20])
-
-
-@dataclass(frozen=True)
-class ProfilesText:
-    text: str
-    name: str = "profiles"
-    share: float = 0.15
-
-    def render(self, max_tokens: int) -> str:
-        return self.text[: max_tokens * 4]
-
-
-def speakers_of(store: MemoryStore, sample: Sample) -> list[str]:
+def speakers_of(store: MemoryStore) -> list[tuple[str, str]]:
+    """The entities that spoke (id, name), in the order they first spoke."""
     found = store.conn.execute(
-        "SELECT DISTINCT entity FROM log WHERE entity IS NOT NULL AND direction = 'in'"
+        "SELECT entity, MIN(sender_name), MIN(id) AS first FROM log WHERE entity IS NOT NULL "
+        "AND direction = 'in' GROUP BY entity ORDER BY first"
     ).fetchall()
-    return [str(r[0]) for r in found]
+    return [(str(e), str(n)) for e, n, _ in found]
 
 
-def leak_check(store: MemoryStore, sample: Sample, direct: dict[int, str]) -> tuple[int, int]:
-    """(fact lines shown, leaked lines) over every session's conversation as the asking scope."""
+def every_visible(store: MemoryStore, scope: Scope, entities: Iterable[str]) -> str:
+    """Every current fact of ``entities`` the scope may be shown, as lines (no cap: what any
+    section or call of the tool could ever show)."""
+    persons = persons_for(store, scope)
+    return "\n".join(
+        profile_view.line(f, e)
+        for e in entities
+        for f in profiles.visible(store.conn, scope, e, persons=persons)
+    )
+
+
+def question(scope: Scope, text: str) -> InboundMessage:
+    return InboundMessage(
+        channel=scope.conversation.split(":", 1)[0], session=scope.conversation,
+        conversation=scope.conversation, sender="owner", sender_name=OWNER_NAME,
+        privacy=scope.privacy, text=text, ts=time.time(), event_id="ev-question",
+    )  # fmt: skip
+
+
+def leak_check(
+    store: MemoryStore, memory: Memory, sample: Sample, direct: dict[int, str]
+) -> tuple[int, int]:
+    """(fact lines shown, leaked lines) over every session's conversation as the asking scope:
+    its turn's context, the profile tool for each speaker and for the people of the
+    conversation, and every fact it may be shown at all."""
     direct_convs = frozenset(conversation_of(sample, s) for s in direct)
-    speakers = speakers_of(store, sample)
+    speakers = speakers_of(store)
+    next_id = log_top(store)[0] + 1
     lines = leaks = 0
     for s in sorted(sample.sessions):
         conv = conversation_of(sample, s)
@@ -418,9 +418,13 @@ def leak_check(store: MemoryStore, sample: Sample, direct: dict[int, str]) -> tu
         else:
             scope = Scope(conv, Privacy.GROUP)
         audience = Audience(scope, direct_convs)
-        for text in [section_text(store, scope, [*speakers, profiles.OWNER])] + [
-            section_text(store, scope, [e]) for e in speakers
-        ]:
+        msg = question(scope, "what do you know about us?")
+        row = current_row(scope, next_id, msg.text)
+        texts = [str(m.get("content") or "") for m in memory.context(msg, row, scope)]
+        texts.append(memory.profile(scope, None, None))
+        texts += [memory.profile(scope, name, None) for _, name in speakers]
+        texts.append(every_visible(store, scope, [e for e, _ in speakers] + [profiles.OWNER]))
+        for text in texts:
             lines += len(shown_ids(text))
             leaks += leaked_lines(store, audience, text)
     return lines, leaks
@@ -429,14 +433,15 @@ def leak_check(store: MemoryStore, sample: Sample, direct: dict[int, str]) -> tu
 # -- recall and cost -------------------------------------------------------------------------------
 
 
-def current_row(conversation: str, privacy: Privacy, next_id: int, text: str) -> LogRow:
+def current_row(scope: Scope, next_id: int, text: str) -> LogRow:
     """The question as the message being answered (the newest row)."""
+    privacy = Privacy(scope.privacy)
     return LogRow(
         id=next_id, direction="in", stream_id="9999999999999-0", kind="message",
-        channel=conversation.split(":", 1)[0], session=conversation, conversation=conversation,
-        sender="owner", sender_name=OWNER_NAME, entity=None, is_owner=privacy is Privacy.OWNER,
-        privacy=privacy.value, text=text, event_id="ev-question", reply_id=None,
-        platform_ts=None, recorded_ts=time.time(),
+        channel=scope.conversation.split(":", 1)[0], session=scope.conversation,
+        conversation=scope.conversation, sender="owner", sender_name=OWNER_NAME,
+        entity=scope.entity, is_owner=privacy is Privacy.OWNER, privacy=privacy.value, text=text,
+        event_id="ev-question", reply_id=None, platform_ts=None, recorded_ts=time.time(),
     )  # fmt: skip
 
 
@@ -453,34 +458,21 @@ def _score(ranked: Sequence[str], extra: set[str], evidence: tuple[str, ...]) ->
     return {"any@5": bool(ev & (set(ranked[:5]) | extra)), "all@10": ev <= set(ranked[:10]) | extra}
 
 
-def turn(
-    store: MemoryStore, windows: HistoryWindows, scope: Scope, current: LogRow, profiled: bool,
-    entities: Sequence[str],
-) -> list[dict[str, str]]:  # fmt: skip
-    rows, ready = windows.history(scope, ASSISTANT)
-    sections: list[Any] = []
-    if profiled:
-        text = section_text(store, scope, entities)
-        if text:
-            sections.append(ProfilesText(text))
-    return build_context(
-        system_prompt=DEFAULT_SYSTEM_PROMPT, history=rows, current=current, budget_tokens=BUDGET,
-        assistant_name=ASSISTANT, ready=ready, sections=sections,
-    )  # fmt: skip
-
-
-def recall(store: MemoryStore, sample: Sample, scope: Scope, log_to_dia: dict[int, str],
-           out: Recall) -> None:  # fmt: skip
-    windows = HistoryWindows(store, limit=HISTORY_ROWS)
-    next_id = max(log_to_dia) + 1
-    entities = [*speakers_of(store, sample), profiles.OWNER]
+def recall(
+    store: MemoryStore, memories: dict[str, Memory], sample: Sample, scope: Scope,
+    log_to_dia: dict[int, str], out: Recall,
+) -> None:  # fmt: skip
+    """Each question as a turn in ``scope``: its context built without and with profiles (in
+    alternating order), the profile lines of the one with, and the default search_history call."""
+    next_id = log_top(store)[0] + 1
     for q in sample.questions:
-        current = current_row(scope.conversation, scope.privacy, next_id, q.text)
+        msg = question(scope, q.text)
+        row = current_row(scope, next_id, q.text)
         timed: dict[str, float] = {}
         context: list[dict[str, str]] = []
         for label in ("without", "with") if len(out.ms["with"]) % 2 else ("with", "without"):
             started = time.perf_counter()
-            built = turn(store, windows, scope, current, label == "with", entities)
+            built = memories[label].context(msg, row, scope)
             timed[label] = (time.perf_counter() - started) * 1000
             if label == "with":
                 context = built
@@ -509,7 +501,15 @@ class Run:
 def run_sample(sample: Sample, work: Path, out: Run) -> None:
     raw = json.loads(data_file(sample.name).read_text(encoding="utf-8"))
     direct = split(sample)
-    with MemoryStore(work / f"profiles-{sample.name}.sqlite3") as store:
+    home = work / sample.name
+    home.mkdir()
+    cfg = Config(home=home, owner=OwnerConfig(name=OWNER_NAME))
+    settings = memory_settings(cfg)
+    with MemoryStore(cfg.memory_path) as store:
+        memories = {
+            "with": Memory(store, settings),
+            "without": Memory(store, replace(settings, profile_facts=0)),
+        }
         ingest(store, sample, direct)
         log_to_dia = log_map(store, sample)
         model = ReplayModel(observations(raw), log_to_dia)
@@ -518,16 +518,29 @@ def run_sample(sample: Sample, work: Path, out: Run) -> None:
         facts, outside = stored(store)
         out.counts["facts"] += facts
         out.counts["evidence_outside_range"] += outside
-        lines, leaks = leak_check(store, sample, direct)
+        out.counts["facts from direct conversations"] += store.conn.execute(
+            f"SELECT COUNT(*) FROM profile_facts WHERE source_privacy = 'direct' "
+            f"AND {profiles.CURRENT}"
+        ).fetchone()[0]
+        lines, leaks = leak_check(store, memories["with"], sample, direct)
         out.counts["lines checked"] += lines
         out.counts["leaks"] += leaks
         last_group = max(s for s in sample.sessions if s not in direct)
         room = conversation_of(sample, last_group)
+        with_b = max(s for s, who in direct.items() if who == sample.speakers[1])
+        dm = conversation_of(sample, with_b)
         for position, scope in (
             ("owner", Scope(room, Privacy.OWNER)),
+            (
+                f"direct ({sample.speakers[1]})",
+                Scope(dm, Privacy.DIRECT, first_sender_entity(store, dm)),
+            ),
             ("group", Scope(room, Privacy.GROUP)),
         ):
-            recall(store, sample, scope, log_to_dia, out.positions.setdefault(position, Recall()))
+            pos = "direct" if position.startswith("direct") else position
+            recall(
+                store, memories, sample, scope, log_to_dia, out.positions.setdefault(pos, Recall())
+            )
 
 
 def figures(result: Run) -> dict[str, Any]:
@@ -543,6 +556,7 @@ def figures(result: Run) -> dict[str, Any]:
         "all10_with_profiles": round(owner.with_profiles.rate("all", "all@10"), 4),
         "group_any5_messages": round(group.messages.rate("all", "any@5"), 4),
         "group_any5_with_profiles": round(group.with_profiles.rate("all", "any@5"), 4),
+        "facts_from_direct": c["facts from direct conversations"],
         "lines_checked": c["lines checked"],
         "observations": c["observations"],
         "skipped": c["skipped: evidence has no row"]
@@ -572,7 +586,7 @@ def report(result: Run, names_run: Sequence[str]) -> None:
     print()
     print(table(["turn: questions", "any@5 msgs", "any@5 +profiles", "all@10 msgs",
                  "all@10 +profiles"], rows,
-                title=f"Evidence a turn is shown (LoCoMo dev: {', '.join(names_run)})"))  # fmt: skip
+                title=f"Evidence a turn is shown (LoCoMo: {', '.join(names_run)})"))  # fmt: skip
     rows = []
     for position, rec in result.positions.items():
         facts = rec.section_facts
