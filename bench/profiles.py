@@ -303,9 +303,11 @@ def derive(store: MemoryStore, model: ReplayModel, rngs: Iterable[Range]) -> Cou
 # -- what is stored --------------------------------------------------------------------------------
 
 
-def stored(store: MemoryStore) -> tuple[int, int]:
-    """Current facts, and facts whose evidence (their own, not what a superseded version left
-    them) lies outside the range they were derived from."""
+def stored(store: MemoryStore, given: Iterable[Range]) -> tuple[int, int]:
+    """Current facts, and facts with a piece of evidence (of their own, not inherited from the
+    version they supersede) outside the range they were derived from: not a row of its
+    conversation between its first and last id, or the fact's range is none the run gave."""
+    ranges_given = {(r.conversation, r.first_id, r.last_id) for r in given}
     facts = store.conn.execute(
         "SELECT id, conversation, first_id, last_id, supersedes FROM profile_facts "
         "WHERE erased IS NULL"
@@ -317,12 +319,13 @@ def stored(store: MemoryStore) -> tuple[int, int]:
     for fid, conv, first, last, supersedes in facts:
         inherited = set(profiles.evidence_of(store.conn, supersedes)) if supersedes else set()
         rows = store.conn.execute(
-            "SELECT l.id, l.conversation FROM profile_evidence AS e JOIN log AS l "
+            "SELECT e.log_id, l.conversation FROM profile_evidence AS e LEFT JOIN log AS l "
             "ON l.id = e.log_id WHERE e.fact = ?",
             (fid,),
         ).fetchall()
-        outside += any(
-            i not in inherited and (not first <= i <= last or c != conv) for i, c in rows
+        own = [(i, c) for i, c in rows if i not in inherited]
+        outside += (conv, first, last) not in ranges_given or any(
+            not first <= i <= last or c != conv for i, c in own
         )
     return int(current), outside
 
@@ -513,9 +516,10 @@ def run_sample(sample: Sample, work: Path, out: Run) -> None:
         ingest(store, sample, direct)
         log_to_dia = log_map(store, sample)
         model = ReplayModel(observations(raw), log_to_dia)
-        out.counts.update(derive(store, model, ranges(store, sample)))
+        given = ranges(store, sample)
+        out.counts.update(derive(store, model, given))
         out.counts.update(model.counts)
-        facts, outside = stored(store)
+        facts, outside = stored(store, given)
         out.counts["facts"] += facts
         out.counts["evidence_outside_range"] += outside
         out.counts["facts from direct conversations"] += store.conn.execute(

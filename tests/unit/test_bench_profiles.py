@@ -9,6 +9,7 @@ with its ``session_N_observation``, and single-hop questions whose evidence is a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ import pytest
 
 from bench import profiles
 from bench._common import REPO
-from bench.locomo import load
+from bench.locomo import ingest, load
 from contract.messages import Privacy
 from memory.privacy import Scope
+from memory.store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEAKERS = ("Ana", "Ben")
@@ -225,3 +227,19 @@ def test_the_sample_is_read_as_locomo_reads_it(data: Path) -> None:
     sample = load("t1")
     assert profiles.split(sample) == {3: "Ana", 6: "Ben"}
     assert len(sample.questions) == 24
+
+
+def test_evidence_outside_the_given_ranges_is_counted(data: Path, tmp_path: Path) -> None:
+    sample = load("t1")
+    with MemoryStore(tmp_path / "m.sqlite3") as store:
+        ingest(store, sample, profiles.split(sample))
+        given = profiles.ranges(store, sample)
+        model = profiles.ReplayModel(
+            profiles.observations(sample_json()), profiles.log_map(store, sample)
+        )
+        profiles.derive(store, model, given)
+        facts, outside = profiles.stored(store, given)
+        assert (facts, outside) == (20, 0)
+        # a run that gave other ranges (each one row shorter) finds every fact outside them
+        shorter = [replace(r, last_id=r.last_id - 1) for r in given]
+        assert profiles.stored(store, shorter) == (20, 20)
