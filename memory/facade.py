@@ -21,6 +21,7 @@ Memory takes plain parameters (:class:`MemorySettings`), not the application's c
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +32,16 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Kind, Privacy, Reply
-from memory import commands, curated_versions, notes, profile_view, summaries, summary_view
+from memory import (
+    commands,
+    curated_versions,
+    gaps,
+    notes,
+    profile_apply,
+    profile_view,
+    summaries,
+    summary_view,
+)
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -354,6 +364,40 @@ class Memory:
             return made
 
         return self._write(write)
+
+    # -- layer 2: profiles and capability gaps (the worker's duties and the profile entries) -----
+
+    def apply_profile(self, result: profile_apply.RangeResult) -> profile_apply.Applied | str:
+        """Apply a range's profile result (inside :meth:`write`; memory/profile_apply.py); the
+        reason when memory refuses the whole of it now (its range changed since the job read
+        it: the planner derives the new range instead)."""
+
+        def write(store: MemoryStore) -> profile_apply.Applied | str:
+            try:
+                return profile_apply.apply_result(store.conn, result)
+            except profile_apply.Refused as exc:
+                log.info("profile.result_refused", key=result.run_key, reason=str(exc))
+                return str(exc)
+
+        return self._write(write)
+
+    def close_gaps_covered(self, tool_names: Sequence[str]) -> list[int]:
+        """Close the open gaps a tool of these covers (inside :meth:`write`); their ids."""
+        names = list(tool_names)
+        return self._write(lambda s: gaps.close_covered(s.conn, names, time.time()))
+
+    def gaps_signature(self) -> str | None:
+        """What changes whenever a gap does (TODO.md is written again); None: memory failing."""
+        return self.use(lambda s: gaps.signature(s.conn))
+
+    def open_gaps(self) -> list[gaps.Gap] | None:
+        """The open gaps, the most recently seen first (TODO.md); None: memory failing."""
+        return self.use(lambda s: gaps.listing(s.conn, include_closed=False))
+
+    def pending_profiles(self, limit: int) -> list[profile_apply.PendingRange] | None:
+        """The ranges the profile job has still to derive, oldest first (at most ``limit``);
+        None: memory failing (not "nothing to do")."""
+        return self.use(lambda s: profile_apply.pending(s.conn, limit))
 
     def erasure_mark(self) -> int:
         """The newest erasure's id (0: none, or memory failing): a turn that started under an

@@ -16,18 +16,28 @@ key (a job run twice, or its entry replayed after a crash, adds one fact). A fac
   the old one), so it is never shown where the old one could not be;
 - a *contradiction* (``contradicts``) also makes the newer fact current and keeps the older in the
   history, but it names it in ``conflicts_with`` (the conflict stays visible: :func:`conflict_of`)
-  and does not inherit its evidence (it does not rest on it).
+  and does not inherit its evidence (it does not rest on it);
+- a fact judged no longer relevant is *retired* (:func:`retire`: when, and the judgement, set
+  once); it stays in the history, current no more.
+
+A range's whole result (new facts, versions, retirements and gaps) is applied by
+memory/profile_apply.py, which follows a chain to its newest version (:func:`head`) and compares
+texts without a model by :func:`normalized`.
 
 Privacy: a fact is shown only where *every* piece of its evidence may be shown
 (:func:`visible`, :func:`shown`), by memory/privacy.py's row rule, not a rule of its own. A fact
-whose evidence is missing or erased is shown nowhere (the erasure cascade blanks it).
+whose evidence is missing or erased is shown nowhere (the erasure cascade blanks it:
+memory/profile_erasure.py). A range's job sees only the facts the range's own audience could see
+(:func:`range_scope`, :func:`for_review`): it would carry their text into a fact of its own.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sqlite3
 import time
+import unicodedata
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +47,7 @@ from memory.identity import OWNER, get_entity, person_of
 from memory.privacy import Scope, direct_person, log_row_visible, log_visibility_sql
 from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
 from memory.sql import chunks, marks, savepoint
+from memory.summaries import range_rows
 
 Kind = Literal["identity", "preference", "need", "expectation", "relationship", "event"]
 KINDS: frozenset[str] = frozenset(
@@ -51,9 +62,10 @@ MAX_EVIDENCE = 200
 COLUMNS = (
     "id, entity, kind, text, confidence, source_privacy, conversation, first_id, last_id, "
     "first_seen, last_seen, method, supersedes, superseded_by, conflicts_with, job_key, created, "
-    "erased"
+    "erased, retired, retired_why"
 )
-CURRENT = "superseded_by IS NULL AND erased IS NULL"
+CURRENT = "superseded_by IS NULL AND retired IS NULL AND erased IS NULL"
+MAX_WHY = 300  # why a fact was retired
 
 _WIDTH = {p.value: p.width for p in Privacy}
 
@@ -79,10 +91,12 @@ class Fact:
     created: float
     erased: int | None
     evidence: tuple[int, ...]
+    retired: float | None = None  # judged no longer relevant (when, and why)
+    retired_why: str | None = None
 
     @property
     def current(self) -> bool:
-        return self.superseded_by is None and self.erased is None
+        return self.superseded_by is None and self.retired is None and self.erased is None
 
 
 @dataclass(frozen=True)
@@ -105,21 +119,32 @@ class Proposal:
     contradicts: int | None = None
 
 
-def job_key(conversation: str, first_id: int, last_id: int, index: int, version: int = 1) -> str:
-    """The idempotency key of the ``index``-th fact a job proposes from this exact range
-    (``version`` > 1: the range derived again)."""
-    return f"profile:{conversation}@{first_id}-{last_id}#v{version}/{index}"
+def job_key(run_key: str, index: int) -> str:
+    """The idempotency key of the ``index``-th fact of a range's run (its run key names the
+    range and the layer-1 summary it was planned from: a range derived again is a new run)."""
+    return f"{run_key}#f{index}"
+
+
+_PUNCT = re.compile(r"[\W_]+")
+
+
+def normalized(text: str) -> str:
+    """``text`` as two facts (or gaps) are compared without a model: casefolded, punctuation
+    and extra spaces removed (``Likes  tea.`` is ``likes tea``)."""
+    flat = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_PUNCT.sub(" ", flat).split())
 
 
 def _fact(raw: Sequence[Any], evidence: tuple[int, ...]) -> Fact:
     (id_, entity, kind, text, conf, privacy, conv, first, last, fs, ls, method, sup, sup_by,
-     conflict, key, created, erased) = raw  # fmt: skip
+     conflict, key, created, erased, retired, why) = raw  # fmt: skip
     return Fact(
         int(id_), str(entity), str(kind), str(text), float(conf), str(privacy), str(conv),
         int(first), int(last), float(fs), float(ls), str(method),
         None if sup is None else int(sup), None if sup_by is None else int(sup_by),
         None if conflict is None else int(conflict), str(key), float(created),
         None if erased is None else int(erased), evidence,
+        None if retired is None else float(retired), None if why is None else str(why),
     )  # fmt: skip
 
 
@@ -130,9 +155,11 @@ def evidence_of(conn: sqlite3.Connection, fact_id: int) -> tuple[int, ...]:
     return tuple(int(r[0]) for r in rows)
 
 
-def _select(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> list[Fact]:
-    sql = f"SELECT {COLUMNS} FROM profile_facts AS f WHERE {where} ORDER BY f.id"  # noqa: S608
-    raws = conn.execute(sql, list(params)).fetchall()
+def _select(
+    conn: sqlite3.Connection, where: str, params: Sequence[Any], limit: int = -1
+) -> list[Fact]:
+    sql = f"SELECT {COLUMNS} FROM profile_facts AS f WHERE {where} ORDER BY f.id LIMIT ?"  # noqa: S608
+    raws = conn.execute(sql, [*params, limit]).fetchall()
     return [_fact(r, evidence_of(conn, int(r[0]))) for r in raws]
 
 
@@ -147,9 +174,23 @@ def by_key(conn: sqlite3.Connection, key: str) -> Fact | None:
 
 
 def current(conn: sqlite3.Connection, entity: str) -> list[Fact]:
-    """The entity's current facts (not superseded, not erased), oldest first. Shown to nobody as
-    such: a turn reads :func:`visible`."""
+    """The entity's current facts (not superseded, retired nor erased), oldest first. Shown to
+    nobody as such: a turn reads :func:`visible`."""
     return _select(conn, f"f.entity = ? AND {CURRENT}", (entity,))
+
+
+def head(conn: sqlite3.Connection, fact_id: int) -> Fact | None:
+    """The newest version of fact ``fact_id``'s chain (following ``superseded_by``): the fact
+    itself when nothing superseded it; it may be retired or erased (None: no such fact)."""
+    found = by_id(conn, fact_id)
+    seen: set[int] = set()
+    while found is not None and found.superseded_by is not None and found.id not in seen:
+        seen.add(found.id)
+        nxt = by_id(conn, found.superseded_by)
+        if nxt is None:
+            break
+        found = nxt
+    return found
 
 
 def history(conn: sqlite3.Connection, entity: str) -> list[Fact]:
@@ -174,6 +215,36 @@ def visible(
     """The entity's current facts ``scope`` may be shown: those with evidence, every piece of which
     is a log row, not erased, that memory/privacy.py lets the scope see (``persons``: what
     :func:`memory.privacy.persons_for` gives for the scope, read here when not given)."""
+    return _visible(conn, scope, entity, persons)
+
+
+def for_review(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    entity: str,
+    before_id: int,
+    limit: int = 40,
+    *,
+    persons: Collection[str] | None = None,
+) -> list[Fact]:
+    """The entity's current facts ``scope`` may be shown that were derived from ranges ending
+    before log id ``before_id``, oldest first, at most ``limit``: what a range's job asks the
+    model whether they are still relevant."""
+    return _visible(
+        conn, scope, entity, persons, more="AND f.last_id < ?", more_params=[before_id], limit=limit
+    )
+
+
+def _visible(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    entity: str,
+    persons: Collection[str] | None,
+    *,
+    more: str = "",
+    more_params: Sequence[Any] = (),
+    limit: int = -1,
+) -> list[Fact]:
     where, params = log_visibility_sql(scope, persons=_persons(conn, scope, persons), table="l")
     hidden = (
         "SELECT 1 FROM profile_evidence AS e LEFT JOIN log AS l ON l.id = e.log_id "  # noqa: S608
@@ -181,11 +252,38 @@ def visible(
         f"OR NOT COALESCE(({where}), 0))"
     )
     clause = (
-        f"f.entity = ? AND f.{CURRENT.replace(' AND ', ' AND f.')} "  # noqa: S608
+        f"f.entity = ? AND f.{CURRENT.replace(' AND ', ' AND f.')} {more} "  # noqa: S608
         "AND EXISTS (SELECT 1 FROM profile_evidence AS e WHERE e.fact = f.id) "
         f"AND NOT EXISTS ({hidden})"
     )
-    return _select(conn, clause, [entity, *params])
+    return _select(conn, clause, [entity, *more_params, *params], limit)
+
+
+def range_scope(conn: sqlite3.Connection, conversation: str, first_id: int, last_id: int) -> Scope:
+    """The scope a turn of this range's conversation had: the privacy class of its rows (the
+    widest, should a range hold several: the scope that sees least) and, for a direct
+    conversation, the other person's entity (the one person who wrote in the range, else the
+    last one who wrote in the conversation before it; none when several did: the scope then sees
+    its own conversation only). A range with no row left is a scope that sees nothing."""
+    rows = [r for r in range_rows(conn, conversation, first_id, last_id) if not r.erased]
+    classes = [Privacy(r.privacy) for r in rows if r.privacy in _WIDTH]
+    if not classes:
+        return Scope("", Privacy.GROUP)  # fails closed: sees nothing
+    privacy = max(classes, key=lambda p: p.width)
+    if privacy is Privacy.OWNER:
+        return Scope(conversation, privacy, OWNER)
+    if privacy is Privacy.GROUP:
+        return Scope(conversation, privacy)
+    people = {r.entity for r in rows if r.direction == "in" and not r.is_owner and r.entity}
+    people.discard(OWNER)
+    if not people:
+        raw = conn.execute(
+            "SELECT entity FROM log WHERE conversation = ? AND id < ? AND direction = 'in' "
+            "AND is_owner = 0 AND entity IS NOT NULL AND entity != ? ORDER BY id DESC LIMIT 1",
+            (conversation, first_id, OWNER),
+        ).fetchone()
+        people = set() if raw is None else {str(raw[0])}
+    return Scope(conversation, privacy, next(iter(people)) if len(people) == 1 else None)
 
 
 def shown(
@@ -232,7 +330,9 @@ def _rows(conn: sqlite3.Connection, ids: Iterable[int]) -> list[LogRow]:
     return out
 
 
-def _most_private(privacies: Iterable[str]) -> str:
+def most_private(privacies: Iterable[str]) -> str:
+    """The most private of these privacy classes (``owner`` before ``direct`` before
+    ``group``)."""
     return min(privacies, key=lambda p: _WIDTH[p])
 
 
@@ -240,7 +340,7 @@ class Refused(ValueError):
     """A proposal memory does not take (the reason is the message)."""
 
 
-def _check_fields(conn: sqlite3.Connection, p: Proposal) -> None:
+def check_fields(conn: sqlite3.Connection, p: Proposal) -> None:
     """What a proposal says of itself: an entity memory knows, a kind, a text, a confidence."""
     if not isinstance(p.entity, str) or not p.entity:
         raise Refused("no entity")
@@ -263,23 +363,31 @@ def _check_fields(conn: sqlite3.Connection, p: Proposal) -> None:
         raise Refused("no job key")
 
 
-def _check_evidence(conn: sqlite3.Connection, p: Proposal) -> dict[int, LogRow]:
-    """The proposal's evidence rows: at least one, inside its range, of its conversation, kept."""
-    if p.first_id > p.last_id:
-        raise Refused(f"an empty range ({p.first_id} > {p.last_id})")
-    ids = set(p.evidence)
+def check_evidence(
+    conn: sqlite3.Connection,
+    conversation: str,
+    first_id: int,
+    last_id: int,
+    evidence: Iterable[int],
+) -> dict[int, LogRow]:
+    """The evidence rows of a proposal from the range ``conversation`` ``first_id``..``last_id``
+    (a fact's or a gap's): at least one, inside the range, of its conversation, not erased, each
+    with a privacy class; :class:`Refused` with why not."""
+    if first_id > last_id:
+        raise Refused(f"an empty range ({first_id} > {last_id})")
+    ids = set(evidence)
     if not ids:
-        raise Refused("a fact without evidence")
+        raise Refused("no evidence")
     if len(ids) > MAX_EVIDENCE:
         raise Refused(f"{len(ids)} pieces of evidence (at most {MAX_EVIDENCE})")
-    outside = sorted(i for i in ids if not p.first_id <= i <= p.last_id)
+    outside = sorted(i for i in ids if not first_id <= i <= last_id)
     if outside:
-        raise Refused(f"evidence {outside[0]} is outside the range {p.first_id}..{p.last_id}")
+        raise Refused(f"evidence {outside[0]} is outside the range {first_id}..{last_id}")
     rows = {r.id: r for r in _rows(conn, ids)}
     for i in sorted(ids):
         row = rows.get(i)
-        if row is None or row.conversation != p.conversation:
-            raise Refused(f"evidence {i} is not a message of {p.conversation!r}")
+        if row is None or row.conversation != conversation:
+            raise Refused(f"evidence {i} is not a message of {conversation!r}")
         if row.erased:
             raise Refused(f"evidence {i} was erased")
         if row.privacy not in _WIDTH:
@@ -290,8 +398,10 @@ def _check_evidence(conn: sqlite3.Connection, p: Proposal) -> dict[int, LogRow]:
 def check(conn: sqlite3.Connection, p: Proposal) -> tuple[list[LogRow], Fact | None]:
     """The evidence rows (the old fact's included, for a new version) and the fact it supersedes
     or contradicts, if memory takes the proposal now; :class:`Refused` with why not."""
-    _check_fields(conn, p)
-    rows = _check_evidence(conn, p)
+    check_fields(conn, p)
+    if not p.evidence:
+        raise Refused("a fact without evidence")
+    rows = check_evidence(conn, p.conversation, p.first_id, p.last_id, p.evidence)
     ids = set(rows)
     if p.supersedes is not None and p.contradicts is not None:
         raise Refused("a proposal supersedes or contradicts a fact, not both")
@@ -304,6 +414,9 @@ def check(conn: sqlite3.Connection, p: Proposal) -> tuple[list[LogRow], Fact | N
         inherited = _rows(conn, set(old.evidence) - ids)
         if len(inherited) != len(set(old.evidence) - ids) or any(r.erased for r in inherited):
             raise Refused(f"fact {old.id}'s evidence was erased")
+        if len(evidence) + len(inherited) > MAX_EVIDENCE:
+            raise Refused(f"fact {old.id} rests on enough evidence already (at most "
+                          f"{MAX_EVIDENCE} pieces)")  # fmt: skip
         evidence += inherited
     return sorted(evidence, key=lambda r: r.id), old
 
@@ -322,7 +435,7 @@ def apply(conn: sqlite3.Connection, p: Proposal, now: float | None = None) -> Fa
     seen = [r.ts for r in evidence]
     values = (
         p.entity, p.kind, p.text.strip(), float(p.confidence),
-        _most_private(r.privacy for r in evidence), p.conversation, p.first_id, p.last_id,
+        most_private(r.privacy for r in evidence), p.conversation, p.first_id, p.last_id,
         min(seen), max(seen), p.method, None if old is None else old.id,
         p.contradicts, p.job_key, time.time() if now is None else now,
     )  # fmt: skip
@@ -346,3 +459,40 @@ def apply(conn: sqlite3.Connection, p: Proposal, now: float | None = None) -> Fa
     made = by_id(conn, new_id)
     assert made is not None
     return made
+
+
+def retire(
+    conn: sqlite3.Connection, fact_id: int, why: str, now: float | None = None
+) -> Fact | str:
+    """Retire a current fact judged no longer relevant (``why``: the judgement, kept); the
+    reason when memory refuses (nothing is written then). Set once: a retired fact stays so."""
+    found = by_id(conn, fact_id)
+    if found is None or not found.current:
+        return f"fact {fact_id} is not a current fact"
+    why = " ".join(str(why).split()) if isinstance(why, str) else ""
+    if not why:
+        return "a fact is retired with a reason"
+    if len(why) > MAX_WHY:
+        why = why[: MAX_WHY - 1] + "…"
+    conn.execute(
+        "UPDATE profile_facts SET retired = ?, retired_why = ? WHERE id = ?",
+        (time.time() if now is None else now, why, fact_id),
+    )
+    made = by_id(conn, fact_id)
+    assert made is not None
+    return made
+
+
+def listing(
+    conn: sqlite3.Connection, entities: Collection[str] | None = None, *, every: bool = False
+) -> list[Fact]:
+    """The facts of these entities (None: of everyone), current ones (``every``: superseded,
+    retired and blanked ones too), by entity and age: what the owner's CLI lists."""
+    where = "1" if every else CURRENT
+    out: list[Fact] = []
+    if entities is None:
+        out = _select(conn, where, ())
+    else:
+        for chunk in chunks(sorted(set(entities))):
+            out += _select(conn, f"{where} AND entity IN ({marks(len(chunk))})", list(chunk))
+    return sorted(out, key=lambda f: (f.entity, f.id))

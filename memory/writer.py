@@ -8,6 +8,10 @@ beyond a turn.
   applying a proposal) and the segments a job summarizes (:func:`segment`, the prompts, the
   transcript, the fallback); the conversations that changed since the deriver last looked
   (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
+- layer 2, profiles and capability gaps: ``profiles`` (memory/profiles.py: the facts, a range's
+  scope, what a range's job may be shown, :func:`memory.profiles.normalized`), ``gaps``
+  (memory/gaps.py) and ``profile_apply`` (memory/profile_apply.py: a range's result, its run key,
+  the ranges still to derive);
 - erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
   platform's redaction names); applying them goes through the turn facade (memory.turns);
 - :func:`inbound_event`: the platform event id memory recorded for a stream entry;
@@ -19,7 +23,7 @@ The worker imports memory through this module, memory.turns, memory.errors and m
 only (an import-linter contract in pyproject.toml).
 """
 
-from memory import schedule, summaries
+from memory import gaps, profile_apply, profiles, schedule, summaries
 from memory.changes import blanked_summaries, log_top, new_rows
 from memory.checkpoint import WalCheckpointer
 from memory.erasure import any_erasure
@@ -45,12 +49,15 @@ __all__ = [
     "any_erasure",
     "blanked_summaries",
     "fallback_summary",
+    "gaps",
     "in_room",
     "inbound_event",
     "log_top",
     "new_rows",
     "parse_pause",
     "parse_summary",
+    "profile_apply",
+    "profiles",
     "schedule",
     "segment",
     "summaries",

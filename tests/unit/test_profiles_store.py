@@ -83,7 +83,8 @@ def proposal(
         entity=entity, kind=kw.pop("kind", "preference"), text=text,
         confidence=kw.pop("confidence", 0.8), evidence=kw.pop("evidence", (rows[0].id,)),
         conversation=conv, first_id=first, last_id=last,
-        job_key=kw.pop("job_key", profiles.job_key(conv, first, last, index)), **kw,
+        job_key=kw.pop("job_key", profiles.job_key(f"profile:{conv}@{first}-{last}/s-", index)),
+        **kw,
     )  # fmt: skip
 
 

@@ -1,0 +1,138 @@
+"""Layer 2 under an erasure: what goes with the erased rows (called by memory/erasure.py under
+the erasure's grant, in its transaction).
+
+- A **fact** with any piece of evidence among the erased rows (or the kept mails whose subject an
+  erasure drops) is blanked: its text and its retirement's why emptied, ``erased`` set to the
+  erasure's id. A new version inherits its predecessor's evidence, so the versions above an erased
+  fact go with it; a contradiction does not, and may stay.
+- Its **predecessor**, whose own evidence survives, becomes current again when nothing kept
+  supersedes it any more: its ``superseded_by`` is cleared, and the blanked fact's
+  ``supersedes`` (and ``conflicts_with``) too, freeing the one-successor index for its next
+  version. What the erased rows said is gone; what remains is what memory knew before them.
+- A **gap** with such evidence is blanked (description, needs and closing reason emptied).
+- A **run** whose range holds an erased row is marked ``erased``: layer 1 summarises what remains
+  of the range again, and the new summary is a new run (memory/profile_apply.py ``pending``):
+  the range is derived again from what remains.
+
+:func:`affected` is the preview's part (memory/erasure_plan.py lists the facts and gaps an
+erasure takes); :func:`cascade` does it. Ids only are ever logged or kept in the tombstone.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from memory.sql import chunks, marks
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Cascade:
+    facts: list[int] = field(default_factory=list)  # blanked
+    gaps: list[int] = field(default_factory=list)  # blanked
+    runs: list[int] = field(default_factory=list)  # marked erased: derived again
+    restored: list[int] = field(default_factory=list)  # predecessors current again
+
+
+def _hit(conn: sqlite3.Connection, sql: str, ids: Sequence[int]) -> list[int]:
+    found: set[int] = set()
+    for chunk in chunks(sorted(set(ids))):
+        found.update(int(r[0]) for r in conn.execute(sql.format(marks(len(chunk))), list(chunk)))
+    return sorted(found)
+
+
+_FACTS = (
+    "SELECT DISTINCT e.fact FROM profile_evidence AS e JOIN profile_facts AS f ON f.id = e.fact "
+    "WHERE e.log_id IN ({}) AND f.erased IS NULL"
+)
+_GAPS = (
+    "SELECT DISTINCT e.gap FROM gap_evidence AS e JOIN capability_gaps AS g ON g.id = e.gap "
+    "WHERE e.log_id IN ({}) AND g.erased IS NULL"
+)
+_RUNS = (
+    "SELECT DISTINCT r.id FROM profile_runs AS r JOIN log AS l ON l.conversation = r.conversation "
+    "WHERE l.id IN ({}) AND l.id BETWEEN r.first_id AND r.last_id AND r.erased IS NULL"
+)
+
+
+def affected(conn: sqlite3.Connection, log_ids: Iterable[int]) -> tuple[list[int], list[int]]:
+    """The facts and the gaps (not blanked yet) resting on one of these rows."""
+    ids = sorted(set(log_ids))
+    return _hit(conn, _FACTS, ids), _hit(conn, _GAPS, ids)
+
+
+def _set(conn: sqlite3.Connection, sql: str, ids: list[int], *params: object) -> None:
+    for chunk in chunks(ids):
+        conn.execute(sql.format(marks(len(chunk))), [*params, *chunk])
+
+
+def cascade(conn: sqlite3.Connection, erasure_id: int, log_ids: Iterable[int]) -> Cascade:
+    """Blank what rests on the erased rows ``log_ids`` (see the module docstring); the caller
+    holds the erasure's grant."""
+    ids = sorted(set(log_ids))
+    facts, gap_ids = affected(conn, ids)
+    out = Cascade(facts=facts, gaps=gap_ids, runs=_hit(conn, _RUNS, ids))
+    _set(
+        conn,
+        "UPDATE profile_facts SET text = '', retired_why = CASE WHEN retired_why IS NULL "
+        "THEN NULL ELSE '' END, erased = ? WHERE id IN ({})",
+        facts,
+        erasure_id,
+    )
+    for fact_id in facts:
+        restored = _restore_below(conn, fact_id)
+        if restored is not None:
+            out.restored.append(restored)
+    _set(
+        conn,
+        "UPDATE capability_gaps SET description = '', needs = NULL, closed_reason = CASE WHEN "
+        "status = 'closed' THEN '' ELSE NULL END, erased = ? WHERE id IN ({})",
+        gap_ids,
+        erasure_id,
+    )
+    _set(conn, "UPDATE profile_runs SET note = '', erased = ? WHERE id IN ({})", out.runs,
+         erasure_id)  # fmt: skip
+    if facts or gap_ids or out.runs:
+        log.info(
+            "memory.erased_profiles", erasure=erasure_id, facts=len(facts), gaps=len(gap_ids),
+            runs=len(out.runs), restored=len(out.restored),
+        )  # fmt: skip
+    return out
+
+
+def _restore_below(conn: sqlite3.Connection, fact_id: int) -> int | None:
+    """Make the predecessor of the blanked fact ``fact_id`` current again, when it is kept and
+    nothing kept stands above it in its chain (a contradiction of the blanked fact may); its id
+    (None: nothing to restore)."""
+    raw = conn.execute("SELECT supersedes FROM profile_facts WHERE id = ?", (fact_id,)).fetchone()
+    below = None if raw is None or raw[0] is None else int(raw[0])
+    if below is None:
+        return None
+    kept = conn.execute(
+        "SELECT erased, superseded_by FROM profile_facts WHERE id = ?", (below,)
+    ).fetchone()
+    if kept is None or kept[0] is not None or kept[1] != fact_id:
+        return None  # blanked too (its evidence went), or not this one's predecessor
+    above, seen = fact_id, {fact_id}
+    while True:  # a kept version above (a contradiction of a blanked one) stays the current one
+        nxt = conn.execute(
+            "SELECT superseded_by FROM profile_facts WHERE id = ?", (above,)
+        ).fetchone()
+        if nxt is None or nxt[0] is None or int(nxt[0]) in seen:
+            break
+        above = int(nxt[0])
+        seen.add(above)
+        gone = conn.execute("SELECT erased FROM profile_facts WHERE id = ?", (above,)).fetchone()
+        if gone is not None and gone[0] is None:
+            return None
+    conn.execute(
+        "UPDATE profile_facts SET supersedes = NULL, conflicts_with = NULL WHERE id = ?",
+        (fact_id,),
+    )
+    conn.execute("UPDATE profile_facts SET superseded_by = NULL WHERE id = ?", (below,))
+    return below
