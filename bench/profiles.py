@@ -52,6 +52,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from bench._common import SHARED_DATA, SMOKE_HELP, machine_note, median, pct, table
 from bench.locomo import (
     ASSISTANT,
@@ -71,7 +73,7 @@ from bench.locomo import SAMPLES as LOCOMO_SAMPLES
 from contract import logs
 from contract.config import Config, OwnerConfig
 from contract.messages import InboundMessage, Privacy
-from memory import profile_view, profiles
+from memory import profile_apply, profile_view, profiles
 from memory.bulk import first_sender_entity, log_top
 from memory.facade import Memory
 from memory.privacy import Scope, persons_for
@@ -80,6 +82,8 @@ from memory.search import SearchQuery, search
 from memory.store import MemoryStore
 from worker.model import Completion
 from worker.turn import memory_settings
+
+log = structlog.get_logger(__name__)
 
 DATA = SHARED_DATA / DATA_SET  # ../shared/data/locomo-dev, relative to the repository
 SAMPLES = LOCOMO_SAMPLES
@@ -280,23 +284,40 @@ def _entities_prompt(store: MemoryStore, rng: Range) -> tuple[str, dict[str, str
 
 
 def derive(store: MemoryStore, model: ReplayModel, rngs: Iterable[Range]) -> Counter[str]:
-    """Derive and apply every range (groundwork path: the model's facts, one Proposal each)."""
+    """Derive and apply every range: the model's facts as the job's result, applied by
+    ``apply_result`` as the worker applies a derived entry (groundwork: the prompt is a stand-in
+    for the job's)."""
     counts: Counter[str] = Counter()
     for rng in rngs:
         prompt, labels = _entities_prompt(store, rng)
         answer = json.loads(model.complete([{"role": "user", "content": prompt}], []).content or "")
-        with store.transaction():
-            for n, fact in enumerate(answer["facts"]):
-                proposal = profiles.Proposal(
-                    entity=labels[fact["entity"]], kind=fact["kind"], text=fact["text"],
-                    confidence=fact["confidence"], evidence=tuple(fact["evidence"]),
-                    conversation=rng.conversation, first_id=rng.first_id, last_id=rng.last_id,
-                    job_key=profiles.job_key(rng.conversation, rng.first_id, rng.last_id, n),
-                    method="replay",
-                )  # fmt: skip
-                made = profiles.apply(store.conn, proposal)
-                counts["applied" if isinstance(made, profiles.Fact) else "refused"] += 1
-        counts["ranges"] += 1
+        result = {
+            "type": "profile", "conversation": rng.conversation, "first_id": rng.first_id,
+            "last_id": rng.last_id, "summary": None, "method": "replay", "note": "",
+            "run_key": profile_apply.run_key(rng.conversation, rng.first_id, rng.last_id, None),
+            "facts": [{**f, "entity": labels[f["entity"]]} for f in answer["facts"]],
+            "retire": [], "gaps": [],
+        }  # fmt: skip
+        counts.update(apply(store, result))
+    return counts
+
+
+def apply(store: MemoryStore, result: dict[str, Any]) -> Counter[str]:
+    """One range's result applied in one write transaction (as ``Memory.apply_profile``)."""
+    counts: Counter[str] = Counter(ranges=1)
+    with store.transaction():
+        try:
+            done = profile_apply.apply_result(store.conn, profile_apply.result_of(result))
+        except profiles.Refused as refused:
+            counts["ranges refused"] += 1
+            log.warning("bench.range_refused", reason=str(refused))
+            return counts
+    counts["facts added"] += done.added
+    counts["facts superseded (same insight)"] += done.superseded
+    counts["facts contradicting"] += done.contradicted
+    counts["facts unchanged"] += done.unchanged
+    counts["retired"] += done.retired
+    counts["refused"] += len(done.refused)
     return counts
 
 
