@@ -31,7 +31,7 @@ from memory.writer import MemoryStore
 from worker import redactions, withheld
 from worker.admission import admit
 from worker.agent import TurnResult, run_turn
-from worker.commands import WorkerCommand, apply_report, apply_summary, command
+from worker.commands import JOB_RESULTS, WorkerCommand, apply_report, command
 from worker.ledger import ReplyLedger
 from worker.model import ModelPort, NoModel
 from worker.scheduled import Occurrences, Recorded
@@ -138,12 +138,12 @@ class Turns:
                     done = redactions.apply(self.memory, stream_id, msg)
                 return Outcome(erasure=done.erasure, dead_reason=done.dead_reason,
                                fields=msg.to_fields() if done.dead_reason else {})  # fmt: skip
-            if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary":
+            if msg.kind is Kind.DERIVED and (job := JOB_RESULTS.get(str(msg.extra.get("type")))):
                 with self.memory.write():
-                    refused = apply_summary(self.memory, msg)
-                # the entry holds the summary's text: once applied (or refused) it goes, so no
-                # copy outlives an erasure of what it summarises; one that came after an
-                # erasure (a job that read the text before) has Redis rewrite its files
+                    refused = job(self.memory, msg)
+                # the entry holds a summary's or facts' text: once applied (or refused) it goes,
+                # so no copy outlives an erasure of it; one that came after an erasure (a job
+                # that read the text before) has Redis rewrite its files
                 return Outcome(forget_entry=True, rewrite_files="erased" in refused)
             if msg.kind is Kind.DERIVED:
                 with self.memory.write():
