@@ -48,7 +48,7 @@ def test_the_line_names_the_entity_kind_confidence_and_evidence(world: World) ->
     g = world.fact(a.entity, [b], "Bob hates coffee", confidence=0.9, contradicts=old.id)
     assert profile_view.line(g, "Bob", old) == (
         f"[Bob · preference · 0.90 · log {b.id}] Bob hates coffee "
-        f"(contradicts log {a.id}: \"Bob likes coffee\")"
+        f'(contradicts log {a.id}: "Bob likes coffee")'
     )
 
 
