@@ -81,6 +81,7 @@ from memory.rows import LogRow
 from memory.search import SearchQuery, search
 from memory.store import MemoryStore
 from worker.model import Completion
+from worker.profile_job import propose
 from worker.turn import memory_settings
 
 log = structlog.get_logger(__name__)
@@ -264,40 +265,23 @@ def ranges(store: MemoryStore, sample: Sample) -> list[Range]:
     return out
 
 
-def _entities_prompt(store: MemoryStore, rng: Range) -> tuple[str, dict[str, str]]:
-    """Groundwork stand-in for the job's prompt: the entity list and the transcript."""
-    rows = store.conn.execute(
-        "SELECT id, entity, sender_name, direction FROM log WHERE conversation = ? "
-        "AND id BETWEEN ? AND ? ORDER BY id",
-        (rng.conversation, rng.first_id, rng.last_id),
-    ).fetchall()
-    labels: dict[str, str] = {"E0": profiles.OWNER}
-    lines = ["TASK: profile facts", f"E0: the owner, {OWNER_NAME}"]
-    for _, entity, name, _direction in rows:
-        if entity and entity not in labels.values():
-            label = f"E{len(labels)}"
-            labels[label] = str(entity)
-            lines.append(f"{label}: {name}")
-    for i, _, name, direction in rows:
-        lines.append(f"[log {i}] {name if direction == 'in' else ASSISTANT}: ...")
-    return "\n".join(lines), labels
-
-
 def derive(store: MemoryStore, model: ReplayModel, rngs: Iterable[Range]) -> Counter[str]:
-    """Derive and apply every range: the model's facts as the job's result, applied by
-    ``apply_result`` as the worker applies a derived entry (groundwork: the prompt is a stand-in
-    for the job's)."""
+    """Derive and apply every range, oldest first, as the jobs and the worker do: the job's
+    ``propose`` (memory read-only, the four questions, their checks) with the replay model, and
+    its result applied by ``apply_result`` (each range with no layer-1 summary: ``summary`` None).
+    The result is marked ``replay`` (what the facts' ``method`` then says) when the model's
+    answers were used."""
     counts: Counter[str] = Counter()
     for rng in rngs:
-        prompt, labels = _entities_prompt(store, rng)
-        answer = json.loads(model.complete([{"role": "user", "content": prompt}], []).content or "")
-        result = {
-            "type": "profile", "conversation": rng.conversation, "first_id": rng.first_id,
-            "last_id": rng.last_id, "summary": None, "method": "replay", "note": "",
-            "run_key": profile_apply.run_key(rng.conversation, rng.first_id, rng.last_id, None),
-            "facts": [{**f, "entity": labels[f["entity"]]} for f in answer["facts"]],
-            "retire": [], "gaps": [],
-        }  # fmt: skip
+        pending = profile_apply.PendingRange(rng.conversation, rng.first_id, rng.last_id, None)
+        result = propose(store.conn, model, pending, assistant_name=ASSISTANT,
+                         owner_name=OWNER_NAME, tool_names=())  # fmt: skip
+        if isinstance(result, str):
+            counts[f"ranges {result}"] += 1
+            continue
+        if result.get("method") == "model":
+            result = {**result, "method": "replay"}
+        counts[f"ranges by {result.get('method')}"] += 1
         counts.update(apply(store, result))
     return counts
 
