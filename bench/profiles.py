@@ -5,7 +5,10 @@ there, never copied). Each conversation is written through the worker's write pa
 bench.locomo's privacy split (:func:`bench.locomo.ingest`, each session a conversation of its own,
 every third session a direct conversation with one speaker, alternating, the other speaker's turns
 recorded as the assistant's replies). Then each session's rows are one range and the profile job
-is run over it, oldest first, and its result applied as the worker applies it:
+is run over it, oldest first (``worker.profile_job.propose``: the prompts, their checks, the
+same-insight and relevance questions), and its result applied as the worker applies it
+(``memory.profile_apply.apply_result``); the turn's context and the tool are the facade's
+(``Memory.context``, ``Memory.profile``: memory/profile_view.py):
 
 - the model is a *replay model* (:class:`ReplayModel`, a ``worker.model.ModelPort``) that answers
   ``TASK: profile facts`` with the dataset authors' own ``session_N_observation`` (per speaker, a

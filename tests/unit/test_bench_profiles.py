@@ -4,6 +4,8 @@ mapping of the dataset's evidence to log ids, the leak check's own eye, and the 
 The sample is made up here (the real data set is never copied into the project): two speakers,
 six sessions (bench.locomo's split makes 3 a direct conversation with Ana, 6 one with Ben), each
 with its ``session_N_observation``, and single-hop questions whose evidence is an observed turn.
+The whole run (:func:`test_the_run_prints_its_figures_last`) goes through the job's real prompts
+(worker/profile_job.py), so its fact count also checks that the replay model reads them.
 """
 
 from __future__ import annotations
