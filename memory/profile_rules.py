@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from contract.timezone import stamp
+from memory.gaps import needs_word
 from memory.identity import OWNER
 from memory.profiles import KINDS, MAX_EVIDENCE, MAX_TEXT, Fact, normalized
 from memory.rows import LogRow
@@ -52,7 +53,6 @@ MAX_WHY = 300  # why a fact is no longer relevant
 MAX_LINE = 1000  # a message's text in a prompt, at most
 MAX_NAME = 60  # a display name in a prompt
 MAX_REQUEST = 200  # the request quoted by the fallback gap detector
-NEEDS = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # a capability word: web_search, calendar
 
 PROFILE_PROMPT = """TASK: profile facts
 You read part of a conversation between people and an assistant. Write down what it says about \
@@ -105,9 +105,10 @@ _UNSAFE_NAME = str.maketrans("", "", "[]():\n\r\t")
 _JSON = re.compile(r"\{.*\}", re.S)
 # an assistant message that says it cannot do something (the fallback gap detector)
 _CANNOT = re.compile(
-    r"\b(?:i|we)(?:\s+am|'m|\u2019m)?\s+(?:really\s+|currently\s+|still\s+)?(?:can ?not|can't|"
-    r"can\u2019t|unable to|not able to|(?:don't|don\u2019t|do not) have (?:access|the ability|"
-    r"a way|any way)|have no (?:access|way)|lack (?:access|the ability))",
+    r"\b(?:i|we)(?:\s+am|'m|\u2019m)?\s+(?:really\s+|currently\s+|still\s+)?(?:"
+    r"(?:can ?not|can't|can\u2019t)(?!\s+(?:wait|believe|thank|stop|help but|stress|emphasi))|"
+    r"unable to|not able to|(?:don't|don\u2019t|do not) have (?:access|the ability|a way|any way)|"
+    r"have no (?:access|way)|lack (?:access|the ability))",
     re.I,
 )
 _NOT_A_GAP = re.compile(r"^\W*(?:no model is configured|sorry\W+something went wrong)", re.I)
@@ -476,13 +477,10 @@ class _GapIn(_Strict):
 
 
 def capability(raw: str | None) -> str | None:
-    """A ``needs`` word as memory keeps it (``Web Search`` → ``web_search``), or None."""
-    if raw is None:
-        return None
-    word = re.sub(r"[\s\-]+", "_", raw.strip().casefold())
-    if word in ("", "none", "null", "unknown", "n/a"):
-        return None
-    return word if NEEDS.match(word) else None
+    """A ``needs`` word as memory keeps it (``Web Search`` → ``web_search``: memory/gaps.py
+    ``needs_word``), or None (none named, or not a word)."""
+    word = needs_word(raw)
+    return None if word in (None, "none", "null", "unknown", "n/a") else word
 
 
 def gaps_prompt(

@@ -124,14 +124,8 @@ def apply_profile(memory: Memory, msg: InboundMessage) -> str:
     if result.conversation != msg.conversation:
         log.warning("profile.invalid", error="the result names another conversation")
         return "invalid"
-    done = memory.apply_profile(result)
-    if isinstance(done, str):
-        return done
-    log.info("profile.applied", run=done.run, run_key=result.run_key, added=done.added,
-             superseded=done.superseded, contradicted=done.contradicted, retired=done.retired,
-             gaps_new=done.gaps_new, gaps_merged=done.gaps_merged,
-             refused=len(done.refused))  # fmt: skip
-    return "; ".join(done.refused)
+    done = memory.apply_profile(result)  # memory logs what it applied and refused
+    return done if isinstance(done, str) else "; ".join(done.refused)
 
 
 # a derived entry from the jobs (never a gateway's: worker/admission.py), by its type: how the

@@ -90,7 +90,7 @@ def tool_names(turns: Turns, settings: ScheduleSettings | None = None) -> list[s
                          event_id="tool-names")  # fmt: skip
     ctx = TurnContext(stream_id="0-0", msg=msg, scope=Scope("cli:tools", Privacy.OWNER),
                       memory=turns.memory)  # fmt: skip
-    return turn_tools(ctx, settings).names()
+    return turn_tools(ctx, settings).names
 
 
 class TurnTools:

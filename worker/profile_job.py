@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 import structlog
@@ -55,6 +55,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 REVIEW = 40  # earlier facts of a person asked about at most (RELEVANT), and listed for SAME
 RESULT_CHARS = MAX_EXTRA_CHARS - 4000  # the result must fit the entry's extra field
+MAX_NOTE = 2000  # memory/profile_apply.py MAX_NOTE
 
 
 class ModelDown(Exception):
@@ -212,7 +213,8 @@ class _RangeJob:
         return fit({
             "type": "profile", "run_key": key, "conversation": rng.conversation,
             "first_id": rng.first_id, "last_id": rng.last_id, "summary": rng.summary,
-            "method": "fallback" if self.fell_back else "model", "note": "; ".join(self.notes),
+            "method": "fallback" if self.fell_back else "model",
+            "note": "; ".join(self.notes)[:MAX_NOTE],
             "facts": facts, "retire": [{"id": s.id, "why": s.why} for s in retire],
             "gaps": [{**asdict(g), "evidence": list(g.evidence)} for g in found_gaps],
         })  # fmt: skip
@@ -296,8 +298,8 @@ def fit(result: dict[str, object], limit: int = RESULT_CHARS) -> dict[str, objec
     gaps (the note says how many); a result that fits is returned as it is."""
     if _size(result) <= limit:
         return result
-    facts = sorted(result["facts"], key=lambda f: -f["confidence"])  # type: ignore[arg-type,index]
-    found_gaps: list[Any] = list(result["gaps"])  # type: ignore[call-overload]
+    facts = sorted(cast("list[dict[str, Any]]", result["facts"]), key=lambda f: -f["confidence"])
+    found_gaps = list(cast("list[dict[str, Any]]", result["gaps"]))
     cut = dict(result)
     dropped = 0
     while _size(cut) > limit and (facts or found_gaps):
@@ -305,5 +307,5 @@ def fit(result: dict[str, object], limit: int = RESULT_CHARS) -> dict[str, objec
         dropped += 1
         cut["facts"], cut["gaps"] = facts, found_gaps
     note = f"{dropped} facts or gaps left out to fit one entry"
-    cut["note"] = "; ".join(n for n in (str(result["note"]), note) if n)
+    cut["note"] = "; ".join(n for n in (note, str(result["note"])) if n)[:MAX_NOTE]
     return cut
