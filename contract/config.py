@@ -360,6 +360,11 @@ class ProfilesConfig(_Section):
     max_context_facts: int = Field(default=20, ge=0, le=1000)
     todo: bool = True
 
+    @property
+    def shown_facts(self) -> int:
+        """The facts a turn's profile section may show (none while layer 2 is off)."""
+        return self.max_context_facts if self.enabled else 0
+
 
 class WorkerConfig(_Section):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT

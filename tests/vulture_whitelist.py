@@ -85,23 +85,3 @@ _.mtime
 _.gid
 _.gname
 _.uname
-
-# layer 2 (memory/profiles.py, issue 28): the conflict shown beside a contradicted fact is read by
-# the profile section, tool and CLI (memory/profile_view.py); remove this once they are merged
-_.conflict_of
-
-# layer 2's memory side (issue 28), read by the parts built beside it: the worker's profile duties
-# (worker/profile_derive.py, worker/profile_job.py: the ranges to derive, the result applied, the
-# gaps a tool covers, TODO.md's signature, the facts a range's job may review, an entity's gaps)
-# and the CLI (`relaybot memory profiles|gaps`, status: a retired fact's why, a closed gap's
-# reason); remove each once what reads it is merged
-_.apply_profile
-_.close_gaps_covered
-_.gaps_signature
-_.pending_profiles
-_.for_review
-_.of_entities
-_.profile_facts
-_.profile_counts
-_.retired_why
-_.closed_reason

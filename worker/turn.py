@@ -70,12 +70,13 @@ def memory_settings(cfg: Config) -> MemorySettings:
             None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
         ),
         timezone=owner_zone(cfg),
+        profiles_share=cfg.profiles.context_share,
+        profile_facts=cfg.profiles.shown_facts,
     )
 
 
 def owner_zone(cfg: Config) -> tzinfo | None:
-    """``[owner] timezone``, else the system's (contract/timezone.py); None for UTC, as
-    memory and the clock take it (the times then read ``… UTC``)."""
+    """``[owner] timezone``, else the system's; None for UTC (the times read ``… UTC``)."""
     return timezone.owner_zone(cfg.owner.timezone)
 
 
@@ -141,9 +142,8 @@ class Turns:
             if msg.kind is Kind.DERIVED and (job := JOB_RESULTS.get(str(msg.extra.get("type")))):
                 with self.memory.write():
                     refused = job(self.memory, msg)
-                # the entry holds a summary's or facts' text: once applied (or refused) it goes,
-                # so no copy outlives an erasure of it; one that came after an erasure (a job
-                # that read the text before) has Redis rewrite its files
+                # the entry holds a job's text: applied or refused, it goes (no copy outlives an
+                # erasure); one after an erasure (read before it) has Redis rewrite its files
                 return Outcome(forget_entry=True, rewrite_files="erased" in refused)
             if msg.kind is Kind.DERIVED:
                 with self.memory.write():
