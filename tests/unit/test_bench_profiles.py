@@ -202,7 +202,10 @@ def test_data_and_samples_follow_the_benchmarks_conventions() -> None:
     assert all(isinstance(s, str) for s in profiles.SAMPLES)
 
 
-def test_the_run_prints_its_figures_last(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_run_prints_its_figures_last(
+    data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("contract.logs.configure", lambda *_a, **_k: None)  # keep test logging
     assert profiles.main(["--samples", "t1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     last = json.loads(out[-1])
