@@ -165,6 +165,7 @@ def remove(
     quote_ids: Sequence[int] = (),
     subject_ids: Sequence[int] = (),
     scheduled_ids: Sequence[int] = (),
+    entities: Sequence[str] = (),
     now: float | None = None,
 ) -> None:
     """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
@@ -192,7 +193,7 @@ def remove(
     # its range is derived again from what remains
     summaries.tombstone(conn, erasure_id, [*log_ids, *subject_ids])
     # ... and so are the profile facts and capability gaps resting on one (layer 2)
-    profile_erasure.cascade(conn, erasure_id, [*log_ids, *subject_ids])
+    profile_erasure.cascade(conn, erasure_id, [*log_ids, *subject_ids], entities)
 
 
 @contextmanager
@@ -336,6 +337,7 @@ def erase(
                 quote_ids=plan.quote_ids,
                 subject_ids=plan.subject_ids,
                 scheduled_ids=plan.scheduled_ids,
+                entities=plan.entities,
                 now=now,
             )
         store.invalidate()  # the caches hold the old text

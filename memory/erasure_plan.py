@@ -378,7 +378,7 @@ class _Hops:
         plan.scheduled_keys = schedule_erasure.keys(conn, plan.scheduled_ids)
         plan.occurrences = dict(sorted(self.occurrences.items()))
         plan.fact_ids, plan.gap_ids = profile_erasure.affected(
-            conn, [*plan.log_ids, *plan.subject_ids]
+            conn, [*plan.log_ids, *plan.subject_ids], plan.entities
         )
         return plan
 

@@ -10,6 +10,8 @@ the erasure's grant, in its transaction).
   ``supersedes`` (and ``conflicts_with``) too, freeing the one-successor index for its next
   version. What the erased rows said is gone; what remains is what memory knew before them.
 - A **gap** with such evidence is blanked (description, needs and closing reason emptied).
+- Erasing a **person** also blanks every fact and gap *about* them, whatever rows it rests on
+  (the owner said "Bob likes tea": that is Bob's profile, and it goes with Bob).
 - A **run** whose range holds an erased row is marked ``erased``: layer 1 summarises what remains
   of the range again, and the new summary is a new run (memory/profile_apply.py ``pending``):
   the range is derived again from what remains.
@@ -60,10 +62,22 @@ _RUNS = (
 )
 
 
-def affected(conn: sqlite3.Connection, log_ids: Iterable[int]) -> tuple[list[int], list[int]]:
-    """The facts and the gaps (not blanked yet) resting on one of these rows."""
+_ABOUT_FACTS = "SELECT id FROM profile_facts WHERE entity IN ({}) AND erased IS NULL"
+_ABOUT_GAPS = "SELECT id FROM capability_gaps WHERE entity IN ({}) AND erased IS NULL"
+
+
+def affected(
+    conn: sqlite3.Connection, log_ids: Iterable[int], entities: Sequence[str] = ()
+) -> tuple[list[int], list[int]]:
+    """The facts and the gaps (not blanked yet) resting on one of these rows, and, when a person
+    is erased (``entities``: their entities), every fact and gap about them, whatever it rests
+    on (the owner's words about Bob are Bob's profile: erasing Bob takes it)."""
     ids = sorted(set(log_ids))
-    return _hit(conn, _FACTS, ids), _hit(conn, _GAPS, ids)
+    facts, gaps = set(_hit(conn, _FACTS, ids)), set(_hit(conn, _GAPS, ids))
+    for chunk in chunks(sorted(set(entities))):
+        facts.update(int(r[0]) for r in conn.execute(_ABOUT_FACTS.format(marks(len(chunk))), chunk))
+        gaps.update(int(r[0]) for r in conn.execute(_ABOUT_GAPS.format(marks(len(chunk))), chunk))
+    return sorted(facts), sorted(gaps)
 
 
 def _set(conn: sqlite3.Connection, sql: str, ids: list[int], *params: object) -> None:
@@ -71,11 +85,16 @@ def _set(conn: sqlite3.Connection, sql: str, ids: list[int], *params: object) ->
         conn.execute(sql.format(marks(len(chunk))), [*params, *chunk])
 
 
-def cascade(conn: sqlite3.Connection, erasure_id: int, log_ids: Iterable[int]) -> Cascade:
-    """Blank what rests on the erased rows ``log_ids`` (see the module docstring); the caller
-    holds the erasure's grant."""
+def cascade(
+    conn: sqlite3.Connection,
+    erasure_id: int,
+    log_ids: Iterable[int],
+    entities: Sequence[str] = (),
+) -> Cascade:
+    """Blank what rests on the erased rows ``log_ids``, and what is about the erased person's
+    ``entities`` (see the module docstring); the caller holds the erasure's grant."""
     ids = sorted(set(log_ids))
-    facts, gap_ids = affected(conn, ids)
+    facts, gap_ids = affected(conn, ids, entities)
     out = Cascade(facts=facts, gaps=gap_ids, runs=_hit(conn, _RUNS, ids))
     _set(
         conn,

@@ -199,3 +199,34 @@ def test_a_fact_from_bobs_dm_is_shown_only_where_all_its_evidence_may_be(
     assert bool(seen) is shown
     (f,) = profiles.current(world.conn, bob)
     assert profiles.shown(world.conn, scopes[scope], f) is shown
+
+
+def test_erasing_a_person_takes_their_profile_whoever_said_it(world: World) -> None:
+    """The owner told the assistant about Bob in her own conversation: that fact is Bob's
+    profile, and erasing Bob takes it (and the gaps about him), though no row of Bob's is its
+    evidence; a fact about Carol from the same range stays."""
+    bob_row = world.say("hello")  # Bob exists as an entity
+    bob = str(bob_row.entity)
+    carol = str(world.say("hi", conversation=CAROL_DM, sender=CAROL).entity)
+    said = world.say("Bob is allergic to walnuts, Carol to nothing", conversation=OWNER_DM,
+                     sender="@me:m.org", privacy=Privacy.OWNER, owner=True)  # fmt: skip
+    s = world.summarize([said])
+    world.apply(world.result(
+        [said], summary=s.id,
+        facts=[fact(bob, "is allergic to walnuts", [said.id], kind="need"),
+               fact(carol, "has no allergies", [said.id], kind="need")],
+        gaps=[{"entity": bob, "description": "order walnut-free cake", "evidence": [said.id]}],
+    ))  # fmt: skip
+    (about_bob,) = profiles.current(world.conn, bob)
+    (gap,) = gaps.listing(world.conn)
+    preview = plan_erasure(world.conn, "entity", bob)
+    assert about_bob.id in preview.fact_ids and gap.id in preview.gap_ids
+    receipt = erase(world.store, kind="entity", target=bob, reason="asked",
+                    requested_by="owner", stream_id="78-1")  # fmt: skip
+    assert about_bob.id in receipt["facts"] and gap.id in receipt["gaps"]
+    assert profiles.current(world.conn, bob) == []
+    assert [f.text for f in profiles.current(world.conn, carol)] == ["has no allergies"]
+    assert gaps.listing(world.conn, include_closed=True) == []
+    blank = profiles.by_id(world.conn, about_bob.id)
+    assert blank is not None and blank.text == "" and blank.erased == receipt["erasure"]
+    # the owner's own words stay: an erasure of Bob takes his rows and his profile, not hers
