@@ -325,7 +325,8 @@ def stored(store: MemoryStore, given: Iterable[Range]) -> tuple[int, int]:
     ).fetchone()[0]
     outside = 0
     for fid, conv, first, last, supersedes in facts:
-        inherited = set(profiles.evidence_of(store.conn, supersedes)) if supersedes else set()
+        older = profiles.by_id(store.conn, supersedes) if supersedes else None
+        inherited = set(older.evidence) if older is not None else set()
         rows = store.conn.execute(
             "SELECT e.log_id, l.conversation FROM profile_evidence AS e LEFT JOIN log AS l "
             "ON l.id = e.log_id WHERE e.fact = ?",

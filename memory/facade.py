@@ -622,7 +622,7 @@ class Memory:
             return profile_view.section_facts(
                 store.conn, scope, conversation=msg.conversation, before_id=current_id or 2**62,
                 limit=limit, persons=persons_for(store, scope),
-                owner_name=self.settings.owner_name,
+                owner_name=self.settings.owner_name, text=msg.text,
             )  # fmt: skip
         except sqlite3.Error as exc:
             self.failed(exc)

@@ -22,6 +22,7 @@ the scope asking, and the fact a line says it contradicts is named only when
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -159,6 +160,26 @@ def _ranked(
     return out
 
 
+_WORD = re.compile(r"\w{3,}")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(w.casefold() for w in _WORD.findall(text))
+
+
+def _about(ranked: Sequence[Sequence[Fact]], text: str) -> list[list[Fact]]:
+    """The facts that share words with the message ``text`` first (most shared first, across the
+    entities), then each entity's others as ranked: a turn asking about tea is shown what is
+    known about tea before what is merely the best known."""
+    asked = _words(text)
+    if not asked:
+        return [list(r) for r in ranked]
+    shared = {f.id: len(asked & _words(f.text)) for r in ranked for f in r}
+    hits = sorted((f for r in ranked for f in r if shared[f.id]), key=lambda f: -shared[f.id])
+    rest = [[f for f in r if not shared[f.id]] for r in ranked]
+    return [[f] for f in hits] + rest
+
+
 def _in_turns(ranked: Sequence[Sequence[Fact]], limit: int) -> list[Fact]:
     """At most ``limit`` facts, each entity's best first, then each one's second, and so on."""
     out: list[Fact] = []
@@ -209,14 +230,16 @@ def section_facts(
     limit: int = MAX_FACTS,
     persons: Collection[str] = (),
     owner_name: str = "",
+    text: str = "",
 ) -> Shown:
-    """The facts of a turn's section (:class:`ProfilesSection` renders the lines)."""
+    """The facts of a turn's section (:class:`ProfilesSection` renders the lines): those sharing
+    words with the message ``text`` first."""
     if privacy_of(scope) is None or limit <= 0:
         return Shown([], [])
     entities = conversation_entities(
         conn, scope, conversation=conversation, before_id=before_id, persons=persons
     )
-    facts = _in_turns(_ranked(conn, scope, entities, persons), limit)
+    facts = _in_turns(_about(_ranked(conn, scope, entities, persons), text), limit)
     return Shown(_lines(conn, scope, facts, persons, owner_name), facts)
 
 

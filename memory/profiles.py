@@ -148,19 +148,21 @@ def _fact(raw: Sequence[Any], evidence: tuple[int, ...]) -> Fact:
     )  # fmt: skip
 
 
-def evidence_of(conn: sqlite3.Connection, fact_id: int) -> tuple[int, ...]:
-    rows = conn.execute(
-        "SELECT log_id FROM profile_evidence WHERE fact = ? ORDER BY log_id", (fact_id,)
-    )
-    return tuple(int(r[0]) for r in rows)
-
-
 def _select(
     conn: sqlite3.Connection, where: str, params: Sequence[Any], limit: int = -1
 ) -> list[Fact]:
     sql = f"SELECT {COLUMNS} FROM profile_facts AS f WHERE {where} ORDER BY f.id LIMIT ?"  # noqa: S608
     raws = conn.execute(sql, [*params, limit]).fetchall()
-    return [_fact(r, evidence_of(conn, int(r[0]))) for r in raws]
+    evidence: dict[int, list[int]] = {int(r[0]): [] for r in raws}
+    for chunk in chunks(list(evidence)):  # one query for all the facts' evidence, not one each
+        found = conn.execute(
+            f"SELECT fact, log_id FROM profile_evidence WHERE fact IN ({marks(len(chunk))}) "  # noqa: S608
+            "ORDER BY fact, log_id",
+            chunk,
+        )
+        for fact_id, log_id in found:
+            evidence[int(fact_id)].append(int(log_id))
+    return [_fact(r, tuple(evidence[int(r[0])])) for r in raws]
 
 
 def by_id(conn: sqlite3.Connection, fact_id: int) -> Fact | None:

@@ -271,3 +271,20 @@ def test_a_retired_fact_is_shown_nowhere(world: World) -> None:
         assert not isinstance(profiles.retire(world.conn, f.id, "the race was in 2025"), str)
     assert "Berlin" not in section(world.context("hi again"))
     assert "Berlin" not in world.tool(Scope(HOME, Privacy.OWNER), entity="Bob")
+
+
+def test_the_facts_the_message_is_about_come_first(tmp_path: Path) -> None:
+    """With room for one fact, a turn asking about sailing is shown the (less confident) fact
+    about sailing, not the best-known one; with no shared word the best-known one."""
+    w = World(tmp_path, profile_facts=1)
+    try:
+        a = w.say("I like tea", name="Bob")
+        b = w.say("I sail on weekends", name="Bob")
+        w.fact(a.entity, [a], "Bob likes green tea", confidence=0.95)
+        w.fact(b.entity, [b], "Bob goes sailing on weekends", confidence=0.4)
+        about = w.context("are you sailing this weekend?")
+        assert "sailing on weekends" in about and "green tea" not in about
+        plain = w.context("hello there")
+        assert "green tea" in plain and "sailing on weekends" not in plain
+    finally:
+        w.store.close()
