@@ -262,7 +262,7 @@ def _related(
     fact of ``entity`` the range's audience may see."""
     fact = profiles.by_id(conn, named)
     if fact is None or fact.entity != entity:
-        raise Refused(f"fact {named} is not a fact of {entity!r}")
+        raise Refused(f"fact {named} is not a fact of that entity")
     if fact.erased is not None:
         return None
     if not profiles.shown(conn, scope, fact):
@@ -330,7 +330,7 @@ def _gap(
 ) -> None:  # fmt: skip
     entity = g.entity
     if not entity or (entity != OWNER and get_entity(conn, entity) is None):
-        raise Refused(f"no entity {entity!r}")
+        raise Refused("an entity memory does not know")
     description = " ".join(g.description.split())
     if not description:
         raise Refused("an empty gap")
@@ -348,7 +348,7 @@ def _gap(
     if g.same_as is not None:
         named = gaps.by_id(conn, g.same_as)
         if named is None or named.entity != entity:
-            raise Refused(f"gap {g.same_as} is not a gap of {entity!r}")
+            raise Refused(f"gap {g.same_as} is not a gap of that entity")
         target = named if named.erased is None else None
     target = target or gaps.same_as(conn, entity, description)
     needs = gaps.needs_word(g.needs)

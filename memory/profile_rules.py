@@ -277,9 +277,9 @@ def _fact_problem(item: object, labels: Labels, allowed: Collection[int]) -> New
     kind = raw.kind.strip().casefold()
     text = one_line(raw.text)
     if entity is None:
-        return f"unknown entity {raw.entity[:20]!r}"
+        return "an entity label the prompt did not give"
     if kind not in KINDS:
-        return f"not a kind of fact: {raw.kind[:20]!r}"
+        return "not one of the kinds of fact"
     if not text:
         return "an empty fact"
     if len(text) > MAX_TEXT:
@@ -529,7 +529,7 @@ def parse_gaps(
         description = one_line(raw.description)
         evidence, problem = _evidence(raw.evidence, allowed)
         if entity is None:
-            problem = f"unknown entity {raw.entity[:20]!r}"
+            problem = "an entity label the prompt did not give"
         elif not description or len(description) > MAX_GAP_TEXT:
             problem = f"a description of {len(description)} characters (1..{MAX_GAP_TEXT})"
         if problem:

@@ -347,18 +347,18 @@ def check_fields(conn: sqlite3.Connection, p: Proposal) -> None:
     if not isinstance(p.entity, str) or not p.entity:
         raise Refused("no entity")
     if p.entity != OWNER and get_entity(conn, p.entity) is None:
-        raise Refused(f"no entity {p.entity!r}")
+        raise Refused("an entity memory does not know")
     if p.kind not in KINDS:
-        raise Refused(f"not a kind of fact: {p.kind!r}")
+        raise Refused("not one of the kinds of fact")
     if p.method not in METHODS:
-        raise Refused(f"not a method: {p.method!r}")
+        raise Refused("not a method (model, fallback, replay)")
     if not isinstance(p.text, str) or not p.text.strip():
         raise Refused("an empty fact")
     if len(p.text) > MAX_TEXT:
         raise Refused(f"a fact of {len(p.text)} characters (at most {MAX_TEXT})")
     conf = p.confidence
     if isinstance(conf, bool) or not isinstance(conf, int | float) or not math.isfinite(conf):
-        raise Refused(f"not a confidence: {conf!r}")
+        raise Refused("a confidence that is not a number")
     if not 0.0 <= float(conf) <= 1.0:
         raise Refused(f"a confidence outside 0..1: {conf}")
     if not p.job_key:
@@ -410,7 +410,7 @@ def check(conn: sqlite3.Connection, p: Proposal) -> tuple[list[LogRow], Fact | N
     old_id = p.supersedes if p.supersedes is not None else p.contradicts
     old = None if old_id is None else by_id(conn, old_id)
     if old_id is not None and (old is None or old.entity != p.entity or not old.current):
-        raise Refused(f"fact {old_id} is not a current fact of {p.entity!r}")
+        raise Refused(f"fact {old_id} is not a current fact of that entity")
     evidence = list(rows.values())
     if old is not None and p.supersedes is not None:
         inherited = _rows(conn, set(old.evidence) - ids)

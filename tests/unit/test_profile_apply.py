@@ -181,8 +181,8 @@ def test_every_fact_is_checked_again_and_a_bad_one_is_refused_alone(world: World
     assert done.added == 1
     assert len(done.refused) == len(bad)
     reasons = " | ".join(done.refused)
-    for why in ("outside the range", "not a message of", "was erased", "no entity",
-                "not a kind", "not a confidence", "outside 0..1", "at most", "empty fact",
+    for why in ("outside the range", "not a message of", "was erased", "entity memory does not know",
+                "not one of the kinds", "not a number", "outside 0..1", "at most", "empty fact",
                 "without evidence", "not both"):  # fmt: skip
         assert why in reasons, why
     assert [f.text for f in profiles.current(world.conn, bob)] == ["likes tea and biscuits"]

@@ -141,9 +141,9 @@ def test_a_fenced_or_wrapped_answer_is_read() -> None:
 @pytest.mark.parametrize(
     ("bad", "why"),
     [
-        ({"entity": "E9"}, "unknown entity"),
-        ({"entity": "person:bob"}, "unknown entity"),  # only labels, never raw ids
-        ({"kind": "gossip"}, "not a kind"),
+        ({"entity": "E9"}, "entity label the prompt did not give"),
+        ({"entity": "person:bob"}, "entity label the prompt did not give"),  # only labels, never raw ids
+        ({"kind": "gossip"}, "not one of the kinds"),
         ({"text": "   "}, "empty"),
         ({"text": "x" * 501}, "characters"),
         ({"confidence": 1.5}, "outside 0..1"),

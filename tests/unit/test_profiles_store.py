@@ -175,12 +175,12 @@ def test_evidence_outside_the_range_is_refused(world: World) -> None:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"kind": "hobby"}, "not a kind"),
+        ({"kind": "hobby"}, "not one of the kinds"),
         ({"confidence": 1.5}, "outside 0..1"),
-        ({"confidence": float("nan")}, "not a confidence"),
+        ({"confidence": float("nan")}, "not a number"),
         ({"text": "  "}, "empty fact"),
         ({"text": "x" * 501}, "at most"),
-        ({"entity": "e-nobody"}, "no entity"),
+        ({"entity": "e-nobody"}, "entity memory does not know"),
         ({"supersedes": 999}, "not a current fact"),
     ],
 )
