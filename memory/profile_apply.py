@@ -289,7 +289,12 @@ def _fact(
     if f.same_as is None and f.contradicts is None:
         want = profiles.normalized(f.text)
         shown = profiles.visible(conn, scope, f.entity)
-        same = next((c for c in shown if profiles.normalized(c.text) == want), None)
+        same = next((c for c in shown if profiles.normalized(c.text) == want
+                     and profiles.no_wider(c, scope)), None)  # fmt: skip
+    # a fact a wider audience knows is not changed from a narrower one: the new fact stands
+    # alone beside it (both current; the owner sees both)
+    same = same if same is None or profiles.no_wider(same, scope) else None
+    against = against if against is None or profiles.no_wider(against, scope) else None
     if same is not None:
         if set(f.evidence) <= set(same.evidence):
             out.unchanged += 1  # seen before, from these very rows
@@ -319,6 +324,8 @@ def _retire(
         raise Refused(f"fact {item.id} is not one this range's audience may see")
     if fact.last_id >= result.first_id:
         raise Refused(f"fact {item.id} is not from a range before this one")
+    if not profiles.no_wider(fact, scope):
+        raise Refused(f"fact {item.id} is known to a wider audience than this range's")
     done = profiles.retire(conn, item.id, item.why, now)
     if isinstance(done, str):
         raise Refused(done)

@@ -44,7 +44,13 @@ from typing import Any, Literal
 
 from contract.messages import Privacy
 from memory.identity import OWNER, get_entity, person_of
-from memory.privacy import Scope, direct_person, log_row_visible, log_visibility_sql
+from memory.privacy import (
+    Scope,
+    direct_person,
+    log_row_visible,
+    log_visibility_sql,
+    privacy_of,
+)
 from memory.rows import LOG_COLUMNS, NOT_ERASED, LogRow, build
 from memory.sql import chunks, marks, savepoint
 from memory.summaries import range_rows
@@ -306,6 +312,15 @@ def shown(
         and log_row_visible(scope, row, persons=people)
         for i in fact.evidence
     )
+
+
+def no_wider(fact: Fact, scope: Scope) -> bool:
+    """Whether ``fact`` is known to no wider audience than ``scope``'s class: only then may a
+    range of that audience change it (a new version, a contradiction, a retirement). A range of
+    Bob's DM must not make a group's fact vanish from the group: the group would see that
+    something was said elsewhere (and what, by what replaced it)."""
+    privacy = privacy_of(scope)
+    return privacy is not None and _WIDTH.get(fact.source_privacy, 3) <= privacy.width
 
 
 def conflict_of(

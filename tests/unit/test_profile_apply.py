@@ -454,3 +454,32 @@ def test_a_fact_about_the_owner(world: World) -> None:
     assert [f.text for f in profiles.visible(world.conn, owner_scope, OWNER)] == ["is vegetarian"]
     bob_scope = Scope(BOB_DM, Privacy.DIRECT, "e-12345678")
     assert profiles.visible(world.conn, bob_scope, OWNER) == []
+
+
+def test_a_narrower_range_never_changes_what_a_wider_audience_knows(world: World) -> None:
+    """A fact the team knows (learnt in the group) is not given a new version, contradicted or
+    retired from Bob's DM: the team would see it vanish (and learn that something was said
+    elsewhere). The DM's fact stands alone beside it; the team's stays current and shown."""
+    g = world.say("I love espresso", conversation=TEAM, privacy=Privacy.GROUP)
+    bob = str(g.entity)
+    world.apply(world.result([g], summary=world.summarize([g]).id,
+                             facts=[fact(bob, "loves espresso", [g.id])]))  # fmt: skip
+    team_fact = only(bob, world)
+    d = world.say("I quit espresso, doctor's orders")
+    e = world.say("I love espresso")
+    done = world.apply(world.result(
+        [d, e], summary=world.summarize([d, e]).id,
+        facts=[fact(bob, "quit espresso", [d.id], contradicts=team_fact.id),
+               fact(bob, "loves espresso", [e.id], same_as=team_fact.id),
+               fact(bob, "Loves espresso!", [e.id])],  # the normalized fallback: the same
+        retire=[{"id": team_fact.id, "why": "he quit: doctor's orders"}],
+    ))  # fmt: skip
+    assert (done.added, done.superseded, done.contradicted, done.unchanged) == (2, 0, 0, 1), done
+    assert done.refused == [f"retire {team_fact.id}: fact {team_fact.id} is known to a wider "
+                            "audience than this range's"]  # fmt: skip
+    kept = profiles.by_id(world.conn, team_fact.id)
+    assert kept is not None and kept.current and kept.retired_why is None
+    team = [f.id for f in profiles.visible(world.conn, Scope(TEAM, Privacy.GROUP), bob)]
+    assert team == [team_fact.id]
+    dm = {f.text for f in profiles.visible(world.conn, Scope(BOB_DM, Privacy.DIRECT, bob), bob)}
+    assert {"loves espresso", "quit espresso"} <= dm
