@@ -181,7 +181,7 @@ def test_every_fact_is_checked_again_and_a_bad_one_is_refused_alone(world: World
     assert done.added == 1
     assert len(done.refused) == len(bad)
     reasons = " | ".join(done.refused)
-    for why in ("outside the range", "not a message of", "was erased", "entity memory does not know",
+    for why in ("outside the range", "not a message of", "was erased", "does not know",
                 "not one of the kinds", "not a number", "outside 0..1", "at most", "empty fact",
                 "without evidence", "not both"):  # fmt: skip
         assert why in reasons, why

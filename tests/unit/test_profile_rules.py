@@ -142,7 +142,7 @@ def test_a_fenced_or_wrapped_answer_is_read() -> None:
     ("bad", "why"),
     [
         ({"entity": "E9"}, "entity label the prompt did not give"),
-        ({"entity": "person:bob"}, "entity label the prompt did not give"),  # only labels, never raw ids
+        ({"entity": "person:bob"}, "label the prompt did not give"),  # labels only, no ids
         ({"kind": "gossip"}, "not one of the kinds"),
         ({"text": "   "}, "empty"),
         ({"text": "x" * 501}, "characters"),
