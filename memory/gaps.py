@@ -32,7 +32,8 @@ from typing import Any
 import structlog
 
 from memory.command_types import CommandContext, CommandError, Handler
-from memory.profiles import most_private, normalized
+from memory.privacy import Scope
+from memory.profiles import evidence_shown, most_private, normalized
 from memory.rows import LogRow
 from memory.sql import chunks, marks
 
@@ -135,6 +136,13 @@ def of_entities(conn: sqlite3.Connection, entities: Collection[str]) -> list[Gap
         where = f"entity IN ({marks(len(chunk))}) AND erased IS NULL"
         out += _select(conn, where, list(chunk))
     return sorted(out, key=lambda g: g.id)
+
+
+def shown(conn: sqlite3.Connection, scope: Scope, gap: Gap) -> bool:
+    """Whether ``scope`` may be shown every row the gap rests on: only such gaps are named to a
+    range's job (a group's job must not read, and copy into a gap of its own, what Bob asked in
+    his DM); a gap itself is shown to the owner alone."""
+    return gap.erased is None and evidence_shown(conn, scope, gap.evidence)
 
 
 def listing(conn: sqlite3.Connection, include_closed: bool = False) -> list[Gap]:

@@ -356,7 +356,9 @@ def _gap(
         named = gaps.by_id(conn, g.same_as)
         if named is None or named.entity != entity:
             raise Refused(f"gap {g.same_as} is not a gap of that entity")
-        target = named if named.erased is None else None
+        scope = profiles.range_scope(conn, result.conversation, result.first_id, result.last_id)
+        # a gap the range's job could not have been shown is not merged into (a new one instead)
+        target = named if gaps.shown(conn, scope, named) else None
     target = target or gaps.same_as(conn, entity, description)
     needs = gaps.needs_word(g.needs)
     if target is None:

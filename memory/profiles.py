@@ -302,15 +302,29 @@ def shown(
     persons: Collection[str] | None = None,
 ) -> bool:
     """:func:`visible`'s rule for one fact, current or not, in Python (tested to agree)."""
-    if fact.erased is not None or not fact.evidence:
+    if fact.erased is not None:
+        return False
+    return evidence_shown(conn, scope, fact.evidence, persons=persons)
+
+
+def evidence_shown(
+    conn: sqlite3.Connection,
+    scope: Scope,
+    evidence: Sequence[int],
+    *,
+    persons: Collection[str] | None = None,
+) -> bool:
+    """Whether ``scope`` may be shown every one of these log rows (at least one; none erased):
+    the rule of a fact, and of a capability gap named to a range's job (memory/gaps.py)."""
+    if not evidence:
         return False
     people = _persons(conn, scope, persons)
-    rows = {r.id: r for r in _rows(conn, fact.evidence)}
+    rows = {r.id: r for r in _rows(conn, evidence)}
     return all(
         (row := rows.get(i)) is not None
         and not row.erased
         and log_row_visible(scope, row, persons=people)
-        for i in fact.evidence
+        for i in evidence
     )
 
 

@@ -279,7 +279,8 @@ class _RangeJob:
     ) -> list[profile_rules.NewGap]:
         """GAPS: where the assistant could not do what was asked; fallback: the detector."""
         rules, labels, allowed = profile_rules, self.labels, self.allowed
-        known = gaps.of_entities(self.conn, list(labels.entities.values()))
+        known = [g for g in gaps.of_entities(self.conn, list(labels.entities.values()))
+                 if gaps.shown(self.conn, self.scope, g)]  # fmt: skip
         prompt = rules.gaps_prompt(labels, lines, assistant_name, tool_names, known)
         found = self.asker.ask("gaps", prompt,
                                lambda a: rules.parse_gaps(a, labels, allowed, known))  # fmt: skip

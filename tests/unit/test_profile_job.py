@@ -310,6 +310,29 @@ def test_a_group_range_is_never_shown_a_fact_learnt_in_a_dm(world: World) -> Non
     assert result["facts"][0]["same_as"] is None
 
 
+def test_a_group_range_is_never_shown_a_gap_from_a_dm(world: World) -> None:
+    """Bob asked in his DM for something the assistant could not do: a group range's GAPS
+    question does not list that gap (the model could copy it into a gap resting on the group's
+    rows, which an erasure of the DM would not take); a same_as naming it makes a new gap."""
+    a = world.say("book my chemotherapy appointment")
+    b = world.reply(a, "I can't book appointments.")
+    dm_gap = {"entity": "E1", "description": "book chemotherapy appointments",
+              "needs": "calendar", "evidence": [a.id, b.id], "same_as": None}  # fmt: skip
+    world.apply(world.propose(Model(profile_facts=[facts()],
+                                    capability_gaps=[json.dumps({"gaps": [dm_gap]})]),
+                              world.summary([a, b])))  # fmt: skip
+    [made] = gaps.of_entities(world.conn, [world.bob()])
+    g = world.say("hi all, book us a table", conversation=ROOM, privacy=Privacy.GROUP)
+    h = world.reply(g, "I can't book tables.")
+    forged = {"entity": "E1", "description": "book a table", "needs": "calendar",
+              "evidence": [g.id, h.id], "same_as": made.id}  # fmt: skip
+    model = Model(profile_facts=[facts()], capability_gaps=[json.dumps({"gaps": [forged]})])
+    result = world.propose(model, world.summary([g, h]))
+    assert not any("chemotherapy" in p for p in model.asked)
+    done = world.apply({**result, "gaps": [{**forged, "entity": world.bob()}]})
+    assert (done.gaps_new, done.gaps_merged) == (1, 0)
+
+
 # -- gaps -----------------------------------------------------------------------------------
 
 
