@@ -61,6 +61,7 @@ from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
+from memory.sql import savepoint
 from memory.store import MemoryStore
 from memory.summary_view import SummariesSection
 from memory.window import HistoryWindows
@@ -374,10 +375,17 @@ class Memory:
 
         def write(store: MemoryStore) -> profile_apply.Applied | str:
             try:
-                return profile_apply.apply_result(store.conn, result)
+                with savepoint(store.conn, "profile_entry"):
+                    return profile_apply.apply_result(store.conn, result)
             except profile_apply.Refused as exc:
                 log.info("profile.result_refused", key=result.run_key, reason=str(exc))
                 return str(exc)
+            except sqlite3.Error:
+                raise  # memory failing: the entry waits (MemoryUnwritable)
+            except Exception as exc:  # one entry's bug: refused alone, not the batch
+                log.warning("profile.result_failed", key=result.run_key,
+                            error=type(exc).__name__)  # fmt: skip
+                return f"invalid: {type(exc).__name__}"
 
         return self._write(write)
 

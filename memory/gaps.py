@@ -278,10 +278,10 @@ def close_covered(conn: sqlite3.Connection, tool_names: Iterable[str], now: floa
 
 def _cmd_close(ctx: CommandContext, args: dict[str, Any]) -> dict[str, Any]:
     gap_id, why = args.get("id"), args.get("why", "")
-    if isinstance(gap_id, bool) or not isinstance(gap_id, int) or gap_id <= 0:
+    if isinstance(gap_id, bool) or not isinstance(gap_id, int) or not 0 < gap_id < 2**62:
         raise CommandError("memory.gap_close takes {id: a gap's number, why: text}")
-    if not isinstance(why, str):
-        raise CommandError("memory.gap_close takes why as text")
+    if not isinstance(why, str) or len(why) > 2000 or any("\ud800" <= c <= "\udfff" for c in why):
+        raise CommandError("memory.gap_close takes why as text (at most 2000 characters)")
     done = close(ctx.store.conn, gap_id, why, ctx.now)
     if isinstance(done, str):
         raise CommandError(done)

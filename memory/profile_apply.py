@@ -41,7 +41,14 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from contract.messages import describe_validation_error
 from memory import gaps, profiles, summaries
@@ -58,6 +65,19 @@ MAX_NOTE = 2000
 _Id = Annotated[int, Field(gt=0, lt=2**62)]
 _Ids = Annotated[list[int], Field(max_length=10_000)]
 
+
+def _storable(text: str) -> str:
+    """A text SQLite can store: a lone surrogate (``"\\ud800"`` in JSON) is refused here, with
+    the entry, not at the INSERT."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a text that is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+_Text = Annotated[str, AfterValidator(_storable)]
+
 __all__ = ["Applied", "PendingRange", "RangeResult", "Refused", "apply_result", "counts",
            "pending", "result_of", "run_key"]  # fmt: skip
 
@@ -70,26 +90,26 @@ class FactIn(_In):
     """A fact as the job proposes it: checked by :func:`apply_result`, not here (one bad fact
     is refused, the others apply)."""
 
-    entity: str
-    kind: str
-    text: str
+    entity: _Text
+    kind: _Text
+    text: _Text
     confidence: float
     evidence: _Ids
-    same_as: int | None = None
-    contradicts: int | None = None
+    same_as: _Id | None = None
+    contradicts: _Id | None = None
 
 
 class RetireIn(_In):
-    id: int
-    why: str = ""
+    id: _Id
+    why: _Text = ""
 
 
 class GapIn(_In):
-    entity: str
-    description: str
-    needs: str | None = None
+    entity: _Text
+    description: _Text
+    needs: _Text | None = None
     evidence: _Ids
-    same_as: int | None = None
+    same_as: _Id | None = None
 
 
 class RangeResult(BaseModel):
@@ -98,13 +118,13 @@ class RangeResult(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     type: Literal["profile"] = "profile"
-    run_key: Annotated[str, Field(min_length=1, max_length=2000)]
-    conversation: Annotated[str, Field(min_length=1, max_length=1000)]
+    run_key: Annotated[_Text, Field(min_length=1, max_length=2000)]
+    conversation: Annotated[_Text, Field(min_length=1, max_length=1000)]
     first_id: _Id
     last_id: _Id
     summary: _Id | None = None
     method: Literal["model", "fallback", "replay"]
-    note: Annotated[str, Field(max_length=MAX_NOTE)] = ""
+    note: Annotated[_Text, Field(max_length=MAX_NOTE)] = ""
     facts: Annotated[list[FactIn], Field(max_length=MAX_FACTS)] = []
     retire: Annotated[list[RetireIn], Field(max_length=MAX_FACTS)] = []
     gaps: Annotated[list[GapIn], Field(max_length=MAX_GAPS)] = []

@@ -295,12 +295,16 @@ def test_the_status_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     counts = {"facts": 12, "entities": 4, "open_gaps": 2, "runs": 9, "pending": 3}
     monkeypatch.setattr(MemoryView, "profile_counts", lambda _self: counts)
     found = profiles_health(w.cfg.memory_path, has_model=True)
-    assert found == {"has_model": True, "exists": True, **counts}
+    assert found == {"has_model": True, "enabled": True, "exists": True, **counts}
     assert profiles_line(found) == (
         "profiles: 12 facts about 4 entities, 2 open gaps, 3 ranges to derive"
     )
     waiting = profiles_health(w.cfg.memory_path, has_model=False)
     assert profiles_line(waiting).endswith(", 3 ranges to derive -- no model: profiles wait")
+    off = profiles_health(w.cfg.memory_path, has_model=True, on=False)
+    assert profiles_line(off).endswith(
+        "-- [profiles] enabled = false: nothing is derived, no section is shown"
+    )
     assert profiles_line({"exists": True, "has_model": True, "error": "disk I/O error"}) == (
         "profiles: ? (memory: disk I/O error)"
     )
