@@ -346,7 +346,7 @@ def _retire(
         raise Refused(f"fact {item.id} is not from a range before this one")
     if not profiles.no_wider(fact, scope):
         raise Refused(f"fact {item.id} is known to a wider audience than this range's")
-    done = profiles.retire(conn, item.id, item.why, now)
+    done = profiles.retire(conn, item.id, item.why, now, by=result.run_key)
     if isinstance(done, str):
         raise Refused(done)
 

@@ -2,14 +2,19 @@
 the erasure's grant, in its transaction).
 
 - A **fact** with any piece of evidence among the erased rows (or the kept mails whose subject an
-  erasure drops) is blanked: its text and its retirement's why emptied, ``erased`` set to the
-  erasure's id. A new version inherits its predecessor's evidence, so the versions above an erased
-  fact go with it; a contradiction does not, and may stay.
+  erasure drops), or made by a job from a range that held one (the job read every row of its
+  range, not only those it cited: its words may be the erased row's), is blanked: its text and
+  its retirement's why emptied, ``erased`` set to the erasure's id. A new version keeps its
+  predecessor's text and evidence, so the versions above an erased fact go with it; a
+  contradiction does not, and may stay.
+- A **retirement** judged by a job from such a range is taken back: the fact is current again,
+  the why gone (what remains no longer says it is stale; the range is derived again).
 - Its **predecessor**, whose own evidence survives, becomes current again when nothing kept
   supersedes it any more: its ``superseded_by`` is cleared, and the blanked fact's
   ``supersedes`` (and ``conflicts_with``) too, freeing the one-successor index for its next
   version. What the erased rows said is gone; what remains is what memory knew before them.
-- A **gap** with such evidence is blanked (description, needs and closing reason emptied).
+- A **gap** with such evidence, or made from such a range, is blanked (description, needs and
+  closing reason emptied).
 - Erasing a **person** also blanks every fact and gap *about* them, whatever rows it rests on
   (the owner said "Bob likes tea": that is Bob's profile, and it goes with Bob).
 - A **run** whose range holds an erased row is marked ``erased``: layer 1 summarises what remains
@@ -39,6 +44,7 @@ class Cascade:
     gaps: list[int] = field(default_factory=list)  # blanked
     runs: list[int] = field(default_factory=list)  # marked erased: derived again
     restored: list[int] = field(default_factory=list)  # predecessors current again
+    unretired: list[int] = field(default_factory=list)  # retirements taken back
 
 
 def _hit(conn: sqlite3.Connection, sql: str, ids: Sequence[int]) -> list[int]:
@@ -64,19 +70,49 @@ _RUNS = (
 
 _ABOUT_FACTS = "SELECT id FROM profile_facts WHERE entity IN ({}) AND erased IS NULL"
 _ABOUT_GAPS = "SELECT id FROM capability_gaps WHERE entity IN ({}) AND erased IS NULL"
+# what a run made: its facts' and gaps' job keys are its run key and "#f<i>" / "#g<i>"
+_MADE = "SELECT id FROM {table} WHERE erased IS NULL AND substr(job_key, 1, length(?) + 2) = ? || ?"
+# the new versions of these facts (not contradictions): they kept the old text
+_VERSIONS = (
+    "SELECT id FROM profile_facts WHERE supersedes IN ({}) AND conflicts_with IS NULL "
+    "AND erased IS NULL"
+)
+
+
+def _run_keys(conn: sqlite3.Connection, runs: Sequence[int]) -> list[str]:
+    sql = "SELECT run_key FROM profile_runs WHERE id IN ({})"
+    keys: list[str] = []
+    for chunk in chunks(sorted(set(runs))):
+        keys += [str(r[0]) for r in conn.execute(sql.format(marks(len(chunk))), list(chunk))]
+    return keys
+
+
+def _made_by(conn: sqlite3.Connection, table: str, mark: str, keys: Sequence[str]) -> set[int]:
+    sql = _MADE.format(table=table)
+    return {int(r[0]) for k in keys for r in conn.execute(sql, (k, k, mark))}
 
 
 def affected(
     conn: sqlite3.Connection, log_ids: Iterable[int], entities: Sequence[str] = ()
 ) -> tuple[list[int], list[int]]:
-    """The facts and the gaps (not blanked yet) resting on one of these rows, and, when a person
-    is erased (``entities``: their entities), every fact and gap about them, whatever it rests
-    on (the owner's words about Bob are Bob's profile: erasing Bob takes it)."""
+    """The facts and the gaps (not blanked yet) that go with these rows: those resting on one,
+    those a job made from a range holding one (its text came from every row the job read, not
+    only the ones it cited), the new versions of such facts (they kept its text), and, when a
+    person is erased (``entities``: their entities), every fact and gap about them, whatever it
+    rests on (the owner's words about Bob are Bob's profile: erasing Bob takes it)."""
     ids = sorted(set(log_ids))
     facts, gaps = set(_hit(conn, _FACTS, ids)), set(_hit(conn, _GAPS, ids))
+    keys = _run_keys(conn, _hit(conn, _RUNS, ids))
+    facts |= _made_by(conn, "profile_facts", "#f", keys)
+    gaps |= _made_by(conn, "capability_gaps", "#g", keys)
     for chunk in chunks(sorted(set(entities))):
         facts.update(int(r[0]) for r in conn.execute(_ABOUT_FACTS.format(marks(len(chunk))), chunk))
         gaps.update(int(r[0]) for r in conn.execute(_ABOUT_GAPS.format(marks(len(chunk))), chunk))
+    new = set(facts)
+    while new:  # a version keeps the text of the one it supersedes: it goes with it
+        found = set(_hit(conn, _VERSIONS, sorted(new))) - facts
+        facts |= found
+        new = found
     return sorted(facts), sorted(gaps)
 
 
@@ -96,6 +132,8 @@ def cascade(
     ids = sorted(set(log_ids))
     facts, gap_ids = affected(conn, ids, entities)
     out = Cascade(facts=facts, gaps=gap_ids, runs=_hit(conn, _RUNS, ids))
+    # a retirement the erased range judged is taken back (its why held the range's words)
+    out.unretired = _unretire(conn, _run_keys(conn, out.runs), set(facts))
     _set(
         conn,
         "UPDATE profile_facts SET text = '', retired_why = CASE WHEN retired_why IS NULL "
@@ -119,9 +157,21 @@ def cascade(
     if facts or gap_ids or out.runs:
         log.info(
             "memory.erased_profiles", erasure=erasure_id, facts=len(facts), gaps=len(gap_ids),
-            runs=len(out.runs), restored=len(out.restored),
+            runs=len(out.runs), restored=len(out.restored), unretired=len(out.unretired),
         )  # fmt: skip
     return out
+
+
+def _unretire(conn: sqlite3.Connection, keys: Sequence[str], blanked: set[int]) -> list[int]:
+    """The facts (kept) that the runs ``keys`` retired: current again, the why gone."""
+    found: set[int] = set()
+    for chunk in chunks(sorted(set(keys))):
+        sql = f"SELECT id FROM profile_facts WHERE retired_by IN ({marks(len(chunk))})"  # noqa: S608
+        found.update(int(r[0]) for r in conn.execute(sql, list(chunk)))
+    back = sorted(found - blanked)
+    _set(conn, "UPDATE profile_facts SET retired = NULL, retired_why = NULL, retired_by = NULL "
+         "WHERE id IN ({})", back)  # fmt: skip
+    return back
 
 
 def _restore_below(conn: sqlite3.Connection, fact_id: int) -> int | None:

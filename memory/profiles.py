@@ -493,9 +493,14 @@ def apply(conn: sqlite3.Connection, p: Proposal, now: float | None = None) -> Fa
 
 
 def retire(
-    conn: sqlite3.Connection, fact_id: int, why: str, now: float | None = None
+    conn: sqlite3.Connection,
+    fact_id: int,
+    why: str,
+    now: float | None = None,
+    by: str | None = None,
 ) -> Fact | str:
-    """Retire a current fact judged no longer relevant (``why``: the judgement, kept); the
+    """Retire a current fact judged no longer relevant (``why``: the judgement, kept; ``by``: the
+    run key of the range that judged it, so that an erasure of the range takes it back); the
     reason when memory refuses (nothing is written then). Set once: a retired fact stays so."""
     found = by_id(conn, fact_id)
     if found is None or not found.current:
@@ -506,8 +511,8 @@ def retire(
     if len(why) > MAX_WHY:
         why = why[: MAX_WHY - 1] + "…"
     conn.execute(
-        "UPDATE profile_facts SET retired = ?, retired_why = ? WHERE id = ?",
-        (time.time() if now is None else now, why, fact_id),
+        "UPDATE profile_facts SET retired = ?, retired_why = ?, retired_by = ? WHERE id = ?",
+        (time.time() if now is None else now, why, by, fact_id),
     )
     made = by_id(conn, fact_id)
     assert made is not None

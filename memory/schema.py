@@ -599,6 +599,8 @@ CREATE TABLE profile_facts (
     conflicts_with  INTEGER REFERENCES profile_facts (id),
     retired         REAL,               -- judged no longer relevant (memory/profile_apply.py)
     retired_why     TEXT,
+    retired_by      TEXT,               -- the run (its key) whose range judged it: an erasure of
+                                        -- that range takes the judgement back
     job_key         TEXT NOT NULL UNIQUE,
     created         REAL NOT NULL,
     erased          INTEGER,
@@ -606,6 +608,7 @@ CREATE TABLE profile_facts (
     CHECK (first_seen <= last_seen),
     CHECK (conflicts_with IS NULL OR conflicts_with = supersedes),
     CHECK (retired_why IS NULL OR retired IS NOT NULL),
+    CHECK (retired_by IS NULL OR retired IS NOT NULL),
     CHECK (retired IS NULL OR superseded_by IS NULL)
 );
 CREATE INDEX profile_facts_entity ON profile_facts (entity, superseded_by, erased);
@@ -634,7 +637,8 @@ WHEN NOT EXISTS (SELECT 1 FROM erasure_grant) AND (
     OR OLD.retired_why IS NOT NULL
     -- one change, from a current fact: superseded (a successor), or retired (when, and why)
     OR NOT (
-        (NEW.superseded_by IS NOT NULL AND NEW.retired IS NULL AND NEW.retired_why IS NULL)
+        (NEW.superseded_by IS NOT NULL AND NEW.retired IS NULL AND NEW.retired_why IS NULL
+         AND NEW.retired_by IS NULL)
         OR (NEW.superseded_by IS NULL AND NEW.retired IS NOT NULL)
     )
 )

@@ -53,16 +53,20 @@ def test_an_erased_row_takes_its_facts_and_gaps_to_the_bytes(world: World) -> No
     world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert database_bytes(world).lower().count(b"quokka") >= 3  # the row, the fact, the gap
     preview = plan_erasure(world.conn, "id", str(a.id))
-    assert (preview.fact_ids, preview.gap_ids) == ([hotel.id], [gap.id])
+    # the tea fact rests on row b only, but the job that wrote it read row a: it goes too
+    assert (preview.fact_ids, preview.gap_ids) == ([hotel.id, tea.id], [gap.id])
     receipt = erase(world.store, kind="id", target=str(a.id), reason="asked",
                     requested_by="owner", stream_id="77-1")  # fmt: skip
-    assert (receipt["facts"], receipt["gaps"]) == ([hotel.id], [gap.id])
+    assert (receipt["facts"], receipt["gaps"]) == ([hotel.id, tea.id], [gap.id])
     replay = erase(world.store, kind="id", target=str(a.id), reason="asked",
                    requested_by="owner", stream_id="77-1")  # fmt: skip
-    assert replay["replayed"] and (replay["facts"], replay["gaps"]) == ([hotel.id], [gap.id])
+    assert replay["replayed"] and (replay["facts"], replay["gaps"]) == (
+        [hotel.id, tea.id],
+        [gap.id],
+    )
     blank = profiles.by_id(world.conn, hotel.id)
     assert blank is not None and blank.text == "" and blank.erased == receipt["erasure"]
-    assert [f.id for f in profiles.current(world.conn, bob)] == [tea.id]  # the rest stays
+    assert profiles.current(world.conn, bob) == []  # derived again from what remains
     gone = gaps.by_id(world.conn, gap.id)
     assert gone is not None and (gone.description, gone.needs, gone.erased) == (
         "", None, receipt["erasure"])  # fmt: skip
@@ -70,7 +74,7 @@ def test_an_erased_row_takes_its_facts_and_gaps_to_the_bytes(world: World) -> No
     (erased_run,) = world.conn.execute("SELECT erased, note FROM profile_runs")
     assert tuple(erased_run) == (receipt["erasure"], "")
     detail = world.conn.execute("SELECT detail FROM erasure").fetchone()[0]
-    assert f'"facts":[{hotel.id}]' in detail and f'"gaps":[{gap.id}]' in detail
+    assert f'"facts":[{hotel.id},{tea.id}]' in detail and f'"gaps":[{gap.id}]' in detail
     # secure_delete in the grant, the WAL checkpointed after the commit: not a byte left
     assert database_bytes(world).lower().count(b"quokka") == 0
 
@@ -230,3 +234,45 @@ def test_erasing_a_person_takes_their_profile_whoever_said_it(world: World) -> N
     blank = profiles.by_id(world.conn, about_bob.id)
     assert blank is not None and blank.text == "" and blank.erased == receipt["erasure"]
     # the owner's own words stay: an erasure of Bob takes his rows and his profile, not hers
+
+
+def test_a_retirement_judged_by_an_erased_range_is_taken_back(world: World) -> None:
+    """Bob's DM: "I love espresso" (a fact), later "I quit espresso: stomach ulcer" (a job
+    retires it, the why quoting the ulcer). Erasing the later rows takes the judgement back: the
+    fact is current again, the why gone from the database."""
+    a = world.say("I love espresso")
+    bob = str(a.entity)
+    world.apply(world.result([a], summary=world.summarize([a]).id,
+                             facts=[fact(bob, "loves espresso", [a.id])]))  # fmt: skip
+    (loved,) = profiles.current(world.conn, bob)
+    b = world.say("I quit espresso: stomach ulcer")
+    done = world.apply(world.result([b], summary=world.summarize([b]).id, retire=[
+        {"id": loved.id, "why": "he quit espresso: stomach ulcer"}]))  # fmt: skip
+    assert done.retired == 1 and profiles.current(world.conn, bob) == []
+    world.erase_rows(b)
+    back = profiles.by_id(world.conn, loved.id)
+    assert back is not None and back.current and back.retired_why is None
+    world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert b"ulcer" not in database_bytes(world)
+
+
+def test_a_fact_made_from_a_range_goes_with_an_uncited_row_of_it(world: World) -> None:
+    """The job read "for my cancer treatment" but cited only "I move to Berlin in May": erasing
+    the uncited row takes the fact (its words may be that row's), and the new version that kept
+    its text; the range is derived again from what remains."""
+    a = world.say("I move to Berlin in May")
+    b = world.say("for my cancer treatment")
+    bob = str(a.entity)
+    world.apply(world.result([a, b], summary=world.summarize([a, b]).id, facts=[
+        fact(bob, "moves to Berlin for cancer treatment", [a.id], kind="event")]))  # fmt: skip
+    (moved,) = profiles.current(world.conn, bob)
+    c = world.say("Berlin in May, yes")
+    world.apply(world.result([c], summary=world.summarize([c]).id, facts=[
+        fact(bob, "moving to Berlin", [c.id], kind="event", same_as=moved.id)]))  # fmt: skip
+    (version,) = profiles.current(world.conn, bob)
+    assert version.supersedes == moved.id and version.text == moved.text
+    receipt = world.erase_rows(b)
+    assert receipt["facts"] == [moved.id, version.id]
+    assert profiles.current(world.conn, bob) == []
+    world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert b"cancer" not in database_bytes(world)
