@@ -145,7 +145,8 @@ def assemble(
     if scheduling is not None:
         scheduling(writer.write_between_rounds, duties)
     if profiles is not None:
-        profiles(writer.write_between_rounds, duties)
+        profiler = profiles(writer.write_between_rounds, duties)
+        committer.erasures.cleaners["todo_md"] = profiler.after_erasure
     reloader = Reloader(control, turns, writer, duties=duties, health=health, watch=watch,
                         make_model=make_model, deriver=layer)  # fmt: skip
     return Consumer(control, r, turns, name=name, reader=reader, writer=writer,

@@ -33,7 +33,7 @@ from memory.turns import Memory
 from memory.writer import profile_apply
 from worker.derive import submit
 from worker.duties import Duties
-from worker.todo import entity_names, render
+from worker.todo import HEADER, entity_names, render
 from worker.turn import owner_zone
 
 log = structlog.get_logger(__name__)
@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 JOB = "worker.profile_job.profile"
 CALLS = 16  # model calls a profile job may make (four questions, twice, a few people)
 TODO_FILE = "TODO.md"
+TODO_HEADER = HEADER.encode()
 WINDOW = 10  # pending ranges looked at per round: this many batches
 
 # a write to memory between rounds (worker/writer.py ``write_between_rounds``)
@@ -52,6 +53,16 @@ def job_id(prefix: str, run_key: str) -> str:
     Redis). A range summarised again has a new summary id, so a new run key: a new job."""
     ident = f"{prefix}|{run_key}"
     return f"relaybot-profile-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
+
+
+def ours(path: Path) -> bool:
+    """Whether ``path`` is a TODO.md relaybot wrote (its header): only such a file is removed
+    when ``[profiles] todo = false``, never one of the owner's own."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(len(TODO_HEADER)) == TODO_HEADER
+    except OSError:
+        return False
 
 
 class Profiler:
@@ -128,14 +139,41 @@ class Profiler:
             log.info("profile.gaps_covered", gaps=ids, tools=sorted(names))
         return ids
 
-    def write_todo(self) -> bool:
-        """Rewrite TODO.md when the gaps changed since it was last written (True: written)."""
+    def after_erasure(self) -> str:
+        """An erasure was committed: TODO.md rewritten at once (an erased gap's words must not
+        wait for the next round), or removed when ``[profiles] todo = false``; what was done,
+        for the erasure's answer."""
         cfg = self.config()
-        if not cfg.profiles.todo:
-            return False
         path = Path(cfg.home) / TODO_FILE
+        if not cfg.profiles.todo:
+            if not ours(path):
+                return "nothing to clean: [profiles] todo = false and no TODO.md of relaybot's"
+            try:
+                path.unlink()
+            except OSError as exc:
+                log.warning("profile.todo_failed", path=str(path), error=str(exc))
+                return f"not removed ({exc.strerror}): delete {path}"
+            return "removed ([profiles] todo = false)"
+        if self.write_todo(force=True):
+            return "rewritten"
+        return f"not rewritten: see the worker log (profile.todo_failed), or delete {path}"
+
+    def write_todo(self, *, force: bool = False) -> bool:
+        """Rewrite TODO.md when the gaps changed since it was last written (True: written);
+        ``force``: whether they did or not. With ``[profiles] todo = false`` a TODO.md written
+        before is removed."""
+        cfg = self.config()
+        path = Path(cfg.home) / TODO_FILE
+        if not cfg.profiles.todo:
+            if self._todo is not None:  # turned off since it was written: it goes (it is ours)
+                self._todo = None
+                if ours(path):
+                    path.unlink(missing_ok=True)
+                    log.info("profile.todo_removed", path=str(path),
+                             detail="[profiles] todo = false")  # fmt: skip
+            return False
         signature = self.memory.gaps_signature()
-        if signature is None or (signature == self._todo and path.exists()):
+        if signature is None or (signature == self._todo and path.exists() and not force):
             return False
         found = self.memory.open_gaps()
         names = self.memory.use(lambda store: entity_names(store, found or []))

@@ -233,6 +233,27 @@ def test_todo_is_not_written_when_turned_off(rig: Rig) -> None:
     assert not (rig.cfg.home / TODO_FILE).exists()
 
 
+def test_an_erasure_rewrites_todo_at_once_or_removes_ours_when_turned_off(rig: Rig) -> None:
+    """The erasure's answer says what became of TODO.md: rewritten without the erased gap's
+    words before the answer goes; with ``todo = false``, relaybot's file removed, never one the
+    owner wrote."""
+    a = rig.world.say("book my chemotherapy appointment")
+    b = rig.world.reply(a, "I can't book appointments")
+    rig.gap([a, b], "book a chemotherapy appointment", needs="calendar")
+    path = rig.cfg.home / TODO_FILE
+    assert rig.profiler.write_todo() is True and "chemotherapy" in path.read_text()
+    rig.write(lambda: rig.memory.apply_command("cli/2-0", "memory.erase", {
+        "kind": "id", "target": str(a.id), "reason": "asked"}))  # fmt: skip
+    assert rig.profiler.after_erasure() == "rewritten"
+    assert "chemotherapy" not in path.read_text()
+    rig.cfg = rig.cfg.model_copy(update={"profiles": ProfilesConfig(todo=False)})
+    assert rig.profiler.after_erasure() == "removed ([profiles] todo = false)"
+    assert not path.exists()
+    path.write_text("# my own list\n")
+    assert rig.profiler.after_erasure().startswith("nothing to clean")
+    assert rig.profiler.write_todo() is False and path.read_text() == "# my own list\n"
+
+
 def test_a_failed_write_leaves_the_old_todo_and_no_temporary(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
