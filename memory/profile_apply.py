@@ -288,7 +288,25 @@ def _related(
     if not profiles.shown(conn, scope, fact):
         raise Refused(f"fact {named} is not one this range's audience may see")
     top = profiles.head(conn, named)
-    return top if top is not None and top.current else None
+    if top is None or not top.current or _contradicted_since(conn, fact, top):
+        return None
+    return top
+
+
+def _contradicted_since(conn: sqlite3.Connection, fact: profiles.Fact, top: profiles.Fact) -> bool:
+    """Whether a contradiction lies between ``fact`` and its chain's head ``top``: a job that
+    judged its fact the same as (or against) ``fact`` did not judge it against what replaced it
+    since (a racing job said the opposite), so its fact stands alone."""
+    cur, seen = fact, {fact.id}
+    while cur.id != top.id and cur.superseded_by is not None:
+        nxt = profiles.by_id(conn, cur.superseded_by)
+        if nxt is None or nxt.id in seen:
+            return False
+        if nxt.conflicts_with is not None:
+            return True
+        seen.add(nxt.id)
+        cur = nxt
+    return False
 
 
 def _fact(

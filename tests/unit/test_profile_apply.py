@@ -483,3 +483,37 @@ def test_a_narrower_range_never_changes_what_a_wider_audience_knows(world: World
     assert team == [team_fact.id]
     dm = {f.text for f in profiles.visible(world.conn, Scope(BOB_DM, Privacy.DIRECT, bob), bob)}
     assert {"loves espresso", "quit espresso"} <= dm
+
+
+def test_a_same_as_raced_by_a_contradiction_stands_alone(world: World) -> None:
+    """Two jobs read memory while "loves green tea" was current: one contradicts it, the other
+    says it is the same. Applied in that order, the second's evidence ("still my favourite") is
+    not filed under "dislikes tea": its fact stands alone, both current, the conflict visible."""
+    a = world.say("I love green tea")
+    bob = str(a.entity)
+    world.apply(world.result([a], summary=world.summarize([a]).id,
+                             facts=[fact(bob, "loves green tea", [a.id])]))  # fmt: skip
+    loved = only(bob, world)
+    b = world.say("I can't stand tea any more")
+    c = world.say("Green tea is still my favourite")
+    world.apply(
+        world.result(
+            [b],
+            summary=world.summarize([b]).id,
+            facts=[fact(bob, "dislikes tea", [b.id], contradicts=loved.id)],
+        )
+    )
+    done = world.apply(
+        world.result(
+            [c],
+            summary=world.summarize([c]).id,
+            facts=[fact(bob, "loves green tea", [c.id], same_as=loved.id)],
+        )
+    )
+    assert (done.added, done.superseded) == (1, 0)
+    now = {f.text: f for f in profiles.current(world.conn, bob)}
+    assert set(now) == {"dislikes tea", "loves green tea"}
+    assert (
+        now["dislikes tea"].conflicts_with == loved.id and c.id not in now["dislikes tea"].evidence
+    )
+    assert now["loves green tea"].evidence == (c.id,)
