@@ -20,6 +20,7 @@ from memory.identity import OWNER
 from memory.privacy import Scope
 from memory.profile_apply import pending
 from memory.profile_erasure import cascade
+from relaybot.cli_erase import render_preview, render_receipt
 from tests.unit.test_profile_apply import BOB_DM, CAROL, CAROL_DM, OWNER_DM, TEAM, World, fact
 
 
@@ -53,11 +54,16 @@ def test_an_erased_row_takes_its_facts_and_gaps_to_the_bytes(world: World) -> No
     world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert database_bytes(world).lower().count(b"quokka") >= 3  # the row, the fact, the gap
     preview = plan_erasure(world.conn, "id", str(a.id))
+    shown = render_preview(preview)
+    assert f"2 profile facts (fact:{hotel.id}, fact:{tea.id}) and 1 capability gaps" in shown
     # the tea fact rests on row b only, but the job that wrote it read row a: it goes too
     assert (preview.fact_ids, preview.gap_ids) == ([hotel.id, tea.id], [gap.id])
     receipt = erase(world.store, kind="id", target=str(a.id), reason="asked",
                     requested_by="owner", stream_id="77-1")  # fmt: skip
     assert (receipt["facts"], receipt["gaps"]) == ([hotel.id, tea.id], [gap.id])
+    said = render_receipt("id", str(a.id), {**receipt, "cleaned": {"todo_md": "rewritten"}})
+    assert f"layer 2:       2 profile facts (fact:{hotel.id}, fact:{tea.id}), 1 capability" in said
+    assert "TODO.md:       rewritten" in said
     replay = erase(world.store, kind="id", target=str(a.id), reason="asked",
                    requested_by="owner", stream_id="77-1")  # fmt: skip
     assert replay["replayed"] and (replay["facts"], replay["gaps"]) == (
