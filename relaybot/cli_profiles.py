@@ -118,6 +118,10 @@ def name_of(view: MemoryView, entity: str, owner_name: str, names: dict[str, str
 # -- profiles ------------------------------------------------------------------------------------
 
 
+def _times(n: int) -> str:
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
 def state_of(fact: _Fact) -> str:
     """current, superseded, retired or erased."""
     if fact.erased is not None:
@@ -141,7 +145,7 @@ def fact_line(fact: _Fact) -> list[str]:
     elif fact.supersedes is not None:
         chain += f", supersedes #{fact.supersedes}"
     if fact.superseded_by is not None:
-        chain += f", superseded by #{fact.superseded_by}"
+        chain += f" by #{fact.superseded_by}"
     if state == "retired":
         chain += f", retired: {fact.retired_why or 'no longer relevant'}"
     head = (
@@ -224,9 +228,9 @@ def gap_line(gap: _Gap, name: str) -> list[str]:
     if gap.status == "closed":
         status += f" ({gap.closed_reason})"
     elif gap.reopened:
-        status += f" (reopened {gap.reopened} times)"
+        status += f" (reopened {_times(gap.reopened)})"
     head = (
-        f"#{gap.id} {status}, {gap.count} times from {stamp(gap.first_seen)} to "
+        f"#{gap.id} {status}, {_times(gap.count)} from {stamp(gap.first_seen)} to "
         f"{stamp(gap.last_seen)}, {name}, {gap.source_privacy}{needs}, log {evidence}"
     )
     text = " ".join(gap.description.split())

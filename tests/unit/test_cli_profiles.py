@@ -147,7 +147,7 @@ def test_all_adds_the_superseded_versions_with_their_chain(
     code, out, _ = run(["memory", "profiles", "Bob", "--all"], capsys)
     assert code == 0
     assert f"#{made['first'].id} need 0.70" in out
-    assert f"superseded, superseded by #{made['second'].id}" in out
+    assert f"superseded by #{made['second'].id}" in out
 
 
 def test_json_has_every_field_and_the_state(
@@ -217,7 +217,7 @@ def test_gaps_lists_the_open_ones_all_adds_the_closed(
     assert code == 0
     lines = out.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"#{bobs.id} open (reopened 1 times), 2 times from ")
+    assert lines[0].startswith(f"#{bobs.id} open (reopened once), twice from ")
     assert lines[0].endswith(
         f", Bob ({bob}, matrix:@bob:m.org), direct, needs web_search, log {a.id}, {b.id}"
     )
