@@ -70,8 +70,8 @@ def test_facts_are_derived_versioned_retired_and_contradicted_range_by_range(rig
     rig.procs.worker(env, r=rig.r, keys=rig.keys)
     rig.procs.jobs(env)
     conv = "cli:prof"
-    send(rig.r, rig.keys, "prof", f"I drink green tea every morning %preference:{TEA}%")
-    send(rig.r, rig.keys, "prof", f"off to Lisbon on Friday %event:{LISBON}%")
+    rig.send("prof", f"I drink green tea every morning %preference:{TEA}%",
+             f"off to Lisbon on Friday %event:{LISBON}%")  # fmt: skip
     wait_for_replies(rig.r, rig.keys, conv, 2)
     rig.wait_settled(conv, 4)
     first = rig.log_ids(conv)
@@ -83,8 +83,8 @@ def test_facts_are_derived_versioned_retired_and_contradicted_range_by_range(rig
 
     rig.scribe.same[TEA_AGAIN] = TEA
     rig.scribe.stale[LISBON] = "the trip has happened"
-    send(rig.r, rig.keys, "prof", f"a cup of green tea, lovely %preference:{TEA_AGAIN}%")
-    send(rig.r, rig.keys, "prof", f"home again %event:{BACK}%")
+    rig.send("prof", f"a cup of green tea, lovely %preference:{TEA_AGAIN}%",
+             f"home again %event:{BACK}%")  # fmt: skip
     wait_for_replies(rig.r, rig.keys, conv, 4)
     rig.wait_settled(conv, 8)
     second = rig.log_ids(conv)[4:]
@@ -98,9 +98,9 @@ def test_facts_are_derived_versioned_retired_and_contradicted_range_by_range(rig
     retired = rig.fact_of(lisbon["id"])
     assert retired["retired"] is not None and retired["retired_why"] == "the trip has happened"
     assert {f["text"] for f in rig.facts()} == {TEA, BACK}
-    [same_prompt] = rig.scribe.prompts(SAME)
+    [same_prompt] = [p for p in rig.scribe.prompts(SAME) if TEA_AGAIN in p]
     assert f"F{tea['id']} " in same_prompt and TEA_AGAIN in same_prompt
-    [relevant] = rig.scribe.prompts(RELEVANT)
+    [relevant] = [p for p in rig.scribe.prompts(RELEVANT) if BACK in p]
     assert f"F{lisbon['id']} " in relevant and f"F{tea['id']} " not in relevant  # just judged
 
     rig.scribe.contradicts[COFFEE] = TEA
@@ -280,9 +280,11 @@ def test_an_erased_message_takes_its_facts_and_what_remains_is_derived_again(rig
     rig.wait_settled(conv, 2)
     tea = rig.fact(TEA)
     rig.scribe.same[TEA_AGAIN] = TEA
-    send(rig.r, rig.keys, "er", f"tea again; locker zanzibar %preference:{TEA_AGAIN}% "
-         f"%identity:{LOCKER}% swim monday %event:{SWIM}%")  # fmt: skip
-    send(rig.r, rig.keys, "er", f"the pool on monday, as always %event:{SWIM}%")
+    secret_text = (
+        f"tea again; locker zanzibar %preference:{TEA_AGAIN}% %identity:{LOCKER}% "
+        f"swim monday %event:{SWIM}%"
+    )
+    rig.send("er", secret_text, f"the pool on monday, as always %event:{SWIM}%")
     wait_for_replies(rig.r, rig.keys, conv, 3)
     rig.wait_settled(conv, 6)
     secret, kept = rig.log_ids(conv)[2], rig.log_ids(conv)[4]
@@ -297,7 +299,9 @@ def test_an_erased_message_takes_its_facts_and_what_remains_is_derived_again(rig
                            "--json"], env, timeout=60)  # fmt: skip
     assert erased.returncode == 0, erased.stdout + erased.stderr
     receipt = json.loads(erased.stdout)
-    assert sorted(receipt["facts"]) == sorted([version["id"], locker["id"], swim["id"]]), receipt
+    resting = {f["id"] for f in rig.facts(every=True) if secret in f["evidence"]}
+    assert resting == {version["id"], locker["id"], swim["id"]}
+    assert set(receipt["facts"]) == resting, receipt
     again = wait_until(
         lambda: [f for f in rig.facts() if f["text"] == SWIM], timeout=30,
         message=lambda: f"the fact derived again; facts {rig.facts(every=True)}\n{rig.logs()}",

@@ -32,6 +32,7 @@ import redis
 
 from contract.keys import Keys
 from contract.messages import InboundMessage, Privacy
+from gateways.cli.gateway import normalize
 from tests.support.fakemodel import FakeModelServer
 from tests.support.procs import Procs, memory_rows, relaybot_env, wait_until, write_config
 
@@ -201,6 +202,15 @@ class Rig:
         )  # fmt: skip
         self.r.xadd(self.keys.inbound_of(channel), msg.to_fields())  # type: ignore[arg-type]
 
+    def send(self, session: str, *texts: str) -> None:
+        """The owner's terminal messages to ``cli:<session>``, in one transaction: the worker
+        reads them at once, so one layer-1 range holds them all."""
+        with self.r.pipeline(transaction=True) as pipe:
+            for text in texts:
+                msg = normalize(session, text, sender="tester")
+                pipe.xadd(self.keys.inbound_of("cli"), msg.to_fields())  # type: ignore[arg-type]
+            pipe.execute()
+
     def facts(self, *, every: bool = False) -> list[dict[str, Any]]:
         """The facts (current ones, or ``every`` one), each with its evidence ids."""
         where = "1" if every else "superseded_by IS NULL AND retired IS NULL AND erased IS NULL"
@@ -237,8 +247,9 @@ class Rig:
         return [r["id"] for r in rows]
 
     def settled(self, conversation: str, rows: int) -> bool:
-        """The conversation holds ``rows`` log rows, every one covered by a current summary,
-        and every current summary has its profile run."""
+        """The conversation holds ``rows`` log rows, every message to the assistant covered by
+        a current summary (an answer may be left for the next range), and every current summary
+        has its profile run."""
         if not self.db.exists() or len(self.log_ids(conversation)) < rows:
             return False
         current = self.rows(
@@ -249,8 +260,10 @@ class Rig:
             conversation,
         )
         covered = {i for s in current for i in range(s["first_id"], s["last_id"] + 1)}
-        live = self.rows("SELECT id FROM log WHERE conversation = ? AND extra NOT LIKE "
-                         "'{\"erased\":%'", conversation)  # fmt: skip
+        live = self.rows(
+            "SELECT id FROM log WHERE conversation = ? AND direction = 'in' AND extra NOT LIKE "
+            "'{\"erased\":%'", conversation,
+        )  # fmt: skip
         return all(r["id"] in covered for r in live) and all(s["runs"] for s in current)
 
     def wait_settled(self, conversation: str, rows: int, *, timeout: float = 30) -> None:
