@@ -123,6 +123,7 @@ class RangeResult(BaseModel):
     first_id: _Id
     last_id: _Id
     summary: _Id | None = None
+    again: Annotated[int, Field(ge=0, lt=1_000_000)] = 0
     method: Literal["model", "fallback", "replay"]
     note: Annotated[_Text, Field(max_length=MAX_NOTE)] = ""
     facts: Annotated[list[FactIn], Field(max_length=MAX_FACTS)] = []
@@ -133,7 +134,7 @@ class RangeResult(BaseModel):
     def _consistent(self) -> RangeResult:
         if self.first_id > self.last_id:
             raise ValueError(f"an empty range ({self.first_id} > {self.last_id})")
-        want = run_key(self.conversation, self.first_id, self.last_id, self.summary)
+        want = run_key(self.conversation, self.first_id, self.last_id, self.summary, self.again)
         if self.run_key != want:
             raise ValueError(f"run_key {self.run_key!r} is not the range's ({want!r})")
         return self
@@ -147,10 +148,14 @@ def result_of(extra: Mapping[str, Any]) -> RangeResult:
         raise ValueError(describe_validation_error(exc)) from None
 
 
-def run_key(conversation: str, first_id: int, last_id: int, summary_id: int | None) -> str:
-    """The key of deriving this range from this layer-1 summary (``-``: a range without one)."""
+def run_key(
+    conversation: str, first_id: int, last_id: int, summary_id: int | None, again: int = 0
+) -> str:
+    """The key of deriving this range from this layer-1 summary (``-``: a range without one);
+    ``again``: how many runs of it an erasure took back before (``/a<n>``: a new run)."""
     summary = "-" if summary_id is None else str(summary_id)
-    return f"profile:{conversation}@{first_id}-{last_id}/s{summary}"
+    tail = f"/a{again}" if again else ""
+    return f"profile:{conversation}@{first_id}-{last_id}/s{summary}{tail}"
 
 
 @dataclass
@@ -178,6 +183,7 @@ class PendingRange:
     first_id: int
     last_id: int
     summary: int | None
+    again: int = 0  # runs of this summary an erasure took back: derived again under a new key
 
 
 _RUN = "id, facts, gaps, retired"
@@ -413,11 +419,16 @@ def _gap(
 
 # -- planning (the worker's profile.plan duty) ----------------------------------------------------
 
+# a summary with no run it still stands by: never derived, or every run of it was taken back by
+# an erasure (a fact of it rested on an erased row through an older version: derived again from
+# what remains, under a new key that counts the runs taken back)
+_UNDERIVED = (
+    "NOT EXISTS (SELECT 1 FROM profile_runs AS r WHERE r.summary = summary.id AND r.erased IS NULL)"
+)
 _PENDING = (
-    "SELECT id, conversation, first_id, last_id FROM summary "  # noqa: S608
-    f"WHERE {summaries.CURRENT} "
-    "AND NOT EXISTS (SELECT 1 FROM profile_runs AS r WHERE r.summary = summary.id) "
-    "ORDER BY first_ts, id LIMIT ?"
+    "SELECT id, conversation, first_id, last_id, (SELECT count(*) FROM profile_runs AS r "  # noqa: S608
+    "WHERE r.summary = summary.id) FROM summary "
+    f"WHERE {summaries.CURRENT} AND {_UNDERIVED} ORDER BY first_ts, id LIMIT ?"
 )
 
 
@@ -427,8 +438,8 @@ def pending(conn: sqlite3.Connection, limit: int) -> list[PendingRange]:
     if limit <= 0:
         return []
     return [
-        PendingRange(str(c), int(f), int(last), int(s))
-        for s, c, f, last in conn.execute(_PENDING, (limit,))
+        PendingRange(str(c), int(f), int(last), int(s), int(again))
+        for s, c, f, last, again in conn.execute(_PENDING, (limit,))
     ]
 
 
@@ -443,8 +454,7 @@ def counts(conn: sqlite3.Connection) -> dict[str, int]:
     ).fetchone()[0]
     runs = conn.execute("SELECT count(*) FROM profile_runs").fetchone()[0]
     todo = conn.execute(
-        f"SELECT count(*) FROM summary WHERE {summaries.CURRENT} "  # noqa: S608
-        "AND NOT EXISTS (SELECT 1 FROM profile_runs AS r WHERE r.summary = summary.id)"
+        f"SELECT count(*) FROM summary WHERE {summaries.CURRENT} AND {_UNDERIVED}"  # noqa: S608
     ).fetchone()[0]
     return {
         "facts": int(facts), "entities": int(entities), "open_gaps": int(open_gaps),

@@ -134,6 +134,10 @@ def cascade(
     out = Cascade(facts=facts, gaps=gap_ids, runs=_hit(conn, _RUNS, ids))
     # a retirement the erased range judged is taken back (its why held the range's words)
     out.unretired = _unretire(conn, _run_keys(conn, out.runs), set(facts))
+    # a run that made a fact or gap going now (a version resting on an erased row of an older
+    # range, through the version it superseded) is taken back too: its own range is derived
+    # again from what remains (memory/profile_apply.py ``pending``: under a new key)
+    out.runs = sorted(set(out.runs) | _makers(conn, facts, gap_ids))
     _set(
         conn,
         "UPDATE profile_facts SET text = '', retired_why = CASE WHEN retired_why IS NULL "
@@ -160,6 +164,23 @@ def cascade(
             runs=len(out.runs), restored=len(out.restored), unretired=len(out.unretired),
         )  # fmt: skip
     return out
+
+
+def _makers(conn: sqlite3.Connection, facts: Sequence[int], gaps: Sequence[int]) -> set[int]:
+    """The runs (not taken back yet) that made these facts and gaps, by their job keys."""
+    keys: set[str] = set()
+    for table, mark, ids in (("profile_facts", "#f", facts), ("capability_gaps", "#g", gaps)):
+        for chunk in chunks(sorted(set(ids))):
+            sql = f"SELECT job_key FROM {table} WHERE id IN ({marks(len(chunk))})"  # noqa: S608
+            keys.update(str(r[0]).rsplit(mark, 1)[0] for r in conn.execute(sql, list(chunk)))
+    found: set[int] = set()
+    for chunk in chunks(sorted(keys)):
+        sql = (
+            f"SELECT id FROM profile_runs WHERE run_key IN ({marks(len(chunk))}) "  # noqa: S608
+            "AND erased IS NULL"
+        )
+        found.update(int(r[0]) for r in conn.execute(sql, list(chunk)))
+    return found
 
 
 def _unretire(conn: sqlite3.Connection, keys: Sequence[str], blanked: set[int]) -> list[int]:

@@ -110,10 +110,12 @@ class Profiler:
             for p in pending:
                 if len(done) >= cfg.profiles.batch:
                     break
-                key = profile_apply.run_key(p.conversation, p.first_id, p.last_id, p.summary)
+                key = profile_apply.run_key(p.conversation, p.first_id, p.last_id, p.summary,
+                                            p.again)  # fmt: skip
                 made = submit(cfg, self.r, job_id(cfg.keys.prefix, key), JOB,
                               args=(p.conversation, p.first_id, p.last_id, p.summary),
-                              kwargs={"tool_names": tools}, calls=CALLS)  # fmt: skip
+                              kwargs={"tool_names": tools, "again": p.again},
+                              calls=CALLS)  # fmt: skip
                 if made:
                     log.info("profile.enqueued", run_key=key)
                     done.append(p)

@@ -69,14 +69,16 @@ def profile(
     summary_id: int | None = None,
     *,
     tool_names: Sequence[str] = (),
+    again: int = 0,
 ) -> str:
     """The rq entry point: ``proposed``, ``stale`` or ``model_down`` (enqueued again after a
-    backoff). ``tool_names``: the tools the worker's turns have (the GAPS question names them)."""
+    backoff). ``tool_names``: the tools the worker's turns have (the GAPS question names them);
+    ``again``: the range is derived again after an erasure took its runs back."""
     cfg = job_config()
     job = get_current_job()
     r: redis.Redis = job.connection if job is not None else redis.Redis.from_url(_url(cfg))
     model = make_model(cfg.model.for_derive())
-    rng = profile_apply.PendingRange(conversation, first_id, last_id, summary_id)
+    rng = profile_apply.PendingRange(conversation, first_id, last_id, summary_id, again)
     try:
         with MemoryStore(cfg.memory_path, readonly=True) as store:
             result = propose(store.conn, model, rng, assistant_name=cfg.worker.assistant_name,
@@ -209,10 +211,12 @@ class _RangeJob:
              "contradicts": d.contradicts}
             for f, d in zip(new, decisions, strict=True)
         ]  # fmt: skip
-        key = profile_apply.run_key(rng.conversation, rng.first_id, rng.last_id, rng.summary)
+        key = profile_apply.run_key(rng.conversation, rng.first_id, rng.last_id, rng.summary,
+                                    rng.again)  # fmt: skip
         return fit({
             "type": "profile", "run_key": key, "conversation": rng.conversation,
             "first_id": rng.first_id, "last_id": rng.last_id, "summary": rng.summary,
+            "again": rng.again,
             "method": "fallback" if self.fell_back else "model",
             "note": "; ".join(self.notes)[:MAX_NOTE],
             "facts": facts, "retire": [{"id": s.id, "why": s.why} for s in retire],

@@ -18,10 +18,10 @@ from memory import gaps, profiles
 from memory.erasure import erase, plan_erasure
 from memory.identity import OWNER
 from memory.privacy import Scope
-from memory.profile_apply import pending
+from memory.profile_apply import pending, run_key
 from memory.profile_erasure import cascade
 from relaybot.cli_erase import render_preview, render_receipt
-from tests.unit.test_profile_apply import BOB_DM, CAROL, CAROL_DM, OWNER_DM, TEAM, World, fact
+from tests.unit.test_profile_apply import BOB_DM, CAROL, CAROL_DM, OWNER_DM, TEAM, World, fact, only
 
 
 @pytest.fixture
@@ -282,3 +282,34 @@ def test_a_fact_made_from_a_range_goes_with_an_uncited_row_of_it(world: World) -
     assert profiles.current(world.conn, bob) == []
     world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert b"cancer" not in database_bytes(world)
+
+
+def test_a_later_range_whose_version_went_with_an_older_row_is_derived_again(
+    world: World,
+) -> None:
+    """Range 1 learnt "likes tea" (row a); range 2 said it again (row c): a new version resting on
+    a and c. Erasing row a takes both versions, and range 2, whose own row still says it, is
+    derived again (its summary unchanged: a new run key, ``/a1``), so the fact comes back from
+    what remains."""
+    a = world.say("I like tea")
+    bob = str(a.entity)
+    world.apply(world.result([a], summary=world.summarize([a]).id,
+                             facts=[fact(bob, "likes tea", [a.id])]))  # fmt: skip
+    c = world.say("tea, always tea")
+    s2 = world.summarize([c])
+    world.apply(
+        world.result(
+            [c], summary=s2.id, facts=[fact(bob, "drinks tea", [c.id], same_as=only(bob, world).id)]
+        )
+    )
+    assert only(bob, world).evidence == (a.id, c.id)
+    assert pending(world.conn, 10) == []
+    receipt = world.erase_rows(a)
+    assert len(receipt["facts"]) == 2 and profiles.current(world.conn, bob) == []
+    (todo,) = pending(world.conn, 10)
+    assert (todo.summary, todo.again) == (s2.id, 1)
+    again = world.result([c], summary=s2.id, facts=[fact(bob, "drinks tea", [c.id])])
+    again = again.model_copy(update={"again": 1, "run_key": run_key(
+        c.conversation, c.id, c.id, s2.id, 1)})  # fmt: skip
+    assert world.apply(again).added == 1 and pending(world.conn, 10) == []
+    assert [f.text for f in profiles.current(world.conn, bob)] == ["drinks tea"]

@@ -99,7 +99,8 @@ def test_each_pending_range_is_enqueued_once_oldest_first_a_batch_a_round(rig: R
     job = derive.queue(rig.cfg, rig.r).fetch_job(rig.queued()[0])
     assert job is not None and job.func_name == JOB
     assert job.args == (DM, ranges[0].first_id, ranges[0].last_id, ranges[0].summary)
-    assert job.kwargs == {"tool_names": ["clock", "recall"]} and job.meta["attempts"] == 1
+    assert job.kwargs == {"tool_names": ["clock", "recall"], "again": 0}
+    assert job.meta["attempts"] == 1
 
 
 def test_no_model_or_turned_off_plans_nothing(rig: Rig) -> None:

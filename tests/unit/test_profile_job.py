@@ -4,6 +4,7 @@ that changed, and its entry applied by the worker (worker/commands.py ``apply_pr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
@@ -138,6 +139,17 @@ def tea_range(world: World) -> tuple[profile_apply.PendingRange, list[LogRow]]:
 
 
 # -- facts ----------------------------------------------------------------------------------
+
+
+def test_a_range_derived_again_after_an_erasure_has_a_run_key_of_its_own(world: World) -> None:
+    rng, (a, _b) = tea_range(world)
+    again = dataclasses.replace(rng, again=2)
+    result = world.propose(Model(profile_facts=[facts(fact("Bob drinks green tea", [a.id]))],
+                                 capability_gaps=[NO_GAPS]), again)  # fmt: skip
+    assert isinstance(result, dict) and result["again"] == 2
+    assert result["run_key"] == profile_apply.run_key(DM, a.id, rng.last_id, rng.summary, 2)
+    assert str(result["run_key"]).endswith("/a2")
+    assert profile_apply.result_of(result).again == 2
 
 
 def test_a_range_gives_facts_with_memory_ids_and_its_run_key(world: World) -> None:
