@@ -583,6 +583,7 @@ class Memory:
             sections.append(ProfilesSection(profiled.lines, self.settings.profiles_share))
             if drew is not None:  # the facts' evidence: an erasure of it reaches the reply
                 drew.add_rows(profiled.evidence)
+                drew.add_facts(profiled.fact_ids)  # ... and one of their ranges' rows
         found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
@@ -650,6 +651,7 @@ class Memory:
             )  # fmt: skip
             if drew is not None:
                 drew.add_rows(shown.evidence)
+                drew.add_facts(shown.fact_ids)
             return text
 
         found = self.use(read)

@@ -34,6 +34,7 @@ the current layer-1 summaries with no run yet, oldest first.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -55,7 +56,7 @@ from memory import gaps, profiles, summaries
 from memory.identity import OWNER, get_entity
 from memory.privacy import Scope
 from memory.profiles import Refused
-from memory.sql import savepoint
+from memory.sql import chunks, marks, savepoint
 
 log = structlog.get_logger(__name__)
 
@@ -126,6 +127,10 @@ class RangeResult(BaseModel):
     again: Annotated[int, Field(ge=0, lt=1_000_000)] = 0
     method: Literal["model", "fallback", "replay"]
     note: Annotated[_Text, Field(max_length=MAX_NOTE)] = ""
+    # the facts and gaps the job's questions showed the model: an erasure of one takes back what
+    # the run wrote from text (retirements' whys, new gaps: memory/profile_erasure.py)
+    read_facts: Annotated[list[_Id], Field(max_length=10_000)] = []
+    read_gaps: Annotated[list[_Id], Field(max_length=10_000)] = []
     facts: Annotated[list[FactIn], Field(max_length=MAX_FACTS)] = []
     retire: Annotated[list[RetireIn], Field(max_length=MAX_FACTS)] = []
     gaps: Annotated[list[GapIn], Field(max_length=MAX_GAPS)] = []
@@ -200,6 +205,7 @@ def apply_result(
     if raw is not None:
         return _replayed(conn, result.run_key, raw)
     _check_range(conn, result)
+    _check_read(conn, result)
     scope = profiles.range_scope(conn, result.conversation, result.first_id, result.last_id)
     out = Applied(run=0)
     with savepoint(conn, "profile_result"):
@@ -221,11 +227,14 @@ def apply_result(
                 out.refused.append(f"gap {i}: {exc}")
         cursor = conn.execute(
             "INSERT INTO profile_runs (conversation, first_id, last_id, summary, run_key, method, "
-            "facts, gaps, retired, refused, note, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "facts, gaps, retired, refused, note, read, at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 result.conversation, result.first_id, result.last_id, result.summary,
                 result.run_key, result.method, out.added + out.superseded + out.contradicted,
-                out.gaps_new + out.gaps_merged, out.retired, len(out.refused), result.note, now,
+                out.gaps_new + out.gaps_merged, out.retired, len(out.refused), result.note,
+                json.dumps({"facts": sorted(set(result.read_facts)),
+                            "gaps": sorted(set(result.read_gaps))}), now,
             ),
         )  # fmt: skip
         out.run = int(cursor.lastrowid or 0)
@@ -260,9 +269,27 @@ def _replayed(conn: sqlite3.Connection, key: str, raw: tuple[Any, ...]) -> Appli
     )  # fmt: skip
 
 
+def _check_read(conn: sqlite3.Connection, result: RangeResult) -> None:
+    """A fact or gap the job was shown and an erasure took since: its words may be in the answer
+    (a retirement's why, a new gap), so the whole result is refused (derived again)."""
+    for table, ids in (("profile_facts", result.read_facts), ("capability_gaps", result.read_gaps)):
+        for chunk in chunks(sorted(set(ids))):
+            sql = f"SELECT 1 FROM {table} WHERE id IN ({marks(len(chunk))}) AND erased IS NOT NULL"  # noqa: S608
+            if conn.execute(sql, list(chunk)).fetchone() is not None:
+                raise Refused(
+                    "a fact or gap the job was shown was erased since (the job's entry held what "
+                    "it read: Redis rewrites its files; the range is derived again)"
+                )
+
+
 def _check_range(conn: sqlite3.Connection, result: RangeResult) -> None:
     if result.summary is not None:
         found = summaries.by_id(conn, result.summary)
+        if found is not None and found.erased is not None:
+            raise Refused(
+                f"summary {result.summary} was erased since the job read its range (the job's "
+                "entry held what it read: Redis rewrites its files; what remains is derived again)"
+            )
         if found is None or not summaries.is_current(conn, found.id):
             raise Refused(
                 f"summary {result.summary} is no longer current (its range changed since the "

@@ -97,7 +97,8 @@ def affected(
 ) -> tuple[list[int], list[int]]:
     """The facts and the gaps (not blanked yet) that go with these rows: those resting on one,
     those a job made from a range holding one (its text came from every row the job read, not
-    only the ones it cited), the new versions of such facts (they kept its text), and, when a
+    only the ones it cited), the new versions of such facts (they kept its text), the gaps a job
+    wrote after its question showed it one of these (it may have copied its words), and, when a
     person is erased (``entities``: their entities), every fact and gap about them, whatever it
     rests on (the owner's words about Bob are Bob's profile: erasing Bob takes it)."""
     ids = sorted(set(log_ids))
@@ -113,6 +114,12 @@ def affected(
         found = set(_hit(conn, _VERSIONS, sorted(new))) - facts
         facts |= found
         new = found
+    while True:  # a gap a job wrote after its GAPS question showed it one going now: goes too
+        readers = _run_keys(conn, sorted(_readers(conn, facts, gaps)))
+        made = _made_by(conn, "capability_gaps", "#g", readers) - gaps
+        if not made:
+            break
+        gaps |= made
     return sorted(facts), sorted(gaps)
 
 
@@ -131,13 +138,16 @@ def cascade(
     ``entities`` (see the module docstring); the caller holds the erasure's grant."""
     ids = sorted(set(log_ids))
     facts, gap_ids = affected(conn, ids, entities)
-    out = Cascade(facts=facts, gaps=gap_ids, runs=_hit(conn, _RUNS, ids))
-    # a retirement the erased range judged is taken back (its why held the range's words)
+    # the runs taken back (their ranges derived again): those whose range held an erased row,
+    # those whose questions showed the model a fact or gap going now (they wrote from its text:
+    # their retirements' whys go, and their new gaps are among ``gap_ids`` already), and those
+    # that made one (a version resting on an erased row of an older range, through the version
+    # it superseded)
+    runs = set(_hit(conn, _RUNS, ids)) | _readers(conn, set(facts), set(gap_ids))
+    runs |= _makers(conn, facts, gap_ids)
+    out = Cascade(facts=facts, gaps=gap_ids, runs=sorted(runs))
+    # a retirement judged by such a run is taken back (its why may hold the erased words)
     out.unretired = _unretire(conn, _run_keys(conn, out.runs), set(facts))
-    # a run that made a fact or gap going now (a version resting on an erased row of an older
-    # range, through the version it superseded) is taken back too: its own range is derived
-    # again from what remains (memory/profile_apply.py ``pending``: under a new key)
-    out.runs = sorted(set(out.runs) | _makers(conn, facts, gap_ids))
     _set(
         conn,
         "UPDATE profile_facts SET text = '', retired_why = CASE WHEN retired_why IS NULL "
@@ -164,6 +174,22 @@ def cascade(
             runs=len(out.runs), restored=len(out.restored), unretired=len(out.unretired),
         )  # fmt: skip
     return out
+
+
+_READ = (
+    "SELECT DISTINCT r.id FROM profile_runs AS r, json_each(r.read, '$.{kind}') AS j "
+    "WHERE r.erased IS NULL AND j.value IN ({marks})"
+)
+
+
+def _readers(conn: sqlite3.Connection, facts: set[int], gaps: set[int]) -> set[int]:
+    """The runs (not taken back yet) whose questions showed the model one of these."""
+    found: set[int] = set()
+    for kind, ids in (("facts", facts), ("gaps", gaps)):
+        for chunk in chunks(sorted(ids)):
+            sql = _READ.format(kind=kind, marks=marks(len(chunk)))
+            found.update(int(r[0]) for r in conn.execute(sql, list(chunk)))
+    return found
 
 
 def _makers(conn: sqlite3.Connection, facts: Sequence[int], gaps: Sequence[int]) -> set[int]:

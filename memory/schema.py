@@ -733,6 +733,9 @@ CREATE TABLE profile_runs (
     retired         INTEGER NOT NULL CHECK (retired >= 0),   -- facts retired
     refused         INTEGER NOT NULL CHECK (refused >= 0),   -- proposals memory did not take
     note            TEXT NOT NULL,      -- why a fallback
+    read            TEXT NOT NULL DEFAULT '{}',  -- {"facts": [ids], "gaps": [ids]} its questions
+                                        -- showed the model: an erasure of one takes back what
+                                        -- it wrote from text (memory/profile_erasure.py)
     at              REAL NOT NULL,
     erased          INTEGER,
     CHECK (first_id <= last_id)

@@ -293,7 +293,13 @@ LOST_AFTER = 120.0  # a job "queued" this long but in no queue was lost by a dyi
 
 def _lost(job: Job, status: JobStatus) -> bool:
     """A job rq says is queued, that is in no queue: a jobs process took it off the queue and
-    died before it started it (rq's own maintenance finds it only much later)."""
+    died before it started it; or one rq says is started whose jobs process has not beaten its
+    heart for it for :data:`LOST_AFTER` (a process watching a job beats every 30 s: this one was
+    stopped or killed mid-job, and rq's own maintenance finds it only much later, or never when
+    no jobs process runs: a zero-config chat starts one only when rq has work)."""
+    if status == JobStatus.STARTED:
+        beat = job.last_heartbeat or job.started_at
+        return beat is not None and time.time() - beat.timestamp() > LOST_AFTER
     if status != JobStatus.QUEUED or job.enqueued_at is None:
         return False
     if time.time() - job.enqueued_at.timestamp() < LOST_AFTER:

@@ -195,6 +195,10 @@ class _RangeJob:
         self.allowed = {r.id for r in rows}
         self.scope = profiles.range_scope(conn, rng.conversation, rng.first_id, rng.last_id)
         self.notes: list[str] = []
+        # the facts and gaps the questions showed the model (their text may be in its answer):
+        # an erasure of one takes back what this run wrote (memory/profile_erasure.py)
+        self.read_facts: set[int] = set()
+        self.read_gaps: set[int] = set()
 
     def result(
         self, summary: summaries.Summary | None, assistant_name: str, tool_names: Collection[str]
@@ -219,6 +223,7 @@ class _RangeJob:
             "again": rng.again,
             "method": "fallback" if self.fell_back else "model",
             "note": "; ".join(self.notes)[:MAX_NOTE],
+            "read_facts": sorted(self.read_facts), "read_gaps": sorted(self.read_gaps),
             "facts": facts, "retire": [{"id": s.id, "why": s.why} for s in retire],
             "gaps": [{**asdict(g), "evidence": list(g.evidence)} for g in found_gaps],
         })  # fmt: skip
@@ -244,6 +249,7 @@ class _RangeJob:
         known = [f for e in entities for f in profiles.visible(self.conn, self.scope, e)[-REVIEW:]]
         if not known or not new:
             return [rules.Decision() for _ in new]
+        self.read_facts.update(f.id for f in known)
         parsed = self.asker.ask("same", rules.same_prompt(self.labels, known, new),
                                 lambda a: rules.parse_same(a, known, new))  # fmt: skip
         if parsed is None:
@@ -269,6 +275,7 @@ class _RangeJob:
                 continue
             prompt = profile_rules.relevant_prompt(self.labels, entity, review, new, lines)
             listed = {f.id for f in review}
+            self.read_facts.update(listed)
             found = self.asker.ask("relevant", prompt,
                                    partial(profile_rules.parse_stale, listed=listed))  # fmt: skip
             if found is None:
@@ -286,6 +293,7 @@ class _RangeJob:
         known = [g for g in gaps.of_entities(self.conn, list(labels.entities.values()))
                  if gaps.shown(self.conn, self.scope, g)]  # fmt: skip
         prompt = rules.gaps_prompt(labels, lines, assistant_name, tool_names, known)
+        self.read_gaps.update(g.id for g in known)
         found = self.asker.ask("gaps", prompt,
                                lambda a: rules.parse_gaps(a, labels, allowed, known))  # fmt: skip
         if found is not None:

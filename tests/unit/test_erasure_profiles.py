@@ -20,6 +20,7 @@ from memory.identity import OWNER
 from memory.privacy import Scope
 from memory.profile_apply import pending, run_key
 from memory.profile_erasure import cascade
+from memory.profiles import Refused
 from relaybot.cli_erase import render_preview, render_receipt
 from tests.unit.test_profile_apply import BOB_DM, CAROL, CAROL_DM, OWNER_DM, TEAM, World, fact, only
 
@@ -313,3 +314,64 @@ def test_a_later_range_whose_version_went_with_an_older_row_is_derived_again(
         c.conversation, c.id, c.id, s2.id, 1)})  # fmt: skip
     assert world.apply(again).added == 1 and pending(world.conn, 10) == []
     assert [f.text for f in profiles.current(world.conn, bob)] == ["drinks tea"]
+
+
+def test_what_a_run_wrote_after_it_was_shown_an_erased_fact_or_gap_goes(world: World) -> None:
+    """A later run's questions showed the model a fact ("malignant tumour") and a gap ("find an
+    oncologist for the malignant tumour"); its retirement's why and its new gap took their words.
+    Erasing the older row takes them back: the retirement undone, the new gap blanked, the run
+    derived again; a result in flight that read the erased fact is refused (derived again)."""
+    trip_row = world.say("I'm planning a trip to Oslo in May")
+    bob = str(trip_row.entity)
+    world.apply(world.result([trip_row], summary=world.summarize([trip_row]).id,
+                             facts=[fact(bob, "plans a trip to Oslo", [trip_row.id])]))  # fmt: skip
+    trip = only(bob, world)
+    x = world.say("the tumour is malignant, find me an oncologist")
+    r1 = world.reply(x, "I can't search the web")
+    world.apply(world.result(
+        [x, r1], summary=world.summarize([x, r1]).id,
+        facts=[fact(bob, "has a malignant tumour", [x.id], kind="event")],
+        gaps=[{"entity": bob, "description": "find an oncologist (malignant tumour)",
+               "evidence": [x.id, r1.id]}]))  # fmt: skip
+    tumour = next(f for f in profiles.current(world.conn, bob) if "tumour" in f.text)
+    (older_gap,) = gaps.listing(world.conn)
+    z = world.say("I cancelled the trip, still need that appointment")
+    r2 = world.reply(z, "I can't book appointments")
+    s3 = world.summarize([z, r2])
+    later = world.result(
+        [z, r2],
+        summary=s3.id,
+        retire=[{"id": trip.id, "why": "cancelled: malignant tumour"}],
+        gaps=[
+            {
+                "entity": bob,
+                "description": "book the malignant-tumour oncologist visit",
+                "evidence": [z.id, r2.id],
+                "needs": "booking",
+            }
+        ],
+    ).model_copy(update={"read_facts": [trip.id, tumour.id], "read_gaps": [older_gap.id]})
+    assert world.apply(later).retired == 1
+    receipt = world.erase_rows(x)
+    assert older_gap.id in receipt["gaps"] and len(receipt["gaps"]) == 2
+    back = profiles.by_id(world.conn, trip.id)
+    assert back is not None and back.current and back.retired_why is None
+    assert gaps.listing(world.conn, include_closed=True) == []
+    assert any(p.summary == s3.id and p.again == 1 for p in pending(world.conn, 10))
+    world.store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert b"malignant" not in database_bytes(world)
+
+
+def test_a_result_that_read_a_fact_erased_since_is_refused(world: World) -> None:
+    a = world.say("my HIV meds make me tired")
+    bob = str(a.entity)
+    world.apply(world.result([a], summary=world.summarize([a]).id,
+                             facts=[fact(bob, "takes HIV medication", [a.id])]))  # fmt: skip
+    read = only(bob, world)
+    b = world.say("I sleep a lot")
+    in_flight = world.result(
+        [b], summary=world.summarize([b]).id, facts=[fact(bob, "sleeps a lot (HIV meds)", [b.id])]
+    ).model_copy(update={"read_facts": [read.id]})
+    world.erase_rows(a)
+    with pytest.raises(Refused, match="erased since"):
+        world.apply(in_flight)

@@ -366,6 +366,7 @@ def test_gaps_from_the_model_and_the_known_ones_it_is_shown(world: World) -> Non
         {**gap, "evidence": [c.id, d.id], "same_as": made.id}]})])  # fmt: skip
     result = world.propose(again, world.summary([c, d]))
     assert f"G{made.id} [E1 · open · needs web_search] check the weather" in again.asked[-1]
+    assert result["read_gaps"] == [made.id]  # what the run was shown: an erasure of it reaches it
     assert world.apply(result).gaps_merged == 1
     [merged] = gaps.of_entities(world.conn, [world.bob()])
     assert merged.count == 2 and merged.evidence == (a.id, b.id, c.id, d.id)
