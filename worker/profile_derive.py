@@ -84,6 +84,7 @@ class Profiler:
         self.has_model, self.tool_names, self.write = has_model, tool_names, write
         self._tools: frozenset[str] | None = None  # the tool names gaps were last closed for
         self._todo: str | None = None  # the gaps' signature TODO.md was last written for
+        self._failure: tuple[str, int | None, str] | None = None  # the last write that failed
         self._waiting = False  # "profiles wait" said (until a model comes)
         if duties is not None:
             every = lambda: self.config().profiles.check_every  # noqa: E731
@@ -141,6 +142,15 @@ class Profiler:
             log.info("profile.gaps_covered", gaps=ids, tools=sorted(names))
         return ids
 
+    def _failed(self, path: Path, signature: str, exc: OSError) -> None:
+        """Say a failed write of TODO.md once (a warning every round would drown the log): again
+        only when the gaps or the error change."""
+        failure = (signature, exc.errno, str(path))
+        if failure != self._failure:
+            log.warning("profile.todo_failed", path=str(path), error=str(exc),
+                        detail="tried again every round, said again when it changes")  # fmt: skip
+        self._failure = failure
+
     def after_erasure(self) -> str:
         """An erasure was committed: TODO.md rewritten at once (an erased gap's words must not
         wait for the next round), or removed when ``[profiles] todo = false``; what was done,
@@ -170,7 +180,11 @@ class Profiler:
             if self._todo is not None:  # turned off since it was written: it goes (it is ours)
                 self._todo = None
                 if ours(path):
-                    path.unlink(missing_ok=True)
+                    try:
+                        path.unlink(missing_ok=True)
+                    except OSError as exc:
+                        self._failed(path, "", exc)
+                        return False
                     log.info("profile.todo_removed", path=str(path),
                              detail="[profiles] todo = false")  # fmt: skip
             return False
@@ -185,8 +199,11 @@ class Profiler:
         try:
             write_atomic(path, text)
         except OSError as exc:
-            log.warning("profile.todo_failed", path=str(path), error=str(exc))
+            self._failed(path, signature, exc)
             return False
+        if self._failure is not None:
+            log.info("profile.todo_recovered", path=str(path))
+            self._failure = None
         self._todo = signature
         log.info("profile.todo_written", path=str(path), gaps=len(found))
         return True

@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import fakeredis
 import pytest
+import structlog
+import structlog.testing
 from rq import SimpleWorker
+from rq.job import JobStatus
 
 from contract.config import Config, ProfilesConfig
 from contract.messages import Privacy
@@ -146,6 +150,25 @@ def test_a_job_that_found_the_model_down_is_enqueued_again_after_a_backoff(
     assert job is not None and job.meta["attempts"] == 2
 
 
+def test_a_started_job_whose_jobs_process_stopped_beating_is_enqueued_again(rig: Rig) -> None:
+    """A jobs process stopped or killed mid-job leaves the job "started" for good (and a
+    zero-config chat starts a jobs process only when rq has work): once its heart has not beaten
+    for LOST_AFTER, the planner makes it again; a job whose process beats is left alone."""
+    [rng] = rig.ranges(1)
+    assert rig.profiler.plan_and_enqueue() == [rng]
+    [jid] = rig.queued()
+    queue = derive.queue(rig.cfg, rig.r)
+    job = queue.fetch_job(jid)
+    assert job is not None
+    queue.remove(job)  # taken off the queue by a jobs process, which started it
+    job.set_status(JobStatus.STARTED)
+    job.heartbeat(datetime.now(UTC), ttl=600)
+    assert rig.profiler.plan_and_enqueue() == []  # running, its process beating
+    job.heartbeat(datetime.now(UTC) - timedelta(seconds=derive.LOST_AFTER + 5), ttl=600)
+    assert rig.profiler.plan_and_enqueue() == [rng]
+    assert rig.queued() == [jid]
+
+
 def test_a_job_run_by_rq_proposes_and_once_applied_the_range_is_done(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,6 +276,34 @@ def test_an_erasure_rewrites_todo_at_once_or_removes_ours_when_turned_off(rig: R
     path.write_text("# my own list\n")
     assert rig.profiler.after_erasure().startswith("nothing to clean")
     assert rig.profiler.write_todo() is False and path.read_text() == "# my own list\n"
+
+
+def test_a_todo_that_cannot_be_written_is_said_once_and_never_stops_the_worker(rig: Rig) -> None:
+    """TODO.md is a directory (or the home read-only): one warning, not one every round; turned
+    off then, the removal that fails is said, not raised (a duty that raises stops the worker)."""
+    path = rig.cfg.home / TODO_FILE
+    path.mkdir(parents=True)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(4):
+            assert rig.profiler.write_todo() is False
+    assert [e["event"] for e in logs].count("profile.todo_failed") == 1
+    path.rmdir()
+    with structlog.testing.capture_logs() as logs:
+        assert rig.profiler.write_todo() is True
+    assert "profile.todo_recovered" in [e["event"] for e in logs]
+    rig.cfg = rig.cfg.model_copy(update={"profiles": ProfilesConfig(todo=False)})
+
+    def refused(*_a: object, **_k: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    real = Path.unlink
+    Path.unlink = refused  # type: ignore[method-assign,assignment]
+    try:
+        with structlog.testing.capture_logs() as logs:
+            assert rig.profiler.write_todo() is False
+    finally:
+        Path.unlink = real  # type: ignore[method-assign]
+    assert "profile.todo_failed" in [e["event"] for e in logs] and path.exists()
 
 
 def test_a_failed_write_leaves_the_old_todo_and_no_temporary(
