@@ -278,7 +278,11 @@ def cmd_gap_close(args: argparse.Namespace, cfg: Config) -> int:
     def describe(result: dict[str, Any]) -> str:
         gap = result.get("gap") or {}
         what = " ".join(str(gap.get("description") or "").split())
-        return f"closed gap #{args.id}" + (f": {what}" if what else "") + f" ({why})"
+        kept = " ".join(str(gap.get("closed_reason") or why).split())
+        said = f" #{args.id}" + (f": {what}" if what else "") + f" ({kept})"
+        if kept != why:  # closed before, for another reason: memory kept that one
+            return f"gap{said} was closed already; closing it again changes nothing"
+        return f"closed gap{said}"
 
     return send_command(cfg, "memory.gap_close", {"id": args.id, "why": why},
                         as_json=args.json, describe=describe)  # fmt: skip

@@ -258,6 +258,25 @@ def test_gaps_close_is_the_owner_command(
     code, out, _ = run(["memory", "gaps", "close", "3", "--json"], capsys)
     assert sent.calls[-1] == ("memory.gap_close", {"id": 3, "why": "closed by the owner"})
     assert code == 0 and json.loads(out) == answer
+    monkeypatch.setattr(
+        owner_commands,
+        "run_command",
+        Sent(
+            {
+                "ok": True,
+                "gap": {
+                    "id": 3,
+                    "description": "look up the train times",
+                    "closed_reason": "has a tool now",
+                },
+            }
+        ),
+    )
+    code, out, _ = run(["memory", "gaps", "close", "3", "--why", "another reason"], capsys)
+    assert code == 0 and out == (
+        "gap #3: look up the train times (has a tool now) was closed already; closing it again "
+        "changes nothing\n"
+    )  # fmt: skip
 
 
 def test_gaps_close_refused_or_unanswered_is_one_line_exit_1(
