@@ -345,6 +345,27 @@ class ScheduleConfig(_Section):
     check_every: float = Field(default=1.0, gt=0)
 
 
+class ProfilesConfig(_Section):
+    """``[profiles]``: layer 2, entity profiles and capability gaps (worker/profile_derive.py).
+
+    Every ``check_every`` seconds the worker enqueues a profile job for each layer-1 summary not
+    derived yet (at most ``batch`` a round; with no model, profiles wait). The context gives the
+    profile section ``context_share`` of its budget, at most ``max_context_facts`` facts;
+    ``todo`` has the open capability gaps written to ``TODO.md`` in the home."""
+
+    enabled: bool = True
+    check_every: float = Field(default=30.0, gt=0)
+    batch: int = Field(default=20, ge=1, le=1000)
+    context_share: float = Field(default=0.15, ge=0, le=0.5)
+    max_context_facts: int = Field(default=20, ge=0, le=1000)
+    todo: bool = True
+
+    @property
+    def shown_facts(self) -> int:
+        """The facts a turn's profile section may show (none while layer 2 is off)."""
+        return self.max_context_facts if self.enabled else 0
+
+
 class WorkerConfig(_Section):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     context_tokens: int = Field(default=6000, ge=256)
@@ -430,6 +451,7 @@ class CoreConfig(_Section):
     roles: dict[str, ConversationRole] = Field(default_factory=dict)
     derive: DeriveConfig = Field(default_factory=DeriveConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    profiles: ProfilesConfig = Field(default_factory=ProfilesConfig)
 
     @field_validator("roles", mode="before")
     @classmethod

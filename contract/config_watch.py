@@ -74,6 +74,7 @@ CORE_WORKER_USES = (
     "roles",
     "redis",
     "schedule",
+    "profiles",
 )
 CORE_WORKER_RELOADS = (
     "owner",
@@ -92,6 +93,7 @@ CORE_WORKER_RELOADS = (
     "worker.context_tokens",
     "worker.assistant_name",
     "schedule",
+    "profiles",
 )
 JOBS_USES = ("redis",)
 

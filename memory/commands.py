@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from memory import curated_versions, erasure, identity_writer, importer, notes
+from memory import curated_versions, erasure, gaps, identity_writer, importer, notes
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.sql import savepoint
 from memory.store import MemoryStore
@@ -30,6 +30,7 @@ _TABLE: dict[str, Handler] = {
     **erasure.COMMANDS,
     **importer.COMMANDS,
     **curated_versions.COMMANDS,
+    **gaps.COMMANDS,
 }
 
 

@@ -6,7 +6,9 @@ from a row when a tool showed that row, or when the row lies in the reply's hist
 ``from`` up to the reply, in the log's time order, among the rows that were there) and the
 reply's conversation could see it (memory.privacy: the same rule that built the history); from a
 note when the context or ``recall`` showed that note; from a summary it was offered whose range
-holds one of the rows.
+holds one of the rows; from a profile fact it was shown (or quoted as contradicted) that goes
+with one of the rows (memory/profile_erasure.py ``affected``: by its evidence, or by the range a
+job made it from).
 
 This is one hop; memory/erasure_plan.py calls it once per hop (the rows and notes found at one
 hop are what the next hop looks for), up to its bound. Each reply found says what it drew on
@@ -24,7 +26,7 @@ from functools import cache
 from typing import Any
 
 from contract.messages import Privacy
-from memory import summaries
+from memory import profile_erasure, summaries
 from memory.identity import person_of
 from memory.privacy import Scope, log_row_visible
 from memory.provenance import KEY, DrewOn
@@ -67,6 +69,7 @@ def derived_replies(
         sql += " AND id > ?"
         params.append(floor)
     hit = set(summaries.covering(conn, erased_rows))  # the summaries the erasure blanks
+    facts_hit = set(profile_erasure.affected(conn, erased_rows)[0])  # ... and the facts
     entity_of = _entity_of(conn)
     time_of = _time_of(conn)
     persons = cache(lambda entity: person_of(conn, entity))
@@ -80,7 +83,7 @@ def derived_replies(
             drew = DrewOn.from_extra(json.loads(reply.extra or "{}"))
         except ValueError:
             continue
-        source = _shown(drew, erased_rows.keys(), erased_notes, hit)
+        source = _shown(drew, erased_rows.keys(), erased_notes, hit, facts_hit)
         if source is not None:
             found[reply.id] = Derived(reply.stream_id, source)
             continue
@@ -106,13 +109,19 @@ def derived_replies(
 
 
 def _shown(
-    drew: DrewOn, rows: Collection[int], notes: Collection[int], summaries_hit: Collection[int]
+    drew: DrewOn,
+    rows: Collection[int],
+    notes: Collection[int],
+    summaries_hit: Collection[int],
+    facts_hit: Collection[int] = (),
 ) -> tuple[str, int] | None:
-    """What of these a tool, the notes section or the summaries section showed the reply."""
+    """What of these a tool, the notes section, the summaries or the profiles section showed the
+    reply."""
     for kind, shown, wanted in (
         ("log", drew.rows, rows),
         ("note", drew.notes, notes),
         ("summary", drew.summaries, summaries_hit),
+        ("fact", drew.facts, facts_hit),
     ):
         hits = sorted(i for i in shown if i in wanted)
         if hits:

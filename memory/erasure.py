@@ -32,6 +32,11 @@ for good (``erased``, their text blanked) and their occurrences' rows go too
 id and the turn or command that set them; ``scheduled``: with their hops), and so does the
 command's answer (``scheduled``).
 
+Layer 2: the profile facts and capability gaps resting on an erased row (or subject) are blanked
+and the runs of their ranges marked (memory/profile_erasure.py: a fact's predecessor whose evidence
+survives is current again); the tombstone and the command's answer name them (``facts``,
+``gaps``).
+
 A replay (same stream id) returns the tombstone already written; a target with nothing left to
 erase is refused without a tombstone. The worker applies it as the owner command ``memory.erase``
 (:data:`COMMANDS`); ``relaybot memory erase`` previews it with :func:`plan_erasure` first.
@@ -48,7 +53,7 @@ from typing import Any
 
 import structlog
 
-from memory import erasure_log, schedule_erasure, summaries
+from memory import erasure_log, profile_erasure, schedule_erasure, summaries
 from memory.command_types import CommandContext, CommandError, Handler
 from memory.copies import MIN_TEXT_MATCH, plain
 from memory.curated_versions import erase_versions, reached
@@ -160,6 +165,7 @@ def remove(
     quote_ids: Sequence[int] = (),
     subject_ids: Sequence[int] = (),
     scheduled_ids: Sequence[int] = (),
+    entities: Sequence[str] = (),
     now: float | None = None,
 ) -> None:
     """Blank the log rows, drop the quotes of ``quote_ids`` and the subjects of ``subject_ids``,
@@ -186,6 +192,8 @@ def remove(
     # a summary of an erased row (or of a mail that repeated an erased subject) is blanked;
     # its range is derived again from what remains
     summaries.tombstone(conn, erasure_id, [*log_ids, *subject_ids])
+    # ... and so are the profile facts and capability gaps resting on one (layer 2)
+    profile_erasure.cascade(conn, erasure_id, [*log_ids, *subject_ids], entities)
 
 
 @contextmanager
@@ -260,6 +268,8 @@ def _tombstone_result(raw: tuple[Any, ...], *, replayed: bool) -> dict[str, Any]
         "hop_bound": detail.get("hop_bound", 1),
         "beyond_bound": listed("beyond_bound"),
         "scheduled": [s for s in listed("scheduled") if isinstance(s, dict)],
+        "facts": [i for i in listed("facts") if isinstance(i, int)],
+        "gaps": [i for i in listed("gaps") if isinstance(i, int)],
         "replayed": replayed,
     }
 
@@ -327,6 +337,7 @@ def erase(
                 quote_ids=plan.quote_ids,
                 subject_ids=plan.subject_ids,
                 scheduled_ids=plan.scheduled_ids,
+                entities=plan.entities,
                 now=now,
             )
         store.invalidate()  # the caches hold the old text
@@ -340,6 +351,8 @@ def erase(
         notes=len(plan.note_ids),
         derived=len(plan.items),
         scheduled=len(plan.scheduled_ids),
+        facts=len(plan.fact_ids),
+        gaps=len(plan.gap_ids),
         kept=len(plan.kept),
         beyond_bound=len(plan.beyond),
     )

@@ -44,6 +44,11 @@ erased because of it: the owner has judged its text clean, so the chain stops th
 it goes only when it drew on something else that goes). The target's own rows cannot be kept, and
 a newer version of a note cannot be kept while its older version goes (it supersedes it).
 
+**Layer 2.** The profile facts and capability gaps resting on a row that goes (or on a mail whose
+subject goes) are blanked with it (memory/profile_erasure.py); the plan names them
+(:attr:`ErasurePlan.fact_ids`, :attr:`ErasurePlan.gap_ids`, ``facts`` and ``gaps`` in the
+tombstone). They cannot be kept: they are derived from the text that goes.
+
 Every item carries its first words for the preview; the tombstone keeps only ids and hops, never
 text.
 """
@@ -56,7 +61,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory import schedule_erasure
+from memory import profile_erasure, schedule_erasure
 from memory.command_types import CommandError
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
@@ -117,6 +122,8 @@ class ErasurePlan:
     scheduled_ids: list[int] = field(default_factory=list)
     scheduled_keys: list[tuple[int, str]] = field(default_factory=list)  # (id, created_by)
     occurrences: dict[int, int] = field(default_factory=dict)  # their log rows -> hop
+    fact_ids: list[int] = field(default_factory=list)  # layer 2: the facts blanked with the rows
+    gap_ids: list[int] = field(default_factory=list)  # ... and the capability gaps
 
     @property
     def empty(self) -> bool:
@@ -156,6 +163,10 @@ class ErasurePlan:
             out["scheduled_ids"] = self.scheduled_ids
             out["scheduled_keys"] = [list(k) for k in self.scheduled_keys]
             out["scheduled"] = [i.record() for i in self.scheduled]
+        if self.fact_ids:
+            out["facts"] = self.fact_ids
+        if self.gap_ids:
+            out["gaps"] = self.gap_ids
         return out
 
 
@@ -366,6 +377,9 @@ class _Hops:
         plan.scheduled_ids = sorted(self.scheduled)
         plan.scheduled_keys = schedule_erasure.keys(conn, plan.scheduled_ids)
         plan.occurrences = dict(sorted(self.occurrences.items()))
+        plan.fact_ids, plan.gap_ids = profile_erasure.affected(
+            conn, [*plan.log_ids, *plan.subject_ids], plan.entities
+        )
         return plan
 
 

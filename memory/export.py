@@ -8,12 +8,17 @@ the last a footer (a file without one was cut short)::
     {"type": "entity", "id": "e-1a2b3c", "kind": "person", "name": "Bob", "created_ts": ...}
     {"type": "handle", ...}  {"type": "entity_link", ...}  {"type": "log", ...}
     {"type": "reply_status", ...}  {"type": "note", ...}  {"type": "summary", ...}
+    {"type": "profile_fact", ..., "evidence": [12, 40]}  {"type": "gap", ..., "evidence": [7]}
     {"type": "curated_version", ...}  {"type": "erasure", ...}
     {"type": "footer", "records": 1234, "corrupt_rows_skipped": 0}
 
 Records come in an order in which every reference points backwards (entities before their
 handles, a note after the note it supersedes), so a file can be applied line by line. Log rows
 are read through the store, so a corrupt row is skipped and counted (:class:`ExportStats`).
+
+Layer 2's profile facts and capability gaps are exported with their evidence (log ids), so the
+file says everything memory holds; an import leaves them out, as it does summaries it cannot place
+(memory/importer.py): they are derived again from the imported log.
 
 Scheduled items (memory/schedule.py) are not exported: an item is work this home has still to
 do, not a record of what was said. What they say is in the export already, as log rows (the
@@ -40,9 +45,11 @@ from memory.records import (
     CuratedVersionRecord,
     EntityRecord,
     ErasureRecord,
+    GapRecord,
     HandleRecord,
     LinkRecord,
     NoteRecord,
+    ProfileFactRecord,
     ReplyStatusRecord,
     SummaryRecord,
     log_json,
@@ -52,8 +59,14 @@ from memory.store import MemoryStore
 
 
 def _columns(model: type[BaseModel]) -> tuple[str, ...]:
-    """A record's table columns: its fields but the record type (a note's type is note_type)."""
-    return tuple("type" if f == "note_type" else f for f in model.model_fields if f != "type")
+    """A record's table columns: its fields but the record type (a note's type is note_type)
+    and a fact's or gap's evidence (a table of its own: :data:`_EVIDENCE`)."""
+    fields = (f for f in model.model_fields if f not in {"type", "evidence"})
+    return tuple("type" if f == "note_type" else f for f in fields)
+
+
+# a record's evidence: its log ids, from (table, the column naming the record)
+_EVIDENCE = {"profile_fact": ("profile_evidence", "fact"), "gap": ("gap_evidence", "gap")}
 
 
 # type -> (table, columns, ORDER BY); log is read through the store (corrupt rows skipped)
@@ -64,6 +77,8 @@ _TABLES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "reply_status": ("reply_status", _columns(ReplyStatusRecord), "at, reply_id"),
     "note": ("note", _columns(NoteRecord), "id"),
     "summary": ("summary", _columns(SummaryRecord), "id"),
+    "profile_fact": ("profile_facts", _columns(ProfileFactRecord), "id"),
+    "gap": ("capability_gaps", _columns(GapRecord), "id"),
     "curated_version": ("curated_version", _columns(CuratedVersionRecord), "id"),
     "erasure": ("erasure", _columns(ErasureRecord), "id"),
 }
@@ -81,6 +96,15 @@ def _table_rows(conn: sqlite3.Connection, kind: str) -> Iterator[dict[str, Any]]
         if kind == "note":  # the note's own type column; "type" is the record's
             values["note_type"] = values.pop("type")
         data = {"type": kind, **values}
+        if kind in _EVIDENCE:
+            ev_table, column = _EVIDENCE[kind]
+            data["evidence"] = [
+                int(r[0])
+                for r in conn.execute(
+                    f"SELECT log_id FROM {ev_table} WHERE {column} = ? ORDER BY log_id",  # noqa: S608
+                    (values["id"],),
+                )
+            ]
         if kind == "erasure":
             try:
                 detail = json.loads(data["detail"])

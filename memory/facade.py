@@ -21,6 +21,7 @@ Memory takes plain parameters (:class:`MemorySettings`), not the application's c
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +32,16 @@ from typing import TypeVar
 import structlog
 
 from contract.messages import InboundMessage, Kind, Privacy, Reply
-from memory import commands, curated_versions, notes, summaries, summary_view
+from memory import (
+    commands,
+    curated_versions,
+    gaps,
+    notes,
+    profile_apply,
+    profile_view,
+    summaries,
+    summary_view,
+)
 from memory.command_types import CommandContext
 from memory.context import Section, build_context
 from memory.copies import Copies, copies_of
@@ -45,11 +55,13 @@ from memory.identity import OwnerResolver, OwnerView, ScopedAlias, owner_handles
 from memory.identity_writer import Identity
 from memory.lines import HistoryLines
 from memory.privacy import Scope, direct_person, persons_for, privacy_of
+from memory.profile_view import ProfilesSection
 from memory.provenance import DrewOn
 from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
+from memory.sql import savepoint
 from memory.store import MemoryStore
 from memory.summary_view import SummariesSection
 from memory.window import HistoryWindows
@@ -78,6 +90,10 @@ class MemorySettings:
     trusted_channels: frozenset[str] | None = None
     # the owner's time zone: the times in the context are shown in it (None: UTC)
     timezone: tzinfo | None = None
+    # layer 2 in the context ([profiles] context_share, max_context_facts): its share of the
+    # room and the most facts it offers (0: no profiles section)
+    profiles_share: float = profile_view.PROFILES_SHARE
+    profile_facts: int = profile_view.MAX_FACTS
 
 
 def _unwritable(exc: sqlite3.Error, step: str) -> Exception:
@@ -350,6 +366,47 @@ class Memory:
 
         return self._write(write)
 
+    # -- layer 2: profiles and capability gaps (the worker's duties and the profile entries) -----
+
+    def apply_profile(self, result: profile_apply.RangeResult) -> profile_apply.Applied | str:
+        """Apply a range's profile result (inside :meth:`write`; memory/profile_apply.py); the
+        reason when memory refuses the whole of it now (its range changed since the job read
+        it: the planner derives the new range instead)."""
+
+        def write(store: MemoryStore) -> profile_apply.Applied | str:
+            try:
+                with savepoint(store.conn, "profile_entry"):
+                    return profile_apply.apply_result(store.conn, result)
+            except profile_apply.Refused as exc:
+                log.info("profile.result_refused", key=result.run_key, reason=str(exc))
+                return str(exc)
+            except sqlite3.Error:
+                raise  # memory failing: the entry waits (MemoryUnwritable)
+            except Exception as exc:  # one entry's bug: refused alone, not the batch
+                log.warning("profile.result_failed", key=result.run_key,
+                            error=type(exc).__name__)  # fmt: skip
+                return f"invalid: {type(exc).__name__}"
+
+        return self._write(write)
+
+    def close_gaps_covered(self, tool_names: Sequence[str]) -> list[int]:
+        """Close the open gaps a tool of these covers (inside :meth:`write`); their ids."""
+        names = list(tool_names)
+        return self._write(lambda s: gaps.close_covered(s.conn, names, time.time()))
+
+    def gaps_signature(self) -> str | None:
+        """What changes whenever a gap does (TODO.md is written again); None: memory failing."""
+        return self.use(lambda s: gaps.signature(s.conn))
+
+    def open_gaps(self) -> list[gaps.Gap] | None:
+        """The open gaps, the most recently seen first (TODO.md); None: memory failing."""
+        return self.use(lambda s: gaps.listing(s.conn, include_closed=False))
+
+    def pending_profiles(self, limit: int) -> list[profile_apply.PendingRange] | None:
+        """The ranges the profile job has still to derive, oldest first (at most ``limit``);
+        None: memory failing (not "nothing to do")."""
+        return self.use(lambda s: profile_apply.pending(s.conn, limit))
+
     def erasure_mark(self) -> int:
         """The newest erasure's id (0: none, or memory failing): a turn that started under an
         older mark may have read what was erased since."""
@@ -521,6 +578,12 @@ class Memory:
             )
             if drew is not None:  # offered (the budget may cut the oldest): an erasure reaches
                 drew.add_summaries(s.id for s in shown)  # every reply they may have shaped
+        profiled = self._profiles(msg, scope, current_id)
+        if profiled.lines:
+            sections.append(ProfilesSection(profiled.lines, self.settings.profiles_share))
+            if drew is not None:  # the facts' evidence: an erasure of it reaches the reply
+                drew.add_rows(profiled.evidence)
+                drew.add_facts(profiled.fact_ids)  # ... and one of their ranges' rows
         found = self._notes(msg, scope, drew)
         if found:
             sections.append(NotesSection(found))
@@ -554,6 +617,47 @@ class Memory:
                 return False
             seen = self._summaries_seen = (store, found is not None)
         return seen[1]
+
+    # -- layer 2: profile facts (memory/profile_view.py) ------------------------------------------
+
+    def _profiles(self, msg: InboundMessage, scope: Scope, current_id: int) -> profile_view.Shown:
+        """The profile facts of the turn's section; none if memory fails (degraded)."""
+        store, limit = self.store, self.settings.profile_facts
+        if store is None or limit <= 0 or privacy_of(scope) is None:
+            return profile_view.Shown([], [])
+        try:
+            if store.conn.execute(profile_view.ANY_CURRENT).fetchone() is None:
+                return profile_view.Shown([], [])
+            return profile_view.section_facts(
+                store.conn, scope, conversation=msg.conversation, before_id=current_id or 2**62,
+                limit=limit, persons=persons_for(store, scope),
+                owner_name=self.settings.owner_name, text=msg.text,
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return profile_view.Shown([], [])
+
+    def profile(
+        self, scope: Scope, entity_name: str | None, kind: str | None, drew: DrewOn | None = None
+    ) -> str:
+        """The ``profile`` tool's answer (memory/profile_view.py :func:`tool_text`): the facts of
+        ``entity_name`` (None: the people of the scope's conversation) that ``scope`` may see;
+        ``drew`` is told their evidence. An error line when memory fails (degraded)."""
+
+        def read(store: MemoryStore) -> str:
+            text, shown = profile_view.tool_text(
+                store.conn, scope, entity=entity_name, kind=kind, conversation=scope.conversation,
+                persons=persons_for(store, scope), owner_name=self.settings.owner_name,
+            )  # fmt: skip
+            if drew is not None:
+                drew.add_rows(shown.evidence)
+                drew.add_facts(shown.fact_ids)
+            return text
+
+        found = self.use(read)
+        return (
+            "error: profiles cannot be read right now (memory failed)" if found is None else found
+        )
 
     def _notes(self, msg: InboundMessage, scope: Scope, drew: DrewOn | None = None) -> list[str]:
         """The notes relevant to the message that this conversation may see (none if memory

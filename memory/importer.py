@@ -15,8 +15,9 @@ home gets the exporter's ids), else new ones are given. An imported tombstone is
 to the rows it names (memory/erasure.py), so an erasure survives an export and an import into an
 older copy. A conversation summary comes in when its range is the same rows here (a home that
 kept the exporter's ids), else it is left out (``derived`` in the result: the jobs derive the
-conversation again). MEMORY.md's versions are known by their digest and time; one that an erasure
-here erased stays out.
+conversation again). Profile facts and capability gaps (layer 2) are always left out
+(``derived``): the jobs derive them again from the imported log. MEMORY.md's versions are known
+by their digest and time; one that an erasure here erased stays out.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ from memory.records import (
     CuratedVersionRecord,
     EntityRecord,
     ErasureRecord,
+    GapRecord,
     HandleRecord,
     LinkRecord,
     LogRecord,
     NoteRecord,
+    ProfileFactRecord,
     Record,
     ReplyStatusRecord,
     SummaryRecord,
@@ -120,7 +123,7 @@ class Present(Exception):
 
 
 class Derived(Exception):
-    """A derived record (a summary) left out: it is derived here again."""
+    """A derived record (a summary, a profile fact, a gap) left out: it is derived here again."""
 
 
 @dataclass
@@ -129,7 +132,7 @@ class ImportResult:
     present: dict[str, int] = field(default_factory=dict)
     rejected: list[dict[str, Any]] = field(default_factory=list)
     erased: int = 0  # records (among the present) that an erasure here had erased
-    derived: int = 0  # summaries left out: derived again from the imported log
+    derived: int = 0  # summaries, facts and gaps left out: derived again from the imported log
     # the senders of the imported messages: "channel / address" -> {"entity", "how"}, where how
     # is "owner" (an owner alias or a mapping to the owner), "mapped" (a mapping), "known" (a
     # handle memory knew), "new" (an entity of its own, made now) or "conflict" (mapped, but the
@@ -255,6 +258,8 @@ class Importer:
             self._insert_or_present(record, _INSERT_REPLY_STATUS, params)
         elif isinstance(record, SummaryRecord):
             self._summary(record)
+        elif isinstance(record, ProfileFactRecord | GapRecord):
+            raise Derived  # layer 2: derived again here from the imported log
         elif isinstance(record, CuratedVersionRecord):
             self._curated_version(record)
 

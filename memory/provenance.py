@@ -33,6 +33,10 @@ class DrewOn:
     rows: set[int] = field(default_factory=set)
     notes: set[int] = field(default_factory=set)
     summaries: set[int] = field(default_factory=set)
+    facts: set[int] = field(default_factory=set)  # profile facts shown (layer 2), quoted ones too
+
+    def add_facts(self, ids: Iterable[int]) -> None:
+        self.facts.update(i for i in ids if i > 0)
 
     def add_summaries(self, ids: Iterable[int]) -> None:
         self.summaries.update(i for i in ids if i > 0)
@@ -54,6 +58,8 @@ class DrewOn:
             out["notes"] = sorted(self.notes)
         if self.summaries:
             out["summaries"] = sorted(self.summaries)
+        if self.facts:
+            out["facts"] = sorted(self.facts)
         return {KEY: out} if out else {}
 
     @classmethod
@@ -68,6 +74,7 @@ class DrewOn:
             rows=_ints(raw.get("rows")),
             notes=_ints(raw.get("notes")),
             summaries=_ints(raw.get("summaries")),
+            facts=_ints(raw.get("facts")),
         )
 
 

@@ -151,6 +151,56 @@ class SummaryRecord(_Record):
     created: float
 
 
+class ProfileFactRecord(_Record):
+    """A profile fact (layer 2, memory/profiles.py) with its evidence. Derived: an import leaves
+    it out (memory/importer.py), the jobs derive the imported conversations again."""
+
+    type: Literal["profile_fact"] = "profile_fact"
+    id: Annotated[int, Field(gt=0)]
+    entity: EntityId
+    kind: Key
+    text: Text
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    source_privacy: Privacy
+    conversation: Key
+    first_id: int
+    last_id: int
+    first_seen: float
+    last_seen: float
+    method: Literal["model", "fallback", "replay"]
+    supersedes: int | None = None
+    superseded_by: int | None = None
+    conflicts_with: int | None = None
+    retired: float | None = None
+    retired_why: Text | None = None
+    job_key: Key
+    created: float
+    erased: int | None = None
+    evidence: list[int] = Field(default_factory=list)
+
+
+class GapRecord(_Record):
+    """A capability gap (memory/gaps.py) with its evidence. Derived, as a profile fact."""
+
+    type: Literal["gap"] = "gap"
+    id: Annotated[int, Field(gt=0)]
+    entity: EntityId
+    description: Text
+    needs: Key | None = None
+    source_privacy: Privacy
+    count: Annotated[int, Field(ge=1)]
+    first_seen: float
+    last_seen: float
+    status: Literal["open", "closed"]
+    closed_reason: Text | None = None
+    closed_at: float | None = None
+    reopened: Annotated[int, Field(ge=0)] = 0
+    job_key: Key
+    created: float
+    erased: int | None = None
+    evidence: list[int] = Field(default_factory=list)
+
+
 class CuratedVersionRecord(_Record):
     """An earlier MEMORY.md (memory/curated_versions.py)."""
 
@@ -172,13 +222,15 @@ Record = Annotated[
     | ErasureRecord
     | ReplyStatusRecord
     | SummaryRecord
+    | ProfileFactRecord
+    | GapRecord
     | CuratedVersionRecord,
     Field(discriminator="type"),
 ]
 RECORD = TypeAdapter(Record)
 RECORD_TYPES = (
-    "entity", "handle", "entity_link", "log", "reply_status", "note", "summary",
-    "curated_version", "erasure",
+    "entity", "handle", "entity_link", "log", "reply_status", "note", "summary", "profile_fact",
+    "gap", "curated_version", "erasure",
 )  # fmt: skip
 
 

@@ -565,6 +565,195 @@ ALTER TABLE scheduled ADD COLUMN zone TEXT;
 CREATE INDEX scheduled_runs_outcome ON scheduled_runs (outcome, at);
 """
 
+# Layer 2 (memory/profiles.py): facts about an entity (the owner or a contact), each resting on log
+# rows (``profile_evidence``, at least one) inside the range its job was given, with the privacy of
+# its most private piece of evidence (``source_privacy``). Derived by the jobs and applied by the
+# worker (memory/profile_apply.py), idempotent on ``job_key``; never edited: a new version
+# supersedes an old one (``supersedes`` on the new row, ``superseded_by`` set once on the old one,
+# from NULL to a fact's id, at most one successor each), a contradiction does the same and names
+# the old fact in ``conflicts_with``, and a fact judged no longer relevant is retired
+# (``retired``, ``retired_why``, set once from NULL). Those are the only changes outside an
+# erasure; only an audited erasure (erasure_grant) may blank a fact (``erased``: the erasure's id)
+# or delete anything. ``profile_runs``: one row per range the profile job was applied for (the
+# layer-1 summary it was planned from: a new summary is a new run), never edited but by an erasure.
+# Capability gaps: what someone needed that the assistant could not do; a gap's count, times and
+# status change as it recurs and is closed (``closed_at``: when, for a reopening only by newer
+# evidence), its ``needs`` may be named once, its description does not change (erasure only).
+_MIGRATION_19 = """
+CREATE TABLE profile_facts (
+    id              INTEGER PRIMARY KEY,
+    entity          TEXT NOT NULL,
+    kind            TEXT NOT NULL CHECK (kind IN ('identity', 'preference', 'need', 'expectation',
+                                                  'relationship', 'event')),
+    text            TEXT NOT NULL,
+    confidence      REAL NOT NULL CHECK (confidence >= 0 AND confidence <= 1),
+    source_privacy  TEXT NOT NULL CHECK (source_privacy IN ('owner', 'direct', 'group')),
+    conversation    TEXT NOT NULL,      -- the range its job was given: conversation, first..last
+    first_id        INTEGER NOT NULL,
+    last_id         INTEGER NOT NULL,
+    first_seen      REAL NOT NULL,
+    last_seen       REAL NOT NULL,
+    method          TEXT NOT NULL CHECK (method IN ('model', 'fallback', 'replay')),
+    supersedes      INTEGER REFERENCES profile_facts (id),
+    superseded_by   INTEGER REFERENCES profile_facts (id),
+    conflicts_with  INTEGER REFERENCES profile_facts (id),
+    retired         REAL,               -- judged no longer relevant (memory/profile_apply.py)
+    retired_why     TEXT,
+    retired_by      TEXT,               -- the run (its key) whose range judged it: an erasure of
+                                        -- that range takes the judgement back
+    job_key         TEXT NOT NULL UNIQUE,
+    created         REAL NOT NULL,
+    erased          INTEGER,
+    CHECK (first_id <= last_id),
+    CHECK (first_seen <= last_seen),
+    CHECK (conflicts_with IS NULL OR conflicts_with = supersedes),
+    CHECK (retired_why IS NULL OR retired IS NOT NULL),
+    CHECK (retired_by IS NULL OR retired IS NOT NULL),
+    CHECK (retired IS NULL OR superseded_by IS NULL)
+);
+CREATE INDEX profile_facts_entity ON profile_facts (entity, superseded_by, erased);
+-- a fact has at most one successor: two proposals superseding the same one cannot both land
+CREATE UNIQUE INDEX profile_facts_supersedes ON profile_facts (supersedes)
+    WHERE supersedes IS NOT NULL;
+
+CREATE TABLE profile_evidence (
+    fact    INTEGER NOT NULL REFERENCES profile_facts (id),
+    log_id  INTEGER NOT NULL,
+    PRIMARY KEY (fact, log_id)
+) WITHOUT ROWID;
+CREATE INDEX profile_evidence_log ON profile_evidence (log_id);
+
+CREATE TRIGGER profile_facts_kept BEFORE UPDATE ON profile_facts
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant) AND (
+    NEW.id IS NOT OLD.id OR NEW.entity IS NOT OLD.entity OR NEW.kind IS NOT OLD.kind
+    OR NEW.text IS NOT OLD.text OR NEW.confidence IS NOT OLD.confidence
+    OR NEW.source_privacy IS NOT OLD.source_privacy OR NEW.conversation IS NOT OLD.conversation
+    OR NEW.first_id IS NOT OLD.first_id OR NEW.last_id IS NOT OLD.last_id
+    OR NEW.first_seen IS NOT OLD.first_seen OR NEW.last_seen IS NOT OLD.last_seen
+    OR NEW.method IS NOT OLD.method OR NEW.supersedes IS NOT OLD.supersedes
+    OR NEW.conflicts_with IS NOT OLD.conflicts_with OR NEW.job_key IS NOT OLD.job_key
+    OR NEW.created IS NOT OLD.created OR NEW.erased IS NOT OLD.erased
+    OR OLD.erased IS NOT NULL OR OLD.superseded_by IS NOT NULL OR OLD.retired IS NOT NULL
+    OR OLD.retired_why IS NOT NULL
+    -- one change, from a current fact: superseded (a successor), or retired (when, and why)
+    OR NOT (
+        (NEW.superseded_by IS NOT NULL AND NEW.retired IS NULL AND NEW.retired_why IS NULL
+         AND NEW.retired_by IS NULL)
+        OR (NEW.superseded_by IS NULL AND NEW.retired IS NOT NULL)
+    )
+)
+BEGIN
+    SELECT RAISE(ABORT, 'profile facts are superseded or retired, never edited: UPDATE refused');
+END;
+CREATE TRIGGER profile_facts_no_delete BEFORE DELETE ON profile_facts
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'profile facts are superseded, never deleted: DELETE refused');
+END;
+CREATE TRIGGER profile_evidence_no_update BEFORE UPDATE ON profile_evidence
+BEGIN
+    SELECT RAISE(ABORT, 'profile evidence is kept as it was: UPDATE refused');
+END;
+CREATE TRIGGER profile_evidence_no_delete BEFORE DELETE ON profile_evidence
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'profile evidence is kept: DELETE refused (erasure only)');
+END;
+
+CREATE TABLE capability_gaps (
+    id              INTEGER PRIMARY KEY,
+    entity          TEXT NOT NULL,
+    description     TEXT NOT NULL,
+    needs           TEXT,               -- the capability it needs (a tool's name), if named
+    source_privacy  TEXT NOT NULL CHECK (source_privacy IN ('owner', 'direct', 'group')),
+    count           INTEGER NOT NULL CHECK (count >= 1),
+    first_seen      REAL NOT NULL,
+    last_seen       REAL NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('open', 'closed')),
+    closed_reason   TEXT,
+    closed_at       REAL,
+    reopened        INTEGER NOT NULL DEFAULT 0 CHECK (reopened >= 0),
+    job_key         TEXT NOT NULL UNIQUE,
+    created         REAL NOT NULL,
+    erased          INTEGER,
+    CHECK (first_seen <= last_seen),
+    CHECK ((status = 'closed') = (closed_reason IS NOT NULL)),
+    CHECK ((status = 'closed') = (closed_at IS NOT NULL))
+);
+CREATE INDEX capability_gaps_status ON capability_gaps (status, last_seen);
+CREATE INDEX capability_gaps_entity ON capability_gaps (entity);
+
+CREATE TABLE gap_evidence (
+    gap     INTEGER NOT NULL REFERENCES capability_gaps (id),
+    log_id  INTEGER NOT NULL,
+    PRIMARY KEY (gap, log_id)
+) WITHOUT ROWID;
+CREATE INDEX gap_evidence_log ON gap_evidence (log_id);
+
+CREATE TRIGGER capability_gaps_kept BEFORE UPDATE ON capability_gaps
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant) AND (
+    NEW.id IS NOT OLD.id OR NEW.entity IS NOT OLD.entity
+    OR NEW.description IS NOT OLD.description OR NEW.job_key IS NOT OLD.job_key
+    OR NEW.created IS NOT OLD.created OR NEW.erased IS NOT OLD.erased OR OLD.erased IS NOT NULL
+    OR NEW.first_seen IS NOT OLD.first_seen OR NEW.count < OLD.count
+    OR NEW.last_seen < OLD.last_seen OR NEW.reopened < OLD.reopened
+    OR (NEW.needs IS NOT OLD.needs AND OLD.needs IS NOT NULL)
+    -- its audience only narrows (the most private class of all its evidence)
+    OR (NEW.source_privacy IS NOT OLD.source_privacy AND NOT (
+        (OLD.source_privacy = 'group' AND NEW.source_privacy IN ('direct', 'owner'))
+        OR (OLD.source_privacy = 'direct' AND NEW.source_privacy = 'owner')))
+)
+BEGIN
+    SELECT RAISE(ABORT, 'a capability gap keeps its description (erasure only): UPDATE refused');
+END;
+CREATE TRIGGER capability_gaps_no_delete BEFORE DELETE ON capability_gaps
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'capability gaps are closed, never deleted: DELETE refused');
+END;
+CREATE TRIGGER gap_evidence_no_update BEFORE UPDATE ON gap_evidence
+BEGIN
+    SELECT RAISE(ABORT, 'gap evidence is kept as it was: UPDATE refused');
+END;
+CREATE TRIGGER gap_evidence_no_delete BEFORE DELETE ON gap_evidence
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'gap evidence is kept: DELETE refused (erasure only)');
+END;
+CREATE TABLE profile_runs (
+    id              INTEGER PRIMARY KEY,
+    conversation    TEXT NOT NULL,
+    first_id        INTEGER NOT NULL,
+    last_id         INTEGER NOT NULL,
+    summary         INTEGER,            -- the layer-1 summary it was planned from
+    run_key         TEXT NOT NULL UNIQUE,
+    method          TEXT NOT NULL CHECK (method IN ('model', 'fallback', 'replay')),
+    facts           INTEGER NOT NULL CHECK (facts >= 0),     -- facts added (new and versions)
+    gaps            INTEGER NOT NULL CHECK (gaps >= 0),      -- gaps made or merged
+    retired         INTEGER NOT NULL CHECK (retired >= 0),   -- facts retired
+    refused         INTEGER NOT NULL CHECK (refused >= 0),   -- proposals memory did not take
+    note            TEXT NOT NULL,      -- why a fallback
+    read            TEXT NOT NULL DEFAULT '{}',  -- {"facts": [ids], "gaps": [ids]} its questions
+                                        -- showed the model: an erasure of one takes back what
+                                        -- it wrote from text (memory/profile_erasure.py)
+    at              REAL NOT NULL,
+    erased          INTEGER,
+    CHECK (first_id <= last_id)
+);
+CREATE INDEX profile_runs_summary ON profile_runs (summary) WHERE summary IS NOT NULL;
+CREATE INDEX profile_runs_range ON profile_runs (conversation, first_id, last_id);
+CREATE TRIGGER profile_runs_kept BEFORE UPDATE ON profile_runs
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'profile_runs is a ledger: UPDATE refused (erasure only)');
+END;
+CREATE TRIGGER profile_runs_no_delete BEFORE DELETE ON profile_runs
+WHEN NOT EXISTS (SELECT 1 FROM erasure_grant)
+BEGIN
+    SELECT RAISE(ABORT, 'profile_runs is a ledger: DELETE refused (erasure only)');
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "layer 0: append-only log, erasure grant, reply status", _MIGRATION_1),
     Migration(2, "identity: entities, handles, links", _MIGRATION_2),
@@ -584,6 +773,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(16, "MEMORY.md's versions", _MIGRATION_16),
     Migration(17, "scheduled work: reminders, recurring tasks, their runs", _MIGRATION_17),
     Migration(18, "scheduled work: the zone an item's times are in; skips by time", _MIGRATION_18),
+    Migration(
+        19, "layer 2: profile facts with evidence, their runs; capability gaps", _MIGRATION_19
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -6,13 +6,15 @@
 - :func:`privacy_of`: a scope's privacy class (what a turn may see, memory/privacy.py);
 - the turn's tools' reads and writes, each through the privacy rule: ``notes``
   (memory/notes/: remember, recall), ``search`` (memory/search/: search_history),
-  ``summary_view`` (layer 1's summaries a scope may see), :func:`memory_write` (MEMORY.md).
+  ``summary_view`` (layer 1's summaries a scope may see), ``profile_view`` (layer 2's profile
+  facts a scope may see: the ``profile`` tool reads them through :meth:`Memory.profile`),
+  :func:`memory_write` (MEMORY.md).
 
 The worker imports memory through this module, memory.writer, memory.errors and memory.types
 only (an import-linter contract in pyproject.toml).
 """
 
-from memory import notes, search, summary_view
+from memory import notes, profile_view, search, summary_view
 from memory.curated import memory_write
 from memory.facade import Memory, MemorySettings
 from memory.privacy import privacy_of
@@ -23,6 +25,7 @@ __all__ = [
     "memory_write",
     "notes",
     "privacy_of",
+    "profile_view",
     "search",
     "summary_view",
 ]

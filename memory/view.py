@@ -2,9 +2,10 @@
 
 :class:`MemoryView` opens the database read-only (the worker is its only writer) and answers the
 application's questions through memory's own modules: identity (:attr:`MemoryView.people`),
-search, summaries, notes, MEMORY.md's versions, ``memory status``, the export, the
-preview of an erasure, and the scheduled items (``relaybot reminders``, status, doctor). It never
-writes; what changes memory goes to the worker as an owner command (relaybot/owner_commands.py).
+search, summaries, layer 2's profiles and capability gaps, notes, MEMORY.md's versions, ``memory
+status``, the export, the preview of an erasure, and the scheduled items (``relaybot
+reminders``, status, doctor). It never writes; what changes memory goes to the worker as an
+owner command (relaybot/owner_commands.py).
 Every method raises :class:`memory.errors.MemoryUnavailable` (SQLite's text) when the database
 fails: the application never sees ``sqlite3``.
 """
@@ -15,13 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memory import curated_versions, schedule, summaries
+from memory import curated_versions, profile_apply, profiles, schedule, summaries
 from memory.curated_versions import CuratedVersion
 from memory.erasure import plan_erasure
 from memory.erasure_plan import ErasurePlan
 from memory.errors import translating, translating_iter
 from memory.export import ExportStats, export_lines
-from memory.identity import OwnerResolver, OwnerView
+from memory.gaps import Gap
+from memory.gaps import listing as gap_listing
+from memory.identity import OwnerResolver, OwnerView, person_of, resolve_ref
 from memory.lines import Owners, stamp
 from memory.notes import Note, find_notes, format_note, note_chain
 from memory.people import People
@@ -68,6 +71,30 @@ class MemoryView:
     ) -> list[summaries.Summary]:
         """Layer 1's summaries (current ones; ``every``: superseded and tombstoned too)."""
         return summaries.listing(self._store.conn, conversation, every=every)
+
+    @translating
+    def profile_facts(
+        self, entity: str | None, *, include_all: bool = False
+    ) -> list[profiles.Fact]:
+        """Layer 2's facts as the owner sees them: current ones (``include_all``: superseded,
+        retired and erased-as-blank too), of the person ``entity`` names (an entity id or a
+        handle; every entity joined to it by verified links) or of everyone (None), by entity
+        and age. LookupError when ``entity`` names nobody."""
+        conn = self._store.conn
+        who = None if entity is None else person_of(conn, resolve_ref(conn, entity))
+        return profiles.listing(conn, who, every=include_all)
+
+    @translating
+    def gaps(self, *, include_closed: bool = False) -> list[Gap]:
+        """The capability gaps, open ones (``include_closed``: closed ones too), the most
+        recently seen first."""
+        return gap_listing(self._store.conn, include_closed=include_closed)
+
+    @translating
+    def profile_counts(self) -> dict[str, int]:
+        """Layer 2 in numbers: current facts, the entities they are about, open gaps, runs, and
+        the ranges still to derive."""
+        return profile_apply.counts(self._store.conn)
 
     @translating
     def notes(self, **filters: Any) -> list[Note]:

@@ -8,8 +8,15 @@ beyond a turn.
   applying a proposal) and the segments a job summarizes (:func:`segment`, the prompts, the
   transcript, the fallback); the conversations that changed since the deriver last looked
   (:func:`log_top`, :func:`new_rows`, :func:`blanked_summaries`);
+- layer 2, profiles and capability gaps: ``profiles`` (memory/profiles.py: the facts, a range's
+  scope, what a range's job may be shown, :func:`memory.profiles.normalized`), ``gaps``
+  (memory/gaps.py) and ``profile_apply`` (memory/profile_apply.py: a range's result, its run key,
+  the ranges still to derive);
 - erasures: :func:`any_erasure` (whether there was one) and :func:`in_room` (which rows a
   platform's redaction names); applying them goes through the turn facade (memory.turns);
+- layer 2's judgements: ``profile_rules`` (memory/profile_rules.py: the prompts of the profile
+  job, its answers checked, the fallbacks); :func:`get_entity`, an entity's name (the owner's
+  TODO.md);
 - :func:`inbound_event`: the platform event id memory recorded for a stream entry;
 - scheduled work: ``schedule`` (memory/schedule.py: adding, cancelling, listing the items,
   which need an rq job, which are due, recording what an occurrence became, the health), read by
@@ -19,10 +26,11 @@ The worker imports memory through this module, memory.turns, memory.errors and m
 only (an import-linter contract in pyproject.toml).
 """
 
-from memory import schedule, summaries
+from memory import gaps, profile_apply, profile_rules, profiles, schedule, summaries
 from memory.changes import blanked_summaries, log_top, new_rows
 from memory.checkpoint import WalCheckpointer
 from memory.erasure import any_erasure
+from memory.identity import get_entity
 from memory.redactions import in_room
 from memory.replies import inbound_event
 from memory.segments import (
@@ -45,12 +53,17 @@ __all__ = [
     "any_erasure",
     "blanked_summaries",
     "fallback_summary",
+    "gaps",
+    "get_entity",
     "in_room",
     "inbound_event",
     "log_top",
     "new_rows",
     "parse_pause",
     "parse_summary",
+    "profile_apply",
+    "profile_rules",
+    "profiles",
     "schedule",
     "segment",
     "summaries",

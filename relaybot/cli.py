@@ -422,6 +422,7 @@ def _dispatch(args: argparse.Namespace, cfg: Config) -> int:
         status = collect(
             connect(cfg), cfg.keys, account=access.account(cfg), memory_path=cfg.memory_path,
             grace=cfg.schedule.grace, zone=owner_zone(cfg.owner.timezone),
+            has_model=cfg.model.configured, profiles_on=cfg.profiles.enabled,
         )  # fmt: skip
         if args.json:
             echo_json(status, indent=2)

@@ -124,6 +124,11 @@ def render_preview(plan: ErasurePlan) -> str:
         lines.append(f"and {len(plan.scheduled)} scheduled items, cancelled for good with their "
                      "text and the messages of their occurrences:")  # fmt: skip
         lines += [_line(i) for i in plan.scheduled]
+    if plan.fact_ids or plan.gap_ids:
+        lines.append(f"and what layer 2 derived from it: {len(plan.fact_ids)} profile facts "
+                     f"({_refs('fact', plan.fact_ids)}) and {len(plan.gap_ids)} capability gaps "
+                     f"({_refs('gap', plan.gap_ids)}), blanked; their ranges are derived again "
+                     "from what remains")  # fmt: skip
     lines.append("and every copy Redis holds. It cannot be undone; a tombstone records what, "
                  "when, why (no text).")  # fmt: skip
     if plan.items:
@@ -148,6 +153,8 @@ def _plan_json(plan: ErasurePlan) -> dict[str, Any]:
         "quotes": len(plan.quote_ids),
         "subjects": len(plan.subject_ids),
         "scheduled": [item(i) for i in plan.scheduled],
+        "facts": plan.fact_ids,
+        "gaps": plan.gap_ids,
     }
 
 
@@ -235,6 +242,10 @@ def render_receipt(kind: str, target: str, result: dict[str, Any]) -> str:
     if scheduled:
         refs = ", ".join(f"#{s.get('id')} (hop {s.get('hop')})" for s in scheduled)
         lines.append(f"  scheduled:     {len(scheduled)} items cancelled, text blanked: {refs}")
+    facts, gaps = _ids(result.get("facts")), _ids(result.get("gaps"))
+    if facts or gaps:
+        lines.append(f"  layer 2:       {len(facts)} profile facts ({_refs('fact', facts)}), "
+                     f"{len(gaps)} capability gaps ({_refs('gap', gaps)}) blanked")  # fmt: skip
     if result.get("kept"):
         lines.append(f"  kept:          {', '.join(str(k) for k in result['kept'])}")
     if result.get("beyond_bound"):
@@ -263,8 +274,22 @@ def render_receipt(kind: str, target: str, result: dict[str, Any]) -> str:
         ]
     else:
         lines.append(f"  Redis:         {redis}")
+    if cleaned.get("todo_md"):
+        lines.append(f"  TODO.md:       {cleaned.get('todo_md')}")
     lines.append(f"  process logs:  {cleaned.get('process_logs')}")
     return "\n".join(lines)
+
+
+def _ids(raw: object) -> list[int]:
+    return [i for i in raw if isinstance(i, int)] if isinstance(raw, list) else []
+
+
+def _refs(kind: str, ids: list[int], most: int = 20) -> str:
+    """``fact:3, fact:9`` (at most ``most``, then how many more)."""
+    if not ids:
+        return "none"
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(f"{kind}:{i}" for i in ids[:most]) + more
 
 
 __all__ = ["add_parser", "cmd_erase", "render_preview", "render_receipt"]

@@ -73,9 +73,10 @@ def add_parsers(sub: Any) -> None:  # argparse's subparsers action has no public
     )
     p.set_defaults(func=cmd_import)
 
-    from relaybot import cli_erase
+    from relaybot import cli_erase, cli_profiles
 
     cli_erase.add_parser(sub)
+    cli_profiles.add_parsers(sub)  # layer 2: profiles, gaps
 
 
 def _open(cfg: Config) -> MemoryView:

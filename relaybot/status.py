@@ -105,12 +105,16 @@ def collect(
     memory_path: Path | None = None,
     grace: float = 300.0,
     zone: tzinfo | None = None,
+    has_model: bool = True,
+    profiles_on: bool = True,
 ) -> dict[str, Any]:
     """What ``relaybot status`` shows. ``stream`` and ``group`` are the inbound streams taken
     together (one per channel, and the one without a channel: ``streams`` has each).
     ``unreadable`` names what ``account`` (the Redis user) may not read. ``scheduler`` is the
     scheduler's health (relaybot/scheduler_health.py): its memory side only with
-    ``memory_path`` (read-only; ``grace``: ``[schedule] grace``, ``zone``: the owner's)."""
+    ``memory_path`` (read-only; ``grace``: ``[schedule] grace``, ``zone``: the owner's), as
+    ``profiles`` (layer 2's counts, :func:`profiles_health`; ``has_model``: a model is configured,
+    else profiles wait; ``profiles_on``: ``[profiles] enabled``)."""
     now = now or time.time()
     reads = _Reads()
     keys_of = [keys.inbound, *(keys.inbound_of(c) for c in CHANNELS)]
@@ -151,10 +155,50 @@ def collect(
         out["scheduler"]["memory"] = scheduler_health.from_memory(
             memory_path, now, grace=grace, zone=zone
         )
+        out["profiles"] = profiles_health(memory_path, has_model=has_model, on=profiles_on)
     out["account"] = account
     out["unreadable"] = reads.refused
     out["refusals"] = reads.refusals  # what -> Redis's words (NOPERM ...)
     return out
+
+
+def profiles_health(memory_path: Path, *, has_model: bool, on: bool = True) -> dict[str, Any]:
+    """Layer 2 from memory, read-only (``MemoryView.profile_counts``: facts, entities,
+    open_gaps, runs, pending), whether a model derives them (``has_model``) and whether layer 2
+    is on (``on``: ``[profiles] enabled``), or ``error``."""
+    from memory.errors import MemoryFailure
+    from memory.view import MemoryView
+
+    out: dict[str, Any] = {"has_model": has_model, "enabled": on, "exists": memory_path.exists()}
+    if not out["exists"]:
+        return out
+    try:
+        with MemoryView(memory_path) as view:
+            out.update(view.profile_counts())
+    except MemoryFailure as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def profiles_line(p: dict[str, Any]) -> str:
+    """``profiles: 12 facts about 4 entities, 2 open gaps, 3 ranges to derive`` (``?``: not
+    read); with no model, ``no model: profiles wait``; turned off, says so."""
+    if p.get("error"):
+        line = f"profiles: ? (memory: {p['error']})"
+    elif not p.get("exists"):
+        line = "profiles: none yet (no memory database)"
+    else:
+        line = (
+            f"profiles: {_count(p.get('facts'))} facts about {_count(p.get('entities'))} "
+            f"entities, {_count(p.get('open_gaps'))} open gaps"
+        )
+        if p.get("pending"):
+            line += f", {p['pending']} ranges to derive"
+    if not p.get("enabled", True):
+        line += " -- [profiles] enabled = false: nothing is derived, no section is shown"
+    elif not p.get("has_model", True):
+        line += " -- no model: profiles wait"
+    return line
 
 
 def _total(lengths: list[int | None]) -> int | None:
@@ -282,6 +326,8 @@ def render(status: dict[str, Any]) -> str:
         lines += _jobs_lines(j)
     if status.get("scheduler") is not None:
         lines += scheduler_health.render(status["scheduler"])
+    if status.get("profiles") is not None:
+        lines.append(profiles_line(status["profiles"]))
     beats = status["heartbeats"]
     lines.append("heartbeats:" + (" ?" if beats is None else "" if beats else " none"))
     for name, beat in (beats or {}).items():

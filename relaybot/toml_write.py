@@ -1,19 +1,22 @@
 """Writing TOML (no dependency) and replacing a file atomically, for `relaybot onboard`.
 
 :func:`dumps` writes tables, strings, numbers, booleans, dates, arrays and inline tables: enough
-for any config relaybot reads. :func:`write_atomic` replaces a file at once, with its mode set
-before it appears (config.toml: 0600, it may hold passwords and keys).
+for any config relaybot reads. :func:`write_atomic` (contract/files.py) replaces a file at once,
+with its mode set before it appears (config.toml: 0600, it may hold passwords and keys).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from contract.files import write_atomic
+
+__all__ = ["dumps", "write_atomic"]
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -92,25 +95,3 @@ def dumps(data: Mapping[str, Any]) -> str:
 
     table([], data)
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``text`` at once: a reader sees the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -28,6 +28,9 @@ _.OPEN
 # rq runs it by its dotted name, "worker.summarize_job.summarize" (worker/derive.py)
 _.summarize
 
+# rq runs it by its dotted name, "worker.profile_job.profile" (worker/profile_derive.py)
+_.profile
+
 # rq runs it by its dotted name, "worker.schedule_job.fire" (worker/scheduling.py)
 _.fire
 

@@ -3,10 +3,10 @@
 A gateway speaks only for its own channel (its stream's entries name that channel, session and
 conversation; owner commands come from the terminal only; a gateway's derived entries are only
 reports on its own replies), only the owner's own words are the owner's, the audience and class
-an entry claims hang together (worker/claims.py), and a summary or a scheduled occurrence comes
-only from the jobs (:func:`scheduled_refusal`). The owner's words from a channel not in
-``[owner] trusted_channels`` are a group's. An entry that cannot be what it says is
-dead-lettered with the reason.
+an entry claims hang together (worker/claims.py), and a job's result (a summary, a profile) or a
+scheduled occurrence comes only from the jobs (:func:`scheduled_refusal`). The owner's words
+from a channel not in ``[owner] trusted_channels`` are a group's. An entry that cannot be what
+it says is dead-lettered with the reason.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from worker.turn_result import Outcome
 
 log = structlog.get_logger(__name__)
 
-# what a gateway may put on its stream as a derived entry: its replies' final status (a summary
-# on a channel's stream is refused with its own reason, in parse)
-REPORTS = frozenset({"reply_status", "summary"})
+# the jobs' results (worker/commands.py JOB_RESULTS): on a channel's stream each is refused with
+# its own reason, in parse
+JOB_TYPES = frozenset({"summary", "profile"})
+# what a gateway may put on its stream as a derived entry: its replies' final status
+REPORTS = frozenset({"reply_status"}) | JOB_TYPES
 
 
 def admit(
@@ -55,8 +57,8 @@ def admit(
         # trusted with everything are a group's: they see their own conversation only
         log.info("entry.owner_confined", stream_id=stream_id, channel=msg.channel)
         msg = msg.model_copy(update={"privacy": Privacy.GROUP})
-    if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary" and channel:
-        reason = "a summary comes only from the jobs (the stream without a channel)"
+    if msg.kind is Kind.DERIVED and (kind := str(msg.extra.get("type"))) in JOB_TYPES and channel:
+        reason = f"a {kind} comes only from the jobs (the stream without a channel)"
         log.warning("entry.refused", stream_id=stream_id, reason=reason)
         return Outcome(dead_reason=reason, fields=decode_lenient(raw))
     if msg.kind is Kind.DERIVED:

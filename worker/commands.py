@@ -1,7 +1,8 @@
 """What the worker applies without a model call: the owner's commands from the terminal
 (memory's own, or the worker's: ``WorkerCommand``, such as ``memory.resummarize``), a gateway's
-reports on its replies, and the jobs' summaries (layer 1). Each is applied in memory's open
-transaction (the caller's ``memory.write()``).
+reports on its replies, and the jobs' results: summaries (layer 1) and profiles (layer 2,
+``apply_profile``): :data:`JOB_RESULTS`, by the derived entry's type. Each is applied in
+memory's open transaction (the caller's ``memory.write()``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import structlog
 from contract.config import Config
 from contract.messages import InboundMessage, Privacy, ReplyKind
 from memory.turns import Memory
-from memory.writer import summaries
+from memory.writer import profile_apply, summaries
 from worker.turn_result import Outcome, make_reply
 
 log = structlog.get_logger(__name__)
@@ -108,3 +109,28 @@ def apply_summary(memory: Memory, msg: InboundMessage) -> str:
              last_id=made.last_id, method=made.method,
              supersedes=made.supersedes)  # fmt: skip
     return ""
+
+
+def apply_profile(memory: Memory, msg: InboundMessage) -> str:
+    """Apply a profile job's result (one range: memory/profile_apply.py, idempotent on its run
+    key); "" when it applied whole, else why memory refused it or some of it (a fact or gap
+    whose evidence was erased since the job read it says "erased": the entry's copy of its
+    text is then rewritten out of Redis's files)."""
+    try:
+        result = profile_apply.result_of(msg.extra)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        log.warning("profile.invalid", error=f"{type(exc).__name__}: {exc}"[:500])
+        return "invalid"
+    if result.conversation != msg.conversation:
+        log.warning("profile.invalid", error="the result names another conversation")
+        return "invalid"
+    done = memory.apply_profile(result)  # memory logs what it applied and refused
+    return done if isinstance(done, str) else "; ".join(done.refused)
+
+
+# a derived entry from the jobs (never a gateway's: worker/admission.py), by its type: how the
+# worker applies it; why memory refused it ("" when applied)
+JOB_RESULTS: dict[str, Callable[[Memory, InboundMessage], str]] = {
+    "summary": apply_summary,
+    "profile": apply_profile,
+}

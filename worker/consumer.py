@@ -225,9 +225,10 @@ class Consumer:
                 log.warning("worker.lease_vanished", detail="Redis lost it, or it expired")
                 resume = not first
             except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
                     raise
-                # Redis came back without its data (no persistence, or a lost file)
+                # Redis came back without its data (no persistence, or a lost file), or lost it
+                # while up (FLUSHALL: the read script finds a stream key gone, "no such key")
                 log.warning("worker.groups_lost", error=str(exc))
                 resume = not first
         self._finish_in_flight()

@@ -225,17 +225,43 @@ def resummarize_command(
 
 
 def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
-    """Enqueue the job unless it is queued or running, finished a moment ago, or failed (or
-    found the model down) less than its backoff ago."""
+    """Enqueue the summary job unless it is queued or running, finished a moment ago, or failed
+    (or found the model down) less than its backoff ago (:func:`submit`)."""
+    made = submit(cfg, r, p.job_id(cfg.keys.prefix), "worker.summarize_job.summarize",
+                  args=(p.conversation, p.first_id, p.last_id),
+                  kwargs={"mode": p.mode, "supersedes": p.supersedes,
+                          "version": p.version})  # fmt: skip
+    if made:
+        log.info("summary.enqueued", conversation=p.conversation, first_id=p.first_id,
+                 last_id=p.last_id, mode=p.mode, version=p.version)  # fmt: skip
+    return made
+
+
+def submit(
+    cfg: Config,
+    r: redis.Redis,
+    job_id: str,
+    func: str,
+    *,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    calls: int = 3,
+) -> bool:
+    """Enqueue the rq job ``job_id`` (``func(*args, **kwargs)``, given time for ``calls`` model
+    calls with their retries) unless it is queued or running,
+    finished a moment ago (:data:`FINISHED_HOLD`: its result is on its way), or failed (a bug)
+    or found the model down (it returned ``model_down``) less than :func:`retry_after` ago; a
+    job rq says is queued that no queue holds (:func:`_lost`) is made again. The layers' jobs
+    (summaries, profiles: worker/profile_derive.py) all go through here. True: enqueued."""
     try:
-        job: Job | None = Job.fetch(p.job_id(cfg.keys.prefix), connection=r)
+        job: Job | None = Job.fetch(job_id, connection=r)
     except NoSuchJobError:
         job = None
     if job is not None:
         status = job.get_status(refresh=False)
         ended = job.ended_at.timestamp() if job.ended_at is not None else 0.0
         age = time.time() - ended
-        if status in _LIVE and not lost_from_queue(job, status):
+        if status in _LIVE and not _lost(job, status):
             return False
         # failed (a bug), or finished saying the model is down: tried again after a backoff
         again = status == JobStatus.FAILED or (
@@ -250,25 +276,31 @@ def enqueue(cfg: Config, r: redis.Redis, p: Planned) -> bool:
     else:
         attempts = 0
     queue(cfg, r).enqueue(
-        "worker.summarize_job.summarize",
-        p.conversation,
-        p.first_id,
-        p.last_id,
-        mode=p.mode,
-        supersedes=p.supersedes,
-        version=p.version,
-        job_id=p.job_id(cfg.keys.prefix),
-        job_timeout=int(cfg.model.timeout * (cfg.model.retries + 1) * 3 + 60),
+        func,
+        args=args,
+        kwargs=kwargs,
+        job_id=job_id,
+        job_timeout=int(cfg.model.timeout * (cfg.model.retries + 1) * calls + 60),
         result_ttl=int(FINISHED_HOLD * 2),
         failure_ttl=7 * 24 * 3600,
         meta={"attempts": attempts + 1},
     )
-    log.info("summary.enqueued", conversation=p.conversation, first_id=p.first_id,
-                 last_id=p.last_id, mode=p.mode, version=p.version)  # fmt: skip
     return True
 
 
 LOST_AFTER = 120.0  # a job "queued" this long but in no queue was lost by a dying jobs process
+
+
+def _lost(job: Job, status: JobStatus) -> bool:
+    """A layer's job that will not finish by itself: :func:`lost_from_queue`, or one rq says is
+    started whose jobs process has not beaten its heart for it for :data:`LOST_AFTER` (a process
+    watching a job beats every 30 s: this one was stopped or killed mid-job, and rq's own
+    maintenance finds it only much later, or never when no jobs process runs: a zero-config chat
+    starts one only when rq has work)."""
+    if status == JobStatus.STARTED:
+        beat = job.last_heartbeat or job.started_at
+        return beat is not None and time.time() - beat.timestamp() > LOST_AFTER
+    return lost_from_queue(job, status)
 
 
 def lost_from_queue(job: Job, status: JobStatus, after: float | None = None) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -45,6 +46,8 @@ class Erasures:
         duties: Duties | None = None,
     ) -> None:
         self.memory, self.scrubber, self.retry_every = memory, scrubber, retry_every
+        # the other places an erasure cleans, by name (layer 2's TODO.md): what each did
+        self.cleaners: dict[str, Callable[[], str]] = {}
         # an erasure's truncation may have been pending when a worker died: try once on start
         self.wal_pending = memory.use(_has_erasures) is True
         self._tried = 0.0
@@ -64,6 +67,8 @@ class Erasures:
             else:
                 cleaned["redis"] = self.scrubber.scrub(copies).as_dict()
                 self.memory.drop_erased_texts(erasure)
+            for place, clean in self.cleaners.items():
+                cleaned[place] = clean()
             if index is not None:
                 replies[index] = _amend(replies[index], {"cleaned": cleaned})
 

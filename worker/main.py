@@ -16,9 +16,11 @@ from contract.config import Config
 from contract.config_watch import WORKER_RELOADS, WORKER_USES, ConfigWatcher
 from contract.durable import NotDurable, probe
 from contract.liveness import process_identity
+from contract.messages import InboundMessage, Privacy
 from contract.outage import TRANSIENT
 from memory.errors import MemoryUnavailable
 from memory.turns import privacy_of
+from memory.types import Scope
 from memory.writer import MemoryStore, WalCheckpointer
 from worker.busy import BusySignal
 from worker.committer import Committer
@@ -30,6 +32,7 @@ from worker.health import Health
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
+from worker.profile_derive import Profiler
 from worker.reader import Reader
 from worker.reload import MakeModel, Reloader
 from worker.schedule_commands import add_command, cancel_command
@@ -46,6 +49,8 @@ from worker.writer import Writer
 MakeDeriver = Callable[[Callable[[str], bool], Duties], Deriver]
 # scheduled work's duty (worker/scheduling.py), given the writer's way to write between rounds
 MakeScheduling = Callable[[Callable[[Callable[[], object]], object], Duties], Scheduling]
+# layer 2 (worker/profile_derive.py), given the same
+MakeProfiler = Callable[[Callable[[Callable[[], object]], object], Duties], Profiler]
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +82,17 @@ def tool_shape(ctx: TurnContext, settings: ScheduleSettings | None = None) -> Ha
     return (ctx.memory.store is None, privacy_of(ctx.scope), offer(ctx, settings.config()))
 
 
+def tool_names(turns: Turns, settings: ScheduleSettings | None = None) -> list[str]:
+    """The names of the tools the worker's turns have: those of a turn of the owner's terminal
+    (which is offered every one); a capability gap that needs one of them is covered."""
+    msg = InboundMessage(channel="cli", session="cli:tools", conversation="cli:tools",
+                         sender="owner", privacy=Privacy.OWNER, text="", ts=0.0,
+                         event_id="tool-names")  # fmt: skip
+    ctx = TurnContext(stream_id="0-0", msg=msg, scope=Scope("cli:tools", Privacy.OWNER),
+                      memory=turns.memory)  # fmt: skip
+    return turn_tools(ctx, settings).names
+
+
 class TurnTools:
     """:func:`turn_tools` for the worker: lazily built per turn, specs shared per shape."""
 
@@ -103,6 +119,7 @@ def assemble(
     deriver: MakeDeriver | None = None,
     duties: Duties | None = None,
     scheduling: MakeScheduling | None = None,
+    profiles: MakeProfiler | None = None,
 ) -> Consumer:
     """The worker's parts, each given what it needs, one way (worker/consumer.py): the
     committer, the writer, the reader, the layers' duties (``deriver``: layer 1's summaries,
@@ -111,7 +128,8 @@ def assemble(
     the registry the loop runs, with what others registered in it already (a layer built
     before the worker's parts adds its periodic duty there: worker/duties.py).
     ``scheduling``: scheduled work's duty (the rq jobs of the items due), given the writer's
-    way to write memory between rounds."""
+    way to write memory between rounds; ``profiles``: layer 2's duties (the profile jobs,
+    TODO.md, gaps a tool covers), given the same."""
     name = name or process_identity("worker")
     control, health = Control(cfg), Health(r, cfg.keys, name)
     duties = duties if duties is not None else Duties()
@@ -126,6 +144,9 @@ def assemble(
     layer = deriver(writer.conversation_busy, duties) if deriver is not None else None
     if scheduling is not None:
         scheduling(writer.write_between_rounds, duties)
+    if profiles is not None:
+        profiler = profiles(writer.write_between_rounds, duties)
+        committer.erasures.cleaners["todo_md"] = profiler.after_erasure
     reloader = Reloader(control, turns, writer, duties=duties, health=health, watch=watch,
                         make_model=make_model, deriver=layer)  # fmt: skip
     return Consumer(control, r, turns, name=name, reader=reader, writer=writer,
@@ -185,10 +206,16 @@ def build_consumer(
         return Scheduling(lambda: turns.cfg, r, turns.memory, clock=schedule_clock,
                           write=write, duties=duties)  # fmt: skip
 
+    def layer2(write: Callable[[Callable[[], object]], object], duties: Duties) -> Profiler:
+        return Profiler(lambda: turns.cfg, r, turns.memory,
+                        has_model=lambda: not isinstance(turns.model, NoModel),
+                        tool_names=lambda: tool_names(turns, schedule_settings),
+                        write=write, duties=duties)  # fmt: skip
+
     watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS)
     return assemble(cfg, r, turns, busy=busy, watch=watch,
                     make_model=make_model if own_model else None,
-                    deriver=summaries, scheduling=jobs_of_items)  # fmt: skip
+                    deriver=summaries, scheduling=jobs_of_items, profiles=layer2)  # fmt: skip
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:

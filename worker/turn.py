@@ -31,7 +31,7 @@ from memory.writer import MemoryStore
 from worker import redactions, withheld
 from worker.admission import admit
 from worker.agent import TurnResult, run_turn
-from worker.commands import WorkerCommand, apply_report, apply_summary, command
+from worker.commands import JOB_RESULTS, WorkerCommand, apply_report, command
 from worker.ledger import ReplyLedger
 from worker.model import ModelPort, NoModel
 from worker.scheduled import Occurrences, Recorded
@@ -70,12 +70,13 @@ def memory_settings(cfg: Config) -> MemorySettings:
             None if cfg.owner.trusted_channels is None else frozenset(cfg.owner.trusted_channels)
         ),
         timezone=owner_zone(cfg),
+        profiles_share=cfg.profiles.context_share,
+        profile_facts=cfg.profiles.shown_facts,
     )
 
 
 def owner_zone(cfg: Config) -> tzinfo | None:
-    """``[owner] timezone``, else the system's (contract/timezone.py); None for UTC, as
-    memory and the clock take it (the times then read ``… UTC``)."""
+    """``[owner] timezone``, else the system's; None for UTC (the times read ``… UTC``)."""
     return timezone.owner_zone(cfg.owner.timezone)
 
 
@@ -138,12 +139,11 @@ class Turns:
                     done = redactions.apply(self.memory, stream_id, msg)
                 return Outcome(erasure=done.erasure, dead_reason=done.dead_reason,
                                fields=msg.to_fields() if done.dead_reason else {})  # fmt: skip
-            if msg.kind is Kind.DERIVED and msg.extra.get("type") == "summary":
+            if msg.kind is Kind.DERIVED and (job := JOB_RESULTS.get(str(msg.extra.get("type")))):
                 with self.memory.write():
-                    refused = apply_summary(self.memory, msg)
-                # the entry holds the summary's text: once applied (or refused) it goes, so no
-                # copy outlives an erasure of what it summarises; one that came after an
-                # erasure (a job that read the text before) has Redis rewrite its files
+                    refused = job(self.memory, msg)
+                # the entry holds a job's text: applied or refused, it goes (no copy outlives an
+                # erasure); one after an erasure (read before it) has Redis rewrite its files
                 return Outcome(forget_entry=True, rewrite_files="erased" in refused)
             if msg.kind is Kind.DERIVED:
                 with self.memory.write():

@@ -6,11 +6,11 @@ own servers (redis-server, the worker, a model endpoint) as its full run does. A
 exits 0 and prints its result line(s) with figures in them (``RESULTS``: regular expressions over
 its stdout, one line each). The figures themselves are not checked: at this size they mean nothing.
 
-bench.locomo and bench.summaries read the LoCoMo dev data from ``../shared/data/locomo-dev`` next
-to the repository (bench/README.md, "Data"). A checkout with no ../shared next to it (a clean
-clone anywhere) runs them on a small sample in LoCoMo's format that the test writes itself
-(``$RELAYBOT_BENCH_DATA``): the smoke run checks that the benchmark works, not its figures, so it
-runs wherever the suite does and is never skipped.
+bench.locomo, bench.summaries and bench.profiles read the LoCoMo dev data from
+``../shared/data/locomo-dev`` next to the repository (bench/README.md, "Data"). A checkout with no
+../shared next to it (a clean clone anywhere) runs them on a small sample in LoCoMo's format that
+the test writes itself (``$RELAYBOT_BENCH_DATA``): the smoke run checks that the benchmark works,
+not its figures, so it runs wherever the suite does and is never skipped.
 
 About 65 s for all of them on the CI's 2 cores (each run's time is in ``pytest --durations``).
 """
@@ -67,6 +67,10 @@ RESULTS: dict[str, tuple[str, ...]] = {
         rf"^\s+\+ summaries \(dataset\)\s+{NUM}\s",
         rf"^segments on\s+{NUM}\s+{NUM}\s+{NUM}$",
     ),
+    "profiles": (  # no fact outside its range, none leaked (checked), the figures last
+        r"^privacy: OK \(no fact of a direct conversation reached another scope\)$",
+        r'^\{"facts": \d+, "evidence_outside_range": 0, "leaks": 0, .*\}$',
+    ),
     "soak": (rf"^messages 200, achieved {NUM} msg/s; .*; check: ok$",),
     "concurrency": (
         r"^\| 0\.20 \| 2 \| 4 \| .* \| ok \|$",  # N sessions at once
@@ -96,23 +100,27 @@ TOPICS = ("pottery", "camping", "violin", "marathon", "adoption", "painting")
 
 def locomo_sample(root: Path) -> Path:
     """A LoCoMo-shaped sample '26' (the smoke runs' one conversation) under ``root``: two
-    speakers, six sessions with their times and summaries (bench.locomo's privacy check makes
-    sessions 3 and 6 direct ones, one per speaker), single-hop questions with their evidence.
+    speakers, six sessions with their times, summaries and observations (bench.locomo's privacy
+    check makes sessions 3 and 6 direct ones, one per speaker), single-hop questions with their
+    evidence.
     Made up here: the real data set is never copied into the project."""
     speakers = ("Ana", "Ben")
     raw: dict[str, object] = {"speaker_a": speakers[0], "speaker_b": speakers[1], "qa": []}
     qa: list[dict[str, object]] = []
     for s in range(1, 7):
         turns = []
+        observed: dict[str, list[list[str]]] = {who: [] for who in speakers}
         for i in range(4):
             topic = TOPICS[(s + i) % len(TOPICS)]
             who = speakers[i % 2]
             dia = f"D{s}:{i + 1}"
             text = f"{who} talks about {topic} class number {s * 10 + i} on the weekend."
             turns.append({"speaker": who, "dia_id": dia, "text": text})
+            observed[who].append([f"{who} takes a {topic} class.", dia])  # bench.profiles
             qa.append({"question": f"What did {who} say about {topic} {s * 10 + i}?",
                        "answer": topic, "evidence": [dia], "category": 4})  # fmt: skip
         raw[f"session_{s}"] = turns
+        raw[f"session_{s}_observation"] = observed
         raw[f"session_{s}_date_time"] = f"1:5{s} pm on {s + 7} May, 2023"
         said = ", ".join(TOPICS[(s + i) % len(TOPICS)] for i in range(4))  # not names only
         raw[f"session_{s}_summary"] = (

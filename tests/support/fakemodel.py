@@ -65,6 +65,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -347,6 +348,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(code, f"scripted status {code}", headers)
             return
 
+        scripted = fake.task_answer(text)
+        if scripted is not None:
+            self._json(200, _completion(model, content=scripted))
+            return
+
         derived = _derived_answer(text)
         if derived is not None:
             self._json(200, _completion(model, content=derived))
@@ -421,6 +427,8 @@ class FakeModelServer:
         self._lock = threading.Lock()
         self._seen: Counter[str] = Counter()
         self._stopping = threading.Event()
+        # a test's scripted answers to the jobs' prompts: the prompt's first line -> its answer
+        self.tasks: dict[str, Callable[[str], str]] = {}
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -507,6 +515,12 @@ class FakeModelServer:
                 line = json.dumps({"path": path, "authorization": auth, "body": body})
                 with self.log_path.open("a", encoding="utf-8") as fh:
                     fh.write(line + "\n")
+
+    def task_answer(self, text: str) -> str | None:
+        """The test's scripted answer to a prompt whose first line it registered in
+        :attr:`tasks` (a layer-2 job's ``TASK: ...`` prompts), or None."""
+        handler = self.tasks.get(text.split("\n", 1)[0].strip())
+        return None if handler is None else handler(text)
 
     def seen(self, text: str) -> int:
         """Count one more sighting of ``text`` and return the count."""

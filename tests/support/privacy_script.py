@@ -1,8 +1,8 @@
 """What the privacy property tests share (tests/unit/test_privacy_invariant.py, and its run on
 the production path, tests/integration/test_privacy_invariant_production.py): the people and
 their handles, the unique words every message carries, how the gateways are set up, and the
-scripted model's behaviour (it searches and recalls words of every conversation, remembers what
-it saw, and quotes all of it)."""
+scripted model's behaviour (it searches and recalls words of every conversation, asks for the
+profile of everyone, remembers what it saw, and quotes all of it)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,12 @@ def scripted(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
             calls.append(ToolCall(id="s", name="search_history", arguments={"query": query}))
         if "recall" in names and known:
             calls.append(ToolCall(id="r", name="recall", arguments={"query": " ".join(known)}))
+        if "profile" in names:  # the people of the conversation, then everyone by a handle
+            calls.append(ToolCall(id="p", name="profile", arguments={}))
+            calls += [
+                ToolCall(id=f"p-{ref}", name="profile", arguments={"entity": ref})
+                for ref in ("owner", *(mx(p) for p in PEOPLE), *(mail(p) for p in PEOPLE))
+            ]
         said = sorted(set(WORD.findall(text)))
         if "remember" in names and said:
             args = {"text": "seen " + " ".join(said), "scope": "shared", "visibility": "public"}

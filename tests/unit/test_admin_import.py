@@ -22,6 +22,7 @@ from memory.export import ExportStats, export_lines
 from memory.identity import OwnerResolver
 from memory.identity_writer import Identity
 from memory.import_file import parse_file
+from memory.profile_apply import apply_result, result_of, run_key
 from memory.records import RECORD_TYPES
 from memory.status import collect_status
 from memory.store import MemoryStore
@@ -118,6 +119,25 @@ def populate(store: MemoryStore) -> None:
             "first_ts, last_ts, text, method, job_key, created) VALUES ('matrix:room', 'matrix', "
             "'group', 5, 8, 4, 1.0, 2.0, 'bob and carol said hello', 'model', 'job-1', 3.0)"
         )
+        # layer 2: a fact and a gap from the room, and a fact resting on what is erased below
+        room = [int(r[0]) for r in conn.execute(
+            "SELECT id FROM log WHERE conversation = 'matrix:room' ORDER BY id")]  # fmt: skip
+        forget = [int(r[0]) for r in conn.execute(
+            "SELECT id FROM log WHERE conversation = 'matrix:forget' ORDER BY id")]  # fmt: skip
+        bob = str(conn.execute("SELECT entity FROM log WHERE id = ?", (room[0],)).fetchone()[0])
+        for conversation, ids, text in (
+            ("matrix:room", room, "greets the room"),
+            ("matrix:forget", forget, "keeps a secret to forget"),
+        ):
+            key = run_key(conversation, ids[0], ids[-1], None)
+            apply_result(conn, result_of({
+                "type": "profile", "run_key": key, "conversation": conversation,
+                "first_id": ids[0], "last_id": ids[-1], "method": "model",
+                "facts": [{"entity": bob, "kind": "event", "text": text, "confidence": 0.7,
+                           "evidence": [ids[0]]}],
+                "gaps": [{"entity": bob, "description": f"wanted {text}", "needs": "web_search",
+                          "evidence": [ids[0]]}] if conversation == "matrix:room" else [],
+            }), now=25.0)  # fmt: skip
         curated_versions.keep(conn, "# Ada\n- likes tea\n", "replace", now=30.0)
         curated_versions.keep(conn, "# Ada\n- a secret to forget\n", "append", now=31.0)
     erase(
@@ -192,6 +212,12 @@ def test_export_has_every_layer_with_ids(source: MemoryStore) -> None:
     notes = [r for r in lines if r["type"] == "note"]
     assert [n["note_type"] for n in notes] == ["fact"] * 3 and notes[1]["supersedes"] == 1
     assert "a secret to forget" not in "".join(export(source))
+    facts = [r for r in lines if r["type"] == "profile_fact"]
+    assert [(f["text"], f["evidence"], f["erased"] is not None) for f in facts] == [
+        ("greets the room", [5], False), ("", [9], True)]  # fmt: skip
+    (gap,) = [r for r in lines if r["type"] == "gap"]
+    assert (gap["description"], gap["needs"], gap["evidence"]) == ("wanted greets the room",
+                                                                   "web_search", [5])  # fmt: skip
 
 
 def test_round_trip_into_a_fresh_home_then_reimport_adds_nothing(
@@ -200,13 +226,20 @@ def test_round_trip_into_a_fresh_home_then_reimport_adds_nothing(
     lines = export(source)
     first = send(fresh, lines, home=tmp_path)
     assert first["rejected"] == [] and first["present"] == {}
-    assert first["added"] == json.loads(lines[0])["counts"]
+    derived = {"profile_fact", "gap"}  # layer 2 is derived again in the new home, never imported
+    counts = json.loads(lines[0])["counts"]
+    assert first["added"] == {k: n for k, n in counts.items() if k not in derived}
     assert dump(fresh) == dump(source)  # same rows, same ids, in every table
+    assert fresh.conn.execute("SELECT count(*) FROM profile_facts").fetchone()[0] == 0
     again = send(fresh, lines, home=tmp_path)
     assert again["added"] == {} and again["present"] == first["added"]
     assert dump(fresh) == dump(source)
+
+    def kept(export_lines: list[str]) -> list[str]:
+        return [x for x in export_lines[1:-1] if json.loads(x)["type"] not in derived]
+
     # and the copy exports the same records
-    assert export(fresh)[1:] == lines[1:]
+    assert kept(export(fresh)) == kept(lines)
 
 
 def test_import_into_a_home_with_memory_of_its_own(

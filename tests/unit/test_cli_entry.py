@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from contract.config import Config, load_config
 from contract.messages import Reply
@@ -25,6 +26,15 @@ def _umask() -> object:
     os.umask(old)
     yield
     os.umask(old)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """cli.main points structlog at this test's captured stderr, closed once the test ends: the
+    tests after this one log through the configuration they had."""
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
 
 
 @pytest.fixture(autouse=True)

@@ -6,15 +6,18 @@
 
 A history is generated: Matrix rooms of every ``history_visibility`` that people join and leave,
 e-mail threads whose recipients change from mail to mail, the owner's terminal, linked and
-unlinked handles, the owner's notes of every scope and visibility. Each message is made the way
+unlinked handles, the owner's notes of every scope and visibility, and profile facts (layer 2)
+about the people, each resting on messages of one conversation, some a new version of a fact from
+another conversation (inheriting its evidence) or contradicting one. Each message is made the way
 its gateway makes it (``gateways.matrix.events.normalize_event`` over ``room_facts``;
 ``gateways.email.parse.parse_email`` over a raw mail) and handled by the worker's real ``Turns``
 with the real tools, against a scripted model that in every turn calls ``search_history`` and
-``recall`` for words of every conversation, ``remember``s what it saw, and quotes all it saw in
-its reply. Every message carries one unique word; the oracle knows who could read each word on
-its platform (a room's members then, or everyone who ever joined when the room shows history
-to newcomers; a mail's From/To/Cc; the terminal's owner) and checks every word of every model
-input and tool result against the audience of the turn.
+``recall`` for words of every conversation, ``profile`` for everyone, ``remember``s what it saw,
+and quotes all it saw in its reply. Every message carries one unique word; the oracle knows
+who could read each word on its platform (a room's members then, or everyone who ever joined
+when the room shows history to newcomers; a mail's From/To/Cc; the terminal's owner; for a
+fact's word, whoever could read every message it rests on) and checks every word of every model
+input (the profiles section included) and tool result against the audience of the turn.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,7 @@ from contract.messages import InboundMessage
 from gateways.cli.gateway import normalize as cli_message
 from gateways.email.parse import Accepted, parse_email
 from gateways.matrix.events import normalize_event, room_facts
-from memory import commands
+from memory import commands, profiles
 from memory.command_types import CommandContext
 from memory.store import MemoryStore
 from tests.support.privacy_script import (
@@ -69,6 +73,7 @@ class Origin:
     readers: frozenset[str] = frozenset()
     room: str | None = None  # a room showing history to newcomers: its members, ever
     public: bool = False
+    sources: tuple[str, ...] = ()  # a profile fact's: the words of the messages it rests on
 
 
 @dataclass
@@ -90,6 +95,8 @@ class World:
         return any(self._may_read(person, o) for o in self.origins[w])
 
     def _may_read(self, person: str, o: Origin) -> bool:
+        if o.sources:  # a fact: whoever could read every message it rests on
+            return all(self.may_read(person, w) for w in o.sources)
         if o.public or person == o.author:
             return True
         if o.room is not None:
@@ -132,6 +139,13 @@ step = st.one_of(
         st.sampled_from(["shared", "chat"]),
         st.sampled_from(["public", "private", "internal"]),
     ),
+    st.tuples(
+        st.just("fact"),
+        st.integers(min_value=0, max_value=7),  # which message it rests on, from the newest
+        st.integers(min_value=1, max_value=3),  # on how many of that conversation's messages
+        st.sampled_from(["new", "supersedes", "contradicts"]),
+        st.booleans(),  # about the owner (else about who said the message)
+    ),
 )
 
 
@@ -156,6 +170,10 @@ class Run:
         self.policy = matrix_policy()
         self.addrs = mail_addresses()
         self.sid = itertools.count(1)
+        self.rows: list[tuple[int, str, str, str]] = []  # messages: log id, conversation, entity,
+        self.sources: dict[int, tuple[str, ...]] = {}  # word; each fact's words it rests on
+        self.again: Callable[[], None] | None = None  # the step being taken, to take again
+        self.replay: dict[str, Callable[[], None]] = {}  # a message more in that conversation
         for person in sorted(links):  # the owner verified that these handles are one person
             self.command(
                 "entities.link", {"a": f"matrix:{mx(person)}", "b": f"email:{mail(person)}"}
@@ -172,10 +190,19 @@ class Run:
         ``said_to``: who can read what is said in this conversation (the reply)."""
         self.world.conversations.append(msg.conversation)
         before = len(self.model.seen)
-        outcome = handle_entry(
-            self.turns, f"{msg.channel}/{next(self.sid)}-0", msg.to_fields(), channel=msg.channel
-        )
+        if self.again is not None:
+            self.replay[msg.conversation] = self.again
+        sid = f"{msg.channel}/{next(self.sid)}-0"
+        outcome = handle_entry(self.turns, sid, msg.to_fields(), channel=msg.channel)
         self.turns.settle()
+        row = self.store.conn.execute(
+            "SELECT id, conversation, entity, text FROM log WHERE direction = 'in' AND "
+            "stream_id = ?",
+            (sid,),
+        ).fetchone()
+        said = WORD.findall(str(row[3])) if row is not None else []
+        if row is not None and row[2] is not None and len(said) == 1:  # its one word
+            self.rows.append((int(row[0]), str(row[1]), str(row[2]), said[0]))
         others = audience - {OWNER}
         if not others:
             # the owner's own conversation sees everything, and what its reply quotes is said
@@ -196,6 +223,7 @@ class Run:
     # -- the platforms, as their gateways see them ---------------------------------------------
 
     def say(self, room: str, person: str) -> None:
+        self.again = lambda: self.say(room, person)
         world = self.world
         members = world.members[room]
         if person not in members:
@@ -227,6 +255,8 @@ class Run:
 
     def mail(self, sender: str, to: frozenset[str], thread: int) -> None:
         world = self.world
+        # the same thread again (a new one: the one it starts, the newest)
+        self.again = lambda: self.mail(sender, to, thread or len(world.threads))
         readers = frozenset({sender, *to})
         text = world.new_word(Origin(sender, readers))
         message_id = f"<m{len(world.origins)}@example.org>"
@@ -248,6 +278,7 @@ class Run:
         self.turn(parsed.message, readers, Origin(OWNER, readers))
 
     def cli(self) -> None:
+        self.again = self.cli
         origin = Origin(OWNER, frozenset({OWNER}))
         text = self.world.new_word(origin)
         self.turn(cli_message("own", text, sender="ada"), frozenset({OWNER}), origin)
@@ -261,6 +292,40 @@ class Run:
                 return
             args["chat"] = self.world.conversations[-1]
         self.command("notes.add", args)
+
+    def fact(self, pick: int, count: int, how: str, owner: bool) -> None:
+        """A profile fact about the speaker of a recent message (or the owner), resting on
+        ``count`` messages of its conversation from that one on; ``supersedes``/``contradicts``
+        the oldest current fact of that entity, wherever it was learnt (a new version inherits
+        the old one's evidence). Then a turn of that conversation (its last step again)."""
+        if not self.rows:
+            return
+        picked = self.rows[-1 - pick % len(self.rows)]
+        conversation, entity = picked[1], "owner" if owner else picked[2]
+        mine = [r for r in self.rows if r[1] == conversation]
+        evidence = mine[mine.index(picked) :][:count]
+        conn = self.store.conn
+        old = profiles.current(conn, entity)[:1] if how != "new" else []
+        sources = tuple(r[3] for r in evidence)
+        if old and how == "supersedes":
+            sources += self.sources[old[0].id]
+        text = self.world.new_word(Origin("a profile fact", sources=sources))
+        first, last = evidence[0][0], evidence[-1][0]
+        run = f"profile:{conversation}@{first}-{last}"
+        p = profiles.Proposal(
+            entity=entity, kind="preference", text=f"likes {text}", confidence=0.5,
+            evidence=tuple(r[0] for r in evidence), conversation=conversation, first_id=first,
+            last_id=last, job_key=profiles.job_key(f"{run}/s-", next(self.sid)),
+            supersedes=old[0].id if old and how == "supersedes" else None,
+            contradicts=old[0].id if old and how == "contradicts" else None,
+        )  # fmt: skip
+        with self.store.transaction():
+            made = profiles.apply(conn, p)
+        assert isinstance(made, profiles.Fact), made
+        self.sources[made.id] = sources
+        again = self.replay.get(conversation)
+        if again is not None:
+            again()
 
 
 @settings(
@@ -292,6 +357,8 @@ def test_no_text_reaches_a_turn_whose_audience_could_not_read_it(
                     run.mail(*args)
                 elif kind == "cli":
                     run.cli()
+                elif kind == "fact":
+                    run.fact(*args)
                 else:
                     run.note(*args)
         finally:
