@@ -147,8 +147,8 @@ class SchedulerLoop:
         self.heartbeat, self.every = heartbeat, tick
         self.role = STANDBY
         self.refused: BaseException | None = None  # Redis refused the account: the process stops
-        self._failing = False
         self._stop = threading.Event()
+        self._misses = 0  # ticks failed in a row (Redis away)
         self._thread = threading.Thread(target=self._run, name="rq-scheduler", daemon=True)
 
     def start(self) -> SchedulerLoop:
@@ -179,9 +179,9 @@ class SchedulerLoop:
         while not self._stop.is_set():
             try:
                 self.tick()
-                if self._failing:
+                if self._misses >= 2:
                     log.info("schedule.redis_back")
-                self._failing = False
+                self._misses = 0
             except access.REFUSED as exc:
                 self._refused(exc)
                 return
@@ -189,10 +189,12 @@ class SchedulerLoop:
                 if access.refusal(exc):
                     self._refused(exc)
                     return
-                if not self._failing:  # once per outage: the jobs process says the rest
+                # once per outage, from its second tick on: a stop under honcho takes Redis down
+                # beside this process, whose thread may tick once before it is stopped
+                self._misses += 1
+                if self._misses == 2:
                     log.warning("schedule.tick_failed", error=str(exc),
                                 detail="moving due jobs waits for Redis")  # fmt: skip
-                self._failing = True
                 self._say(STANDBY)
             except Exception:  # a bug must not end the scheduler: said, tried again
                 log.exception("schedule.tick_crashed")
