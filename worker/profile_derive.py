@@ -195,6 +195,9 @@ class Profiler:
         names = self.memory.use(lambda store: entity_names(store, found or []))
         if found is None or names is None:
             return False
+        if not found and not path.exists():  # nothing open, never written: no file of nothing
+            self._todo = signature
+            return False
         text = render(found, names, owner=cfg.owner.name, zone=owner_zone(cfg))
         try:
             write_atomic(path, text)

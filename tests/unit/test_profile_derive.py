@@ -282,6 +282,8 @@ def test_a_todo_that_cannot_be_written_is_said_once_and_never_stops_the_worker(r
     """TODO.md is a directory (or the home read-only): one warning, not one every round; turned
     off then, the removal that fails is said, not raised (a duty that raises stops the worker)."""
     path = rig.cfg.home / TODO_FILE
+    a = rig.world.say("please fax this")
+    rig.gap([a, rig.world.reply(a, "I have no way to send a fax")], "fax a letter")
     path.mkdir(parents=True)
     with structlog.testing.capture_logs() as logs:
         for _ in range(4):
@@ -310,9 +312,12 @@ def test_a_failed_write_leaves_the_old_todo_and_no_temporary(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = rig.cfg.home / TODO_FILE
+    assert rig.profiler.write_todo() is False and not path.exists()  # no gap yet: no file
+    b = rig.world.say("please scan this")
+    rig.gap([b, rig.world.reply(b, "I cannot scan")], "scan a letter")
     assert rig.profiler.write_todo() is True
     before = path.read_text()
-    assert "Nothing open." in before
+    assert "scan a letter" in before
     a = rig.world.say("please fax this")
     rig.gap([a, rig.world.reply(a, "I have no way to send a fax")], "fax a letter")
 
