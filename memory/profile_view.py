@@ -33,6 +33,7 @@ from memory.identity import OWNER, get_entity, handles_of, resolve_ref
 from memory.lines import estimate_tokens
 from memory.privacy import Scope, log_visibility_sql, privacy_of
 from memory.profiles import Fact
+from memory.search.query import STOP_WORDS
 
 PROFILES_HEADER = (
     "\n\n## What is known about the people here (profile facts derived from the log, each with "
@@ -164,7 +165,8 @@ _WORD = re.compile(r"\w{3,}")
 
 
 def _words(text: str) -> frozenset[str]:
-    return frozenset(w.casefold() for w in _WORD.findall(text))
+    """The words of ``text`` that say what it is about (search's stop words left out)."""
+    return frozenset(w.casefold() for w in _WORD.findall(text)) - STOP_WORDS
 
 
 def _about(ranked: Sequence[Sequence[Fact]], text: str) -> list[list[Fact]]:

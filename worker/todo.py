@@ -27,17 +27,10 @@ so edits here are lost. See them with `relaybot memory gaps`, close one with
 MAX_EVIDENCE_SHOWN = 20  # log ids listed per gap (the rest counted)
 
 
-class OpenGap(Protocol):
-    """A gap as TODO.md shows it (memory/gaps.py ``Gap``)."""
+class OpenGap(profile_rules.KnownGap, Protocol):
+    """A gap as TODO.md shows it (memory/gaps.py ``Gap``): what the GAPS question shows of it,
+    and how often and when it came up, and on what."""
 
-    @property
-    def id(self) -> int: ...
-    @property
-    def entity(self) -> str: ...
-    @property
-    def description(self) -> str: ...
-    @property
-    def needs(self) -> str | None: ...
     @property
     def count(self) -> int: ...
     @property
