@@ -20,6 +20,7 @@ Memory takes plain parameters (:class:`MemorySettings`), not the application's c
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -61,7 +62,6 @@ from memory.redactions import Redacted, redact
 from memory.replies import unsettled_replies
 from memory.rows import LogRow
 from memory.sections import CuratedSection, NotesSection
-from memory.sql import savepoint
 from memory.store import MemoryStore
 from memory.summary_view import SummariesSection
 from memory.window import HistoryWindows
@@ -132,6 +132,7 @@ class Memory:
         # the texts each erasure applied here removed, until the worker has cleaned Redis of
         # their copies (memory.copies); never written anywhere
         self._erased_texts: dict[int, list[str]] = {}
+        self._blocks = itertools.count(1)  # names of the savepoints of write() blocks
 
     # -- degraded mode -------------------------------------------------------------------------
 
@@ -175,14 +176,43 @@ class Memory:
             except sqlite3.Error as exc:
                 raise _unwritable(exc, "begin") from exc
             self._open = True
+        # each block (one entry of the worker's batch) in a savepoint of its own: a bug in one
+        # entry undoes that entry's writes only, not those of the entries before it in the
+        # batch (they were handed on to be acked once this transaction commits)
+        name = f"write_{next(self._blocks)}"
+        erasures = set(self._erased_texts)
         try:
+            store.conn.execute(f"SAVEPOINT {name}")
             yield
-        except BaseException:
-            self._open = False
-            self._owners = None  # a merge may have been rolled back with the rest
-            self._erased_texts.clear()  # ... and an erasure: it is applied again
-            store.transaction().rollback()
+        except Exception as exc:
+            if isinstance(exc, sqlite3.Error | MemoryUnwritable | FencedOut):
+                self._roll_back(store)  # memory failed: everything since the last commit
+                raise
+            self._owners = None  # a merge may have been undone with the entry
+            for erasure in set(self._erased_texts) - erasures:  # ... and an erasure
+                del self._erased_texts[erasure]
+            try:
+                if store.conn.in_transaction:
+                    store.conn.execute(f"ROLLBACK TO {name}")
+                    store.conn.execute(f"RELEASE {name}")
+            except sqlite3.Error:
+                self._roll_back(store)
             raise
+        except BaseException:
+            self._roll_back(store)
+            raise
+        try:
+            store.conn.execute(f"RELEASE {name}")
+        except sqlite3.Error as exc:
+            self._roll_back(store)
+            raise _unwritable(exc, "write") from exc
+
+    def _roll_back(self, store: MemoryStore) -> None:
+        """Roll the open transaction back (the worker does its entries again)."""
+        self._open = False
+        self._owners = None  # a merge may have been rolled back with the rest
+        self._erased_texts.clear()  # ... and an erasure: it is applied again
+        store.transaction().rollback()
 
     def settle(self) -> None:
         """Commit the open transaction, if any (:meth:`write`); :class:`MemoryUnwritable` when
@@ -375,17 +405,10 @@ class Memory:
 
         def write(store: MemoryStore) -> profile_apply.Applied | str:
             try:
-                with savepoint(store.conn, "profile_entry"):
-                    return profile_apply.apply_result(store.conn, result)
+                return profile_apply.apply_result(store.conn, result)
             except profile_apply.Refused as exc:
                 log.info("profile.result_refused", key=result.run_key, reason=str(exc))
                 return str(exc)
-            except sqlite3.Error:
-                raise  # memory failing: the entry waits (MemoryUnwritable)
-            except Exception as exc:  # one entry's bug: refused alone, not the batch
-                log.warning("profile.result_failed", key=result.run_key,
-                            error=type(exc).__name__)  # fmt: skip
-                return f"invalid: {type(exc).__name__}"
 
         return self._write(write)
 

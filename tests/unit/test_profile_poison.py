@@ -12,6 +12,7 @@ import pytest
 
 from contract.messages import InboundMessage
 from memory import profile_apply
+from memory.errors import MemoryUnwritable
 from memory.identity import OWNER
 from tests.unit.test_profile_job import World, tea_range
 from worker.model import NoModel
@@ -189,3 +190,46 @@ def test_replay_is_idempotent(tmp_path: Path) -> None:
     assert world.conn.execute("SELECT count(*) FROM capability_gaps").fetchone()[0] == 1
     assert world.conn.execute("SELECT count, status FROM capability_gaps").fetchone() == (1, "open")
     assert world.conn.execute("SELECT count(*) FROM profile_runs").fetchone()[0] == 1
+
+
+def test_a_bug_in_one_entry_undoes_its_own_writes_only_never_the_batch_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory.write(), the writer's group commit: an entry whose handling raises a bug (not a
+    failure of memory) has its own writes undone in its savepoint; the entries before it in the
+    batch, handed on to be acked once the transaction commits, keep theirs (they were rolled
+    back with it, and acked unwritten). A failure of memory still rolls everything back."""
+    world = World(tmp_path)
+    rng, rows = tea_range(world)
+    turns = turns_for(world)
+    conn = turns.memory.store.conn  # type: ignore[union-attr]
+    insert = (
+        "INSERT INTO profile_runs (conversation, first_id, last_id, summary, run_key, method, "
+        "facts, gaps, retired, refused, note, at) VALUES ('x', 1, 1, NULL, ?, 'model', 0, 0, 0, "
+        "0, '', 0)"
+    )
+    with turns.memory.write():
+        conn.execute(insert, ("earlier-entry",))
+
+    def buggy(*_a: object, **_k: object) -> None:
+        conn.execute(insert, ("the-buggy-entry",))
+        raise RuntimeError("a bug in one entry's handling")
+
+    monkeypatch.setattr(profile_apply, "apply_result", buggy)
+    with pytest.raises(RuntimeError):
+        turns.apply("0-1", entry(rng, facts=[bob_fact(rng, [rows[0].id], world.bob())]))
+    turns.settle()
+    keys = {r[0] for r in world.conn.execute("SELECT run_key FROM profile_runs")}
+    assert keys == {"earlier-entry"}
+
+    def failing() -> None:
+        with turns.memory.write():
+            conn.execute(insert, ("lost-with-memory",))
+            raise MemoryUnwritable("memory failed")
+
+    with turns.memory.write():
+        conn.execute(insert, ("lost-with-memory-too",))
+    with pytest.raises(MemoryUnwritable):
+        failing()
+    turns.settle()
+    assert {r[0] for r in world.conn.execute("SELECT run_key FROM profile_runs")} == keys
