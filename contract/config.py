@@ -31,6 +31,7 @@ from contract import channels as registry
 from contract import config_env
 from contract.config_errors import describe_errors, unreadable
 from contract.keys import Keys
+from contract.mcp_config import McpConfig
 
 
 def _reached_from() -> str:
@@ -452,6 +453,7 @@ class CoreConfig(_Section):
     derive: DeriveConfig = Field(default_factory=DeriveConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     profiles: ProfilesConfig = Field(default_factory=ProfilesConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)  # [mcp.servers.NAME] (issue 29)
 
     @field_validator("roles", mode="before")
     @classmethod

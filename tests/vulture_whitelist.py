@@ -76,6 +76,13 @@ _.matrix_group
 _.ONBOARDING
 _.ERASURE
 
+# [mcp] in config.toml (contract/mcp_config.py, issue 29 groundwork): an owner writes it and it is
+# validated, but no process reads it until the worker's MCP client lands; delete this line then
+_.mcp
+# TEMPORARY, until worker/mcp_rules.py (the next commit) reads them
+_.servers
+_.offered_to
+
 # a room's guest access as its state says (gateways/matrix/events.py Openness, compared whole in
 # tests/unit/test_room_audience.py); Openness.open says why it does not open a room by itself
 _.guest_access
