@@ -76,12 +76,16 @@ _.matrix_group
 _.ONBOARDING
 _.ERASURE
 
-# [mcp] in config.toml (contract/mcp_config.py, issue 29 groundwork): an owner writes it and it is
-# validated, but no process reads it until the worker's MCP client lands; delete this line then
+# Issue 29's groundwork (branch i29-groundwork), used by its tests only until the worker's MCP
+# client lands; that change deletes this whole block. [mcp] in config.toml (contract/mcp_config.py)
+# is validated but no process reads it yet; the pure rules (worker/mcp_rules.py) are called by
+# nothing but tests/unit/test_mcp_rules.py yet.
 _.mcp
-# TEMPORARY, until worker/mcp_rules.py (the next commit) reads them
-_.servers
-_.offered_to
+_.pin_of
+_.compare
+_.check_call
+_.result_text
+_.labelled
 
 # a room's guest access as its state says (gateways/matrix/events.py Openness, compared whole in
 # tests/unit/test_room_audience.py); Openness.open says why it does not open a room by itself
