@@ -122,6 +122,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
         cli_summaries.add_parsers(msub)
         cli_curated.add_parsers(msub)
     _reminders_parser(sub, command)
+    _tools_parser(sub, command)
     entities = sub.add_parser("entities", help="people and their handles, links between them")
     if command == "entities":
         from relaybot import cli_entities
@@ -159,6 +160,17 @@ def _reminders_parser(sub: Any, command: str | None) -> None:
         from relaybot import cli_reminders
 
         cli_reminders.add_arguments(reminders)
+
+
+def _tools_parser(sub: Any, command: str | None) -> None:
+    """``relaybot tools``: its arguments only when it is the command named."""
+    tools = sub.add_parser(
+        "tools", help="tools from MCP servers: each server's state and tools; approve a listing"
+    )
+    if command == "tools":
+        from relaybot import cli_tools
+
+        cli_tools.add_arguments(tools)
 
 
 def _gateway_parsers(gateway: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """``relaybot doctor``: every check at once, each with a verdict and a fix hint.
 
-The groups (config, disk, redis, processes, model, scheduler, and each channel's) run side by
+The groups (config, disk, redis, processes, model, scheduler, mcp, each channel's) run side by
 side, each on a daemon thread of its own with a time budget (a multiple of ``--timeout``): a dead
 host costs its group a few seconds and never holds up the others, and a group that is still stuck
 when its budget runs out is reported as failed where it stood. A group that crashes is one failed
@@ -66,6 +66,7 @@ BUDGET = {
     "processes": 2,
     "model": 16,
     "scheduler": 2,
+    "mcp": 2,
     **{ch.name: ch.doctor_budget for ch in registry.channels() if ch.doctor},
 }
 MAX_WALK = 20_000  # paths looked at under RELAYBOT_HOME for the permission check
@@ -253,7 +254,7 @@ def diagnose(
         report.checks += [skipped(g, because) for g in BUDGET if g not in ("disk", "processes")]
         report.checks += _processes_without_config(home, env, timeout, digest)
         return report
-    from relaybot import doctor_model, doctor_redis, doctor_schedule
+    from relaybot import doctor_mcp, doctor_model, doctor_redis, doctor_schedule
 
     def processes(c: Config, t: float, add: Add) -> None:
         doctor_redis.processes_group(c, t, add, runs_digest(digest))
@@ -264,6 +265,7 @@ def diagnose(
         "processes": processes,
         "model": doctor_model.model_group,
         "scheduler": doctor_schedule.scheduler_group,
+        "mcp": doctor_mcp.mcp_group,
         **{ch.name: _channel_group(ch.doctor) for ch in registry.channels() if ch.doctor},
     }
     found: dict[str, list[Check]] = {name: [] for name in groups}
