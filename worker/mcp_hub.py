@@ -54,6 +54,14 @@ class McpSnapshot:
     version: int
 
 
+@dataclass(frozen=True)
+class _Status:
+    state: str
+    reason: str
+    since: float
+    retry_at: float | None
+
+
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping))
 
@@ -77,6 +85,7 @@ class McpHub:
         backoff: tuple[float, float] = BACKOFF,
     ) -> None:
         self._pins, self._clock, self._backoff = pins, clock, backoff
+        self._born = clock()
         self._reserved = frozenset(reserved)
         self._lock = threading.RLock()
         self._servers: dict[str, McpServerConfig] = dict(servers)
@@ -84,6 +93,7 @@ class McpHub:
         self._pin_state: dict[str, str] = {}
         self._pin: dict[str, Pin | None] = {}
         self._runners: dict[str, Runner] = {}
+        self._status: dict[str, _Status] = {}  # as last told by each runner (with its listing)
         self._live: set[Runner] = set()  # every runner whose task has not ended (close waits)
         self._snap = McpSnapshot(_frozen(self._servers), _frozen({}), _frozen({}), 0)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,6 +192,7 @@ class McpHub:
             if self._runners.get(runner.name) is not runner or runner.name not in self._servers:
                 return  # stopped, removed or replaced: it says nothing any more
             name = runner.name
+            self._status[name] = _Status(runner.state, runner.reason, runner.since, runner.retry_at)
             if runner.state == "up" and runner.listing is not None:
                 self._listings[name] = runner.listing
                 self._first_sight(name, runner.listing)
@@ -270,8 +281,8 @@ class McpHub:
                 return {"ok": False, "error": f"no MCP server named {server[:40]!r} is configured"}
             listed = self._listings.get(server)
             if listed is None:
-                runner = self._runners.get(server)
-                why = f" ({runner.state}: {runner.reason})" if runner and runner.reason else ""
+                told = self._status.get(server)
+                why = f" ({told.state}: {told.reason})" if told and told.reason else ""
                 return {
                     "ok": False,
                     "error": f"the MCP server {server!r} is not connected{why}: nothing to approve",
@@ -316,6 +327,7 @@ class McpHub:
             starts: list[tuple[str, Runner | None]] = []
             for name in old.keys() - servers.keys():
                 self._listings.pop(name, None)
+                self._status.pop(name, None)
                 runner = self._runners.pop(name, None)
                 if runner is not None:
                     stops.append(runner)
@@ -328,6 +340,7 @@ class McpHub:
                     log.info("mcp.server_added", server=name)
                 elif _identity(before) != _identity(cfg):
                     self._listings.pop(name, None)
+                    self._status[name] = _Status("starting", "", self._clock(), None)
                     starts.append((name, self._runners.get(name)))
                     log.info("mcp.server_restarted", server=name)
                 elif (runner := self._runners.get(name)) is not None:
@@ -343,17 +356,17 @@ class McpHub:
 
     def health(self) -> dict[str, Any]:
         """Each configured server's state and tools, for the worker's heartbeat."""
-        snap = self.snapshot()
         now = self._clock()
         out: dict[str, Any] = {}
         with self._lock:
-            runners = dict(self._runners)
+            snap = self.snapshot()
+            status = dict(self._status)
             pin_state = dict(self._pin_state)
         for name, cfg in sorted(snap.servers.items()):
-            runner = runners.get(name)
+            told = status.get(name) or _Status("starting", "", self._born, None)
             listed = snap.listings.get(name)
-            state = runner.state if runner is not None else "starting"
-            retry = runner.retry_at if runner is not None and state == "down" else None
+            state = told.state if told.state != "up" or listed is not None else "starting"
+            retry = told.retry_at if state == "down" else None
             tools: list[dict[str, str]] = []
             if listed is not None:
                 made = offer(
@@ -369,8 +382,8 @@ class McpHub:
                 tools.sort(key=lambda t: t["name"])
             out[name] = {
                 "state": state,
-                "reason": runner.reason if runner is not None and state == "down" else "",
-                "since": runner.since if runner is not None else now,
+                "reason": told.reason if state == "down" else "",
+                "since": told.since,
                 "transport": transport_of(cfg),
                 "audiences": [a.value for a in cfg.audiences],
                 "digest": listing_digest(listed) if listed is not None else None,

@@ -48,6 +48,15 @@ MAX_TOOLS = 1000  # tools of one server; more is not a tool server we can offer
 MAX_REASON = 300  # characters of a reason or an error
 
 
+START_TIMEOUT = 60.0  # seconds a start or a listing may take at least (npx may download first)
+
+
+def start_timeout(cfg: McpServerConfig) -> float:
+    """How long starting (initialize) and listing may take: a call's ``timeout`` is often a
+    few seconds, while a server's start (a Python or Node program's imports) is slower."""
+    return max(cfg.timeout, START_TIMEOUT)
+
+
 def transport_of(cfg: McpServerConfig) -> str:
     return "stdio" if cfg.command is not None else "http"
 
@@ -83,10 +92,10 @@ def describe(exc: BaseException, cfg: McpServerConfig) -> str:
     if isinstance(leaf, PermissionError) and cfg.command is not None:
         return f"could not start: {cfg.command[0][:80]!r} may not be run (permission denied)"
     if isinstance(leaf, TimeoutError):
-        return f"did not answer within {cfg.timeout:g} s"
+        return f"did not answer within {start_timeout(cfg):g} s"
     if isinstance(leaf, MCPError):
         if leaf.code == mcp_types.REQUEST_TIMEOUT:
-            return f"did not answer within {cfg.timeout:g} s"
+            return f"did not answer within {start_timeout(cfg):g} s"
         if leaf.code == mcp_types.CONNECTION_CLOSED:
             return "the server closed the connection"
         return one_line(f"the server refused: {leaf.message}", cfg)
@@ -249,10 +258,10 @@ class Runner:
                         async with ClientSession(
                             recv,
                             write,
-                            read_timeout_seconds=self.cfg.timeout,
+                            read_timeout_seconds=start_timeout(self.cfg),
                             message_handler=self._on_message,
                         ) as session:
-                            with anyio.fail_after(self.cfg.timeout):
+                            with anyio.fail_after(start_timeout(self.cfg)):
                                 await session.initialize()
                             await self._list(session)
                             self.session, up_at = session, time.monotonic()
@@ -261,6 +270,7 @@ class Runner:
                                 await self._relist.wait()
                                 self._relist.clear()
                                 await self._list(session)
+                                log.info("mcp.listing_changed", server=self.name)
                                 self._on_change(self)
             reason = self._lost or "the connection ended"
         except Exception as exc:

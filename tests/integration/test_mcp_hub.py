@@ -36,8 +36,11 @@ pytestmark = pytest.mark.timeout(60)
 FAST = (0.2, 1.0)  # the backoff of these tests: reconnects in a fraction of a second
 
 
-def stdio(log: Path, shape: str = "1", timeout: float = 2.0, **kw: Any) -> McpServerConfig:
+def stdio(
+    log: Path, shape: str = "1", timeout: float = 2.0, extra: str = "0", **kw: Any
+) -> McpServerConfig:
     plain = {"MCP_TEST_LOG": str(log), "MCP_TEST_SHAPE": shape, "PYTHONPATH": str(REPO)}
+    plain["MCP_TEST_EXTRA"] = extra
     env = {k: SecretStr(v) for k, v in plain.items()}  # as config.toml's env reaches the hub
     command = [sys.executable, "-m", "tests.support.mcp_server", "stdio"]
     return McpServerConfig(command=command, env=env, timeout=timeout, **kw)
@@ -162,6 +165,35 @@ def test_ten_megabytes_over_stdio_come_back_bounded(
     text = hub.call("files", "huge", {"megabytes": 10}, budget=12_000)
     assert 12_000 <= len(text) <= 12_001 and set(text) == {"x"}
     assert hub.call("files", "echo", {"text": "still"}, budget=100) == "still"
+
+
+def test_a_tool_added_while_the_server_runs_is_listed_and_withheld_until_approved(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    hub = hubs({"files": stdio(tmp_path / "calls.jsonl", extra="1")})
+    wait_for(lambda: state(hub, "files") == "up")
+    version = hub.snapshot().version
+    assert hub.call("files", "grow", {"name": "fresh"}, budget=100) == "added fresh"
+    wait_for(lambda: any(t.name == "fresh" for t in hub.snapshot().listings["files"]))
+    snap = hub.snapshot()
+    assert snap.version > version
+    made = offer(snap.servers, snap.listings, snap.pins, Privacy.OWNER)
+    assert "files_fresh" not in made.tools and "files_echo" in made.tools
+    (fresh,) = [w for w in made.withheld if w.tool == "fresh"]
+    assert fresh.reason.startswith("new since the listing was approved")
+    answer = hub.approve("files", listing_digest(snap.listings["files"]))
+    assert answer["added"] == ["fresh"] and answer["changed"] == []
+
+
+def test_a_stdio_server_gets_its_env_and_none_of_the_workers_secrets(
+    hubs: Callable[..., McpHub], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELAYBOT_MODEL_KEY", "sk-secret")
+    hub = hubs({"files": stdio(tmp_path / "calls.jsonl", extra="1")})
+    wait_for(lambda: state(hub, "files") == "up")
+    assert hub.call("files", "getenv", {"name": "MCP_TEST_EXTRA"}, budget=100) == "1"
+    assert hub.call("files", "getenv", {"name": "RELAYBOT_MODEL_KEY"}, budget=100) == "(unset)"
+    assert hub.call("files", "getenv", {"name": "PATH"}, budget=9999) == os.environ["PATH"]
 
 
 # -- failures ------------------------------------------------------------------------------------
@@ -361,3 +393,42 @@ def test_close_terminates_every_stdio_server_and_is_idempotent(
     hub.close()
     assert hub.snapshot().listings == {}
     assert hub.call("a", "echo", {"text": "x"}, budget=10).startswith("error: ")
+
+
+def test_an_http_server_killed_mid_call_fails_the_call_then_comes_back_when_it_does(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    log, port = tmp_path / "http.jsonl", free_port()
+    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)]
+
+    def serve() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+        return proc
+
+    proc = serve()
+    try:
+        hub = hubs({"web": McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout=30)})
+        wait_for(lambda: state(hub, "web") == "up")
+        result: list[str] = []
+        caller = threading.Thread(
+            target=lambda: result.append(hub.call("web", "hang", {"seconds": 60}, budget=100))
+        )
+        started = time.monotonic()
+        caller.start()
+        wait_for(lambda: any(r["tool"] == "hang" for r in requests(log)))
+        proc.kill()
+        proc.wait()
+        caller.join(timeout=10)
+        assert result and result[0].startswith("error: "), result
+        assert time.monotonic() - started < 5  # not the 30 s timeout
+        text = hub.call("web", "echo", {"text": "x"}, budget=100)
+        assert text.startswith("error: "), text
+        wait_for(lambda: state(hub, "web") == "down")
+        proc = serve()
+        wait_for(lambda: state(hub, "web") == "up")
+        assert hub.call("web", "echo", {"text": "back"}, budget=100) == "back"
+    finally:
+        proc.kill()
+        proc.wait()
