@@ -239,8 +239,10 @@ class Runner:
                     self._set("down", reason, retry_in=wait)
                     await anyio.sleep(wait)
                     delay = min(delay * 2, high)
-        except Exception as exc:  # never out of the loop: this runner just ends
+        except Exception as exc:  # never out of the loop: this runner ends, and says so
+            self.session, self.listing = None, None
             log.error("mcp.runner_failed", server=self.name, error=one_line(repr(exc)))
+            self._set("down", one_line(f"the hub's session failed: {exc!r}"))
         finally:
             self.session, self.listing = None, None
 

@@ -137,6 +137,9 @@ def test_stdio_up_listed_pinned_at_first_sight_and_called(
     # a tool it does not have, and a server that is not configured: error results
     assert hub.call("files", "nope", {}, budget=100).startswith("error: ")
     assert hub.call("mail", "echo", {"text": "x"}, budget=100).startswith("error: no MCP server")
+    assert hub.call("files", "echo", {"text": object()}, budget=100).startswith("error: ")
+    assert hub.call("files", "echo", "not a dict", budget=100).startswith("error: ")  # type: ignore[arg-type]
+    assert hub.call("files", "echo", {"text": "still up"}, budget=100) == "still up"
 
 
 def test_http_up_and_called_and_an_answer_over_one_mebibyte_is_an_error(
