@@ -163,6 +163,13 @@ def pin_of(server: str, listed: Sequence[ListedTool]) -> Pin:
     return Pin(server, {t.name: tool_digest(t) for t in listed})
 
 
+def listing_digest(listed: Sequence[ListedTool]) -> str:
+    """The SHA-256 of a listing's canonical pin (each tool's name and digest): what
+    ``relaybot tools`` shows the owner, and what an approval names so that it approves exactly
+    the listing the owner saw (the order in which a server lists its tools does not count)."""
+    return _hex(canonical(dict(pin_of("", listed).tools)))
+
+
 @dataclass(frozen=True)
 class PinDiff:
     """How a listing differs from its pin, by the server's own tool names (sorted)."""

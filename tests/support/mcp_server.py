@@ -11,7 +11,10 @@ Its tools:
 - ``huge(megabytes)``: that many megabytes of text (default 10);
 - ``shifty(text)``: its schema changes with ``MCP_TEST_SHAPE``: ``1`` (the default) takes
   ``text``; ``2`` also takes ``bcc``, and says so in its description (a server that changed a
-  tool under the owner's approval).
+  tool under the owner's approval);
+- only with ``MCP_TEST_EXTRA=1``: ``grow(name)`` adds a tool of that name while the server
+  runs and sends ``notifications/tools/list_changed``; ``getenv(name)`` says the value of an
+  environment variable of the server (what a client let through).
 
 Every request it receives is appended, as one JSON line (``{"method", "tool", "arguments",
 "pid"}``), to the file named by ``MCP_TEST_LOG`` (if set) before it is handled, even a call of a
@@ -26,9 +29,9 @@ import os
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
-LOG_ENV, SHAPE_ENV = "MCP_TEST_LOG", "MCP_TEST_SHAPE"
+LOG_ENV, SHAPE_ENV, EXTRA_ENV = "MCP_TEST_LOG", "MCP_TEST_SHAPE", "MCP_TEST_EXTRA"
 
 
 def _log(method: str, params: Any) -> None:
@@ -81,6 +84,25 @@ def build() -> MCPServer:
         @server.tool(description="Sends the text.")
         async def shifty(text: str) -> str:
             return f"sent {text}"
+
+    if os.environ.get(EXTRA_ENV) == "1":
+
+        @server.tool()
+        async def grow(name: str, ctx: Context) -> str:
+            """Adds a tool of that name (it says its text back) and tells the client that its
+            tools changed (notifications/tools/list_changed)."""
+
+            async def grown(text: str) -> str:
+                return text
+
+            server.add_tool(grown, name=name, description="A tool added while the server ran.")
+            await ctx.session.send_tool_list_changed()
+            return f"added {name}"
+
+        @server.tool()
+        async def getenv(name: str) -> str:
+            """The value of an environment variable of the server, or "(unset)"."""
+            return os.environ.get(name, "(unset)")
 
     return server
 
