@@ -65,8 +65,10 @@ from memory import profile_erasure, schedule_erasure
 from memory.command_types import CommandError
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
+from memory.lines import TOOL_KIND
 from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks
+from memory.store import TOOL_ROW
 from memory.subjects import subject_rows
 
 TARGET_KINDS = ("entity", "conversation", "id")
@@ -122,6 +124,7 @@ class ErasurePlan:
     scheduled_ids: list[int] = field(default_factory=list)
     scheduled_keys: list[tuple[int, str]] = field(default_factory=list)  # (id, created_by)
     occurrences: dict[int, int] = field(default_factory=dict)  # their log rows -> hop
+    tool_rows: dict[int, int] = field(default_factory=dict)  # turns' tool results that go -> hop
     fact_ids: list[int] = field(default_factory=list)  # layer 2: the facts blanked with the rows
     gap_ids: list[int] = field(default_factory=list)  # ... and the capability gaps
 
@@ -132,7 +135,7 @@ class ErasurePlan:
     @property
     def own_rows(self) -> int:
         """The target's own rows (hop 0)."""
-        later = sum(1 for hop in self.occurrences.values() if hop > 0)
+        later = sum(1 for hop in self.occurrences.values() if hop > 0) + len(self.tool_rows)
         return len(self.log_ids) - sum(1 for i in self.items if i.kind == "reply") - later
 
     def detail(self) -> dict[str, Any]:
@@ -219,6 +222,7 @@ class _Hops:
         self.found: dict[tuple[str, int], Item] = {}  # every derived item, kept ones too
         self.scheduled: dict[int, Item] = {i.id: i for i in plan.scheduled}  # items that go
         self.occurrences: dict[int, int] = dict(plan.occurrences)  # their rows -> hop
+        self.tools: dict[int, int] = {}  # the tool results of the turns that go -> hop
 
     def run(self, learned: Learned) -> None:
         conn = self.conn
@@ -267,7 +271,8 @@ class _Hops:
         """The rows that go at ``hop``: derived replies, and the occurrences of the items."""
         replies = [i.id for k, i in self.found.items() if k[0] == "reply" and i.hop == hop
                    and k not in self.keep]  # fmt: skip
-        return replies + [r for r, h in self.occurrences.items() if h == hop]
+        tools = [r for r, h in self.tools.items() if h == hop]
+        return replies + [r for r, h in self.occurrences.items() if h == hop] + tools
 
     def _hop_notes(self, hop: int) -> list[int]:
         return [i.id for k, i in self.found.items() if k[0] == "note" and i.hop == hop
@@ -304,7 +309,18 @@ class _Hops:
             self.rows[reply_id] = ("out", sid)
 
     def _turn_notes(self, sid: str, hop: int, drew_on: str) -> None:
-        """The notes written, and the items scheduled, in the turn of the entry ``sid``."""
+        """The notes written, the items scheduled and the tools' results recorded (rows the
+        reply drew on: later replies that held them go at the next hop) in the turn of the
+        entry ``sid``."""
+        first = sid + TOOL_ROW  # its tool rows' keys: sid/tool/1, sid/tool/2, ...
+        for row_id, key in self.conn.execute(
+            "SELECT id, stream_id FROM log WHERE direction = 'in' AND stream_id > ? "  # noqa: S608
+            f"AND stream_id < ? AND kind = ? AND {NOT_ERASED}",
+            (first, first[:-1] + chr(ord(first[-1]) + 1), TOOL_KIND),
+        ).fetchall():
+            if int(row_id) not in self.rows:
+                self.rows[int(row_id)] = ("in", str(key))
+                self.tools[int(row_id)] = hop
         for note_id, op_key in self.conn.execute(
             "SELECT id, op_key FROM note WHERE stream_id = ? ORDER BY id", (sid,)
         ):
@@ -377,6 +393,7 @@ class _Hops:
         plan.scheduled_ids = sorted(self.scheduled)
         plan.scheduled_keys = schedule_erasure.keys(conn, plan.scheduled_ids)
         plan.occurrences = dict(sorted(self.occurrences.items()))
+        plan.tool_rows = dict(sorted(self.tools.items()))
         plan.fact_ids, plan.gap_ids = profile_erasure.affected(
             conn, [*plan.log_ids, *plan.subject_ids], plan.entities
         )

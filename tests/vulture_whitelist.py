@@ -83,9 +83,7 @@ _.ERASURE
 _.mcp
 _.pin_of
 _.compare
-_.check_call
 _.result_text
-_.labelled
 
 # a room's guest access as its state says (gateways/matrix/events.py Openness, compared whole in
 # tests/unit/test_room_audience.py); Openness.open says why it does not open a room by itself
