@@ -31,6 +31,12 @@ item's occurrences are log rows (its text under a header, the scheduler as the s
 at the item's hop, and what drew on them (the reply that delivered it, ...) at the hops after.
 Items cannot be kept.
 
+**Tool results** (log rows of kind ``tool``: an MCP tool's output, recorded with the reply of
+the turn that called it, memory/store.py ``append_tool_result``) go with their turn, as its notes
+do: at the hop of the reply (or the target message) that turn answered, and the replies whose
+model input held them at the next hop. A tool result named itself (``id N``) takes the reply it
+informed and that turn's notes at hop 1.
+
 **The bound** is :data:`MAX_HOPS`. In a conversation every reply's history holds the replies
 before it, so an unbounded chain would take every later reply of a busy conversation, for as
 long as it went on; three hops take a quote of a quote of a quote (the model repeating the text
@@ -234,13 +240,15 @@ class _Hops:
         for in_id, (direction, sid) in sorted(sources.items()):
             if direction == "in":  # an answer to a kept mail counts as derived (its subject)
                 self._answers(in_id, sid, own=in_id in self.own)
+            if direction == "in" and TOOL_ROW in sid:  # a tool's result: the reply it informed
+                self._answers(in_id, _turn_of(sid), own=False)
         self._replies(sources, [], hop=1)
         for sql, params, why in learned:
             for note_id, op_key in conn.execute(f"SELECT id, op_key FROM note WHERE {sql}", params):  # noqa: S608
                 self._note(int(note_id), op_key, 1, why)
         for in_id, (direction, sid) in sorted(sources.items()):
-            if direction == "in":  # the notes written in the target's turns
-                self._turn_notes(sid, 1, f"log #{in_id}")
+            if direction == "in":  # the notes written in the target's turns (a tool's: its turn)
+                self._turn_notes(_turn_of(sid), 1, f"log #{in_id}")
         for in_id, (direction, sid) in sorted(self.own.items()):
             if direction == "out":  # a reply of the target (a conversation): its turn's notes
                 self._turn_notes(sid, 1, f"log #{in_id}")
@@ -401,6 +409,11 @@ class _Hops:
 
 
 _TEXT_OF = {"reply": "log", "note": "note", "scheduled": "scheduled"}
+
+
+def _turn_of(sid: str) -> str:
+    """The entry whose turn recorded the row ``sid``: a tool result's (``K/tool/N``) is ``K``."""
+    return sid.split(TOOL_ROW, 1)[0]
 
 
 def _with_words(conn: sqlite3.Connection, item: Item) -> Item:
