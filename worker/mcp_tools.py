@@ -120,20 +120,36 @@ class McpOffers:
                     self._cache[1][privacy] = made
         return made
 
-    def for_turn(self, privacy: Privacy | None) -> McpTurnTools:
-        """The MCP tools of a turn of ``privacy`` (a scope that sees nothing: None, no tool)."""
-        return McpTurnTools(self, privacy, self.offer(privacy))
+    def for_turn(self, privacy: Privacy | None, taken: Collection[str] = ()) -> McpTurnTools:
+        """The MCP tools of a turn of ``privacy`` (a scope that sees nothing: None, no tool);
+        ``taken``: the names of the turn's built-in tools, which keep them. A hub that fails
+        here offers nothing: the turn goes on with its built-in tools."""
+        try:
+            offered = self.offer(privacy)
+        except Exception:
+            log.exception("mcp.offer_failed")
+            offered = Offer()
+        return McpTurnTools(self, privacy, offered, taken)
 
 
 class McpTurnTools(ToolRegistry):
     """One turn's MCP tools (see the module's docstring); ``calls``: the calls made, in order."""
 
-    def __init__(self, offers: McpOffers, privacy: Privacy | None, offered: Offer) -> None:
+    def __init__(
+        self,
+        offers: McpOffers,
+        privacy: Privacy | None,
+        offered: Offer,
+        taken: Collection[str] = (),
+    ) -> None:
         super().__init__()
         self._offers, self._privacy = offers, privacy
         self._lock = threading.Lock()
         self.calls: list[McpCall] = []
         for item in offered.tools.values():
+            if item.exposed in taken:  # a built-in tool's name (reserved missed it): not offered
+                log.warning("mcp.tool_not_offered", tool=item.exposed, reason="a built-in name")
+                continue
             try:
                 self.register(Tool(item.exposed, item.description, item.parameters,
                                    partial(self._call, item)))  # fmt: skip
@@ -157,6 +173,17 @@ class McpTurnTools(ToolRegistry):
         with self._lock:
             self.calls.append(McpCall(offered.exposed, offered.server, offered.tool, text))
         return text
+
+
+def turn_offer(
+    offers: McpOffers | None, privacy: Privacy | None, specs: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], McpTurnTools | None]:
+    """A turn's specs (``specs``: its built-in tools') with its MCP tools', and those tools (None
+    without a hub). Built on the writer when the turn begins (worker/turn.py ``Turns._job``)."""
+    if offers is None:
+        return specs, None
+    mcp = offers.for_turn(privacy, {spec["function"]["name"] for spec in specs})
+    return specs + mcp.specs(), mcp
 
 
 def _here(fn: Callable[[], Any]) -> Any:

@@ -33,7 +33,7 @@ from worker.admission import admit
 from worker.agent import TurnResult, run_turn
 from worker.commands import JOB_RESULTS, WorkerCommand, apply_report, command
 from worker.ledger import ReplyLedger
-from worker.mcp_tools import McpOffers, with_mcp
+from worker.mcp_tools import McpOffers, turn_offer, with_mcp
 from worker.model import ModelPort, NoModel
 from worker.scheduled import Occurrences, Recorded
 from worker.tools import ToolRegistry
@@ -318,8 +318,7 @@ class Turns:
             drew=drew,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
-        mcp = self.mcp.for_turn(privacy_of(scope)) if self.mcp is not None else None
-        specs = tools.specs() + (mcp.specs() if mcp is not None else [])
+        specs, mcp = turn_offer(self.mcp, privacy_of(scope), tools.specs())
         keys, erasures = [a[0] for a in asks], memory.erasure_mark()
         return Job(keys, msg, messages, tools, drew, specs, erasures, fallback, mcp)
 

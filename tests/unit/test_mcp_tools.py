@@ -27,7 +27,7 @@ from memory.types import DrewOn
 from tests.support.worker import handle_entry
 from worker.main import TurnTools, tool_names
 from worker.mcp_rules import RESULT_BUDGET, ListedTool, Pin, pin_of
-from worker.mcp_tools import McpCall, McpOffers
+from worker.mcp_tools import McpCall, McpOffers, turn_offer
 from worker.memory_tools import memory_tools
 from worker.model import Completion, ToolCall
 from worker.tools import OnWriter, ToolRegistry
@@ -386,3 +386,43 @@ def test_a_server_whose_tool_takes_a_built_in_name_gets_another(tmp_path: Path) 
         assert name != "memory_write" and name.startswith("memory_write-")
     finally:
         w.store.close()
+
+
+def test_a_built_in_tool_keeps_its_name_even_when_reserved_missed_it(tmp_path: Path) -> None:
+    hub = FakeHub({"memory": McpServerConfig(command=["m"])})
+    write = ListedTool("write", "Writes.", {"type": "object"})
+    hub.snap = replace(hub.snap, listings={"memory": (write,)},
+                       pins={"memory": pin_of("memory", [write])})  # fmt: skip
+    builtin = [{"type": "function", "function": {"name": "memory_write", "parameters": {}}}]
+    specs, mcp = turn_offer(McpOffers(hub, []), Privacy.OWNER, builtin)
+    assert specs == builtin and mcp is not None and len(mcp) == 0
+    assert turn_offer(None, Privacy.OWNER, builtin) == (builtin, None)
+
+
+def test_a_hub_that_fails_offers_nothing_and_the_turn_goes_on(world: World) -> None:
+    def broken() -> Snap:
+        raise RuntimeError("the hub is broken")
+
+    world.hub.snapshot = broken  # type: ignore[method-assign]
+    world.ask(message("hi", *OWNER_DM), "fine")
+    assert "clock" in world.model.offered[-1]
+    assert not any(n.startswith(("files_", "pub_")) for n in world.model.offered[-1])
+
+
+def test_a_held_turn_brings_its_results_when_its_entry_comes_again(world: World) -> None:
+    """The writer holds a finished turn when its entries were given back unrecorded (Redis went
+    away): when they come again, the reply and its results are recorded, the model and the
+    hub are not asked again."""
+    m = message("held turn", *OWNER_DM)
+    key = "cli/1795000088888-0"
+    world.model.steps = [[("pub_echo", {"text": "once"})], "answer"]
+    _, job = world.turns.begin([(key, m)])
+    assert job is not None and job.mcp is not None
+    world.turns.settle()
+    world.turns.hold(job, world.turns.run(job))
+    assert world.tool_rows() == []  # held, not recorded
+    outcomes, again = world.turns.begin([(key, m)])
+    assert again is None and outcomes[0] is not None and outcomes[0].reply is not None
+    world.turns.settle()
+    assert [r[2] for r in world.tool_rows()] == [f"{key}/tool/1"]
+    assert len(world.hub.heard) == 1 and world.model.steps == []
