@@ -3,8 +3,8 @@
 Every round (a periodic duty; the watcher itself looks at the file every few seconds:
 contract/config_watch.py), on the writer, when no turn is being begun or finished: what can
 change is applied (the owner's aliases, the turns mode, the model endpoint and its concurrency,
-the MCP servers);
-the rest waits for a restart, said in the log and the heartbeat (the config fields it reports).
+the MCP servers: worker/mcp_hub.py); the rest waits for a restart, said in the log and the
+heartbeat (the config fields it reports).
 Turns whose model call runs keep the input and the model client they started with; the next turns
 get the new settings. A replaced client is closed once no turn runs.
 """
