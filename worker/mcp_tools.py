@@ -73,11 +73,14 @@ class HubPort(Protocol):
 
 class WorkerHub(HubPort, Protocol):
     """What the worker's process needs of the hub besides the turns': its heartbeat source
-    (worker/health.py) and a reloaded ``[mcp]`` (worker/reload.py)."""
+    (worker/health.py), a reloaded ``[mcp]`` (worker/reload.py) and the owner's approval (the
+    command ``mcp.approve``: worker/mcp_commands.py)."""
 
     def health(self) -> dict[str, Any]: ...
 
     def configure(self, servers: Mapping[str, McpServerConfig]) -> None: ...
+
+    def approve(self, server: str, digest: str | None) -> dict[str, object]: ...
 
 
 @dataclass(frozen=True)

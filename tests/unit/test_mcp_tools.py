@@ -81,6 +81,9 @@ class FakeHub:
     def health(self) -> dict[str, Any]:
         return {"mcp": {name: {"state": "up"} for name in self.snap.servers}}
 
+    def approve(self, server: str, digest: str | None) -> dict[str, object]:
+        return {"ok": False, "error": "the fake approves nothing"}
+
 
 def servers(
     files: list[str] | None = None, pub: list[str] | None = None
