@@ -75,6 +75,7 @@ CORE_WORKER_USES = (
     "redis",
     "schedule",
     "profiles",
+    "mcp",
 )
 CORE_WORKER_RELOADS = (
     "owner",
@@ -94,6 +95,7 @@ CORE_WORKER_RELOADS = (
     "worker.assistant_name",
     "schedule",
     "profiles",
+    "mcp",
 )
 JOBS_USES = ("redis",)
 

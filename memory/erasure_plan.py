@@ -31,6 +31,12 @@ item's occurrences are log rows (its text under a header, the scheduler as the s
 at the item's hop, and what drew on them (the reply that delivered it, ...) at the hops after.
 Items cannot be kept.
 
+**Tool results** (log rows of kind ``tool``: an MCP tool's output, recorded with the reply of
+the turn that called it, memory/store.py ``append_tool_result``) go with their turn, as its notes
+do: at the hop of the reply (or the target message) that turn answered, and the replies whose
+model input held them at the next hop. A tool result named itself (``id N``) takes the reply it
+informed and that turn's notes at hop 1.
+
 **The bound** is :data:`MAX_HOPS`. In a conversation every reply's history holds the replies
 before it, so an unbounded chain would take every later reply of a busy conversation, for as
 long as it went on; three hops take a quote of a quote of a quote (the model repeating the text
@@ -65,8 +71,10 @@ from memory import profile_erasure, schedule_erasure
 from memory.command_types import CommandError
 from memory.derived import derived_replies
 from memory.identity import handles_of, person_of, resolve_ref
+from memory.lines import TOOL_KIND
 from memory.rows import NOT_ERASED
 from memory.sql import chunks, marks
+from memory.store import TOOL_ROW
 from memory.subjects import subject_rows
 
 TARGET_KINDS = ("entity", "conversation", "id")
@@ -122,6 +130,7 @@ class ErasurePlan:
     scheduled_ids: list[int] = field(default_factory=list)
     scheduled_keys: list[tuple[int, str]] = field(default_factory=list)  # (id, created_by)
     occurrences: dict[int, int] = field(default_factory=dict)  # their log rows -> hop
+    tool_rows: dict[int, int] = field(default_factory=dict)  # turns' tool results that go -> hop
     fact_ids: list[int] = field(default_factory=list)  # layer 2: the facts blanked with the rows
     gap_ids: list[int] = field(default_factory=list)  # ... and the capability gaps
 
@@ -132,7 +141,7 @@ class ErasurePlan:
     @property
     def own_rows(self) -> int:
         """The target's own rows (hop 0)."""
-        later = sum(1 for hop in self.occurrences.values() if hop > 0)
+        later = sum(1 for hop in self.occurrences.values() if hop > 0) + len(self.tool_rows)
         return len(self.log_ids) - sum(1 for i in self.items if i.kind == "reply") - later
 
     def detail(self) -> dict[str, Any]:
@@ -219,6 +228,7 @@ class _Hops:
         self.found: dict[tuple[str, int], Item] = {}  # every derived item, kept ones too
         self.scheduled: dict[int, Item] = {i.id: i for i in plan.scheduled}  # items that go
         self.occurrences: dict[int, int] = dict(plan.occurrences)  # their rows -> hop
+        self.tools: dict[int, int] = {}  # the tool results of the turns that go -> hop
 
     def run(self, learned: Learned) -> None:
         conn = self.conn
@@ -230,13 +240,15 @@ class _Hops:
         for in_id, (direction, sid) in sorted(sources.items()):
             if direction == "in":  # an answer to a kept mail counts as derived (its subject)
                 self._answers(in_id, sid, own=in_id in self.own)
+            if direction == "in" and TOOL_ROW in sid:  # a tool's result: the reply it informed
+                self._answers(in_id, _turn_of(sid), own=False)
         self._replies(sources, [], hop=1)
         for sql, params, why in learned:
             for note_id, op_key in conn.execute(f"SELECT id, op_key FROM note WHERE {sql}", params):  # noqa: S608
                 self._note(int(note_id), op_key, 1, why)
         for in_id, (direction, sid) in sorted(sources.items()):
-            if direction == "in":  # the notes written in the target's turns
-                self._turn_notes(sid, 1, f"log #{in_id}")
+            if direction == "in":  # the notes written in the target's turns (a tool's: its turn)
+                self._turn_notes(_turn_of(sid), 1, f"log #{in_id}")
         for in_id, (direction, sid) in sorted(self.own.items()):
             if direction == "out":  # a reply of the target (a conversation): its turn's notes
                 self._turn_notes(sid, 1, f"log #{in_id}")
@@ -267,7 +279,8 @@ class _Hops:
         """The rows that go at ``hop``: derived replies, and the occurrences of the items."""
         replies = [i.id for k, i in self.found.items() if k[0] == "reply" and i.hop == hop
                    and k not in self.keep]  # fmt: skip
-        return replies + [r for r, h in self.occurrences.items() if h == hop]
+        tools = [r for r, h in self.tools.items() if h == hop]
+        return replies + [r for r, h in self.occurrences.items() if h == hop] + tools
 
     def _hop_notes(self, hop: int) -> list[int]:
         return [i.id for k, i in self.found.items() if k[0] == "note" and i.hop == hop
@@ -304,7 +317,18 @@ class _Hops:
             self.rows[reply_id] = ("out", sid)
 
     def _turn_notes(self, sid: str, hop: int, drew_on: str) -> None:
-        """The notes written, and the items scheduled, in the turn of the entry ``sid``."""
+        """The notes written, the items scheduled and the tools' results recorded (rows the
+        reply drew on: later replies that held them go at the next hop) in the turn of the
+        entry ``sid``."""
+        first = sid + TOOL_ROW  # its tool rows' keys: sid/tool/1, sid/tool/2, ...
+        for row_id, key in self.conn.execute(
+            "SELECT id, stream_id FROM log WHERE direction = 'in' AND stream_id > ? "  # noqa: S608
+            f"AND stream_id < ? AND kind = ? AND {NOT_ERASED}",
+            (first, first[:-1] + chr(ord(first[-1]) + 1), TOOL_KIND),
+        ).fetchall():
+            if int(row_id) not in self.rows:
+                self.rows[int(row_id)] = ("in", str(key))
+                self.tools[int(row_id)] = hop
         for note_id, op_key in self.conn.execute(
             "SELECT id, op_key FROM note WHERE stream_id = ? ORDER BY id", (sid,)
         ):
@@ -377,6 +401,7 @@ class _Hops:
         plan.scheduled_ids = sorted(self.scheduled)
         plan.scheduled_keys = schedule_erasure.keys(conn, plan.scheduled_ids)
         plan.occurrences = dict(sorted(self.occurrences.items()))
+        plan.tool_rows = dict(sorted(self.tools.items()))
         plan.fact_ids, plan.gap_ids = profile_erasure.affected(
             conn, [*plan.log_ids, *plan.subject_ids], plan.entities
         )
@@ -384,6 +409,11 @@ class _Hops:
 
 
 _TEXT_OF = {"reply": "log", "note": "note", "scheduled": "scheduled"}
+
+
+def _turn_of(sid: str) -> str:
+    """The entry whose turn recorded the row ``sid``: a tool result's (``K/tool/N``) is ``K``."""
+    return sid.split(TOOL_ROW, 1)[0]
 
 
 def _with_words(conn: sqlite3.Connection, item: Item) -> Item:

@@ -381,6 +381,21 @@ class Memory:
 
         return self._write(write)
 
+    def record_tool_result(
+        self, reply: Reply, privacy: Privacy, n: int, *, tool: str, server: str, text: str
+    ) -> LogRow:
+        """The ``n``-th tool result of the turn that ``reply`` answers (an MCP tool's labelled
+        output, worker/mcp_tools.py) as a log row of the reply's conversation and ``privacy``
+        (memory/store.py ``append_tool_result``): recorded before the reply, in the same write;
+        a replay returns the row recorded before."""
+
+        def write(store: MemoryStore) -> LogRow:
+            return store.append_tool_result(
+                reply, n, privacy=privacy, tool=tool, server=server, text=text
+            )
+
+        return self._write(write)
+
     def apply_summary(self, p: summaries.Proposal) -> summaries.Summary | str:
         """Apply a job's summary (inside :meth:`write`); the reason when memory refuses it now
         (the range changed, is covered, or was erased meanwhile: the worker plans again)."""

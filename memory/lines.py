@@ -8,9 +8,14 @@ otherwise. Who the owner is is decided when the line is made, not when the row w
 added later relabels the earlier messages of that handle; a label never decides who may see a
 row (memory/privacy.py reads the recorded conversation, privacy and entity).
 
+A tool's result recorded in the log (an MCP tool's output, memory/store.py
+``append_tool_result``: kind ``tool``) reads ``[channel / tool NAME]``, its text saying it is
+that tool's output, data and not instructions: never anyone's words.
+
 Continuation lines of a multi-line message are indented, so only real entries start a
-line with a label, and a sender whose handle reads like ``owner`` is marked unverified: nobody can
-make their words look like the owner's. Pure functions, no I/O.
+line with a label, and a sender whose handle reads like ``owner``, the assistant or a tool is
+marked unverified: nobody can make their words look like the owner's, or a tool's. Pure
+functions, no I/O.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ CONTINUATION = "\n  "
 # sender's text could otherwise start a line that looks like someone else's ("[cli / owner] ...")
 _BREAKS = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 
+TOOL_KIND = "tool"  # a log row holding a tool's result (memory/store.py append_tool_result)
 LINE_MEMO = "_context_line"  # per-row cache of (assistant_name, line, cost) in its __dict__
+_TOOLISH = re.compile(r"tool\W")  # a person's handle that reads like a tool's label
 _LABEL_UNSAFE = str.maketrans({"[": "(", "]": ")", "\n": " ", "\r": " "})
 
 
@@ -80,16 +87,20 @@ def memo_key(assistant_name: str, owners: Owners | None, zone: tzinfo | None = N
 
 
 def label(row: LogRow, assistant_name: str, owners: Owners | None = None) -> str:
-    """``[channel / owner]``, ``[channel / <assistant_name>]`` or ``[channel / <sender>]``."""
+    """``[channel / owner]``, ``[channel / <assistant_name>]``, ``[channel / tool <name>]`` or
+    ``[channel / <sender>]``."""
     if row.direction == "out":
         who = assistant_name
     elif row.kind == "scheduled":  # a reminder's occurrence: the scheduler's, never the owner's
         who = row.sender.translate(_LABEL_UNSAFE).strip() or "scheduler"
+    elif row.kind == TOOL_KIND:  # a tool's output: the tool's, never the owner's or a person's
+        who = "tool " + (row.sender_name.translate(_LABEL_UNSAFE).strip() or "unknown")
     elif row.is_owner or (owners is not None and owners.is_owner(row.channel, row.sender)):
         who = "owner"
     else:
         who = row.sender.translate(_LABEL_UNSAFE).strip() or "unknown"
-        if who.casefold() in ("owner", assistant_name.casefold()):
+        folded = who.casefold()
+        if folded in ("owner", assistant_name.casefold()) or _TOOLISH.match(folded):
             who = f"{who} (unverified)"
     return f"[{row.channel} / {who}]"
 

@@ -29,6 +29,7 @@ from memory import fence, fts
 from memory.caches import RecentRows
 from memory.checkpoint import WAL_SIZE_LIMIT
 from memory.errors import translated
+from memory.lines import TOOL_KIND
 from memory.rows import (
     BY_KEY,
     INSERT,
@@ -57,6 +58,7 @@ INDEX_EVERY_ROWS = 256  # ... or at once when one transaction wrote this many (a
 _SCAN = f"SELECT {LOG_COLUMNS} FROM log WHERE id > ? ORDER BY id LIMIT ?"  # noqa: S608
 _MARK = "INSERT OR IGNORE INTO reply_status (reply_id, status, at, detail) VALUES (?, ?, ?, ?)"
 _COUNTS = "SELECT direction, count(*) FROM log GROUP BY direction"
+TOOL_ROW = "/tool/"  # a tool result's key: its reply's entry, this, its number (append_tool_result)
 
 
 class MemoryStore:
@@ -252,6 +254,22 @@ class MemoryStore:
             )
         )
 
+    def append_tool_result(
+        self, reply: Reply, n: int, *, privacy: Privacy, tool: str, server: str, text: str
+    ) -> LogRow:
+        """Record the ``n``-th tool result (from 1) of the turn whose reply is ``reply``: an
+        inbound row of kind ``tool`` keyed ``<answers>/tool/<n>`` (a replay returns the row
+        recorded before), in the reply's conversation and ``privacy``, so it is seen, searched
+        and erased exactly where the turn was. Its sender is the tool (``tool:<name>``), never a
+        person: no entity, never the owner's."""
+        key = f"{reply.answers}{TOOL_ROW}{n}"
+        extra = {"tool": tool, "server": server, "answers": reply.answers}
+        return self._append(
+            ("in", key, TOOL_KIND, reply.channel, reply.session, reply.conversation,
+             f"tool:{tool}", tool, None, 0, privacy.value, text, f"tool:{reply.answers}:{n}",
+             None, None, time.time(), dump_extra(extra))
+        )  # fmt: skip
+
     def _append(self, params: tuple[Any, ...]) -> LogRow:
         """Insert one row (``params``: every column but id, in order) or return the existing one."""
         in_batch = self._tx.open
@@ -422,8 +440,9 @@ class MemoryStore:
         never be taken for this one (its reply would be shown here)."""
         raw = self._conn.execute(
             "SELECT stream_id FROM log WHERE direction = 'in' AND channel = ? AND event_id = ? "
-            "AND session = ? AND conversation = ? AND sender = ? ORDER BY id LIMIT 1",
-            (msg.channel, msg.event_id, msg.session, msg.conversation, msg.sender),
+            "AND session = ? AND conversation = ? AND sender = ? AND kind != ? "
+            "ORDER BY id LIMIT 1",  # a tool's result is never a platform's event
+            (msg.channel, msg.event_id, msg.session, msg.conversation, msg.sender, TOOL_KIND),
         ).fetchone()
         return None if raw is None else str(raw[0])
 

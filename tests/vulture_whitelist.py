@@ -76,19 +76,6 @@ _.matrix_group
 _.ONBOARDING
 _.ERASURE
 
-# Issue 29's groundwork (branch i29-groundwork), used by its tests only until the worker's MCP
-# client lands; that change deletes this whole block. [mcp] in config.toml (contract/mcp_config.py)
-# is validated but no process reads it yet; the pure rules (worker/mcp_rules.py) are called by
-# nothing but tests/unit/test_mcp_rules.py yet.
-_.mcp
-_.check_call
-_.labelled
-# worker/mcp_commands.py's owner command, until worker/main.py build_consumer wires it
-# ("mcp.approve": partial(approve_command, hub)); that line deletes this one
-_.approve_command
-# the MCP hub's owner command (worker/mcp_hub.py McpHub.approve), until "mcp.approve" is wired
-_.approve
-
 # a room's guest access as its state says (gateways/matrix/events.py Openness, compared whole in
 # tests/unit/test_room_audience.py); Openness.open says why it does not open a room by itself
 _.guest_access

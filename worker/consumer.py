@@ -82,6 +82,7 @@ class Consumer:
         self.duties, self.health, self.busy = duties, health, busy
         self.keys = control.cfg.keys
         self.lease = Lease(r, self.keys.lease, name, control.cfg.worker.lease_seconds)
+        self.on_lease: list[Callable[[], object]] = []  # run once the lease is taken
         self._idle = False  # blocked reading, nothing in hand: a signal may interrupt
         duties.every(0, health.beat, name="heartbeat")
 
@@ -160,6 +161,8 @@ class Consumer:
             return refused
         # memory was opened before the lease was ours: another worker may have written since
         self.turns.memory.reload()
+        for started in self.on_lease:  # what only the lease holder runs (the MCP hub)
+            started()
         hb = self.health.heartbeat
         self.health.beat()  # before the first beat
         hb.start()

@@ -88,6 +88,7 @@ class ReplyLedger:
         should it hold one for this entry already (the user gets the answer memory keeps)."""
         try:
             with self.memory.write():
+                self._tool_results(held, msg)
                 row = self.memory.record_reply(held.reply, msg.privacy, held.drew, held.keys[:-1])
         except MemoryUnwritable:
             for key in held.keys:
@@ -99,3 +100,15 @@ class ReplyLedger:
                         dropped=held.reply.reply_id)  # fmt: skip
             return reply_from_row(row, msg, in_reply_to=held.reply.in_reply_to)
         return held.reply
+
+    def _tool_results(self, held: Held, msg: InboundMessage) -> None:
+        """The results of the turn's MCP calls (worker/mcp_tools.py), as log rows of its
+        conversation and privacy, before its reply; none when a reply to its entry is recorded
+        already (a replay keeps what the first recording wrote)."""
+        reply = held.reply
+        if not held.tool_results or self.memory.recorded_reply(reply.answers) is not None:
+            return
+        for n, call in enumerate(held.tool_results, start=1):
+            self.memory.record_tool_result(
+                reply, msg.privacy, n, tool=call.exposed, server=call.server, text=call.text
+            )

@@ -23,12 +23,15 @@ from memory.turns import privacy_of
 from memory.types import Scope
 from memory.writer import MemoryStore, WalCheckpointer
 from worker.busy import BusySignal
+from worker.commands import WorkerCommand
 from worker.committer import Committer
 from worker.consumer import Consumer
 from worker.control import Control
 from worker.derive import Deriver, resummarize_command
 from worker.duties import Duties
 from worker.health import Health
+from worker.mcp_commands import approve_command
+from worker.mcp_tools import McpOffers, WorkerHub
 from worker.memory_tools import memory_tools
 from worker.model import ModelPort, NoModel
 from worker.openai_client import make_model
@@ -90,7 +93,10 @@ def tool_names(turns: Turns, settings: ScheduleSettings | None = None) -> list[s
                          event_id="tool-names")  # fmt: skip
     ctx = TurnContext(stream_id="0-0", msg=msg, scope=Scope("cli:tools", Privacy.OWNER),
                       memory=turns.memory)  # fmt: skip
-    return turn_tools(ctx, settings).names
+    names = turn_tools(ctx, settings).names
+    if turns.mcp is not None:  # and the MCP tools the owner's turns are offered now
+        names += turns.mcp.for_turn(Privacy.OWNER).names
+    return names
 
 
 class TurnTools:
@@ -120,6 +126,7 @@ def assemble(
     duties: Duties | None = None,
     scheduling: MakeScheduling | None = None,
     profiles: MakeProfiler | None = None,
+    hub: WorkerHub | None = None,
 ) -> Consumer:
     """The worker's parts, each given what it needs, one way (worker/consumer.py): the
     committer, the writer, the reader, the layers' duties (``deriver``: layer 1's summaries,
@@ -129,9 +136,12 @@ def assemble(
     before the worker's parts adds its periodic duty there: worker/duties.py).
     ``scheduling``: scheduled work's duty (the rq jobs of the items due), given the writer's
     way to write memory between rounds; ``profiles``: layer 2's duties (the profile jobs,
-    TODO.md, gaps a tool covers), given the same."""
+    TODO.md, gaps a tool covers), given the same. ``hub``: the MCP servers' sessions
+    (worker/mcp_hub.py): its state goes into the heartbeat, a reload reconfigures it."""
     name = name or process_identity("worker")
     control, health = Control(cfg), Health(r, cfg.keys, name)
+    if hub is not None:
+        health.report(hub.health)
     duties = duties if duties is not None else Duties()
     sessions = Sessions(
         limit=cfg.model.concurrency,
@@ -148,7 +158,7 @@ def assemble(
         profiler = profiles(writer.write_between_rounds, duties)
         committer.erasures.cleaners["todo_md"] = profiler.after_erasure
     reloader = Reloader(control, turns, writer, duties=duties, health=health, watch=watch,
-                        make_model=make_model, deriver=layer)  # fmt: skip
+                        make_model=make_model, deriver=layer, hub=hub)  # fmt: skip
     return Consumer(control, r, turns, name=name, reader=reader, writer=writer,
                     committer=committer, reloader=reloader, deriver=layer, duties=duties,
                     health=health, busy=busy)  # fmt: skip
@@ -161,9 +171,11 @@ def build_consumer(
     model: ModelPort | None = None,
     store: MemoryStore | None = None,
     tools: ToolRegistry | None = None,
+    hub: WorkerHub | None = None,
 ) -> Consumer:
     """The worker as ``relaybot worker`` runs it (a model given, as tests and benchmarks do,
-    is kept across reloads)."""
+    is kept across reloads); ``hub``: the MCP servers' sessions, whose tools turns are offered
+    by their audience (worker/mcp_tools.py; None: no MCP tools)."""
     own_model = model is None
     model = model or make_model(cfg.model)
     if isinstance(model, NoModel):
@@ -195,6 +207,9 @@ def build_consumer(
         schedule_clock=schedule_clock,
         schedule_fired=fired_by_jobs(lambda: turns.cfg, r),
     )
+    if hub is not None:  # reserved: the built-in tools' names, which no MCP tool takes
+        turns.mcp = McpOffers(hub, tool_names(turns, schedule_settings))
+        turns.commands.update(mcp_commands(hub))
     has_model = not isinstance(model, NoModel)
 
     def summaries(busy_now: Callable[[str], bool], duties: Duties) -> Deriver:
@@ -215,15 +230,34 @@ def build_consumer(
     watch = ConfigWatcher(cfg, process="worker", uses=WORKER_USES, reloadable=WORKER_RELOADS)
     return assemble(cfg, r, turns, busy=busy, watch=watch,
                     make_model=make_model if own_model else None,
-                    deriver=summaries, scheduling=jobs_of_items, profiles=layer2)  # fmt: skip
+                    deriver=summaries, scheduling=jobs_of_items, profiles=layer2,
+                    hub=hub)  # fmt: skip
+
+
+def mcp_commands(hub: WorkerHub) -> dict[str, WorkerCommand]:
+    """The owner commands of the MCP hub: ``mcp.approve`` (``relaybot tools approve``)."""
+    return {"mcp.approve": partial(approve_command, hub)}
 
 
 def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> int:
+    """The worker process: memory, the MCP servers' hub (its sessions on a thread of their own,
+    started once the lease is this worker's: a standby starts no server; closed once the
+    consumer stopped), the consumer."""
+    from worker.mcp_hub import McpHub  # the hub and the SDK: imported by the worker process only
+    from worker.mcp_pins import PinStore
+
     warn_if_not_durable(r)
     with worker_memory(cfg) as store:
-        consumer = build_consumer(cfg, r, store=store)
-        consumer.install_signal_handlers()
-        return consumer.run(wait_for_lease=wait_for_lease)
+        hub = McpHub(cfg.mcp.servers, PinStore(cfg.home / "mcp" / "pins"))
+        try:
+            consumer = build_consumer(cfg, r, store=store, hub=hub)
+            if consumer.turns.mcp is not None:  # the names relaybot tools shows are the turns'
+                hub.reserve(consumer.turns.mcp.reserved)
+            consumer.on_lease.append(hub.start)
+            consumer.install_signal_handlers()
+            return consumer.run(wait_for_lease=wait_for_lease)
+        finally:
+            hub.close()
 
 
 def warn_if_not_durable(r: redis.Redis) -> None:

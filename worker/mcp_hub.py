@@ -105,6 +105,12 @@ class McpHub:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def reserve(self, names: Collection[str]) -> None:
+        """The built-in tools' names, which no offered name takes (known once the worker's turns
+        are built, after the hub): what :meth:`health` shows is then what turns are offered."""
+        with self._lock:
+            self._reserved = frozenset(names)
+
     def start(self) -> McpHub:
         """Start the hub's loop; each server connects in the background (nothing waits)."""
         with self._lock:

@@ -2,8 +2,9 @@
 
 Every round (a periodic duty; the watcher itself looks at the file every few seconds:
 contract/config_watch.py), on the writer, when no turn is being begun or finished: what can
-change is applied (the owner's aliases, the turns mode, the model endpoint and its concurrency);
-the rest waits for a restart, said in the log and the heartbeat (the config fields it reports).
+change is applied (the owner's aliases, the turns mode, the model endpoint and its concurrency,
+the MCP servers: worker/mcp_hub.py); the rest waits for a restart, said in the log and the
+heartbeat (the config fields it reports).
 Turns whose model call runs keep the input and the model client they started with; the next turns
 get the new settings. A replaced client is closed once no turn runs.
 """
@@ -18,6 +19,7 @@ from worker.control import Control
 from worker.derive import Deriver
 from worker.duties import Duties
 from worker.health import Health
+from worker.mcp_tools import WorkerHub
 from worker.model import ModelPort, NoModel
 from worker.turn import Turns
 from worker.writer import Writer
@@ -37,10 +39,12 @@ class Reloader:
         watch: ConfigWatcher | None = None,
         make_model: MakeModel | None = None,
         deriver: Deriver | None = None,
+        hub: WorkerHub | None = None,
     ) -> None:
         """``make_model``: how a client is made for a changed endpoint (None: the model given
-        is kept across reloads, as tests give theirs)."""
-        self.control, self.turns, self.writer = control, turns, writer
+        is kept across reloads, as tests give theirs); ``hub``: the MCP servers' sessions,
+        given a changed ``[mcp]`` (worker/mcp_hub.py ``configure``: it does not block)."""
+        self.control, self.turns, self.writer, self.hub = control, turns, writer, hub
         self.watch, self.make_model, self.deriver = watch, make_model, deriver
         self._retired: list[ModelPort] = []  # replaced model clients, closed once idle
         duties.every(0, self.maybe_reload, name="config.reload")
@@ -75,4 +79,8 @@ class Reloader:
             # starts until they are below the new limit
             self.writer.pool.grow(cfg.model.concurrency)
             self.writer.sessions.limit = cfg.model.concurrency
+        if self.hub is not None and cfg.mcp != old.mcp:
+            # servers added, removed or restarted; audiences, allowlists and timeouts hold from
+            # the next call on (a running turn's next call is checked again: worker/mcp_tools.py)
+            self.hub.configure(cfg.mcp.servers)
         self.turns.reconfigure(cfg)

@@ -249,22 +249,29 @@ class LazyTools(ToolRegistry):
 class OnWriter(ToolRegistry):
     """A turn's tools as seen from a pool thread (worker/pool.py): every call, and the specs,
     run on the worker's writer thread through ``on_writer``, so tools that read memory use
-    the writer's connection and see what it has written."""
+    the writer's connection and see what it has written. A name of ``direct`` (the turn's MCP
+    tools: worker/mcp_tools.py) is called on the calling thread instead, never on the writer: a
+    slow server must not hold memory's writer."""
 
     def __init__(
         self,
         inner: ToolRegistry,
         on_writer: Callable[[Callable[[], Any]], Any],
         specs: list[dict[str, Any]],
+        direct: ToolRegistry | None = None,
     ) -> None:
         super().__init__()
         self._inner, self._on_writer, self._specs = inner, on_writer, specs
+        self._direct = direct
 
     def specs(self) -> list[dict[str, Any]]:
         """Taken on the writer when the turn started (most turns call no tool: no hand-over)."""
         return list(self._specs)
 
     def call(self, name: str, arguments: object) -> str:
+        direct = self._direct
+        if direct is not None and name in direct:  # a plain registry: no build, no writer
+            return direct.call(name, arguments)
         # the call runs in this thread's context (the turn's log fields: channel, session,
         # stream id), not in whatever the writer has bound
         context = contextvars.copy_context()

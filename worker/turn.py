@@ -25,7 +25,7 @@ from contract.clock import ScheduleClock
 from contract.config import Config
 from contract.messages import InboundMessage, Kind, Reply, ReplyKind
 from memory.errors import MemoryUnwritable
-from memory.turns import Memory, MemorySettings
+from memory.turns import Memory, MemorySettings, privacy_of
 from memory.types import DrewOn, LogRow
 from memory.writer import MemoryStore
 from worker import redactions, withheld
@@ -33,6 +33,7 @@ from worker.admission import admit
 from worker.agent import TurnResult, run_turn
 from worker.commands import JOB_RESULTS, WorkerCommand, apply_report, command
 from worker.ledger import ReplyLedger
+from worker.mcp_tools import McpOffers, turn_offer, with_mcp
 from worker.model import ModelPort, NoModel
 from worker.scheduled import Occurrences, Recorded
 from worker.tools import ToolRegistry
@@ -95,14 +96,16 @@ class Turns:
         commands: Mapping[str, WorkerCommand] | None = None,
         schedule_clock: Callable[[], float] | None = None,
         schedule_fired: Callable[[int], bool] | None = None,
+        mcp: McpOffers | None = None,
     ) -> None:
         """``commands``: the owner commands the worker applies (worker/derive.py, ...), by op;
-        ``schedule_clock``, ``schedule_fired``: worker/scheduled.py ``Occurrences``."""
+        ``schedule_clock``, ``schedule_fired``: worker/scheduled.py ``Occurrences``; ``mcp``:
+        each turn's tools from MCP servers (worker/mcp_tools.py)."""
         self.cfg = cfg
         self.clock = clock  # Redis's time (contract.clock): replies' ages are measured on it
         self.memory = Memory(store, memory_settings(cfg), opener=opener)
         self.model = model
-        self.tools = tools
+        self.tools, self.mcp = tools, mcp
         self.commands: dict[str, WorkerCommand] = dict(commands or {})
         self.ledger = ReplyLedger(self.memory)  # replies not durably recorded yet
         self.occurrences = Occurrences(self.memory, lambda: self.cfg, schedule_clock
@@ -185,23 +188,16 @@ class Turns:
             channel=job.msg.channel, session=job.msg.session, stream_id=job.keys[-1]
         )
         try:
-            return run_turn(
-                self.model,
-                job.messages,
-                tools if tools is not None else job.tools,
-                max_rounds=self.cfg.model.max_tool_rounds,
-            )
+            chosen = tools if tools is not None else with_mcp(job.tools, job.specs, job.mcp)
+            return run_turn(self.model, job.messages, chosen,
+                            max_rounds=self.cfg.model.max_tool_rounds)  # fmt: skip
         finally:
             structlog.contextvars.unbind_contextvars("channel", "session", "stream_id")
 
     def failed(self, job: Job, exc: BaseException) -> TurnResult:
         """The result of a turn whose run raised (a bug): an error reply."""
-        return TurnResult(
-            text=f"Sorry — something went wrong while answering ({type(exc).__name__}).",
-            error=True,
-            rounds=0,
-            tool_calls=0,
-        )
+        text = f"Sorry — something went wrong while answering ({type(exc).__name__})."
+        return TurnResult(text=text, error=True, rounds=0, tool_calls=0)
 
     def finish(self, job: Job, result: TurnResult, *, ms: float | None = None) -> Outcome:
         """Record the reply of a finished turn (in memory's open transaction) and return its
@@ -216,7 +212,7 @@ class Turns:
             tool_calls=result.tool_calls, reply_chars=len(result.text),
         )  # fmt: skip
         try:
-            reply = self.ledger.record(Held(reply, job.drew, list(job.keys), job.erasures), msg)
+            reply = self.ledger.record(job.held(reply), msg)
         except MemoryUnwritable:
             self.ledger.lost()
             raise
@@ -227,7 +223,7 @@ class Turns:
         unrecorded: Redis went away meanwhile), so the model is not asked twice."""
         kind = ReplyKind.ERROR if result.error else ReplyKind.REPLY
         reply = make_reply(job.msg, job.keys[-1], result.text, kind, created=self.clock())
-        self.ledger.keep(Held(reply, job.drew, list(job.keys), job.erasures))
+        self.ledger.keep(job.held(reply))
 
     def settle(self) -> None:
         """Commit what the turns since the last commit wrote (before a model call, and before
@@ -322,9 +318,9 @@ class Turns:
             drew=drew,
         )
         tools = self.tools(ctx) if callable(self.tools) else self.tools
-        keys = [a[0] for a in asks]
-        specs, erasures = tools.specs(), memory.erasure_mark()
-        return Job(keys, msg, messages, tools, drew, specs, erasures, fallback)
+        specs, mcp = turn_offer(self.mcp, privacy_of(scope), tools.specs())
+        keys, erasures = [a[0] for a in asks], memory.erasure_mark()
+        return Job(keys, msg, messages, tools, drew, specs, erasures, fallback, mcp)
 
     def _withheld(self, stream_id: str, msg: InboundMessage) -> Outcome:
         """A gateway withheld a reply (it would have reached people it was not written for):

@@ -15,6 +15,7 @@ from contract.messages import InboundMessage, Kind, Reply, ReplyKind, new_reply_
 from memory.types import DrewOn, LogRow
 from memory.writer import MemoryStore, inbound_event
 from worker import occurrence, withheld
+from worker.mcp_tools import McpCall, McpTurnTools
 from worker.tools import ToolRegistry
 
 
@@ -47,6 +48,12 @@ class Job:
     specs: list[dict[str, Any]]  # the tools' specs, taken on the writer
     erasures: int  # memory's erasure mark when it started
     fallback: str | None = None  # a reminder's text as written, when the model cannot word it
+    mcp: McpTurnTools | None = None  # its MCP tools (worker/mcp_tools.py): called off the writer
+
+    def held(self, reply: Reply) -> Held:
+        """Its reply as held until memory records it, with the results of its MCP calls."""
+        calls = list(self.mcp.calls) if self.mcp is not None else []
+        return Held(reply, self.drew, list(self.keys), self.erasures, calls)
 
 
 # the error reply to a message set aside (Turns.set_aside): whoever wrote may be anyone
@@ -64,6 +71,8 @@ class Held:
     drew: DrewOn
     keys: list[str]
     erasures: int  # memory's erasure mark when its turn started (an erasure since: dropped)
+    # what its turn's MCP tools answered: recorded with the reply, in the same write, before it
+    tool_results: list[McpCall] = field(default_factory=list)
 
 
 def make_reply(

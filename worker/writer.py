@@ -307,8 +307,10 @@ class Writer:
         started.append(Running(job, asked, time.perf_counter()))
 
     def _run_job(self, job: Job) -> TurnResult:
-        """On a pool thread: the model call, its tool calls run on the writer."""
-        return self.turns.run(job, OnWriter(job.tools, self.pool.on_writer, job.specs))
+        """On a pool thread: the model call, its tool calls run on the writer (its MCP tools'
+        on this thread: worker/mcp_tools.py)."""
+        tools = OnWriter(job.tools, self.pool.on_writer, job.specs, direct=job.mcp)
+        return self.turns.run(job, tools)
 
     def _complete(self, job: Job, result: TurnResult) -> None:
         """A turn finished: record its reply; its messages are done (acked with it)."""
