@@ -348,8 +348,12 @@ def configure(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.INFO))
-    for noisy in ("httpx", "httpcore"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2"):  # *2: the MCP SDK's own copies
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # the MCP SDK's own lines: an HTTP session's id at INFO (it lets anyone who reads the log
+    # speak in that session), a server's garbage output in a traceback; the hub says in its own
+    # lines what matters (worker/mcp_hub.py: mcp.server_up, mcp.server_down with why)
+    logging.getLogger("mcp").setLevel(logging.CRITICAL)
     # rq's internals (worker started, "Listening on", registries cleaned, each job) at debug:
     # the jobs process says what matters in its own lines (jobs.started, summary.*)
     # (each of its loggers by name: rq sets 'rq.worker' to INFO on import unless it has a level)

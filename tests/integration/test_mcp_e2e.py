@@ -147,7 +147,7 @@ def test_a_changed_tool_is_withheld_until_the_owner_approves_it(
     # the server changes the tool (a new parameter that copies the message elsewhere)
     rig.servers = stdio_table("files", log, audiences=["owner"], shape="2")
     rig.env()  # config.toml rewritten: the worker reloads and restarts the server
-    wait_until(lambda: rig.tool_status("files", "shifty")["status"] == "withheld", timeout=60,
+    wait_until(lambda: rig.tool_status("files", "shifty").get("status") == "withheld", timeout=60,
                message=lambda: f"shifty withheld: {rig.mcp_state()}")  # fmt: skip
     assert "changed" in rig.tool_status("files", "shifty")["reason"]
     assert rig.tool_status("files", "echo")["status"] == "offered"  # the rest stays offered
@@ -167,7 +167,7 @@ def test_a_changed_tool_is_withheld_until_the_owner_approves_it(
     approved = rig.tools_cli("approve", "files")
     assert approved.returncode == 0, approved.stdout + approved.stderr
     assert "shifty" in approved.stdout
-    wait_until(lambda: rig.tool_status("files", "shifty")["status"] == "offered", timeout=30,
+    wait_until(lambda: rig.tool_status("files", "shifty").get("status") == "offered", timeout=30,
                message=lambda: f"shifty offered: {rig.mcp_state()}")  # fmt: skip
     rig.owner_says("mcp", call("files_shifty", text="hi", bcc="me@home.example") + " #s2")
     answer = rig.reply_to("cli:mcp", "#s2")
@@ -202,26 +202,29 @@ def test_a_hanging_a_killed_a_huge_and_a_missing_server_cost_a_turn_only_an_erro
     assert "#p1" in rig.reply_to("cli:b", "#p1")
     answer = rig.reply_to("cli:a", "#h1")
     assert time.monotonic() - started < 30
-    assert "error" in answer and "timed out" in answer, answer
+    assert "error: the tool did not answer within 2 s" in answer, answer
     rig.owner_says("a", call("files_echo", text="still-there") + " #h2")
     assert "still-there" in rig.reply_to("cli:a", "#h2")  # the session outlived the timeout
 
     # the server is killed (SIGKILL) in the middle of a call
     rig.owner_says("k", call("slow_hang", seconds=50) + " #k1")
     [hang] = wait_until(lambda: tool_calls(slow_log) or None, timeout=30, message="slow's hang")
+    killed = time.time()
     os.kill(int(hang["pid"]), signal.SIGKILL)
     answer = rig.reply_to("cli:k", "#k1")
-    assert "error" in answer and "output of" not in answer, answer
+    assert "error: the server closed the connection" in answer, answer
     wait_until(lambda: not pid_running(int(hang["pid"])), timeout=10, message="the kill")
-    rig.wait_up("slow")  # reconnected, after its backoff
+    wait_until(lambda: (s := rig.mcp_state().get("slow")) and s["state"] == "up"
+               and s["since"] > killed, timeout=60,
+               message=lambda: f"slow up again: {rig.mcp_state()}")  # reconnected  # fmt: skip
     rig.owner_says("k", call("slow_echo", text="back-again") + " #k2")
     assert "back-again" in rig.reply_to("cli:k", "#k2")
     assert {c["pid"] for c in tool_calls(slow_log)} != {hang["pid"]}  # a new process
 
     # 10 MB over stdio: a bounded result; over HTTP, past the SDK's 1 MiB: an error
-    rig.owner_says("u", call("files_huge") + " #u1")
+    rig.owner_says("u", call("slow_huge") + " #u1")
     answer = rig.reply_to("cli:u", "#u1")
-    assert "output of files_huge" in answer and "cut" in answer and len(answer) < 20_000
+    assert "output of slow_huge" in answer and "cut" in answer and len(answer) < 20_000
     rig.owner_says("u", call("weather_huge", megabytes=2) + " #u2")
     answer = rig.reply_to("cli:u", "#u2")
     assert "error" in answer and len(answer) < 2_000, answer[:500]

@@ -116,6 +116,7 @@ class McpRig:
     r: redis.Redis
     servers: str = ""  # the [mcp.servers.*] tables
     worker: Proc | None = field(default=None)
+    sent: dict[str, str] = field(default_factory=dict)  # a message's marker -> its stream id
 
     def env(self) -> dict[str, str]:
         write_config(self.home, CONFIG + self.servers)
@@ -155,12 +156,14 @@ class McpRig:
                           message=lambda: f"{name} {state}: {self.mcp_state()}")  # fmt: skip
 
     def tool_status(self, name: str, tool: str) -> dict[str, Any]:
-        [found] = [t for t in self.mcp_state()[name]["tools"] if t["name"] == tool]
-        return found
+        """A tool's facts as the heartbeat has them ({} while its server is not listed)."""
+        tools = (self.mcp_state().get(name) or {}).get("tools") or []
+        return next((t for t in tools if t["name"] == tool), {})
 
     def owner_says(self, session: str, text: str) -> None:
         msg = normalize(session, text, sender="tester")
-        self.r.xadd(self.keys.inbound_of("cli"), msg.to_fields())  # type: ignore[arg-type]
+        sid = self.r.xadd(self.keys.inbound_of("cli"), msg.to_fields())  # type: ignore[arg-type]
+        self.sent[text.rsplit(" ", 1)[-1]] = sid.decode() if isinstance(sid, bytes) else str(sid)
 
     def say(self, conversation: str, sender: str, text: str, privacy: Privacy) -> None:
         """A contact's message as the Matrix gateway publishes it."""
@@ -169,25 +172,20 @@ class McpRig:
             sender_name=sender.split(":", 1)[0].lstrip("@").title(), privacy=privacy,
             text=text, ts=time.time(), event_id=f"$e{time.monotonic_ns()}",
         )  # fmt: skip
-        self.r.xadd(self.keys.inbound_of("matrix"), msg.to_fields())  # type: ignore[arg-type]
+        sid = self.r.xadd(self.keys.inbound_of("matrix"), msg.to_fields())  # type: ignore[arg-type]
+        self.sent[text.rsplit(" ", 1)[-1]] = sid.decode() if isinstance(sid, bytes) else str(sid)
 
     def reply_to(self, session: str, marker: str, *, timeout: float = 60.0) -> str:
-        """The text of the reply to the message holding ``marker`` (the model echoes it)."""
-        asked = self.requests(marker, wait=timeout)
-        assert asked
+        """The text of the reply to the message that ended with ``marker``."""
+        sid = self.sent[marker]
 
         def found() -> str | None:
             for reply in replies(self.r, self.keys, session):
-                if marker in reply.text or self._answers(reply.answers, marker):
+                if reply.answers.rsplit("/", 1)[-1] == sid:  # "<channel>/<stream id>"
                     return reply.text
             return None
 
         return wait_until(found, timeout=timeout, message=f"the reply to {marker!r}")
-
-    def _answers(self, stream_id: str, marker: str) -> bool:
-        raw: Any = self.r.xrange(self.keys.inbound_of("cli"), stream_id, stream_id)
-        raw += self.r.xrange(self.keys.inbound_of("matrix"), stream_id, stream_id)
-        return any(marker in v.decode() for _, f in raw for v in f.values() if isinstance(v, bytes))
 
     def requests(self, marker: str, *, wait: float = 0.0) -> list[dict[str, Any]]:
         """The model requests of the turn whose message holds ``marker``."""
