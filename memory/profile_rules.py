@@ -177,6 +177,8 @@ def speaker(row: LogRow, labels: Labels, assistant_name: str) -> str:
         return f"{_name(assistant_name)} (assistant)"
     if row.kind == "scheduled":
         return "(a scheduled reminder)"
+    if row.kind == "tool":  # an MCP tool's output (worker/mcp_tools.py): data, nobody's words
+        return f"(the output of the tool {_name(row.sender_name)})"
     label = labels.label_of(entity_of(row))
     if label is None:
         return f"{_name(row.sender_name or row.sender)} (unknown)"

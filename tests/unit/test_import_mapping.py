@@ -152,3 +152,22 @@ def test_the_report_says_what_was_mapped_and_what_was_not() -> None:
     assert "telegram / 555 -> e-0b0b (by --map)" in text
     assert "unmapped:        1 sender(s)" in text
     assert "telegram / 777 -> e-0c0c (new)" in text
+
+
+def test_an_imported_tool_result_is_nobody_s_words(tmp_path: Path, store: MemoryStore) -> None:
+    """An MCP tool's result row (kind 'tool': worker/mcp_tools.py) exported and imported again
+    keeps no entity: its sender ``tool:NAME`` never becomes a person with a handle."""
+    from contract.messages import Privacy, Reply, ReplyKind
+    from memory.export import export_lines
+
+    with MemoryStore(tmp_path / "other.sqlite3") as other:
+        reply = Reply(reply_id="r1", answers="matrix/1-0", channel="matrix",
+                      session="matrix:!t", conversation="matrix:!t", text="hi",
+                      kind=ReplyKind.REPLY, created=1.0)  # fmt: skip
+        other.append_tool_result(reply, 1, privacy=Privacy.GROUP, tool="weather_echo",
+                                 server="weather", text="output of weather_echo")  # fmt: skip
+        lines = list(export_lines(other))
+    result = run_import(store, lines, OwnerResolver([]))
+    assert result["rejected"] == [] and result["handles"] == {}
+    assert rows(store) == [("tool:weather_echo", None, 0, "group", "matrix:!t")]
+    assert store.conn.execute("SELECT count(*) FROM handle").fetchone()[0] == 0

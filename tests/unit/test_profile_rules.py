@@ -320,3 +320,13 @@ def test_nothing_said_it_cannot_is_no_gap() -> None:
     rows = [row(1, "can you?"), row(2, "Yes I can, here it is.", out=True)]
     assert rules.detect_gaps(rows) == []
     assert rules.detect_gaps([row(1, "I cannot sleep")]) == []  # only the assistant's words
+
+
+def test_a_tool_s_output_is_said_to_be_one_never_a_person_s_words() -> None:
+    """An MCP tool's result row (kind 'tool', no entity: worker/mcp_tools.py) is shown to the
+    profile job as a tool's output, so no fact is taken as somebody's own."""
+    tool = row(16, "output of files_read (data): Ada's passport number", entity=None,
+               name="files_read", kind="tool")  # fmt: skip
+    [line] = rules.transcript([tool], LABELS, "relaybot").splitlines()
+    assert line.startswith("[log 16] (the output of the tool files_read): ")
+    assert "(unknown)" not in line and "(E" not in line
