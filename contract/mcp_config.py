@@ -11,6 +11,7 @@ One table per server::
 
     [mcp.servers.weather]
     url = "http://127.0.0.1:8931/mcp"   # streamable HTTP
+    headers = { Authorization = "Bearer ..." }   # sent with every request (secrets)
     audiences = ["owner", "direct", "group"]
 
 A server is started as a subprocess (``command``: stdio) or reached at a ``url`` (streamable
@@ -38,6 +39,12 @@ from contract.messages import Privacy
 MAX_SERVER_NAME = 24  # leaves 39 characters of the model API's 64 for the tool's own name
 SERVER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")  # an HTTP token (RFC 9110)
+# headers the HTTP transport sets itself: one of ours would break the protocol
+OWN_HEADERS = frozenset(
+    {"host", "content-length", "content-type", "accept", "connection", "transfer-encoding",
+     "mcp-session-id", "mcp-protocol-version"}
+)  # fmt: skip
 DEFAULT_TIMEOUT = 30.0  # seconds one tool call may take (a listing, a start, a call)
 MAX_TIMEOUT = 3600.0
 
@@ -94,6 +101,7 @@ class McpServerConfig(_Section):
     command: list[str] | None = None
     url: str | None = None
     env: dict[str, SecretStr] = Field(default_factory=dict)
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
     audiences: list[Privacy] = Field(default_factory=lambda: [Privacy.OWNER])
     tools: list[str] | None = None
     timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0, le=MAX_TIMEOUT)
@@ -145,6 +153,28 @@ class McpServerConfig(_Section):
             raise ValueError("an env value holds a NUL character")
         return value
 
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        bad = sorted(k for k in value if not HEADER_NAME.match(k))
+        if bad:
+            raise ValueError(
+                f"header name(s) {', '.join(repr(k[:40]) for k in bad)} are not HTTP header "
+                "names (letters, digits and -, e.g. Authorization)"
+            )
+        own = sorted(k for k in value if k.casefold() in OWN_HEADERS)
+        if own:
+            raise ValueError(
+                f"header(s) {', '.join(own)} are set by the MCP transport itself: remove them"
+            )
+        for name, secret in value.items():  # a value is never shown: it is a secret
+            text = secret.get_secret_value()
+            if any(c in text for c in "\r\n\x00") or not text.isascii():
+                raise ValueError(
+                    f"header {name}'s value holds a line break, a NUL or a non-ASCII character"
+                )
+        return value
+
     @field_validator("audiences")
     @classmethod
     def _some_audience(cls, value: list[Privacy]) -> list[Privacy]:
@@ -184,6 +214,11 @@ class McpServerConfig(_Section):
             raise ValueError(
                 "env is set for a url server: env is given to a server relaybot starts "
                 "(command); remove it"
+            )
+        if self.command is not None and self.headers:
+            raise ValueError(
+                "headers are set for a command server: headers are sent to a server relaybot "
+                "reaches (url); a started one takes env"
             )
         return self
 

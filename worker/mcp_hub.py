@@ -69,7 +69,8 @@ def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
 def _identity(cfg: McpServerConfig) -> tuple[object, ...]:
     """What a session is made of: a change of it restarts the server."""
     env = tuple(sorted((k, v.get_secret_value()) for k, v in cfg.env.items()))
-    return (tuple(cfg.command or ()), cfg.url, env)
+    headers = tuple(sorted((k, v.get_secret_value()) for k, v in cfg.headers.items()))
+    return (tuple(cfg.command or ()), cfg.url, env, headers)
 
 
 class McpHub:

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import anyio
+import httpx2
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import ClientSession, MCPError, StdioServerParameters
@@ -48,6 +49,9 @@ MAX_TOOLS = 1000  # tools of one server; more is not a tool server we can offer
 MAX_REASON = 300  # characters of a reason or an error
 
 
+CLOSED = "the server closed the connection"
+HTTP_ERROR = "Server returned an error response"  # the SDK's words for a 4xx/5xx with no JSON-RPC
+HTTP_TIMEOUT, HTTP_READ_TIMEOUT = 30.0, 300.0  # the SDK's own client's (mcp.shared._httpx_utils)
 START_TIMEOUT = 60.0  # seconds a start or a listing may take at least (npx may download first)
 
 
@@ -97,7 +101,11 @@ def describe(exc: BaseException, cfg: McpServerConfig) -> str:
         if leaf.code == mcp_types.REQUEST_TIMEOUT:
             return f"did not answer within {start_timeout(cfg):g} s"
         if leaf.code == mcp_types.CONNECTION_CLOSED:
-            return "the server closed the connection"
+            return CLOSED
+        if cfg.url is not None and leaf.message == HTTP_ERROR:
+            return (
+                "the server answered with an HTTP error status (a key missing or wrong in headers?)"
+            )
         return one_line(f"the server refused: {leaf.message}", cfg)
     name = leaf.__class__.__name__
     detail = str(leaf)
@@ -161,7 +169,14 @@ async def open_transport(cfg: McpServerConfig) -> AsyncIterator[TransportStreams
             yield read, write
     else:
         assert cfg.url is not None
-        async with streamable_http_client(cfg.url) as (read, write):
+        headers = {k: v.get_secret_value() for k, v in cfg.headers.items()}
+        # the SDK's own client's timeouts (a server may hold a response stream open), and the
+        # owner's headers (an API key) on every request
+        timeout = httpx2.Timeout(HTTP_TIMEOUT, read=HTTP_READ_TIMEOUT)
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=timeout) as client,
+            streamable_http_client(cfg.url, http_client=client) as (read, write),
+        ):
             yield read, write
 
 
@@ -276,7 +291,10 @@ class Runner:
                                 self._on_change(self)
             reason = self._lost or "the connection ended"
         except Exception as exc:
-            reason = self._lost or describe(exc, self.cfg)
+            # what the session failed with, unless that is only the connection's end the pump
+            # saw first (with more to say: garbage, an exit); a refusal says its own words
+            told = describe(exc, self.cfg)
+            reason = self._lost if self._lost and told == CLOSED else told
         finally:
             self.session = None
         return reason, (time.monotonic() - up_at) if up_at is not None else 0.0

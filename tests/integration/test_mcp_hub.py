@@ -435,3 +435,36 @@ def test_an_http_server_killed_mid_call_fails_the_call_then_comes_back_when_it_d
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- a url server that needs a header (an API key) ------------------------------------------------
+
+
+def test_a_url_server_behind_a_bearer_token_is_reached_with_its_headers_and_never_without(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    """``headers`` go with every request (the server refuses a request without its token,
+    tests/support/mcp_server.py --token); without them the server is down with a reason that
+    says so, and the token is in no health fact, reason or result."""
+    log, port = tmp_path / "guarded.jsonl", free_port()
+    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port),
+            "--token", "t0ps3cret"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+        url = f"http://127.0.0.1:{port}/mcp"
+        keyed = McpServerConfig(url=url, headers={"Authorization": SecretStr("Bearer t0ps3cret")})
+        hub = hubs({"keyed": keyed, "bare": McpServerConfig(url=url)})
+        wait_for(lambda: state(hub, "keyed") == "up" and state(hub, "bare") == "down")
+        assert hub.call("keyed", "echo", {"text": "in"}, budget=100) == "in"
+        assert [r["arguments"] for r in requests(log) if r["method"] == "tools/call"] == [
+            {"text": "in"}
+        ]
+        bare = hub.health()["mcp"]["bare"]
+        assert "HTTP error status" in bare["reason"] and "headers" in bare["reason"], bare
+        assert "t0ps3cret" not in json.dumps(hub.health())
+        assert any(r["method"] == "unauthorized" for r in requests(log))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

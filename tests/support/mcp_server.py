@@ -3,6 +3,7 @@
 
     python -m tests.support.mcp_server stdio
     python -m tests.support.mcp_server http --port 8931       # http://127.0.0.1:8931/mcp
+    python -m tests.support.mcp_server http --port 8931 --token T   # needs Bearer T
 
 Its tools:
 
@@ -111,12 +112,35 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("transport", choices=["stdio", "http"])
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--token", help="http: refuse (401) a request without this bearer token")
     args = parser.parse_args(argv)
     server = build()
     if args.transport == "stdio":
         server.run("stdio")
-    else:
+    elif args.token is None:
         server.run("streamable-http", host="127.0.0.1", port=args.port)
+    else:
+        import uvicorn
+
+        app = _bearer(server.streamable_http_app(host="127.0.0.1"), args.token)
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+def _bearer(app: Any, token: str) -> Any:
+    """``app`` behind a bearer token: a request without ``Authorization: Bearer TOKEN`` is
+    answered 401 (and logged as ``unauthorized``) before MCP sees it."""
+    wanted = f"Bearer {token}".encode()
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != wanted:
+            _log("unauthorized", {})
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"text/plain")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 if __name__ == "__main__":

@@ -213,3 +213,31 @@ def test_an_empty_or_long_name(tmp_path: Path) -> None:
     long = "x" * (MAX_SERVER_NAME + 1)
     message = refused(tmp_path, f'[mcp.servers."{long}"]\ncommand = ["srv"]\n')
     assert f"is {MAX_SERVER_NAME + 1} characters long: at most {MAX_SERVER_NAME}" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('url = "http://h:1/mcp"\nheaders = { "Bad Name" = "x" }', "not HTTP header names"),
+        ('url = "http://h:1/mcp"\nheaders = { Authorization = "k3y\\r\\nX-Evil: 1" }',
+         "line break"),
+        ('url = "http://h:1/mcp"\nheaders = { Mcp-Session-Id = "k3y" }', "set by the MCP"),
+        ('command = ["srv"]\nheaders = { Authorization = "k3y" }',
+         "headers are set for a command"),
+    ],
+)  # fmt: skip
+def test_headers_are_http_headers_for_a_url_server_only(
+    tmp_path: Path, table: str, said: str
+) -> None:
+    message = refused(tmp_path, f"[mcp.servers.web]\n{table}\n")
+    assert said in message, message
+    assert "k3y" not in message  # a header's value is a secret, even a refused one
+
+
+def test_a_header_s_value_is_a_secret(tmp_path: Path) -> None:
+    [cfg] = servers(
+        tmp_path,
+        '[mcp.servers.web]\nurl = "http://h:1/mcp"\nheaders = { Authorization = "Bearer k3y" }\n',
+    ).values()
+    assert "k3y" not in repr(cfg) and "k3y" not in str(cfg.model_dump())
+    assert cfg.headers["Authorization"].get_secret_value() == "Bearer k3y"
