@@ -12,6 +12,7 @@ is a routing key such as ``cli:ada-1a2b3c`` or ``<channel>:!room:example.org``.
 | ``worker:lease`` | string | worker | the one worker's lease token |
 | ``lease:gateway:<channel>:<digest>`` | string | gateways | one gateway per account |
 | ``heartbeats`` | hash | every process | liveness, one field per process |
+| ``mcp`` | string (TTL) | worker | its MCP servers and tools (JSON): no gateway's to read |
 | ``jobs`` | rq queue | worker | background jobs (rq's keys of it: ``Keys.rq_*``) |
 | ``derive:judged`` | hash | jobs | per conversation, the last log id the model judged not paused |
 | ``reply:<session>`` | list | worker | replies waiting for their gateway |
@@ -41,6 +42,7 @@ class Keys:
         self.dead = f"{prefix}dead"
         self.lease = f"{prefix}worker:lease"
         self.heartbeats = f"{prefix}heartbeats"
+        self.mcp = f"{prefix}mcp"
         self.jobs_queue = f"{prefix}jobs"
         self.derive_judged = f"{prefix}derive:judged"
 

@@ -56,6 +56,7 @@ def beat(r: redis.Redis, keys: Keys, name: str, **info: Any) -> None:
 # needs Redis 7.4, and a key of its own per chat would need a SCAN and another ACL pattern.
 CHAT_BEAT = "gateway:cli:"
 CHAT_ENDED_AFTER = 60.0
+PRIVATE_TTL = 30  # seconds a process's private facts outlive its last beat (Heartbeat.private)
 
 
 def chat_session(name: str) -> str | None:
@@ -99,6 +100,20 @@ def heartbeats(r: redis.Redis, keys: Keys) -> dict[str, dict[str, Any]]:
     return out
 
 
+def private_facts(r: redis.Redis, key: str) -> dict[str, Any]:
+    """A process's private facts (``Heartbeat.private``, written to ``key``); {} when there are
+    none (the process stopped, or was gone long enough for them to expire) or they are not
+    readable."""
+    raw = r.get(key)
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 class Heartbeat:
     """A daemon thread that beats every ``interval`` seconds until stopped; a Redis error is
     logged (once until it beats again) and the beating goes on: it outlives a Redis restart."""
@@ -117,6 +132,10 @@ class Heartbeat:
         # the config the process runs with (contract/config_watch.py: ``config``,
         # ``restart_needed``, ``restart_keys``), beside ``info``, which its owner replaces
         self.config: dict[str, Any] = dict(config or {})
+        # facts that are not every process's to read, written to a key of their own with each
+        # beat (``private_key``, expiring with the beats): the worker's MCP facts (Keys.mcp)
+        self.private: dict[str, Any] | None = None
+        self.private_key: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
 
@@ -133,6 +152,10 @@ class Heartbeat:
             try:
                 self.refresh()
                 beat(self._r, self._keys, self.name, **{**self.config, **self.info})
+                private, key = self.private, self.private_key
+                if private is not None and key is not None:
+                    ttl = max(PRIVATE_TTL, int(self._interval * 10))
+                    self._r.set(key, json.dumps(private, default=str), ex=ttl)
                 if failing:
                     log.info("heartbeat.resumed", name=self.name)
                 failing = False
@@ -148,6 +171,8 @@ class Heartbeat:
         if remove:
             with contextlib.suppress(redis.RedisError):
                 self._r.hdel(self._keys.heartbeats, self.name)
+                if self.private_key is not None:
+                    self._r.delete(self.private_key)
 
 
 _RENEW = """

@@ -1,10 +1,10 @@
 """``relaybot tools [--json]`` and ``relaybot tools approve NAME [--digest D]``: the tools from
 MCP servers (issue 29).
 
-The list reads the worker's heartbeat (its ``mcp`` field: worker/mcp_hub.py ``McpHub.health``),
-never starting or reaching a server itself: each server's transport, state (and why it is down,
-when it is tried again), the audiences it serves, its pin, and its tools, each offered or
-withheld with the reason. A server configured in config.toml that the worker does not run yet
+The list reads the worker's heartbeat and its MCP facts beside it (``Keys.mcp``:
+worker/mcp_hub.py ``McpHub.health``), never starting or reaching a server itself: each server's
+transport, state (and why it is down, when it is tried again), the audiences it serves, its pin,
+and its tools, each offered or withheld with the reason. A server configured in config.toml that the worker does not run yet
 (it reloads the file within seconds) is named too.
 
 ``approve`` shows what waits for approval (the tools withheld as new or changed since the
@@ -92,13 +92,16 @@ def _ts(beat: Mapping[str, Any]) -> float:
         return 0.0
 
 
-def mcp_view(beats: Mapping[str, Mapping[str, Any]] | None, now: float) -> McpView:
+def mcp_view(
+    beats: Mapping[str, Mapping[str, Any]] | None, facts: Mapping[str, Any], now: float
+) -> McpView:
     """The view of the heartbeats ``beats`` (contract/liveness.py ``heartbeats``; None: none
-    could be read) at ``now``. A server entry that is not a table is left out."""
+    could be read) and the worker's MCP ``facts`` (beside its heartbeat: ``Keys.mcp``) at
+    ``now``. A server entry that is not a table is left out."""
     beat = (beats or {}).get("worker")
     if beat is None or now - _ts(beat) > STALE_AFTER:
         return McpView("down")
-    mcp = beat.get("mcp")
+    mcp = facts.get("mcp")
     servers = (
         {str(k): dict(v) for k, v in mcp.items() if isinstance(v, Mapping)}
         if isinstance(mcp, Mapping)
@@ -213,13 +216,13 @@ def read_view(cfg: Config) -> McpView:
     running is no worker running; a Redis that does not answer raises (relaybot/cli.py says
     it)."""
     from contract.bus import connect
-    from contract.liveness import heartbeats
+    from contract.liveness import heartbeats, private_facts
 
     if cfg.embedded_redis and not (cfg.redis_dir / "redis.sock").exists():
         return McpView("down")
     r = connect(cfg)
     try:
-        return mcp_view(heartbeats(r, cfg.keys), time.time())
+        return mcp_view(heartbeats(r, cfg.keys), private_facts(r, cfg.keys.mcp), time.time())
     finally:
         r.close()
 

@@ -1,5 +1,5 @@
 """``relaybot doctor``'s MCP checks (issue 29): one per server config.toml configures, from the
-worker's heartbeat (its ``mcp`` field: worker/mcp_hub.py ``McpHub.health``, read as
+worker's heartbeat and its MCP facts (``Keys.mcp``: worker/mcp_hub.py ``McpHub.health``, read as
 ``relaybot tools`` reads it: relaybot/cli_tools.py). Doctor starts no server and reaches none.
 
 - a pin that cannot be read: **fail** (none of the server's tools is offered, and a first sight
@@ -23,7 +23,7 @@ import redis
 
 from contract.checks import Check, fail, ok, skipped, warn
 from contract.config import Config
-from contract.liveness import heartbeats
+from contract.liveness import heartbeats, private_facts
 from relaybot.cli_tools import McpView, awaiting, count, mcp_view, pin_unreadable, tools_of
 
 Add = Callable[[Check], None]
@@ -127,7 +127,7 @@ def mcp_group(cfg: Config, timeout: float, add: Add) -> None:
         return
     r = probe_client(cfg, timeout)
     try:
-        beats = heartbeats(r, cfg.keys)
+        beats, facts = heartbeats(r, cfg.keys), private_facts(r, cfg.keys.mcp)
     except redis.exceptions.NoPermissionError as exc:
         for name in configured:
             add(skipped(_cid(name), f"this Redis account may not read the heartbeats: {exc}"))
@@ -138,5 +138,5 @@ def mcp_group(cfg: Config, timeout: float, add: Add) -> None:
         return
     finally:
         r.close()
-    for check in verdicts(configured, mcp_view(beats, time.time()), pins):
+    for check in verdicts(configured, mcp_view(beats, facts, time.time()), pins):
         add(check)

@@ -22,14 +22,22 @@ Source = Callable[[], dict[str, Any]]
 
 class Health:
     def __init__(self, r: redis.Redis, keys: Keys, consumer: str) -> None:
-        self.consumer = consumer
+        self.consumer, self._keys = consumer, keys
         self.heartbeat = Heartbeat(r, keys, "worker")
         self._sources: list[Source] = []
+        self._private: list[Source] = []
         self._config: Source | None = None
 
     def report(self, source: Source) -> None:
         """Add a source of the heartbeat's facts."""
         self._sources.append(source)
+
+    def report_private(self, source: Source) -> None:
+        """Add a source of facts not every process may read (the MCP servers' tools): written
+        beside the heartbeat to a key only the worker and the owner's terminal reach
+        (``Keys.mcp``; deploy/redis/users.acl), never into the heartbeats hash."""
+        self._private.append(source)
+        self.heartbeat.private_key = self._keys.mcp
 
     def report_config(self, source: Source) -> None:
         """The source of the config fields (contract/config_watch.py), beside the facts."""
@@ -41,5 +49,10 @@ class Health:
         for source in self._sources:
             info.update(source())
         self.heartbeat.info = info
+        if self._private:
+            private: dict[str, Any] = {}
+            for source in self._private:
+                private.update(source())
+            self.heartbeat.private = private
         if self._config is not None:
             self.heartbeat.config = self._config()

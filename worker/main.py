@@ -137,11 +137,12 @@ def assemble(
     ``scheduling``: scheduled work's duty (the rq jobs of the items due), given the writer's
     way to write memory between rounds; ``profiles``: layer 2's duties (the profile jobs,
     TODO.md, gaps a tool covers), given the same. ``hub``: the MCP servers' sessions
-    (worker/mcp_hub.py): its state goes into the heartbeat, a reload reconfigures it."""
+    (worker/mcp_hub.py): its state goes beside the heartbeat (Keys.mcp), a reload reconfigures
+    it."""
     name = name or process_identity("worker")
     control, health = Control(cfg), Health(r, cfg.keys, name)
     if hub is not None:
-        health.report(hub.health)
+        health.report_private(hub.health)  # not the gateways' to read: Keys.mcp
     duties = duties if duties is not None else Duties()
     sessions = Sessions(
         limit=cfg.model.concurrency,

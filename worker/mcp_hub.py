@@ -34,7 +34,7 @@ import structlog
 from contract.mcp_config import McpServerConfig
 from worker.mcp_pins import PinStore
 from worker.mcp_rules import ListedTool, Pin, PinError, compare, listing_digest, offer, pin_of
-from worker.mcp_session import Runner, one_line, transport_of
+from worker.mcp_session import PING_EVERY, Runner, one_line, transport_of
 
 log = structlog.get_logger(__name__)
 
@@ -84,8 +84,10 @@ class McpHub:
         clock: Callable[[], float] = time.time,
         reserved: Collection[str] = (),
         backoff: tuple[float, float] = BACKOFF,
+        ping_every: float = PING_EVERY,
     ) -> None:
         self._pins, self._clock, self._backoff = pins, clock, backoff
+        self._ping_every = ping_every
         self._born = clock()
         self._reserved = frozenset(reserved)
         self._lock = threading.RLock()
@@ -177,7 +179,8 @@ class McpHub:
             cfg = self._servers.get(name)
             if cfg is None or self._closed or name in self._runners:
                 return
-            runner = Runner(name, cfg, self._changed, backoff=self._backoff, clock=self._clock)
+            runner = Runner(name, cfg, self._changed, backoff=self._backoff, clock=self._clock,
+                            ping_every=self._ping_every)  # fmt: skip
             self._runners[name] = runner
             self._live.add(runner)
         assert self._loop is not None

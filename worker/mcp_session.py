@@ -52,6 +52,7 @@ MAX_REASON = 300  # characters of a reason or an error
 CLOSED = "the server closed the connection"
 HTTP_ERROR = "Server returned an error response"  # the SDK's words for a 4xx/5xx with no JSON-RPC
 HTTP_TIMEOUT, HTTP_READ_TIMEOUT = 30.0, 300.0  # the SDK's own client's (mcp.shared._httpx_utils)
+PING_EVERY = 30.0  # seconds a url server may be quiet before it is pinged
 START_TIMEOUT = 60.0  # seconds a start or a listing may take at least (npx may download first)
 
 
@@ -195,8 +196,9 @@ class Runner:
         *,
         backoff: tuple[float, float],
         clock: Callable[[], float],
+        ping_every: float = PING_EVERY,
     ) -> None:
-        self.name, self.cfg = name, cfg
+        self.name, self.cfg, self._ping_every = name, cfg, ping_every
         self.session: ClientSession | None = None
         self.listing: tuple[ListedTool, ...] | None = None
         self.state, self.reason = "starting", ""
@@ -284,7 +286,8 @@ class Runner:
                             self.session, up_at = session, time.monotonic()
                             self._set("up")
                             while True:
-                                await self._relist.wait()
+                                if not await self._quiet_or_relist(session):
+                                    continue
                                 self._relist.clear()
                                 await self._list(session)
                                 log.info("mcp.listing_changed", server=self.name)
@@ -298,6 +301,20 @@ class Runner:
         finally:
             self.session = None
         return reason, (time.monotonic() - up_at) if up_at is not None else 0.0
+
+    async def _quiet_or_relist(self, session: ClientSession) -> bool:
+        """Wait for the server's ``tools/list_changed`` (True). A url server quiet for
+        ``ping_every`` seconds is pinged (False): one that went away while idle is found down
+        now, not at the next turn's call (a stdio server's exit ends its pipe at once)."""
+        if self.cfg.url is None:
+            await self._relist.wait()
+            return True
+        with anyio.move_on_after(self._ping_every):
+            await self._relist.wait()
+            return True
+        with anyio.fail_after(start_timeout(self.cfg)):
+            await session.send_ping()
+        return False
 
     async def _list(self, session: ClientSession) -> None:
         tools: list[ListedTool] = []

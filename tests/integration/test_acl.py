@@ -158,3 +158,26 @@ def test_a_gateway_account_speaks_only_for_its_own_channel(tmp_path: Path, acl_r
     assert ("expired",) not in statuses
     consumer.lease.release()
     store.close()
+
+
+def test_the_mcp_facts_are_the_worker_s_and_the_owner_s_not_a_gateway_s(
+    tmp_path: Path, acl_redis: int
+) -> None:
+    """The worker's MCP facts name the owner's tools (worker/health.py ``report_private``):
+    the worker writes them beside its heartbeat, the owner's terminal reads them (``relaybot
+    tools``, doctor), and a gateway's account can neither read nor forge them (issue 29's
+    privacy review: they were in the heartbeats hash, which every gateway reads and writes)."""
+    from contract.bus import connect
+    from contract.liveness import private_facts
+
+    keys = cfg_for(tmp_path, acl_redis, "worker").keys
+    wr = connect(cfg_for(tmp_path, acl_redis, "worker"))
+    wr.set(keys.mcp, '{"mcp": {"files": {"state": "up"}}}', ex=30)
+    cr = connect(cfg_for(tmp_path, acl_redis, "cli"))
+    assert private_facts(cr, keys.mcp) == {"mcp": {"files": {"state": "up"}}}
+    mr = connect(cfg_for(tmp_path, acl_redis, "matrix"))
+    for forbidden in (lambda: mr.get(keys.mcp), lambda: mr.set(keys.mcp, "{}")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            forbidden()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        cr.set(keys.mcp, "{}")  # the terminal reads them; only the worker writes them

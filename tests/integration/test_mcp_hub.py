@@ -468,3 +468,32 @@ def test_a_url_server_behind_a_bearer_token_is_reached_with_its_headers_and_neve
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_a_url_server_that_goes_away_while_idle_is_found_down_by_its_ping(
+    tmp_path: Path,
+) -> None:
+    """No call is needed to learn that an HTTP server went away: a quiet one is pinged
+    (``ping_every``), found down, and its tools are no longer offered."""
+    log, port = tmp_path / "idle.jsonl", free_port()
+    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+    cfg = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout=2)
+    hub = McpHub({"web": cfg}, PinStore(tmp_path / "pins"), backoff=FAST, ping_every=0.3)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+        hub.start()
+        wait_for(lambda: state(hub, "web") == "up")
+        time.sleep(1.0)  # quiet: pinged and answered, still up
+        assert state(hub, "web") == "up"
+        assert any(r["method"] == "ping" for r in requests(log))
+        proc.kill()
+        proc.wait()
+        wait_for(lambda: state(hub, "web") == "down", timeout=10)
+        assert "web" not in hub.snapshot().listings
+    finally:
+        hub.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -28,7 +28,6 @@ from tests.support.procs import (
     REPO,
     Proc,
     Procs,
-    heartbeat,
     relaybot_env,
     replies,
     run_relaybot,
@@ -133,9 +132,9 @@ class McpRig:
         return self.home / "memory.sqlite3"
 
     def mcp_state(self) -> dict[str, Any]:
-        """The worker heartbeat's ``mcp`` facts (worker/mcp_hub.py ``health``)."""
-        beat = heartbeat(self.r, self.keys, "worker") or {}
-        found = beat.get("mcp")  # the heartbeat's facts sit beside ts and pid
+        """The worker's MCP facts (worker/mcp_hub.py ``health``), beside its heartbeat."""
+        raw = self.r.get(self.keys.mcp)
+        found = json.loads(raw).get("mcp") if raw else None
         return found if isinstance(found, dict) else {}
 
     def wait_up(self, name: str, *, timeout: float = 60.0) -> dict[str, Any]:

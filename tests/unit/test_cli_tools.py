@@ -74,9 +74,11 @@ class World:
     keys: Keys
 
     def beat(self, mcp: dict[str, Any] | None, *, age: float = 0.0) -> None:
-        """The worker's heartbeat, as worker/health.py writes it (``mcp``: the hub's source)."""
-        info = {"consumer": "worker-1"} | ({} if mcp is None else {"mcp": mcp})
-        beat(self.r, self.keys, "worker", **info)
+        """The worker's heartbeat, and its MCP facts beside it, as worker/health.py writes them
+        (``mcp``: the hub's source, in ``Keys.mcp``)."""
+        beat(self.r, self.keys, "worker", consumer="worker-1")
+        if mcp is not None:
+            self.r.set(self.keys.mcp, json.dumps({"mcp": mcp}))
         if age:
             raw = json.loads(self.r.hget(self.keys.heartbeats, "worker") or b"{}")
             raw["ts"] -= age

@@ -5,6 +5,7 @@ were approved warn with what to do, no worker skips, and doctor runs the group."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,8 +125,15 @@ def group(cfg: Config) -> list[Check]:
     return found
 
 
+def worker_beat(r: redis.Redis, cfg: Config, mcp: dict[str, Any]) -> None:
+    """The worker's heartbeat and its MCP facts beside it (Keys.mcp), as worker/health.py
+    writes them."""
+    beat(r, cfg.keys, "worker", consumer="w")
+    r.set(cfg.keys.mcp, json.dumps({"mcp": mcp}))
+
+
 def test_the_group_reads_the_worker_heartbeat(cfg: Config, r: redis.Redis) -> None:
-    beat(r, cfg.keys, "worker", consumer="w", mcp={"files": entry(pin="unreadable: gone")})
+    worker_beat(r, cfg, {"files": entry(pin="unreadable: gone")})
     checks = group(cfg)
     assert [(c.id, c.verdict) for c in checks] == [
         ("mcp.files", Verdict.FAIL),
@@ -135,8 +143,8 @@ def test_the_group_reads_the_worker_heartbeat(cfg: Config, r: redis.Redis) -> No
 
 
 def test_a_stale_heartbeat_is_no_worker(cfg: Config, r: redis.Redis) -> None:
-    beat(r, cfg.keys, "worker", mcp={"files": entry()})
-    r.hset(cfg.keys.heartbeats, "worker", '{"ts": %f, "mcp": {}}' % (time.time() - 60))
+    worker_beat(r, cfg, {"files": entry()})
+    r.hset(cfg.keys.heartbeats, "worker", '{"ts": %f}' % (time.time() - 60))
     assert {c.verdict for c in group(cfg)} == {Verdict.SKIPPED}
 
 
@@ -160,7 +168,7 @@ def test_doctor_runs_the_group(
     env = {"RELAYBOT_HOME": str(home), "REDIS_URL": redis_server.url,
            "RELAYBOT_REDIS_PREFIX": prefix}  # fmt: skip
     cfg = Config(home=home, redis={"prefix": prefix})
-    beat(r, cfg.keys, "worker", mcp={"files": entry(tools=[changed("write")])})
+    worker_beat(r, cfg, {"files": entry(tools=[changed("write")])})
     monkeypatch.setitem(doctor.BUDGET, "model", 0.2)  # no model here: give up soon
     report = doctor.diagnose(home, timeout=1.0, env=env)
     (check,) = [c for c in report.checks if c.group == "mcp"]

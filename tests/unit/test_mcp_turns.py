@@ -5,6 +5,7 @@ state, and a reloaded ``[mcp]`` reaches the hub and the next call of a turn alre
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -125,9 +126,34 @@ def test_a_hanging_tool_holds_only_its_own_turn_never_the_writer(rig: Rig) -> No
     assert rig.c.writer.in_hand() == 0
 
 
-def test_the_heartbeat_carries_the_hubs_state(rig: Rig) -> None:
+def test_the_hubs_state_goes_beside_the_heartbeat_never_into_it(rig: Rig) -> None:
+    """The MCP facts name the owner's tools: they go to ``Keys.mcp`` (the worker's and the
+    owner's terminal's: deploy/redis/users.acl), not into the heartbeats hash, which every
+    gateway reads and writes; they go with the worker when it stops."""
     rig.c.health.beat()
-    assert rig.c.health.heartbeat.info["mcp"] == {"files": {"state": "up"}, "pub": {"state": "up"}}
+    hb = rig.c.health.heartbeat
+    facts = {"files": {"state": "up"}, "pub": {"state": "up"}}
+    assert "mcp" not in hb.info and hb.private == {"mcp": facts}
+    hb.start()
+    deadline = time.monotonic() + 5
+    while rig.r.get(rig.keys.mcp) is None or rig.r.hget(rig.keys.heartbeats, "worker") is None:
+        assert time.monotonic() < deadline, "the heartbeat never beat"
+        time.sleep(0.01)
+    hb.stop()
+    assert "mcp" not in json.loads(rig.r.hget(rig.keys.heartbeats, "worker") or "{}")
+    assert rig.r.get(rig.keys.mcp) is None  # gone with the worker
+
+
+def test_the_hubs_facts_expire_with_the_beats(rig: Rig) -> None:
+    rig.c.health.beat()
+    hb = rig.c.health.heartbeat.start()
+    deadline = time.monotonic() + 5
+    while rig.r.get(rig.keys.mcp) is None:
+        assert time.monotonic() < deadline, "the heartbeat never beat"
+        time.sleep(0.01)
+    assert json.loads(rig.r.get(rig.keys.mcp) or "{}")["mcp"]["pub"] == {"state": "up"}
+    assert 0 < rig.r.ttl(rig.keys.mcp) <= 30  # a worker killed -9 leaves no facts forever
+    hb.stop(remove=False)
 
 
 def write(home: Path, text: str) -> None:
