@@ -4,8 +4,8 @@ MCP servers (issue 29).
 The list reads the worker's heartbeat and its MCP facts beside it (``Keys.mcp``:
 worker/mcp_hub.py ``McpHub.health``), never starting or reaching a server itself: each server's
 transport, state (and why it is down, when it is tried again), the audiences it serves, its pin,
-and its tools, each offered or withheld with the reason. A server configured in config.toml that the worker does not run yet
-(it reloads the file within seconds) is named too.
+and its tools, each offered or withheld with the reason. A server configured in config.toml that
+the worker does not run yet (it reloads the file within seconds) is named too.
 
 ``approve`` shows what waits for approval (the tools withheld as new or changed since the
 listing was approved, or the whole listing when its pin cannot be read), then sends the owner
