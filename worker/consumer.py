@@ -83,6 +83,7 @@ class Consumer:
         self.keys = control.cfg.keys
         self.lease = Lease(r, self.keys.lease, name, control.cfg.worker.lease_seconds)
         self.on_lease: list[Callable[[], object]] = []  # run once the lease is taken
+        self.on_stop: list[Callable[[], object]] = []  # run at the first signal (quick, no I/O)
         self._idle = False  # blocked reading, nothing in hand: a signal may interrupt
         duties.every(0, health.beat, name="heartbeat")
 
@@ -105,6 +106,8 @@ class Consumer:
         if control.signals == 1:
             _log_from_handler(log.info, "worker.stopping", signal=name,
                               turns=len(self.writer.jobs))  # fmt: skip
+            for stop in self.on_stop:  # the MCP hub gives up its calls in flight
+                stop()
             if self._idle:  # nothing in hand: leave the blocking read at once
                 raise Interrupted
             self.writer.pool.wake()  # waiting for turns: look at once (finished, not new ones)
@@ -161,11 +164,11 @@ class Consumer:
             return refused
         # memory was opened before the lease was ours: another worker may have written since
         self.turns.memory.reload()
-        for started in self.on_lease:  # what only the lease holder runs (the MCP hub)
-            started()
         hb = self.health.heartbeat
         self.health.beat()  # before the first beat
         hb.start()
+        for started in self.on_lease:  # what only the lease holder runs (the MCP hub)
+            started()
         if self.busy is not None:
             self.busy.start()
         self.writer.pool.start()

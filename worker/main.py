@@ -244,7 +244,10 @@ def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> i
     """The worker process: memory, the MCP servers' hub (its sessions on a thread of their own,
     started once the lease is this worker's: a standby starts no server; closed once the
     consumer stopped), the consumer."""
-    from worker.mcp_hub import McpHub  # the hub and the SDK: imported by the worker process only
+    from worker.mcp_hub import (
+        READY_WAIT,
+        McpHub,
+    )  # the hub and the SDK: imported by the worker process only
     from worker.mcp_pins import PinStore
 
     warn_if_not_durable(r)
@@ -254,7 +257,11 @@ def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> i
             consumer = build_consumer(cfg, r, store=store, hub=hub)
             if consumer.turns.mcp is not None:  # the names relaybot tools shows are the turns'
                 hub.reserve(consumer.turns.mcp.reserved)
-            consumer.on_lease.append(hub.start)
+            # the hub starts with the lease and is given a moment to reach its servers: what the
+            # worker takes over at its start (pending after a crash) is offered their tools
+            consumer.on_lease.append(lambda: hub.start().wait_ready(
+                READY_WAIT, stop=lambda: consumer.control.stopping))  # fmt: skip
+            consumer.on_stop.append(hub.stopping)  # a hanging call never holds the stop
             consumer.install_signal_handlers()
             return consumer.run(wait_for_lease=wait_for_lease)
         finally:

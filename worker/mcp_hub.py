@@ -40,6 +40,8 @@ log = structlog.get_logger(__name__)
 
 BACKOFF = (1.0, 300.0)  # seconds: the first wait before a reconnect, and the longest
 CALL_MARGIN = 5.0  # seconds a caller waits past a server's timeout before giving up itself
+STOPPING = "error: the worker is stopping"
+READY_WAIT = 20.0  # seconds a worker that took the lease waits for its servers' first listing
 CLOSE_WAIT = 15.0  # seconds close() waits for the sessions to end (stdio: up to ~6 s each)
 
 
@@ -102,6 +104,8 @@ class McpHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stopping = False  # stopping(): no call is made or waited for any more
+        self._inflight: set[concurrent.futures.Future[str]] = set()
         for name in self._servers:
             self._read_pin(name)
         self._publish()
@@ -272,16 +276,55 @@ class McpHub:
         if threading.current_thread() is self._thread:
             return "error: an MCP tool was called from the MCP hub's own thread"
         timeout = cfg.timeout
-        future = asyncio.run_coroutine_threadsafe(
-            runner.call(tool, dict(arguments), budget, timeout), loop
-        )
+        with self._lock:
+            if self._stopping:
+                return STOPPING + "; the call was not made"
+            future = asyncio.run_coroutine_threadsafe(
+                runner.call(tool, dict(arguments), budget, timeout), loop
+            )
+            self._inflight.add(future)
         try:
             return future.result(timeout=timeout + CALL_MARGIN)
         except concurrent.futures.TimeoutError:
             future.cancel()
             return f"error: the tool did not answer within {timeout:g} s (its server's timeout)"
         except concurrent.futures.CancelledError:
+            if self._stopping:
+                return STOPPING + "; the call was given up"
             return f"error: the call was cancelled (the MCP server {server!r} was stopped)"
+        finally:
+            with self._lock:
+                self._inflight.discard(future)
+
+    def stopping(self) -> None:
+        """The worker was told to stop: the calls in flight are given up at once and no new one
+        is made (each turn gets an ``error: ...`` result and finishes), so a tool that hangs
+        for its whole ``timeout`` never holds the stop (systemd's TimeoutStopSec). Safe from a
+        signal handler: it only sets a flag and cancels futures."""
+        with self._lock:
+            self._stopping = True
+            inflight = list(self._inflight)
+        for future in inflight:
+            future.cancel()
+
+    def wait_ready(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> None:
+        """Wait until every configured server has been reached or given up on once (up, or
+        down with why), at most ``timeout`` seconds or until ``stop()``: the entries a worker
+        takes over at its start (pending after a crash, or sent while it was down) are then
+        offered the tools they would have been offered had it been running."""
+        deadline = time.monotonic() + timeout
+        waiting = sorted(self._servers)
+        while time.monotonic() < deadline and not stop():
+            with self._lock:
+                waiting = [
+                    n
+                    for n in self._servers
+                    if (told := self._status.get(n)) is None or told.state == "starting"
+                ]
+            if not waiting:
+                return
+            time.sleep(0.05)
+        log.info("mcp.not_ready", servers=waiting, waited=timeout)  # fmt: skip
 
     def approve(self, server: str, digest: str | None) -> dict[str, object]:
         """Make ``server``'s listing as it is now its pin (the owner's approval), if it is the

@@ -165,6 +165,9 @@ async def open_transport(cfg: McpServerConfig) -> AsyncIterator[TransportStreams
             command=cfg.command[0],
             args=cfg.command[1:],
             env={k: v.get_secret_value() for k, v in cfg.env.items()},
+            # a byte that is not UTF-8 becomes U+FFFD: "strict" ends the SDK's reading of the
+            # server's output for good (every later call would time out)
+            encoding_error_handler="replace",
         )
         async with stdio_client(params, errlog=_errlog()) as (read, write):
             yield read, write
@@ -211,6 +214,7 @@ class Runner:
         self._lost: str | None = None
         self._relist = asyncio.Event()
         self._garbage_told = False
+        self._garbage = 0  # lines of garbage seen while up (a call's timeout may be one)
         self._task: asyncio.Task[None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop, done: Listener) -> None:
@@ -347,6 +351,7 @@ class Runner:
                         if self.session is None:  # before it is up: not an MCP server
                             self._lose(garbage)
                             return
+                        self._garbage += 1
                         if not self._garbage_told:
                             self._garbage_told = True
                             log.warning("mcp.garbage", server=self.name, error=one_line(str(item)))
@@ -365,10 +370,15 @@ class Runner:
         session = self.session
         if session is None:
             return f"error: the MCP server {self.name!r} is not connected ({self._why()})"
+        garbage = self._garbage
         try:
             result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
         except Exception as exc:
             error = call_error(exc, self.cfg, timeout)
+            if self._garbage > garbage and "did not answer within" in error:
+                # its answer may be what it wrote that was not MCP (JSON-RPC): no id to match
+                error = (f"error: no answer within {timeout:g} s; meanwhile the server wrote "
+                         "something that is not MCP (JSON-RPC): a broken answer?")  # fmt: skip
             log.warning("mcp.call_failed", server=self.name, tool=tool[:64], error=error)
             leaf = _leaf(exc)
             if isinstance(leaf, MCPError) and leaf.message == "Connection closed":

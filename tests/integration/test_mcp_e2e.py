@@ -263,3 +263,29 @@ def test_a_reload_adds_and_removes_servers(
     rig.say(BOB_DM, BOB, call("weather_echo", text="dm-ok") + " #r3", Privacy.DIRECT)
     assert "dm-ok" in rig.reply_to(BOB_DM, "#r3")  # audiences: direct, as configured
     assert len(tool_calls(files_log)) == 1
+
+
+def test_a_message_waiting_at_the_start_is_offered_its_tools_and_a_stop_never_waits_on_one(
+    rig: McpRig, tmp_path: Path
+) -> None:
+    """A message sent while no worker runs is answered, once one starts, with the tools it
+    would have had (the hub reaches its servers before the worker reads). A SIGTERM while a
+    tool hangs (its timeout 100 s, past systemd's TimeoutStopSec) stops the worker in moments:
+    the call is given up, the turn answered with that, the server stopped."""
+    log = tmp_path / "files-calls.jsonl"
+    rig.servers = stdio_table("files", log, audiences=["owner"], timeout=100)
+    rig.owner_says("w", call("files_echo", text="was-waiting") + " #w1")
+    worker = rig.start()
+    answer = rig.reply_to("cli:w", "#w1")
+    assert "output of files_echo" in answer and "was-waiting" in answer, answer
+
+    rig.owner_says("w", call("files_hang") + " #w2")
+    [hang] = wait_until(lambda: [c for c in tool_calls(log) if c["tool"] == "hang"] or None,
+                        timeout=30, message="the hanging call")  # fmt: skip
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert time.monotonic() - started < 15
+    answer = rig.reply_to("cli:w", "#w2", timeout=5)
+    assert "error: the worker is stopping" in answer, answer
+    wait_until(lambda: not pid_running(int(hang["pid"])), timeout=10, message="the server's end")

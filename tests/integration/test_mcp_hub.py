@@ -497,3 +497,73 @@ def test_a_url_server_that_goes_away_while_idle_is_found_down_by_its_ping(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_a_broken_answer_is_said_to_be_one_and_bytes_not_utf8_are_replaced(
+    hubs: Callable[..., McpHub],
+) -> None:
+    """A server up and listed whose answer is JSON cut short (the client cannot match it to its
+    call): the call ends at its timeout with an error that says the server wrote something
+    that is not MCP, and the session goes on. An answer whose text holds bytes that are not
+    UTF-8 is read with U+FFFD in their place, and later calls are still answered (the SDK's
+    strict decoding used to stop reading the server for good)."""
+    script = str(REPO / "tests" / "support" / "mcp_raw.py")
+    hub = hubs(
+        {
+            "cut": McpServerConfig(command=[sys.executable, script, "cut"], timeout=1),
+            "bytes": McpServerConfig(command=[sys.executable, script, "bytes"], timeout=2),
+        }
+    )
+    wait_for(lambda: state(hub, "cut") == "up" and state(hub, "bytes") == "up")
+    text = hub.call("cut", "t", {}, budget=100)
+    assert text.startswith("error: no answer within 1 s") and "not MCP" in text, text
+    assert state(hub, "cut") == "up"
+    for _ in range(2):
+        assert hub.call("bytes", "t", {}, budget=100) == "\ufffd\ufffd broken"
+
+
+def test_a_stopping_worker_gives_up_its_calls_at_once(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    """``stopping()`` (the worker's first SIGTERM: worker/consumer.py ``on_stop``): a call
+    hanging for a 100 s timeout ends now with an error result, and no new call is made."""
+    log = tmp_path / "calls.jsonl"
+    hub = hubs({"files": stdio(log, timeout=100)})
+    hub.wait_ready(30)
+    assert state(hub, "files") == "up"
+    result: list[str] = []
+    caller = threading.Thread(
+        target=lambda: result.append(hub.call("files", "hang", {}, budget=100))
+    )
+    caller.start()
+    wait_for(lambda: any(r["tool"] == "hang" for r in requests(log)))
+    started = time.monotonic()
+    hub.stopping()
+    caller.join(timeout=5)
+    assert time.monotonic() - started < 2
+    assert result == ["error: the worker is stopping; the call was given up"]
+    calls = len([r for r in requests(log) if r["method"] == "tools/call"])
+    after = hub.call("files", "echo", {"text": "x"}, budget=100)
+    assert after == "error: the worker is stopping; the call was not made"
+    assert len([r for r in requests(log) if r["method"] == "tools/call"]) == calls
+
+
+def test_wait_ready_waits_for_the_first_word_of_each_server_and_no_longer(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    hub = hubs({"files": stdio(tmp_path / "c.jsonl"),
+                "gone": McpServerConfig(command=["/nonexistent/srv"])})  # fmt: skip
+    started = time.monotonic()
+    hub.wait_ready(30)
+    assert time.monotonic() - started < 25
+    assert (state(hub, "files"), state(hub, "gone")) == ("up", "down")
+    assert "files" in hub.snapshot().listings
+    hung = hubs(
+        {"never": McpServerConfig(command=[sys.executable, "-c", "import time; time.sleep(60)"])}
+    )
+    started = time.monotonic()
+    hung.wait_ready(0.5)  # a server that never answers: given up on after the wait
+    assert 0.4 < time.monotonic() - started < 3 and state(hung, "never") == "starting"
+    stopped = time.monotonic()
+    hung.wait_ready(30, stop=lambda: True)  # the worker told to stop: no wait
+    assert time.monotonic() - stopped < 0.5
