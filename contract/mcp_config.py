@@ -227,10 +227,16 @@ class McpServerConfig(_Section):
         return privacy in self.audiences
 
 
+RESULT_CHARS = 12_000  # characters of a tool's result given to the model, label included
+MAX_RESULT_CHARS = 16_000  # what worker/tools.py lets any tool's result be
+
+
 class McpConfig(_Section):
-    """``[mcp]``: the servers, by name (``[mcp.servers.NAME]``)."""
+    """``[mcp]``: the servers, by name (``[mcp.servers.NAME]``), and ``result_chars``: how much
+    of a tool's result the model is given (and the log keeps), its label included."""
 
     servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    result_chars: int = Field(default=RESULT_CHARS, ge=500, le=MAX_RESULT_CHARS)
 
     @field_validator("servers", mode="before")
     @classmethod

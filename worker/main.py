@@ -209,7 +209,8 @@ def build_consumer(
         schedule_fired=fired_by_jobs(lambda: turns.cfg, r),
     )
     if hub is not None:  # reserved: the built-in tools' names, which no MCP tool takes
-        turns.mcp = McpOffers(hub, tool_names(turns, schedule_settings))
+        turns.mcp = McpOffers(hub, tool_names(turns, schedule_settings),
+                              budget=cfg.mcp.result_chars)  # fmt: skip
         turns.commands.update(mcp_commands(hub))
     has_model = not isinstance(model, NoModel)
 

@@ -36,7 +36,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.mcp_config import McpServerConfig
+from contract.mcp_config import RESULT_CHARS, McpServerConfig
 from contract.messages import Privacy
 
 MAX_NAME = 64  # what OpenAI-compatible servers accept (worker/tools.py _TOOL_NAME)
@@ -45,7 +45,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 SUFFIX_HEX = 8  # hex digits of a tool's digest that make a changed name unique
 MAX_DESCRIPTION = 2000  # characters of a tool's description shown to the model
 MAX_SCHEMA_CHARS = 16_000  # a tool whose canonical schema is longer is not offered
-RESULT_BUDGET = 12_000  # characters of a labelled result (worker/tools.py cuts at 16,000)
+RESULT_BUDGET = RESULT_CHARS  # characters of a labelled result, by default ([mcp] result_chars)
 PIN_VERSION = 1
 
 

@@ -83,4 +83,6 @@ class Reloader:
             # servers added, removed or restarted; audiences, allowlists and timeouts hold from
             # the next call on (a running turn's next call is checked again: worker/mcp_tools.py)
             self.hub.configure(cfg.mcp.servers)
+        if self.turns.mcp is not None:  # a result's budget, from the next call on
+            self.turns.mcp.budget = cfg.mcp.result_chars
         self.turns.reconfigure(cfg)

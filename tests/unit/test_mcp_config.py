@@ -241,3 +241,11 @@ def test_a_header_s_value_is_a_secret(tmp_path: Path) -> None:
     ).values()
     assert "k3y" not in repr(cfg) and "k3y" not in str(cfg.model_dump())
     assert cfg.headers["Authorization"].get_secret_value() == "Bearer k3y"
+
+
+def test_result_chars_is_bounded_by_what_any_tool_s_result_may_be(tmp_path: Path) -> None:
+    assert parse_config(b"", tmp_path, {}).mcp.result_chars == 12_000
+    assert parse_config(b"[mcp]\nresult_chars = 4000\n", tmp_path, {}).mcp.result_chars == 4000
+    for bad in ("100", "20000"):
+        message = refused(tmp_path, f"[mcp]\nresult_chars = {bad}\n")
+        assert "result_chars" in message, message

@@ -196,5 +196,12 @@ def test_a_reloaded_mcp_section_reaches_the_hub_and_nothing_else_does(tmp_path: 
         # the hub's snapshot now says owner only: a group turn's next call is refused
         group = rig.c.turns.mcp.for_turn(Privacy.GROUP)  # type: ignore[union-attr]
         assert "pub_echo" not in group
+        # a result's budget applies from the next call on, no restart
+        assert rig.c.turns.mcp.budget == 12_000  # type: ignore[union-attr]
+        budgeted = "[mcp]\nresult_chars = 900\n\n[mcp.servers.pub]"
+        write(tmp_path, MCP.format(audiences='"owner"').replace("[mcp.servers.pub]", budgeted))
+        tick()
+        assert rig.c.turns.mcp.budget == 900  # type: ignore[union-attr]
+        assert len(rig.hub.configured) == 2  # [mcp] changed: the hub was told (no server did)
     finally:
         rig.close()
