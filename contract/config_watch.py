@@ -35,6 +35,7 @@ small file): a ``stat`` every couple of seconds costs nothing and works on every
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -53,6 +54,7 @@ from contract.config import (
     parse_config,
     read_config_bytes,
 )
+from contract.logs import mask_text
 
 log = structlog.get_logger(__name__)
 
@@ -185,6 +187,16 @@ class Reload:
     restart: tuple[str, ...]  # keys whose new values wait for a restart (all of them, not new)
 
 
+_MCP_SERVER = re.compile(r"\bmcp\.servers\.[^.:\s]+")
+
+
+def public_error(error: str) -> str:
+    """A rejected config.toml's error as the heartbeat carries it: every process's Redis account
+    reads the heartbeats, so secrets are masked (contract/logs.py) and an MCP server's name,
+    which says what tools the owner has, is not shown (the process's own log has it whole)."""
+    return mask_text(_MCP_SERVER.sub("mcp.servers.<name>", error))
+
+
 class ConfigWatcher:
     """Watches ``config.toml`` for one process (see the module docstring)."""
 
@@ -244,7 +256,7 @@ class ConfigWatcher:
             "restart_keys": list(self.restart_keys),
         }
         if self.error:
-            out["config_error"] = self.error
+            out["config_error"] = public_error(self.error)
         return out
 
     def poll(self) -> Reload | None:

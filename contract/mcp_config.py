@@ -26,6 +26,7 @@ Pure data and validation: nothing here starts, reaches or trusts a server.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import unicodedata
@@ -116,8 +117,13 @@ class McpServerConfig(_Section):
                 parts = shlex.split(value)
             except ValueError:  # an unclosed quote
                 parts = value.split()
-            shown = ", ".join(f'"{p}"' for p in parts) or '"program", "argument"'
-            raise ValueError(f"command is a list of the program and its arguments: [{shown}]")
+            # the program, not its arguments: one may be a secret (--api-key ...), and this
+            # message reaches the heartbeat (contract/config_watch.py public_error)
+            program = json.dumps(parts[0][:80]) if parts else '"program"'
+            more = f", ... ({len(parts) - 1} more, each in quotes)" if len(parts) > 1 else ""
+            raise ValueError(
+                f"command is a list of the program and its arguments: [{program}{more}]"
+            )
         return value
 
     @field_validator("command")
@@ -156,11 +162,11 @@ class McpServerConfig(_Section):
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
-        bad = sorted(k for k in value if not HEADER_NAME.match(k))
-        if bad:
+        bad = [k for k in value if not HEADER_NAME.match(k)]
+        if bad:  # not shown: a name may be a whole "Authorization: Bearer ..." line
             raise ValueError(
-                f"header name(s) {', '.join(repr(k[:40]) for k in bad)} are not HTTP header "
-                "names (letters, digits and -, e.g. Authorization)"
+                f"{len(bad)} header name(s) are not HTTP header names (letters, digits and -, "
+                'e.g. headers = { Authorization = "Bearer ..." }: the value after =)'
             )
         own = sorted(k for k in value if k.casefold() in OWN_HEADERS)
         if own:

@@ -52,7 +52,8 @@ MEMBERS = (DATABASE, CURATED, JOURNAL, CONFIG)
 PARTIAL = ".partial"
 
 _SECRET_KEY = re.compile(
-    r"pass|secret|token|credential|auth|cookie|headers?$|apikey|privatekey|(?:^|[_.-])keys?(?:$|[_.-])",
+    r"pass|secret|token|credential|auth|cookie|headers?$|apikey|privatekey|(?:^|[_.-])keys?(?:$|[_.-])"
+    r"|^env$",  # an MCP server's env table: every value a secret (contract/mcp_config.py)
     re.I,
 )
 _URL_QUERY = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s\"'?#]*)[?#][^\s\"']*", re.I)
@@ -84,16 +85,41 @@ def mask_config(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _masked(value: Any, secret: bool = False) -> Any:
+def _masked(value: Any, secret: bool = False, key: str = "") -> Any:
     if isinstance(value, dict):
-        return {k: _masked(v, secret or bool(_SECRET_KEY.search(k))) for k, v in value.items()}
+        return {k: _masked(v, secret or bool(_SECRET_KEY.search(k)), k) for k, v in value.items()}
     if isinstance(value, list):
+        if key == "command" and not secret:  # an MCP server's program and its arguments
+            return _masked_argv(value)
         return [_masked(v, secret) for v in value]
     if secret:
         return MASK
     if isinstance(value, str):
         return mask_text(_URL_QUERY.sub(lambda m: f"{m[1]}?{MASK}", value))
     return value
+
+
+def _masked_argv(argv: list[Any]) -> list[Any]:
+    """A command's arguments with the value of a secret-looking flag masked: ``--api-key X``
+    and ``--api-key=X`` keep the flag, not X."""
+    out: list[Any] = []
+    after_flag = False
+    for arg in argv:
+        if after_flag:
+            out.append(MASK)
+            after_flag = False
+            continue
+        if not isinstance(arg, str):
+            out.append(_masked(arg))
+            continue
+        name, eq, _ = arg.partition("=")
+        flag = arg.startswith("-") and bool(_SECRET_KEY.search(name.lstrip("-")))
+        if flag and eq:
+            out.append(f"{name}={MASK}")
+        else:
+            out.append(_masked(arg))
+            after_flag = flag
+    return out
 
 
 def _emit_table(lines: list[str], path: list[str], table: dict[str, Any]) -> None:

@@ -334,6 +334,7 @@ _FREE_KEYS = frozenset(
         "roles",
         "turns.channels",
         "turns.conversations",
+        "mcp.servers",  # [mcp.servers.NAME]: names the owner chooses
         *(key for ch in registry.channels() for key in ch.free_keys),
     }
 )

@@ -167,12 +167,14 @@ class Consumer:
         hb = self.health.heartbeat
         self.health.beat()  # before the first beat
         hb.start()
-        for started in self.on_lease:  # what only the lease holder runs (the MCP hub)
-            started()
         if self.busy is not None:
             self.busy.start()
         self.writer.pool.start()
         try:
+            # what only the lease holder runs (the MCP hub, which may wait for its servers): in
+            # the try, so a second signal meanwhile still releases the lease and the heartbeat
+            for started in self.on_lease:
+                started()
             code = self._serve(outage, wait=wait_for_lease)
         except Interrupted:
             code = 0

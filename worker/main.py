@@ -3,9 +3,12 @@ the consumer (``assemble``: each part is given what it needs in its constructor)
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from types import FrameType
 from typing import Any
 
 import redis
@@ -266,7 +269,33 @@ def run_worker(cfg: Config, r: redis.Redis, *, wait_for_lease: bool = True) -> i
             consumer.install_signal_handlers()
             return consumer.run(wait_for_lease=wait_for_lease)
         finally:
-            hub.close()
+            with signals_deferred():  # a second Ctrl-C must not leave a server running
+                hub.close()
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT only logged while the MCP servers are being stopped (bounded:
+    worker/mcp_hub.py ``CLOSE_WAIT``): a signal's exception there would leave a started server
+    running after the worker (the SDK starts it in a session of its own). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    said = False
+
+    def later(signum: int, _frame: FrameType | None) -> None:
+        nonlocal said
+        if not said:
+            said = True
+            log.warning("worker.stopping_mcp_servers", signal=signal.Signals(signum).name,
+                        detail="the MCP servers are being stopped; a moment")  # fmt: skip
+
+    before = {sig: signal.signal(sig, later) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def warn_if_not_durable(r: redis.Redis) -> None:

@@ -312,7 +312,8 @@ class McpHub:
         down with why), at most ``timeout`` seconds or until ``stop()``: the entries a worker
         takes over at its start (pending after a crash, or sent while it was down) are then
         offered the tools they would have been offered had it been running."""
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         waiting = sorted(self._servers)
         while time.monotonic() < deadline and not stop():
             with self._lock:
@@ -324,7 +325,8 @@ class McpHub:
             if not waiting:
                 return
             time.sleep(0.05)
-        log.info("mcp.not_ready", servers=waiting, waited=timeout)  # fmt: skip
+        log.info("mcp.not_ready", servers=waiting, waited=round(time.monotonic() - began, 1),
+                 why="the worker is stopping" if stop() else "still starting")  # fmt: skip
 
     def approve(self, server: str, digest: str | None) -> dict[str, object]:
         """Make ``server``'s listing as it is now its pin (the owner's approval), if it is the

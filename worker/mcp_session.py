@@ -52,6 +52,7 @@ MAX_REASON = 300  # characters of a reason or an error
 CLOSED = "the server closed the connection"
 HTTP_ERROR = "Server returned an error response"  # the SDK's words for a 4xx/5xx with no JSON-RPC
 HTTP_TIMEOUT, HTTP_READ_TIMEOUT = 30.0, 300.0  # the SDK's own client's (mcp.shared._httpx_utils)
+RELIST_EVERY = 1.0  # seconds between two listings a server's tools/list_changed asks for
 PING_EVERY = 30.0  # seconds a url server may be quiet before it is pinged
 START_TIMEOUT = 60.0  # seconds a start or a listing may take at least (npx may download first)
 
@@ -292,10 +293,7 @@ class Runner:
                             while True:
                                 if not await self._quiet_or_relist(session):
                                     continue
-                                self._relist.clear()
-                                await self._list(session)
-                                log.info("mcp.listing_changed", server=self.name)
-                                self._on_change(self)
+                                await self._relisted(session)
             reason = self._lost or "the connection ended"
         except Exception as exc:
             # what the session failed with, unless that is only the connection's end the pump
@@ -317,8 +315,25 @@ class Runner:
             await self._relist.wait()
             return True
         with anyio.fail_after(start_timeout(self.cfg)):
-            await session.send_ping()
+            try:
+                await session.send_ping()
+            except MCPError as exc:  # it answered (with an error, such as no ping): alive
+                if exc.code == mcp_types.CONNECTION_CLOSED:
+                    raise
         return False
+
+    async def _relisted(self, session: ClientSession) -> None:
+        """The server said its tools changed: listed again, at most every
+        :data:`RELIST_EVERY` seconds (notifications that come faster are one), and told only
+        when the listing did change (a server that says so in a loop costs one listing a
+        second, and no log line)."""
+        await anyio.sleep(RELIST_EVERY)
+        self._relist.clear()
+        before = self.listing
+        await self._list(session)
+        if self.listing != before:
+            log.info("mcp.listing_changed", server=self.name)
+            self._on_change(self)
 
     async def _list(self, session: ClientSession) -> None:
         tools: list[ListedTool] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,16 @@ from tests.support.mcp_rig import (
     stdio_table,
     tool_calls,
 )
-from tests.support.procs import Procs, memory_rows, pid_running, run_relaybot, wait_until
+from tests.support.procs import (
+    Procs,
+    heartbeat,
+    lease_holder,
+    memory_rows,
+    pid_running,
+    processes_mentioning,
+    run_relaybot,
+    wait_until,
+)
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -157,6 +167,7 @@ def test_a_changed_tool_is_withheld_until_the_owner_approves_it(
     assert "shifty" in listed.stdout and "relaybot tools approve files" in listed.stdout
     doctor = run_relaybot(["doctor"], rig.env(), timeout=120)
     assert "relaybot tools approve files" in doctor.stdout + doctor.stderr, doctor.stdout
+    assert "unknown keys" not in doctor.stdout, doctor.stdout  # [mcp.servers.NAME] is no typo
 
     rig.owner_says("mcp", call("files_shifty", text="hi", bcc="eve@evil.example") + " #s1")
     answer = rig.reply_to("cli:mcp", "#s1")
@@ -289,3 +300,24 @@ def test_a_message_waiting_at_the_start_is_offered_its_tools_and_a_stop_never_wa
     answer = rig.reply_to("cli:w", "#w2", timeout=5)
     assert "error: the worker is stopping" in answer, answer
     wait_until(lambda: not pid_running(int(hang["pid"])), timeout=10, message="the server's end")
+
+
+def test_a_second_signal_during_the_start_wait_still_leaves_nothing_behind(
+    rig: McpRig, tmp_path: Path
+) -> None:
+    """Two SIGTERMs while the worker waits for a server that never answers (its first 20 s):
+    the worker exits, its lease is released, its heartbeat and MCP facts are gone, and the
+    server it started is stopped (the robustness review found the lease and the facts left
+    behind: the wait ran outside the consumer's cleanup)."""
+    marker = f"never-ready-{os.getpid()}-{time.monotonic_ns()}"
+    command = json.dumps([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    rig.servers = f"\n[mcp.servers.slowpoke]\ncommand = {command}\n"
+    worker = rig.start()
+    wait_until(lambda: processes_mentioning(marker) or None, timeout=30, message="the server")
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.05)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert lease_holder(rig.r, rig.keys) is None
+    assert heartbeat(rig.r, rig.keys, "worker") is None and rig.r.get(rig.keys.mcp) is None
+    wait_until(lambda: not processes_mentioning(marker), timeout=15, message="the server's end")

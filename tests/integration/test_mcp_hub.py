@@ -567,3 +567,47 @@ def test_wait_ready_waits_for_the_first_word_of_each_server_and_no_longer(
     stopped = time.monotonic()
     hung.wait_ready(30, stop=lambda: True)  # the worker told to stop: no wait
     assert time.monotonic() - stopped < 0.5
+
+
+def test_a_url_server_that_answers_ping_with_an_error_is_alive(tmp_path: Path) -> None:
+    """A server without ``ping`` answers it "method not found": it answered, so it is up (it
+    used to be taken for gone every 30 s, its tools withdrawn for a moment each time)."""
+    log, port = tmp_path / "noping.jsonl", free_port()
+    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "tests.support.mcp_raw_http", str(port)]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+    cfg = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout=2)
+    hub = McpHub({"old": cfg}, PinStore(tmp_path / "pins"), backoff=FAST, ping_every=0.2)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+        hub.start().wait_ready(20)
+        assert state(hub, "old") == "up"
+        since = hub.health()["mcp"]["old"]["since"]
+        wait_for(lambda: sum(r["method"] == "ping" for r in requests(log)) >= 4)
+        assert state(hub, "old") == "up" and hub.health()["mcp"]["old"]["since"] == since
+        assert sum(r["method"] == "initialize" for r in requests(log)) == 1
+        assert hub.call("old", "t", {}, budget=100) == "ok"
+    finally:
+        hub.close()
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_server_that_says_its_tools_changed_in_a_loop_is_listed_once_a_second(
+    hubs: Callable[..., McpHub], tmp_path: Path
+) -> None:
+    """``tools/list_changed`` after every listing (a storm): at most one listing a second, and
+    nothing logged or published while the listing stays the same (it used to relist thousands
+    of times a second, a log line each)."""
+    log = tmp_path / "storm.jsonl"
+    script = str(REPO / "tests" / "support" / "mcp_raw.py")
+    cfg = McpServerConfig(command=[sys.executable, script, "storm"],
+                          env={"MCP_TEST_LOG": SecretStr(str(log))})  # fmt: skip
+    hub = hubs({"storm": cfg})
+    hub.wait_ready(20)
+    version = hub.snapshot().version
+    time.sleep(3)
+    listings = sum(r["method"] == "tools/list" for r in requests(log))
+    assert 2 <= listings <= 6, listings
+    assert hub.snapshot().version == version  # the same listing: no new snapshot
+    assert state(hub, "storm") == "up" and hub.call("storm", "t", {}, budget=100) == "ok"

@@ -1,11 +1,14 @@
 """A hand-written stdio MCP server for issue 29's tests: it starts and lists its one tool
 (``t``) as MCP says, then answers every ``tools/call`` with a broken line: with the argument
 ``cut``, JSON cut short (not JSON-RPC: the client cannot match it to its call); with ``bytes``,
-a whole answer with bytes inside its text that are not UTF-8."""
+a whole answer with bytes inside its text that are not UTF-8; with ``storm``, it answers calls
+but says its tools changed after every listing (they never do). Each request's method is
+appended to ``$MCP_TEST_LOG`` (one JSON line) when it is set."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 TOOLS = [{"name": "t", "description": "a tool", "inputSchema": {"type": "object"}}]
@@ -24,6 +27,9 @@ def main() -> None:
         except ValueError:
             continue
         mid, method = msg.get("id"), msg.get("method")
+        if os.environ.get("MCP_TEST_LOG"):
+            with open(os.environ["MCP_TEST_LOG"], "a", encoding="utf-8") as f:
+                f.write(json.dumps({"method": method, "tool": None, "pid": os.getpid()}) + "\n")
         if mid is None:
             continue
         if method == "initialize":
@@ -33,6 +39,16 @@ def main() -> None:
                 "serverInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
         elif method == "tools/list":
             send({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
+            if sys.argv[1:] == ["storm"]:
+                send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        elif method == "tools/call" and sys.argv[1:] == ["storm"]:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": mid,
+                    "result": {"content": [{"type": "text", "text": "ok"}]},
+                }
+            )
         elif method == "tools/call" and sys.argv[1:] == ["cut"]:
             out.write(b'{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"te\n' % mid)
             out.flush()

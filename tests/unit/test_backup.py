@@ -226,6 +226,24 @@ def test_the_config_is_masked() -> None:
     assert 'homeserver = "https://m.org"' in masked and "10.0.0.5:6379/0" in masked
 
 
+def test_an_mcp_server_s_env_headers_and_secret_arguments_are_masked() -> None:
+    """Every value of an MCP server's ``env`` is a secret whatever its name (issue 29's privacy
+    review: ``GH_PAT`` was archived as written), its ``headers`` too, and a command's argument
+    after a secret-looking flag."""
+    text = (
+        '[mcp.servers.gh]\ncommand = ["mcp-gh", "--api-key", "ARG1", "--token=ARG2", "--verbose",'
+        ' "/srv/notes"]\nenv = { GH_PAT = "ENV1", BRAVE = "ENV2" }\n'
+        '[mcp.servers.web]\nurl = "https://w.example/mcp"\n'
+        'headers = { Authorization = "Bearer HDR1", X-Plain = "HDR2" }\n'
+    )
+    masked = archive.mask_config(text)
+    for secret in ("ARG1", "ARG2", "ENV1", "ENV2", "HDR1", "HDR2"):
+        assert secret not in masked, masked
+    for kept in ('"mcp-gh"', '"--api-key"', '"--verbose"', '"/srv/notes"', "GH_PAT", "X-Plain",
+                 "https://w.example/mcp"):  # fmt: skip
+        assert kept in masked, masked
+
+
 def _archive(tmp_path: Path, store: MemoryStore) -> Path:
     say(store, "hello")
     work = tmp_path / "work"

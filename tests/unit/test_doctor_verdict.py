@@ -75,6 +75,16 @@ def test_unknown_keys_name_the_key_and_the_closest_known_one() -> None:
     assert len(found) == 4
 
 
+def test_mcp_servers_are_names_the_owner_chooses_and_their_keys_are_checked() -> None:
+    """``[mcp.servers.NAME]``: NAME is not a key (doctor failed config.keys on every configured
+    MCP server, saying every process would refuse to start); a typo inside one is found."""
+    data = {"mcp": {"result_chars": 900, "servers": {
+        "files": {"command": ["srv"], "env": {"ANY_NAME": "x"}, "audiences": ["owner"]},
+        "weather": {"url": "http://h:1/mcp", "headers": {"X-Key": "k"}, "timout": 3},
+    }}}  # fmt: skip
+    assert unknown_keys(data, Config) == [(("mcp", "servers", "weather", "timout"), "timeout")]
+
+
 def test_a_config_with_a_typo_still_runs_the_other_checks(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text('[model]\nbase_url = "http://m/v1"\nmodle = "x"\n')
     checks, cfg, digest = doctor.load(tmp_path, {"RELAYBOT_MODEL": "llama"})

@@ -96,10 +96,16 @@ def test_both_command_and_url(tmp_path: Path) -> None:
     assert "both command and url" in message and "keep one" in message
 
 
-def test_a_command_written_as_one_string_is_shown_as_the_list_to_write(tmp_path: Path) -> None:
-    message = refused(tmp_path, "[mcp.servers.files]\ncommand = \"npx -y server '/my notes'\"\n")
+def test_a_command_written_as_one_string_is_told_to_be_a_list_without_its_arguments(
+    tmp_path: Path,
+) -> None:
+    """The message names the program, not the arguments: one may be a secret, and a rejected
+    config's message reaches the heartbeat (issue 29's privacy review)."""
+    text = "[mcp.servers.files]\ncommand = \"mcp-gh --api-key ARGSECRET55 '/my notes'\"\n"
+    message = refused(tmp_path, text)
     assert "mcp.servers.files.command: " in message
-    assert '["npx", "-y", "server", "/my notes"]' in message
+    assert '["mcp-gh", ... (3 more, each in quotes)]' in message
+    assert "ARGSECRET55" not in message and "my notes" not in message
 
 
 def test_an_unclosed_quote_in_a_command_string_is_still_one_line(tmp_path: Path) -> None:
@@ -218,7 +224,8 @@ def test_an_empty_or_long_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("table", "said"),
     [
-        ('url = "http://h:1/mcp"\nheaders = { "Bad Name" = "x" }', "not HTTP header names"),
+        ('url = "http://h:1/mcp"\nheaders = { "Authorization: Bearer k3y" = "" }',
+         "not HTTP header names"),
         ('url = "http://h:1/mcp"\nheaders = { Authorization = "k3y\\r\\nX-Evil: 1" }',
          "line break"),
         ('url = "http://h:1/mcp"\nheaders = { Mcp-Session-Id = "k3y" }', "set by the MCP"),
