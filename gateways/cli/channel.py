@@ -1,7 +1,9 @@
 """The terminal channel's spec (contract/channels.py): ``relaybot chat`` is its gateway.
 
 It has no config section and takes no lease (one terminal per person, many at once); its ACL
-user may read the worker's lease (``relaybot chat`` says when the worker is not running).
+user may read the worker's lease (``relaybot chat`` says when the worker is not running) and
+the worker's MCP facts (``relaybot tools``, doctor: ``Keys.mcp``; no gateway's account may: they
+name the owner's tools).
 
 ``relaybot status`` and ``/status`` run under this account too: a read-only selector (Redis >= 7,
 ``%R~``) lets it count what status shows -- the length, group and pending counts of every
@@ -20,7 +22,7 @@ from contract.channels import Channel, Probe
 from contract.keys import Keys
 
 ACL = (
-    "~{prefix}inbound:cli ~{prefix}dead ~{prefix}heartbeats ~{prefix}worker:lease "
+    "~{prefix}inbound:cli ~{prefix}dead ~{prefix}heartbeats ~{prefix}mcp ~{prefix}worker:lease "
     "~{prefix}reply:cli:* ~{prefix}inflight:cli:* ~{prefix}delivered:cli:* ~{prefix}busy:cli:* "
     "-@all +ping +hello +auth +client|setname +xadd +lmove +blmove +lindex +lrem +zadd +zscore "
     "+zremrangebyscore +exists +get +hset +hdel +multi +exec +discard +time "
