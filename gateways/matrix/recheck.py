@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Privacy, Reply
-from gateways.matrix.events import Policy, RoomFacts, classify, conversation_of
+from gateways.matrix.events import (
+    WORLD_READABLE,
+    Policy,
+    RoomFacts,
+    classify,
+    conversation_of,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,13 @@ def written_for(reply: Reply) -> tuple[Privacy | None, str]:
     raw, sender = reply.extra.get("privacy"), reply.extra.get("sender")
     privacy = Privacy(raw) if isinstance(raw, str) and raw in Privacy._value2member_map_ else None
     return privacy, sender if isinstance(sender, str) else ""
+
+
+def _hidden_then(reply: Reply, then: Privacy) -> bool:
+    """The reply was written for a conversation of a room whose newcomers did not read its
+    history (an audience's own: ``session/<key>``), not the owner's own room (always keyed)."""
+    suffix = reply.conversation.removeprefix(reply.session)
+    return then is not Privacy.OWNER and suffix.startswith("/") and suffix != f"/{WORLD_READABLE}"
 
 
 def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
@@ -58,7 +71,8 @@ def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
         # only change is people who left. Whoever joins later reads this reply only where
         # newcomers read the history of a room anyone may join or read: then nobody is known
         anyone = not now.epoch and (now.open or now.public)
-        if isinstance(before, list) and not anyone and now.audience <= known:
+        later = _hidden_then(reply, then) and not now.epoch
+        if isinstance(before, list) and not anyone and not later and now.audience <= known:
             return None
     reasons = []
     if known and (new := sorted(now.audience - known)):
@@ -69,6 +83,8 @@ def recheck(reply: Reply, now: RoomFacts, policy: Policy) -> Verdict | None:
         reasons.append("anyone may join the room")
     if privacy.width > then.width:
         reasons.append(f"it is a {privacy.value} conversation now, not {then.value}")
+    if privacy.width <= then.width and _hidden_then(reply, then) and not now.epoch:
+        reasons.append("whoever is invited later reads the room's history now")
     if not reasons:
         reasons.append("the room's audience changed")
     return Verdict(

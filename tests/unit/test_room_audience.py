@@ -245,6 +245,26 @@ def test_a_room_that_narrowed_before_the_reply_was_posted_still_gets_it() -> Non
     assert recheck(hidden, facts(OWNER, CAROL, join_rule="public"), POLICY) is not None
 
 
+def test_a_room_whose_history_is_shown_to_newcomers_now_gets_no_reply_written_before() -> None:
+    """Found by the production-path property test (tests/integration/
+    test_privacy_invariant_production.py, CI of issue 29): an invite-only room whose history
+    was hidden from newcomers (``joined``) shows it to them (``shared``) before the reply is
+    posted; the same members, but whoever is invited later would read the reply, and not the
+    message it answers (Matrix keeps each event's visibility as it was sent)."""
+    ask = {**said(CAROL), "content": {"msgtype": "m.text", "body": "bot?",
+                                      "m.mentions": {"user_ids": [BOT]}}}  # fmt: skip
+    hidden = reply_to(message(ask, facts(OWNER, CAROL, history_visibility="joined")))
+    verdict = recheck(hidden, facts(OWNER, CAROL), POLICY)
+    assert verdict is not None and "invited later" in verdict.reason
+    assert verdict.report["conversation"] == "matrix:!r:x"  # answered again there
+    # still hidden (or hidden another way: encrypted): posted
+    assert recheck(hidden, facts(OWNER, CAROL, history_visibility="joined"), POLICY) is None
+    assert recheck(hidden, facts(OWNER, CAROL, encrypted=True), POLICY) is None
+    # the owner's own room keeps its conversation whatever newcomers may read: posted
+    own = reply_to(message(said(OWNER), facts(OWNER, history_visibility="joined")))
+    assert recheck(own, facts(OWNER), POLICY) is None
+
+
 def test_a_room_made_world_readable_is_another_conversation() -> None:
     """Found by the production-path property test: a room whose history was shown to members
     (``shared``) and then to anyone (``world_readable``) was one conversation, so turns whose
