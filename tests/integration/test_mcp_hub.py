@@ -25,6 +25,7 @@ from pydantic import SecretStr
 
 from contract.mcp_config import McpServerConfig
 from contract.messages import Privacy
+from tests.support.mcp_rig import mcp_http
 from tests.support.procs import REPO
 from tests.support.servers import free_port
 from worker.mcp_hub import McpHub
@@ -91,25 +92,9 @@ def hubs(tmp_path: Path) -> Iterator[Callable[..., McpHub]]:
 
 @pytest.fixture
 def http_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    log, port = tmp_path / "http-calls.jsonl", free_port()
-    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp?token=s3cret", log
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    log = tmp_path / "http-calls.jsonl"
+    with mcp_http(log) as (url, _):
+        yield f"{url}?token=s3cret", log
 
 
 # -- up, listed, pinned, called -------------------------------------------------------------------
@@ -446,14 +431,8 @@ def test_a_url_server_behind_a_bearer_token_is_reached_with_its_headers_and_neve
     """``headers`` go with every request (the server refuses a request without its token,
     tests/support/mcp_server.py --token); without them the server is down with a reason that
     says so, and the token is in no health fact, reason or result."""
-    log, port = tmp_path / "guarded.jsonl", free_port()
-    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port),
-            "--token", "t0ps3cret"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
-        url = f"http://127.0.0.1:{port}/mcp"
+    log = tmp_path / "guarded.jsonl"
+    with mcp_http(log, "--token", "t0ps3cret") as (url, _):
         keyed = McpServerConfig(url=url, headers={"Authorization": SecretStr("Bearer t0ps3cret")})
         hub = hubs({"keyed": keyed, "bare": McpServerConfig(url=url)})
         wait_for(lambda: state(hub, "keyed") == "up" and state(hub, "bare") == "down")
@@ -465,9 +444,6 @@ def test_a_url_server_behind_a_bearer_token_is_reached_with_its_headers_and_neve
         assert "HTTP error status" in bare["reason"] and "headers" in bare["reason"], bare
         assert "t0ps3cret" not in json.dumps(hub.health())
         assert any(r["method"] == "unauthorized" for r in requests(log))
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def test_a_url_server_that_goes_away_while_idle_is_found_down_by_its_ping(

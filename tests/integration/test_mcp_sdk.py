@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,8 +31,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from contract.mcp_config import McpServerConfig
 from contract.messages import Privacy
+from tests.support.mcp_rig import mcp_http
 from tests.support.procs import REPO
-from tests.support.servers import free_port
 from worker.mcp_rules import ListedTool, check_call, compare, labelled, offer, pin_of, result_text
 
 pytestmark = pytest.mark.timeout(60)  # a hang here is a failure, not the suite's 300 s
@@ -78,26 +77,9 @@ async def over_stdio(log: Path, shape: str = "1") -> AsyncIterator[ClientSession
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
-    log, port = tmp_path / "http-calls.jsonl", free_port()
-    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, "the MCP test server exited"
-                assert time.monotonic() < deadline, "the MCP test server did not listen"
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp", log, proc
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    log = tmp_path / "http-calls.jsonl"
+    with mcp_http(log) as (url, proc):
+        yield url, log, proc
 
 
 @asynccontextmanager

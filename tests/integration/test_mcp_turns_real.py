@@ -8,9 +8,6 @@ running. The result is recorded in the log with the turn's audience."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +19,8 @@ from pydantic import SecretStr
 
 from contract.mcp_config import McpServerConfig
 from contract.messages import Privacy
+from tests.support.mcp_rig import mcp_http
 from tests.support.procs import REPO
-from tests.support.servers import free_port
 from tests.unit.test_mcp_tools import ROOM, World, message
 
 mcp_hub = pytest.importorskip("worker.mcp_hub")  # lands with the hub (issue 29, part A)
@@ -53,25 +50,9 @@ def wait_for(what: Callable[[], object], timeout: float = 20.0) -> None:
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    log, port = tmp_path / "http-calls.jsonl", free_port()
-    env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp", log
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+    log = tmp_path / "http-calls.jsonl"
+    with mcp_http(log) as (url, _):
+        yield url, log
 
 
 @pytest.fixture(params=["stdio", "http"])

@@ -54,12 +54,16 @@ def tool_calls(path: Path) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def http_mcp_server(log: Path) -> Iterator[str]:
-    """Our MCP server over streamable HTTP on a free port of 127.0.0.1; its URL."""
-    port = free_port()
+def mcp_http(
+    log: Path, *args: str, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Our MCP server (tests/support/mcp_server.py) over streamable HTTP on ``port`` (default: a
+    free one) of 127.0.0.1, logging its requests to ``log``, with ``args`` (``--token T``); its
+    URL and its process, killed at the end."""
+    port = port or free_port()
     env = {"PATH": os.environ["PATH"], "MCP_TEST_LOG": str(log), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port)],
+        [sys.executable, "-m", "tests.support.mcp_server", "http", "--port", str(port), *args],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -72,10 +76,17 @@ def http_mcp_server(log: Path) -> Iterator[str]:
                 assert proc.poll() is None, "the MCP test server exited"
                 assert time.monotonic() < deadline, "the MCP test server did not listen"
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@contextmanager
+def http_mcp_server(log: Path) -> Iterator[str]:
+    """:func:`mcp_http`'s URL."""
+    with mcp_http(log) as (url, _):
+        yield url
 
 
 def stdio_table(name: str, log: Path, *, audiences: list[str], timeout: float = 5.0,
